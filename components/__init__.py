@@ -1,0 +1,5 @@
+"""posttrain's client side: the TorchX components, the spec and the AppDef builder.
+
+Importing this package imports no torch, trl or transformers, so ``--dryrun``
+and ``torchx builtins`` stay fast and work where only torchx is installed.
+"""

@@ -1,0 +1,252 @@
+"""The AppDef builder every algorithm's component shares.
+
+Built like torchx's ``dist.ddp``: one role running ``bash -c`` with a
+``python -m torch.distributed.run`` command, c10d rendezvous on ``localhost:0``
+for one node and on the scheduler's rank-0 host (``macros.rank0_env``) for
+several, and the validated spec embedded as canonical JSON.
+"""
+
+import dataclasses
+import functools
+import os
+import re
+import shlex
+import sys
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
+
+import torchx.specs as specs
+from torchx.components.structured_arg import StructuredNameArgument
+from torchx.specs import macros
+
+from posttrain.components.spec import SpecError, load_spec
+
+# The entry point torchx's CLI sets; a component called from it exits with the
+# message alone (no traceback), library callers get the SpecError itself.
+_TORCHX_CLI_CONTEXT = "cli_run"
+
+RDZV_BACKENDS = ("c10d", "static", "etcd", "etcd-v2")
+
+_DEBUG_ENV: Dict[str, str] = {
+    "CUDA_LAUNCH_BLOCKING": "1",
+    "NCCL_DESYNC_DEBUG": "1",
+    "TORCH_DISTRIBUTED_DEBUG": "DETAIL",
+    "TORCH_SHOW_CPP_STACKTRACES": "1",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Topology:
+    """The ``-j`` argument: ``[{min_nnodes}:]{nnodes}x{nproc_per_node}``, or ``{nnodes}`` with ``-h``.
+
+    >>> Topology.parse("2:4x8")
+    Topology(min_nnodes=2, max_nnodes=4, nproc_per_node=8)
+    >>> Topology.parse("1x2").world_size
+    2
+    >>> Topology.parse("2", gpus_per_host=8)
+    Topology(min_nnodes=2, max_nnodes=2, nproc_per_node=8)
+    >>> Topology.parse("3")
+    Topology(min_nnodes=1, max_nnodes=1, nproc_per_node=3)
+    """
+
+    min_nnodes: int
+    max_nnodes: int
+    nproc_per_node: int
+
+    @property
+    def world_size(self) -> int:
+        """Processes at the full (maximum) node count."""
+        return self.max_nnodes * self.nproc_per_node
+
+    @property
+    def nnodes_arg(self) -> str:
+        """torchrun's ``--nnodes``: ``N``, or ``MIN:MAX`` when elastic."""
+        if self.min_nnodes == self.max_nnodes:
+            return str(self.max_nnodes)
+        return f"{self.min_nnodes}:{self.max_nnodes}"
+
+    @staticmethod
+    def parse(j: str, gpus_per_host: int = 0) -> "Topology":
+        """Parses ``-j``; a bare ``N`` is N nodes of one process per GPU on a GPU host, else 1xN as in dist.ddp."""
+        usage = "expected [MIN:]NNODESxNPROC (e.g. 1x2, 2x8, 2:4x8), or NNODES with a GPU host (-h)"
+        match = re.fullmatch(r"(?:(\d+):)?(\d+)x(\d+)|(\d+)", j.strip())
+        if not match:
+            raise SpecError([f"-j {j!r}: {usage}"])
+        min_text, nodes_text, nproc_text, bare = match.groups()
+        if bare is not None:
+            if gpus_per_host > 0:
+                nodes, nproc, low = int(bare), gpus_per_host, int(bare)
+            else:
+                nodes, nproc, low = 1, int(bare), 1
+        else:
+            nodes, nproc = int(nodes_text), int(nproc_text)
+            low = int(min_text) if min_text is not None else nodes
+        if nodes < 1 or nproc < 1 or low < 1:
+            raise SpecError([f"-j {j!r}: node and process counts must be at least 1"])
+        if low > nodes:
+            raise SpecError([f"-j {j!r}: the minimum node count {low} exceeds the maximum {nodes}"])
+        return Topology(low, nodes, nproc)
+
+
+class _noquote(str):
+    """An argument kept unquoted in the command line (a macro for bash to expand)."""
+
+
+def _args_join(args: Iterable[str]) -> str:
+    return " ".join(arg if isinstance(arg, _noquote) else shlex.quote(arg) for arg in args)
+
+
+def _exit_cleanly_under_torchx_cli(build: Callable[..., specs.AppDef]) -> Callable[..., specs.AppDef]:
+    """Library callers get SpecError; ``torchx run`` users get its message alone.
+
+    torchx's CLI prints a traceback for any exception a component raises, but
+    only the message of a SystemExit.
+    """
+
+    @functools.wraps(build)
+    def wrapper(*args: Any, **kwargs: Any) -> specs.AppDef:
+        try:
+            return build(*args, **kwargs)
+        except SpecError as error:
+            if os.environ.get("TORCHX_CONTEXT_NAME") == _TORCHX_CLI_CONTEXT:
+                raise SystemExit(str(error)) from None
+            raise
+
+    return wrapper
+
+
+@_exit_cleanly_under_torchx_cli
+def build_appdef(
+    algorithm: str,
+    overrides: Sequence[str],
+    *,
+    spec: str,
+    image: str,
+    name: Optional[str],
+    h: Optional[str],
+    cpu: int,
+    gpu: int,
+    memMB: int,
+    j: str,
+    env: Optional[Dict[str, str]],
+    max_retries: int,
+    max_restarts: int,
+    rdzv_port: int,
+    rdzv_backend: str,
+    mounts: Optional[List[str]],
+    debug: bool,
+    tee: int,
+) -> specs.AppDef:
+    """Validates the arguments and the spec, then builds the AppDef.
+
+    Raises SpecError listing every problem found.
+    """
+    resource = _resource(h, cpu, gpu, memMB)
+    problems = []
+    if tee not in (0, 1, 2, 3):
+        problems.append(f"--tee {tee}: expected 0 (none), 1 (stdout), 2 (stderr) or 3 (both)")
+    if not 1 <= rdzv_port <= 65535:
+        problems.append(f"--rdzv_port {rdzv_port}: expected a TCP port in 1..65535")
+    if rdzv_backend not in RDZV_BACKENDS:
+        problems.append(f"--rdzv_backend {rdzv_backend!r}: expected one of {', '.join(RDZV_BACKENDS)}")
+    if max_retries < 0:
+        problems.append(f"--max_retries {max_retries}: must be 0 or more")
+    if max_restarts < 0:
+        problems.append(f"--max_restarts {max_restarts}: must be 0 or more")
+    if problems:
+        raise SpecError(problems)
+    topology = Topology.parse(j, gpus_per_host=resource.gpu)
+    if resource.gpu > 0 and topology.nproc_per_node > resource.gpu:
+        print(
+            f"posttrain: warning: -j {j} runs {topology.nproc_per_node} processes per node on hosts with "
+            f"{resource.gpu} GPUs",
+            file=sys.stderr,
+        )
+    validated = load_spec(spec, overrides, algorithm=algorithm, world_size=topology.world_size)
+
+    if topology.max_nnodes == 1:
+        # one agent: port 0 lets torchrun pick a free port
+        rdzv_endpoint = "localhost:0"
+    else:
+        # bash expands the scheduler's rank-0 host variable; "$$" escapes torchx's macro substitution
+        rdzv_endpoint = _noquote(f"$${{{macros.rank0_env}:=localhost}}:{rdzv_port}")
+    module = f"posttrain.entrypoints.{algorithm}"
+    cmd = [
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--rdzv_backend",
+        rdzv_backend,
+        "--rdzv_endpoint",
+        rdzv_endpoint,
+        "--rdzv_id",
+        f"{macros.app_id}",
+        "--nnodes",
+        topology.nnodes_arg,
+        "--nproc_per_node",
+        str(topology.nproc_per_node),
+        "--tee",
+        str(tee),
+        "--role",
+        "",
+        "--max_restarts",
+        str(max_restarts),
+    ]
+    if rdzv_backend == "static":
+        cmd += ["--node_rank", f"{macros.replica_id}"]
+    # torchx substitutes ${...} macros in args with string.Template: "$$" keeps a "$" of the spec literal
+    cmd += ["-m", module, "--spec-json", validated.to_json().replace("$", "$$")]
+
+    job_name = StructuredNameArgument.parse_from(name=name or "/", m=module)
+    role_env = dict(env or {})
+    role_env["TORCHX_TRACKING_EXPERIMENT_NAME"] = job_name.experiment_name
+    role_env.setdefault("LOGLEVEL", os.getenv("LOGLEVEL", "WARNING"))
+    role_env.setdefault("PYTHONUNBUFFERED", "1")
+    if debug:
+        role_env.update(_DEBUG_ENV)
+    return specs.AppDef(
+        name=job_name.run_name,
+        roles=[
+            specs.Role(
+                name=algorithm,
+                image=image,
+                min_replicas=topology.min_nnodes,
+                entrypoint="bash",
+                num_replicas=topology.max_nnodes,
+                resource=resource,
+                args=["-c", _args_join(cmd)],
+                env=role_env,
+                port_map={"c10d": rdzv_port},
+                max_retries=max_retries,
+                mounts=_mounts(mounts),
+            )
+        ],
+    )
+
+
+def _resource(h: Optional[str], cpu: int, gpu: int, memMB: int) -> specs.Resource:
+    if h is not None:
+        try:
+            return specs.named_resources[h]
+        except KeyError:
+            known = ", ".join(sorted(specs.named_resources)) or "none registered"
+            raise SpecError([f"-h {h!r}: unknown named resource; known: {known}"]) from None
+    problems = []
+    if cpu < 1:
+        problems.append(f"--cpu {cpu}: must be at least 1")
+    if gpu < 0:
+        problems.append(f"--gpu {gpu}: must be 0 or more")
+    if memMB < 1:
+        problems.append(f"--memMB {memMB}: must be positive")
+    if problems:
+        raise SpecError(problems)
+    return specs.resource(cpu=cpu, gpu=gpu, memMB=memMB)
+
+
+def _mounts(mounts: Optional[List[str]]) -> List[Union[specs.BindMount, specs.VolumeMount, specs.DeviceMount]]:
+    if not mounts:
+        return []
+    try:
+        return specs.parse_mounts(mounts)
+    except (KeyError, ValueError) as e:
+        raise SpecError([f"--mounts {','.join(mounts)}: {e}; expected type=bind,src=/host,dst=/job[,readonly]"]) from None
+

@@ -1,0 +1,1 @@
+"""posttrain's job side: one module per algorithm and the shared runtime."""

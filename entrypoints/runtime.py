@@ -1,0 +1,459 @@
+"""The job-side runtime every algorithm's entrypoint shares.
+
+An entrypoint only builds its trainer; :func:`run` does the rest, in an
+order that fails early and cheaply:
+
+1. parse and re-validate the spec (``--spec-json``), before importing a model;
+2. create the process group with ``distributed.timeout_s`` on every backend
+   (with ``use_cpu`` transformers ignores ``ddp_timeout``);
+3. load the data and check its columns, fit the batch to its size;
+4. resolve ``resume`` (a checkpoint of a different spec is an error);
+5. build the TRL config (``use_cpu`` from the hardware), the tokenizer and,
+   inside the entrypoint's builder, the model and trainer;
+6. train, then save the unwrapped model, the tokenizer,
+   ``trainer_state.json`` and ``run_summary.json`` into ``output_dir``.
+
+Input errors (a missing file, wrong columns, a data set too small) end every
+rank with one message and exit code 2; anything else keeps its traceback.
+"""
+
+import argparse
+import dataclasses
+import importlib
+import json
+import logging
+import os
+import re
+import statistics
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
+
+import torch
+import torch.distributed as dist
+from transformers import TrainerCallback
+
+from posttrain.components.fields import CONFIG_CLASSES
+from posttrain.components.spec import DataSource, Spec, SpecError, spec_diff, spec_from_json
+
+log = logging.getLogger("posttrain")
+
+SPEC_FILE = "posttrain_spec.json"
+SUMMARY_FILE = "run_summary.json"
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+# Column sets each algorithm accepts (any one of them), after data.columns renames.
+DATA_FORMATS: Dict[str, Tuple[Tuple[str, ...], ...]] = {
+    "sft": (("messages",), ("text",), ("prompt", "completion")),
+}
+
+
+@dataclasses.dataclass
+class Job:
+    """What an entrypoint builds its trainer from."""
+
+    spec: Spec
+    args: Any  # the algorithm's TRL config instance (SFTConfig, ...)
+    tokenizer: Any
+    train_dataset: Any
+    eval_dataset: Any
+    callbacks: List[Any]
+
+    def load_model(self, model_class: Optional[Type] = None) -> Any:
+        """Loads ``model.name_or_path`` (a path, a hub id or builtin:tiny-llama)."""
+        from transformers import AutoModelForCausalLM
+
+        return load_model(self.spec, self.tokenizer, model_class or AutoModelForCausalLM)
+
+    @property
+    def peft_config(self) -> Any:
+        """PEFT's LoraConfig from ``model.lora``, or None."""
+        if self.spec.model.lora is None:
+            return None
+        from peft import LoraConfig
+
+        return LoraConfig(**{"task_type": "CAUSAL_LM", **self.spec.model.lora})
+
+
+def run(algorithm: str, build_trainer: Callable[[Job], Any], argv: Optional[Sequence[str]] = None) -> None:
+    """Runs one training job: the whole life of an entrypoint."""
+    parser = argparse.ArgumentParser(prog=f"python -m posttrain.entrypoints.{algorithm}")
+    parser.add_argument("--spec-json", required=True, help="the validated spec, as the component embedded it")
+    options = parser.parse_args(argv)
+    _setup_logging()
+    try:
+        spec = spec_from_json(options.spec_json)
+        if spec.algorithm != algorithm:
+            raise SpecError([f"algorithm: the spec is for {spec.algorithm!r}, this entrypoint runs {algorithm!r}"])
+        _train(algorithm, spec, build_trainer)
+    except SpecError as error:
+        print(f"posttrain: {error}", file=sys.stderr, flush=True)
+        _teardown()
+        raise SystemExit(2) from None
+    _teardown()
+
+
+def _train(algorithm: str, spec: Spec, build_trainer: Callable[[Job], Any]) -> None:
+    init_distributed(spec.distributed.timeout_s)
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    output_dir = Path(spec.training["output_dir"])
+
+    train_dataset = load_data(spec.data.train, spec.data.columns, "data.train", DATA_FORMATS[algorithm])
+    eval_dataset = None
+    if spec.data.eval is not None:
+        eval_dataset = load_data(spec.data.eval, spec.data.columns, "data.eval", DATA_FORMATS[algorithm])
+    config_class = _config_class(spec.config_class)
+    training = fit_batch(spec.training, config_class, len(train_dataset), world_size)
+    resume_from = resolve_resume(spec, output_dir)
+    _barrier()  # every rank has read the old spec file before rank 0 replaces it
+    if _is_rank0():
+        output_dir.mkdir(parents=True, exist_ok=True)
+        _write_json_atomic(output_dir / SPEC_FILE, spec.model_dump(mode="json"))
+
+    args = config_class(**training_arguments(spec, training))
+    tokenizer = load_tokenizer(spec, padding_side="right")
+    tokens = TokenCounter()
+    job = Job(spec, args, tokenizer, train_dataset, eval_dataset, callbacks=[tokens])
+    trainer = build_trainer(job)
+
+    log.info("training %s on %d process(es); resume from %s", algorithm, world_size, resume_from or "scratch")
+    result = trainer.train(resume_from_checkpoint=resume_from)
+    trainer.save_model(str(output_dir))
+    trainer.save_state()
+    summary = run_summary(algorithm, spec, trainer, result.metrics, resume_from, tokens)
+    if trainer.is_world_process_zero():
+        _write_json_atomic(output_dir / SUMMARY_FILE, summary)
+        log.info("done: %s", json.dumps({k: summary[k] for k in ("global_steps", "metrics_first", "metrics_last")}))
+
+
+# ---------------------------------------------------------------- distributed
+
+
+def init_distributed(timeout_s: int) -> None:
+    """Creates the process group with the spec's timeout (launched by torchrun)."""
+    if "WORLD_SIZE" not in os.environ or dist.is_initialized():
+        return
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+
+
+def _is_rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _setup_logging() -> None:
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format=f"%(asctime)s posttrain[{rank}] %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
+# ---------------------------------------------------------------- data
+
+
+def load_data(
+    source: DataSource, columns: Dict[str, str], where: str, formats: Sequence[Tuple[str, ...]]
+) -> Any:
+    """Loads a local file or hub data set, renames columns and checks them."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    if source.path is not None:
+        path = Path(source.path)
+        if not path.is_file():
+            raise SpecError([f"{where}.path: no such file: {path} (relative paths start at {Path.cwd()})"])
+        builder = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}.get(path.suffix)
+        if builder is None:
+            raise SpecError([f"{where}.path: {path}: expected a .json, .jsonl, .parquet or .csv file"])
+        try:
+            dataset = datasets.load_dataset(builder, data_files=str(path), split="train")
+        except Exception as error:  # noqa: BLE001 -- any parse failure is the user's file
+            raise SpecError([f"{where}.path: cannot read {path}: {error}"]) from None
+    else:
+        dataset = datasets.load_dataset(source.name, source.config, split=source.split)
+    renames = {found: expected for found, expected in columns.items() if found in dataset.column_names}
+    missing = sorted(set(columns) - set(renames))
+    if missing:
+        raise SpecError([f"data.columns: {where} has no column {', '.join(missing)}; found {dataset.column_names}"])
+    dataset = dataset.rename_columns(renames)
+    if not any(set(cols) <= set(dataset.column_names) for cols in formats):
+        expected = " or ".join("(" + ", ".join(cols) + ")" for cols in formats)
+        raise SpecError(
+            [f"{where}: found columns {dataset.column_names}; expected {expected} (map names with data.columns)"]
+        )
+    if len(dataset) == 0:
+        raise SpecError([f"{where}: the data set is empty"])
+    return dataset
+
+
+def fit_batch(training: Dict[str, Any], config_class: type, rows: int, world_size: int) -> Dict[str, Any]:
+    """Shrinks the per-device batch (then accumulation) so one global batch fits the data.
+
+    ``world × per_device × accumulation`` rows larger than the data set make
+    an empty data loader, which hangs distributed training.
+    """
+    defaults = {f.name: f.default for f in dataclasses.fields(config_class)}
+    per_device = training.get("per_device_train_batch_size", defaults["per_device_train_batch_size"])
+    accumulation = training.get("gradient_accumulation_steps", defaults["gradient_accumulation_steps"])
+    if world_size * per_device * accumulation <= rows:
+        return dict(training)
+    if world_size > rows:
+        raise SpecError(
+            [f"data.train: {rows} rows cannot give each of the {world_size} processes one example; use more data"]
+        )
+    new_per_device = max(1, rows // (world_size * accumulation))
+    new_accumulation = min(accumulation, max(1, rows // (world_size * new_per_device)))
+    log.warning(
+        "data.train has %d rows, fewer than one global batch (%d processes x %d per device x %d accumulation): "
+        "using per_device_train_batch_size=%d, gradient_accumulation_steps=%d",
+        rows, world_size, per_device, accumulation, new_per_device, new_accumulation,
+    )  # fmt: skip
+    return {
+        **training,
+        "per_device_train_batch_size": new_per_device,
+        "gradient_accumulation_steps": new_accumulation,
+    }
+
+
+# ---------------------------------------------------------------- model
+
+
+def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
+    """The TRL config's keyword arguments: the user's plus what the package owns."""
+    on_cpu = not torch.cuda.is_available()
+    kwargs = dict(training)
+    kwargs["use_cpu"] = on_cpu
+    kwargs["ddp_timeout"] = spec.distributed.timeout_s
+    if on_cpu and "bf16" not in kwargs and not kwargs.get("fp16"):
+        kwargs["bf16"] = False  # TRL defaults to bf16 mixed precision, meant for GPUs
+    kwargs.setdefault("include_num_input_tokens_seen", "non_padding")
+    return kwargs
+
+
+def _config_class(name: str) -> type:
+    module, _, attr = CONFIG_CLASSES[name].partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def load_tokenizer(spec: Spec, padding_side: str) -> Any:
+    """The tokenizer of ``model.name_or_path``, padding on ``padding_side``.
+
+    transformers 5 does not save ``padding_side`` with a tokenizer, so it is
+    set after loading; a missing pad token falls back to EOS.
+    """
+    from transformers import AutoTokenizer
+
+    from posttrain.entrypoints import tiny
+
+    model = spec.model
+    if model.name_or_path == tiny.NAME:
+        tokenizer = tiny.build_tokenizer()
+    else:
+        _check_model_path(model.name_or_path)
+        tokenizer = AutoTokenizer.from_pretrained(
+            model.name_or_path, revision=model.revision, trust_remote_code=model.trust_remote_code
+        )
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = padding_side
+    return tokenizer
+
+
+def load_model(spec: Spec, tokenizer: Any, model_class: Type) -> Any:
+    """Loads the model with the auto class given (causal LM, sequence classification, ...)."""
+    from posttrain.entrypoints import tiny
+
+    model = spec.model
+    if model.name_or_path == tiny.NAME:
+        from transformers import LlamaForCausalLM, LlamaForSequenceClassification
+
+        concrete = LlamaForSequenceClassification if "SequenceClassification" in model_class.__name__ else LlamaForCausalLM
+        built = tiny.build_model(tokenizer, concrete)
+        return built.to(getattr(torch, model.dtype)) if model.dtype != "auto" else built
+    kwargs: Dict[str, Any] = {
+        "revision": model.revision,
+        "trust_remote_code": model.trust_remote_code,
+        "dtype": model.dtype,
+    }
+    if model.attn_implementation is not None:
+        kwargs["attn_implementation"] = model.attn_implementation
+    loaded = model_class.from_pretrained(model.name_or_path, **kwargs)
+    if getattr(loaded.config, "pad_token_id", None) is None:
+        loaded.config.pad_token_id = tokenizer.pad_token_id
+    return loaded
+
+
+def _check_model_path(name_or_path: str) -> None:
+    """A path-like name that does not exist is a mistake, not a hub id."""
+    if name_or_path.startswith(("/", "./", "../", "~")) and not Path(name_or_path).expanduser().exists():
+        raise SpecError([f"model.name_or_path: no such directory: {name_or_path}"])
+
+
+# ---------------------------------------------------------------- resume
+
+
+def complete_checkpoints(output_dir: Path) -> List[Path]:
+    """Checkpoints whose save finished, oldest first.
+
+    The Trainer writes ``trainer_state.json`` last: a checkpoint without a
+    readable one was interrupted mid-save and is never resumed from.
+    """
+    if not output_dir.is_dir():
+        return []
+    found = []
+    for child in output_dir.iterdir():
+        match = _CHECKPOINT.match(child.name)
+        if match and child.is_dir() and _readable_state(child / "trainer_state.json"):
+            found.append((int(match.group(1)), child))
+    return [path for _, path in sorted(found)]
+
+
+def _readable_state(path: Path) -> bool:
+    try:
+        return "global_step" in json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def resolve_resume(spec: Spec, output_dir: Path) -> Optional[str]:
+    """The checkpoint to resume from per ``resume``, or None to start fresh."""
+    checkpoints = complete_checkpoints(output_dir)
+    if spec.resume == "never":
+        if checkpoints:
+            raise SpecError(
+                [
+                    f"resume: never, but {output_dir} already holds checkpoints ({checkpoints[-1].name}); "
+                    "use another training.output_dir or remove them, so a later resume cannot mix two runs"
+                ]
+            )
+        return None
+    if spec.resume != "auto":
+        path = Path(spec.resume)
+        if not _readable_state(path / "trainer_state.json"):
+            raise SpecError([f"resume: {path} is not a complete checkpoint (no readable trainer_state.json)"])
+        return str(path)
+    if not checkpoints:
+        return None
+    saved_path = output_dir / SPEC_FILE
+    if not saved_path.is_file():
+        raise SpecError(
+            [f"resume: auto found {checkpoints[-1]} but no {SPEC_FILE} saying what spec wrote it; set resume to that path"]
+        )
+    saved = json.loads(saved_path.read_text())
+    current = spec.model_dump(mode="json")
+    differences = [d for d in spec_diff(saved, current) if d[0] != "resume"]
+    if differences:
+        shown = "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in differences)
+        raise SpecError(
+            [
+                f"resume: auto found {checkpoints[-1]} written by a different spec ({shown}); "
+                "use another training.output_dir, or set resume to the checkpoint path to continue anyway"
+            ]
+        )
+    return str(checkpoints[-1])
+
+
+def _write_json_atomic(path: Path, data: Any) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    os.replace(temporary, path)
+
+
+# ---------------------------------------------------------------- summary
+
+
+class TokenCounter(TrainerCallback):
+    """Remembers the tokens seen before this attempt (a resume restores them)."""
+
+    at_start = 0
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.at_start = state.num_input_tokens_seen
+
+
+def run_summary(
+    algorithm: str, spec: Spec, trainer: Any, metrics: Dict[str, Any], resumed_from: Optional[str], tokens: TokenCounter
+) -> Dict[str, Any]:
+    """``run_summary.json``: its keys are a contract (DESIGN.md)."""
+    runtime = float(metrics.get("train_runtime", 0.0))
+    total_tokens = int(trainer.state.num_input_tokens_seen or 0)
+    attempt_tokens = total_tokens - tokens.at_start
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    first, last = metric_ends(trainer.state.log_history)
+    return {
+        "algorithm": algorithm,
+        "world_size": world_size,
+        "nnodes": world_size // local_world_size,
+        "engine": engine(trainer),
+        "global_steps": trainer.state.global_step,
+        "train_runtime_s": runtime,
+        "train_tokens": total_tokens or None,
+        "tokens_per_s": attempt_tokens / runtime if attempt_tokens > 0 and runtime > 0 else None,
+        "metrics_first": first,
+        "metrics_last": last,
+        "resumed_from": resumed_from,
+        "spec": spec.model_dump(mode="json"),
+    }
+
+
+def engine(trainer: Any) -> Dict[str, Any]:
+    """What actually ran, read from the live trainer's accelerator."""
+    from accelerate.utils import DistributedType
+
+    accelerator = trainer.accelerator
+    kind = accelerator.distributed_type
+    if kind == DistributedType.DEEPSPEED:
+        strategy = "deepspeed"
+    elif kind == DistributedType.FSDP:
+        strategy = "fsdp"
+    elif kind in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+        strategy = "ddp"
+    else:
+        strategy = "single"
+    plugin = accelerator.state.deepspeed_plugin if strategy == "deepspeed" else None
+    return {
+        "backend": dist.get_backend() if dist.is_initialized() else None,
+        "strategy": strategy,
+        "zero_stage": plugin.zero_stage if plugin is not None else None,
+    }
+
+
+# Bookkeeping and speed the Trainer logs beside the metrics.
+_NOT_METRICS = {"step", "epoch", "total_flos", "train_runtime", "train_tokens_per_second"}
+
+
+def metric_ends(log_history: Sequence[Dict[str, Any]]) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """Each logged metric averaged over its first and its last three values.
+
+    The Trainer's closing summary entry (``train_loss``, ...) is left out.
+
+    >>> history = [{"loss": v, "step": i} for i, v in enumerate([4.0, 3.0, 2.0, 1.0, 1.0, 1.0])]
+    >>> metric_ends(history)
+    ({'loss': 3.0}, {'loss': 1.0})
+    """
+    series: Dict[str, List[float]] = {}
+    for entry in log_history:
+        if "train_loss" in entry and "train_samples_per_second" in entry:
+            continue
+        for key, value in entry.items():
+            if key not in _NOT_METRICS and isinstance(value, (int, float)) and not isinstance(value, bool):
+                series.setdefault(key, []).append(float(value))
+    first = {key: statistics.fmean(values[:3]) for key, values in series.items()}
+    last = {key: statistics.fmean(values[-3:]) for key, values in series.items()}
+    return first, last
