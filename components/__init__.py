@@ -3,3 +3,8 @@
 Importing this package imports no torch, trl or transformers, so ``--dryrun``
 and ``torchx builtins`` stay fast and work where only torchx is installed.
 """
+
+from posttrain.components.algorithms import sft
+from posttrain.components.spec import SpecError
+
+__all__ = ["SpecError", "sft"]

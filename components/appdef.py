@@ -227,9 +227,8 @@ def _resource(h: Optional[str], cpu: int, gpu: int, memMB: int) -> specs.Resourc
     if h is not None:
         try:
             return specs.named_resources[h]
-        except KeyError:
-            known = ", ".join(sorted(specs.named_resources)) or "none registered"
-            raise SpecError([f"-h {h!r}: unknown named resource; known: {known}"]) from None
+        except KeyError as e:
+            raise SpecError([f"-h {h!r}: unknown named resource. {e.args[0]}"]) from None
     problems = []
     if cpu < 1:
         problems.append(f"--cpu {cpu}: must be at least 1")

@@ -51,8 +51,8 @@ class FieldType:
     >>> FieldType(("int",), nullable=True).check(None)
     >>> FieldType(("int",)).check(True)
     'expected an integer; got True'
-    >>> FieldType(("str",), choices=("linear", "cosine")).check("cosin")
-    "expected one of 'linear', 'cosine'; got 'cosin'"
+    >>> FieldType(("choice",), choices=("linear", "cosine")).check("cosin")
+    "expected one of 'linear', 'cosine'; got 'cosin'; did you mean 'cosine'?"
     """
 
     kinds: Tuple[str, ...]
@@ -235,7 +235,9 @@ def fields_of_class(cls: type) -> Dict[str, FieldType]:
 def generate_table() -> Dict[str, Dict[str, Dict[str, Any]]]:
     """Builds the table from the installed packages (imports trl and peft)."""
     import importlib
+    import os
 
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # ORPO lives in trl.experimental
     table = {}
     for name, target in CONFIG_CLASSES.items():
         module_name, _, attr = target.partition(":")

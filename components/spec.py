@@ -12,7 +12,6 @@ for unknown keys, the nearest valid key::
 
 import difflib
 import typing
-import hashlib
 import json
 from pathlib import Path
 from typing import Any, ClassVar, Dict, Iterator, List, Literal, Mapping, Optional, Sequence, Tuple, Type
@@ -117,12 +116,6 @@ class Spec(_Strict):
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, no whitespace. ``from_json`` inverts it."""
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-
-    def fingerprint(self) -> str:
-        """Identifies what a checkpoint was trained with (``resume`` aside)."""
-        data = self.model_dump(mode="json")
-        data.pop("resume")
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
     def problems(self, world_size: Optional[int]) -> List[str]:
         """Checks across fields; subclasses add their own."""
@@ -421,8 +414,16 @@ def _lower_first(text: str) -> str:
     return text[:1].lower() + text[1:]
 
 
+# Keys that do not change what a checkpoint holds: a resume may differ in them.
+NOT_TRAINING_RELEVANT = ("resume", "training.output_dir")
+
+
 def spec_diff(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> List[Tuple[str, Any, Any]]:
-    """The dotted keys whose values differ between two spec dumps."""
+    """The dotted keys whose values differ between two spec dumps.
+
+    >>> spec_diff({"training": {"seed": 1, "max_steps": 5}}, {"training": {"seed": 2, "max_steps": 5}})
+    [('training.seed', 1, 2)]
+    """
     found = []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key), new.get(key)

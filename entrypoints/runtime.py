@@ -35,7 +35,7 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from posttrain.components.fields import CONFIG_CLASSES
-from posttrain.components.spec import DataSource, Spec, SpecError, spec_diff, spec_from_json
+from posttrain.components.spec import NOT_TRAINING_RELEVANT, DataSource, Spec, SpecError, spec_diff, spec_from_json
 
 log = logging.getLogger("posttrain")
 
@@ -106,6 +106,9 @@ def _train(algorithm: str, spec: Spec, build_trainer: Callable[[Job], Any]) -> N
     config_class = _config_class(spec.config_class)
     training = fit_batch(spec.training, config_class, len(train_dataset), world_size)
     resume_from = resolve_resume(spec, output_dir)
+    if resume_from is not None and already_finished(output_dir, Path(resume_from), training.get("max_steps", -1)):
+        log.info("%s already holds this run, finished at %s: nothing to train", output_dir, resume_from)
+        return
     _barrier()  # every rank has read the old spec file before rank 0 replaces it
     if _is_rank0():
         output_dir.mkdir(parents=True, exist_ok=True)
@@ -356,7 +359,7 @@ def resolve_resume(spec: Spec, output_dir: Path) -> Optional[str]:
         )
     saved = json.loads(saved_path.read_text())
     current = spec.model_dump(mode="json")
-    differences = [d for d in spec_diff(saved, current) if d[0] != "resume"]
+    differences = [d for d in spec_diff(saved, current) if d[0] not in NOT_TRAINING_RELEVANT]
     if differences:
         shown = "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in differences)
         raise SpecError(
@@ -366,6 +369,20 @@ def resolve_resume(spec: Spec, output_dir: Path) -> Optional[str]:
             ]
         )
     return str(checkpoints[-1])
+
+
+def already_finished(output_dir: Path, checkpoint: Path, max_steps: int) -> bool:
+    """Whether the run ended at ``checkpoint`` and wrote its final outputs.
+
+    Resuming from a checkpoint at ``max_steps`` would make the Trainer take
+    one step too many, so a finished run is left as it is.
+    """
+    try:
+        step = json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
+        summary = json.loads((output_dir / SUMMARY_FILE).read_text())
+    except (OSError, ValueError, KeyError):
+        return False
+    return 0 < max_steps <= step and summary.get("global_steps") == step
 
 
 def _write_json_atomic(path: Path, data: Any) -> None:

@@ -1,0 +1,86 @@
+"""Test helpers: running the real ``torchx`` CLI and reading what a run wrote."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Sequence
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+TEMPLATES = REPO / "templates"
+
+
+def job_env(tmp_root: Path, **extra: str) -> Dict[str, str]:
+    """The environment of a CLI run: this interpreter's ``python`` first on PATH, caches in a temp dir."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["HF_HOME"] = str(tmp_root / "hf_home")
+    env["HF_HUB_OFFLINE"] = "1"
+    env["OMP_NUM_THREADS"] = "1"
+    env.pop("TORCHX_CONTEXT_NAME", None)  # torchx's CLI sets its own
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def torchx(args: Sequence[str], tmp_root: Path, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
+    """Runs ``torchx ARGS`` from the repository root (local_cwd's working directory)."""
+    command = [str(Path(sys.executable).parent / "torchx"), *args]
+    return subprocess.run(
+        command, cwd=REPO, env=job_env(tmp_root, **env), capture_output=True, text=True, timeout=timeout
+    )
+
+
+def read_json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def log_history(output_dir: Path) -> List[Dict[str, Any]]:
+    """The training log entries of ``trainer_state.json`` (the closing summary left out)."""
+    history = read_json(output_dir / "trainer_state.json")["log_history"]
+    return [entry for entry in history if "train_samples_per_second" not in entry]
+
+
+def series(output_dir: Path, key: str) -> List[float]:
+    return [entry[key] for entry in log_history(output_dir) if key in entry]
+
+
+def mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def load_template(relative: str) -> Dict[str, Any]:
+    return yaml.safe_load((TEMPLATES / relative).read_text())
+
+
+def run_template(
+    template: str,
+    tmp_root: Path,
+    output_dir: Path,
+    j: str = "1x2",
+    overrides: Sequence[str] = (),
+    extra_args: Sequence[str] = (),
+    timeout: float = 600,
+    **env: str,
+) -> subprocess.CompletedProcess:
+    """``torchx run -s local_cwd posttrain.<algorithm> --spec templates/<template> -j J`` into output_dir."""
+    algorithm = load_template(template)["algorithm"]
+    args = [
+        "run", "-s", "local_cwd", f"posttrain.{algorithm}",
+        "--spec", f"templates/{template}", "-j", j, "--rdzv_port", str(free_port()), *extra_args,
+        f"training.output_dir={output_dir}", *overrides,
+    ]  # fmt: skip
+    return torchx(args, tmp_root, timeout=timeout, **env)
+
+
+def assert_succeeded(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, f"exit {result.returncode}\n--- stdout\n{result.stdout[-6000:]}\n--- stderr\n{result.stderr[-12000:]}"

@@ -1,0 +1,158 @@
+"""The AppDef every component builds: launcher, rendezvous, resources, env, validation."""
+
+import json
+import shlex
+import subprocess
+import sys
+
+import pytest
+import torchx.specs as specs
+from helpers import REPO, TEMPLATES
+from torchx.components.component_test_base import ComponentTestCase
+
+from posttrain.components import algorithms
+from posttrain.components.spec import SpecError
+
+TINY = str(TEMPLATES / "sft" / "tiny.yaml")
+
+
+def argv(app: specs.AppDef) -> list:
+    role = app.roles[0]
+    assert role.entrypoint == "bash" and role.args[0] == "-c"
+    return shlex.split(role.args[1])
+
+
+def embedded_spec(app: specs.AppDef) -> dict:
+    args = argv(app)
+    return json.loads(args[args.index("--spec-json") + 1].replace("$$", "$"))
+
+
+def option(args: list, name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+@pytest.mark.parametrize(
+    "j, nnodes, nproc, min_replicas, replicas",
+    [("1x1", "1", "1", 1, 1), ("1x2", "1", "2", 1, 1), ("2x1", "2", "1", 2, 2), ("2:4x8", "2:4", "8", 2, 4)],
+)
+def test_topology(j: str, nnodes: str, nproc: str, min_replicas: int, replicas: int) -> None:
+    app = algorithms.sft(spec=TINY, j=j)
+    args = argv(app)
+    role = app.roles[0]
+    assert args[:3] == ["python", "-m", "torch.distributed.run"]
+    assert option(args, "--nnodes") == nnodes and option(args, "--nproc_per_node") == nproc
+    assert (role.min_replicas, role.num_replicas) == (min_replicas, replicas)
+    assert option(args, "--tee") == "3" and option(args, "--rdzv_backend") == "c10d"
+    assert option(args, "--rdzv_id") == "${app_id}" and option(args, "--role") == ""
+    assert option(args, "--max_restarts") == "0"
+    assert args[args.index("-m", 3) + 1] == "posttrain.entrypoints.sft"
+    endpoint = option(args, "--rdzv_endpoint")
+    if replicas == 1:
+        assert endpoint == "localhost:0"
+    else:
+        # torchx substitutes ${rank0_env} per scheduler; bash then expands the variable
+        assert f"${{{specs.macros.rank0_env}:=localhost}}:29500" in role.args[1]
+    assert role.port_map == {"c10d": 29500}
+    assert embedded_spec(app)["training"]["output_dir"] == "outputs/sft-tiny"
+
+
+def test_rank0_endpoint_becomes_each_schedulers_variable() -> None:
+    app = algorithms.sft(spec=TINY, j="2x1", rdzv_port=29511)
+    values = specs.macros.Values(
+        img_root="", app_id="app-1", replica_id="0", rank0_env="TORCHX_RANK0_HOST"
+    )
+    command = values.substitute(app.roles[0].args[1])
+    assert "${TORCHX_RANK0_HOST:=localhost}:29511" in command
+    assert option(shlex.split(command), "--rdzv_id") == "app-1"
+
+
+def test_resources_arguments_and_named_resources() -> None:
+    role = algorithms.sft(spec=TINY, cpu=8, gpu=2, memMB=4096, j="1x2").roles[0]
+    assert (role.resource.cpu, role.resource.gpu, role.resource.memMB) == (8, 2, 4096)
+    assert algorithms.sft(spec=TINY, h="cpu.small", j="1x1").roles[0].resource == specs.named_resources["cpu.small"]
+
+
+def test_gpu_named_resource_infers_processes_per_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    resource = specs.Resource(cpu=32, gpu=4, memMB=100_000)
+    monkeypatch.setitem(specs._named_resource_factories, "test.gpu.4", lambda: resource)
+    app = algorithms.sft(spec=TINY, h="test.gpu.4", j="2")
+    args = argv(app)
+    assert option(args, "--nnodes") == "2" and option(args, "--nproc_per_node") == "4"
+    assert app.roles[0].resource.gpu == 4
+
+
+def test_component_arguments_reach_the_role() -> None:
+    env = {"WANDB_PROJECT": "p"}
+    app = algorithms.sft(
+        "training.max_steps=3",
+        spec=TINY,
+        name="exp/run1",
+        env=env,
+        max_retries=2,
+        max_restarts=1,
+        rdzv_backend="static",
+        mounts=["type=bind", "src=/data", "dst=/data"],
+        debug=True,
+        tee=2,
+        image="ghcr.io/me/posttrain:1",
+    )
+    role = app.roles[0]
+    args = argv(app)
+    assert app.name == "run1" and role.image == "ghcr.io/me/posttrain:1"
+    assert role.env["WANDB_PROJECT"] == "p" and role.env["TORCHX_TRACKING_EXPERIMENT_NAME"] == "exp"
+    assert role.env["TORCH_DISTRIBUTED_DEBUG"] == "DETAIL"
+    assert env == {"WANDB_PROJECT": "p"}, "the caller's env must not be modified"
+    assert role.max_retries == 2 and option(args, "--max_restarts") == "1"
+    assert option(args, "--node_rank") == "${replica_id}" and option(args, "--tee") == "2"
+    assert role.mounts[0].src_path == "/data"
+    assert embedded_spec(app)["training"]["max_steps"] == 3
+
+
+def test_dollar_signs_in_the_spec_survive_torchx_macro_substitution() -> None:
+    app = algorithms.sft("training.run_name=${app_id} $HOME $$", spec=TINY)
+    values = specs.macros.Values(img_root="", app_id="X", replica_id="0", rank0_env="R")
+    args = shlex.split(values.substitute(app.roles[0].args[1]))
+    spec = json.loads(args[args.index("--spec-json") + 1])
+    assert spec["training"]["run_name"] == "${app_id} $HOME $$"
+
+
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        ({"j": "2x"}, "-j '2x': expected [MIN:]NNODESxNPROC"),
+        ({"j": "0x1"}, "-j '0x1': node and process counts must be at least 1"),
+        ({"j": "3:2x1"}, "-j '3:2x1': the minimum node count 3 exceeds the maximum 2"),
+        ({"tee": 4}, "--tee 4: expected 0"),
+        ({"rdzv_port": 70000}, "--rdzv_port 70000: expected a TCP port"),
+        ({"rdzv_backend": "zk"}, "--rdzv_backend 'zk': expected one of c10d"),
+        ({"max_retries": -1}, "--max_retries -1: must be 0 or more"),
+        ({"max_restarts": -1}, "--max_restarts -1: must be 0 or more"),
+        ({"memMB": -5}, "--memMB -5: must be positive"),
+        ({"cpu": 0}, "--cpu 0: must be at least 1"),
+        ({"h": "gpu.nope"}, "-h 'gpu.nope': unknown named resource. No named resource found for `gpu.nope`"),
+        ({"mounts": ["type=magic"]}, "--mounts type=magic"),
+    ],
+)
+def test_bad_component_arguments(kwargs: dict, expected: str) -> None:
+    with pytest.raises(SpecError) as error:
+        algorithms.sft(spec=TINY, **kwargs)
+    assert expected in str(error.value)
+
+
+def test_library_callers_get_a_spec_error_not_a_system_exit() -> None:
+    with pytest.raises(SpecError, match="did you mean training.learning_rate"):
+        algorithms.sft("training.learnig_rate=1", spec=TINY)
+
+
+class TorchxComponentChecks(ComponentTestCase):
+    def test_components_parse_as_torchx_components(self) -> None:
+        self.validate(algorithms, "sft")
+
+
+def test_importing_the_client_side_imports_no_heavy_package() -> None:
+    code = (
+        "import sys, posttrain.components, posttrain.components.algorithms; "
+        "print(sorted(m for m in ('torch', 'trl', 'transformers', 'deepspeed', 'peft') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert result.stdout.strip() == "[]"

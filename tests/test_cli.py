@@ -1,0 +1,55 @@
+"""The real ``torchx`` CLI: discovery, --dryrun, help, and bad input that launches nothing."""
+
+from pathlib import Path
+
+import pytest
+from helpers import torchx
+
+TINY = "templates/sft/tiny.yaml"
+
+
+def test_builtins_list_posttrain_and_keep_torchx_own(tmp_path: Path) -> None:
+    result = torchx(["builtins"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "posttrain.sft" in result.stdout
+    assert "dist.ddp" in result.stdout and "utils.echo" in result.stdout
+
+
+def test_dryrun_shows_the_validated_spec_inside_a_torchrun_command(tmp_path: Path) -> None:
+    result = torchx(["run", "-s", "local_cwd", "--dryrun", "posttrain.sft", "--spec", TINY, "-j", "2x1"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "python -m torch.distributed.run" in out
+    assert "--tee 3" in out and "--rdzv_backend c10d" in out
+    assert "--rdzv_endpoint" in out and "${TORCHX_RANK0_HOST:=localhost}:29500" in out
+    assert "--spec-json" in out and '"name_or_path":"builtin:tiny-llama"' in out
+
+
+def test_component_help_is_the_docstring(tmp_path: Path) -> None:
+    result = torchx(["run", "-s", "local_cwd", "posttrain.sft", "--help"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "Supervised fine-tuning" in result.stdout
+    assert "max_restarts" in result.stdout and "--spec" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["training.learnig_rate=1"], "training.learnig_rate: unknown key; did you mean training.learning_rate?"),
+        (["-j", "0x1"], "-j '0x1': node and process counts must be at least 1"),
+        (["training.per_device_train_batch_size=0"], "training.per_device_train_batch_size: must be positive; got 0"),
+        (["training.deepspeed=ds.json"], "training.deepspeed: set by posttrain, not in training; use distributed.deepspeed"),
+    ],
+)
+def test_bad_input_prints_the_message_alone_and_launches_nothing(tmp_path: Path, args: list, message: str) -> None:
+    result = torchx(["run", "-s", "local_cwd", "posttrain.sft", "--spec", TINY, *args], tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip() == message
+    assert "Traceback" not in result.stdout + result.stderr
+    assert "local_cwd://" not in result.stdout, "an app was launched"
+
+
+def test_a_missing_spec_file_is_named(tmp_path: Path) -> None:
+    result = torchx(["run", "-s", "local_cwd", "posttrain.sft", "--spec", "templates/sft/nope.yaml"], tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip() == "--spec: no such file: templates/sft/nope.yaml"

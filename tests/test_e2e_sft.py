@@ -1,0 +1,112 @@
+"""SFT end to end through the real ``torchx run -s local_cwd``: it learns, and says so."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import REPO, assert_succeeded, job_env, mean, read_json, run_template, series
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+pytestmark = pytest.mark.e2e
+
+SUMMARY_KEYS = {
+    "algorithm", "world_size", "nnodes", "engine", "global_steps", "train_runtime_s", "train_tokens",
+    "tokens_per_s", "metrics_first", "metrics_last", "resumed_from", "spec",
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def sft_1x2(session_tmp: Path) -> Path:
+    output_dir = session_tmp / "sft-1x2"
+    assert_succeeded(run_template("sft/tiny.yaml", session_tmp, output_dir, j="1x2"))
+    return output_dir
+
+
+def test_resume_from_a_checkpoint_ends_at_the_planned_step(sft_1x2: Path, session_tmp: Path) -> None:
+    output_dir = session_tmp / "sft-resumed"
+    output_dir.mkdir()
+    shutil.copytree(sft_1x2 / "checkpoint-20", output_dir / "checkpoint-20")
+    shutil.copy(sft_1x2 / "posttrain_spec.json", output_dir)
+    assert_succeeded(run_template("sft/tiny.yaml", session_tmp, output_dir, j="1x2"))
+    summary = read_json(output_dir / "run_summary.json")
+    assert summary["resumed_from"] == str(output_dir / "checkpoint-20") and summary["global_steps"] == 40
+    steps = [entry["step"] for entry in read_json(output_dir / "trainer_state.json")["log_history"] if "loss" in entry]
+    assert steps == list(range(1, 41))
+
+
+@pytest.fixture(scope="module")
+def sft_2x1(session_tmp: Path) -> Path:
+    output_dir = session_tmp / "sft-2x1"
+    assert_succeeded(run_template("sft/tiny.yaml", session_tmp, output_dir, j="2x1"))
+    return output_dir
+
+
+def assert_learned(output_dir: Path, world_size: int, nnodes: int) -> None:
+    losses = series(output_dir, "loss")
+    assert len(losses) >= 6, "first and last three logged losses must not overlap"
+    first, last = mean(losses[:3]), mean(losses[-3:])
+    assert last <= 0.7 * first, f"loss {first:.3f} -> {last:.3f}"
+
+    summary = read_json(output_dir / "run_summary.json")
+    assert set(summary) == SUMMARY_KEYS
+    assert summary["metrics_first"]["loss"] == pytest.approx(first)
+    assert summary["metrics_last"]["loss"] == pytest.approx(last)
+    assert summary["algorithm"] == "sft" and summary["global_steps"] == 40
+    assert (summary["world_size"], summary["nnodes"]) == (world_size, nnodes)
+    assert summary["engine"] == {"backend": "gloo", "strategy": "ddp", "zero_stage": None}
+    assert summary["train_tokens"] > 0 and summary["tokens_per_s"] > 0 and summary["train_runtime_s"] > 0
+    assert summary["resumed_from"] is None
+    assert summary["spec"]["training"]["output_dir"] == str(output_dir)
+
+
+def test_sft_1x2_learns(sft_1x2: Path) -> None:
+    assert_learned(sft_1x2, world_size=2, nnodes=1)
+
+
+def test_sft_2x1_multinode_rendezvous_learns(sft_2x1: Path) -> None:
+    assert_learned(sft_2x1, world_size=2, nnodes=2)
+
+
+def test_saved_model_reloads_and_generates(sft_1x2: Path) -> None:
+    model = AutoModelForCausalLM.from_pretrained(sft_1x2)
+    tokenizer = AutoTokenizer.from_pretrained(sft_1x2)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of Italy?"}], add_generation_prompt=True, return_tensors="pt",
+        return_dict=True,
+    )
+    with torch.no_grad():
+        output = model.generate(**prompt, max_new_tokens=12, do_sample=False)
+    answer = tokenizer.decode(output[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
+    assert "capital" in answer, answer  # the learned answer form: "The capital of Italy is Rome."
+    assert (sft_1x2 / "checkpoint-20" / "trainer_state.json").is_file()
+
+
+def test_a_finished_run_is_left_as_it_is_and_a_changed_spec_is_refused(sft_1x2: Path, session_tmp: Path) -> None:
+    before = (sft_1x2 / "run_summary.json").read_text()
+    again = run_template("sft/tiny.yaml", session_tmp, sft_1x2, j="1x2")
+    assert_succeeded(again)
+    assert "already holds this run, finished at" in again.stdout + again.stderr
+    assert (sft_1x2 / "run_summary.json").read_text() == before
+
+    changed = run_template("sft/tiny.yaml", session_tmp, sft_1x2, j="1x2", overrides=["training.learning_rate=0.01"])
+    assert changed.returncode != 0
+    assert "written by a different spec (training.learning_rate: 0.003 -> 0.01)" in changed.stderr
+
+
+def test_library_use_as_in_the_design(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torchx.runner import get_runner
+    from torchx.specs import AppState
+
+    from posttrain.components import sft
+
+    for key, value in job_env(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(REPO)
+    output_dir = tmp_path / "library"
+    app = sft("training.max_steps=20", f"training.output_dir={output_dir}", spec="templates/sft/tiny.yaml", j="1x2")
+    with get_runner() as runner:
+        handle = runner.run(app, scheduler="local_cwd")
+        status = runner.wait(handle, wait_interval=1)
+    assert status is not None and status.state == AppState.SUCCEEDED, status
+    assert read_json(output_dir / "run_summary.json")["global_steps"] == 20

@@ -1,0 +1,150 @@
+"""The job-side runtime: data checks, batch fitting, resume, summary maths, the tiny model."""
+
+import doctest
+import json
+from pathlib import Path
+
+import pytest
+from helpers import TEMPLATES, load_template
+from transformers import LlamaForCausalLM, LlamaForSequenceClassification
+from trl import SFTConfig
+
+from posttrain.components.spec import SpecError, validate
+from posttrain.entrypoints import runtime, tiny
+from posttrain.entrypoints.runtime import DATA_FORMATS, complete_checkpoints, fit_batch, load_data, resolve_resume
+
+
+@pytest.fixture(autouse=True)
+def _hf_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_home" / "datasets"))
+
+
+def spec_with(tmp_path: Path, **changes: object):
+    raw = load_template("sft/tiny.yaml")
+    raw["training"]["output_dir"] = str(tmp_path / "out")
+    raw.update(changes)
+    return validate(raw)
+
+
+def test_runtime_doctests() -> None:
+    assert doctest.testmod(runtime).failed == 0
+
+
+def test_tiny_model_is_deterministic_and_small() -> None:
+    first, second = tiny.build_tokenizer(), tiny.build_tokenizer()
+    assert first.get_vocab() == second.get_vocab() and len(first) == 512
+    model_a, model_b = tiny.build_model(first, LlamaForCausalLM), tiny.build_model(second, LlamaForCausalLM)
+    assert all((a == b).all() for a, b in zip(model_a.parameters(), model_b.parameters()))
+    assert sum(p.numel() for p in model_a.parameters()) < 200_000
+    scorer = tiny.build_model(first, LlamaForSequenceClassification)
+    assert scorer.score.out_features == 1
+
+
+def test_tiny_chat_template_marks_assistant_turns() -> None:
+    tokenizer = tiny.build_tokenizer()
+    messages = [{"role": "user", "content": "What is 1 plus 2?"}, {"role": "assistant", "content": "1 plus 2 is 3."}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    assert text == "<|im_start|>user\nWhat is 1 plus 2?<|im_end|>\n<|im_start|>assistant\n1 plus 2 is 3.<|im_end|>\n"
+    encoded = tokenizer.apply_chat_template(messages, return_assistant_tokens_mask=True, return_dict=True)
+    assert 0 < sum(encoded["assistant_masks"]) < len(encoded["input_ids"])
+
+
+def test_shipped_sft_data_loads_with_the_expected_columns() -> None:
+    spec = validate(load_template("sft/tiny.yaml"))
+    dataset = load_data(spec.data.train, {}, "data.train", DATA_FORMATS["sft"])
+    assert len(dataset) >= 200 and dataset.column_names == ["messages"]
+
+
+def test_wrong_columns_name_found_and_expected(tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"question": "q", "answer": "a"}\n')
+    source = validate({**load_template("sft/tiny.yaml"), "data": {"train": {"path": str(path)}}}).data.train
+    with pytest.raises(SpecError) as error:
+        load_data(source, {}, "data.train", DATA_FORMATS["sft"])
+    assert "found columns ['question', 'answer']; expected (messages) or (text) or (prompt, completion)" in str(error.value)
+    renamed = load_data(source, {"question": "prompt", "answer": "completion"}, "data.train", DATA_FORMATS["sft"])
+    assert renamed.column_names == ["prompt", "completion"]
+    with pytest.raises(SpecError, match="data.columns: data.train has no column query"):
+        load_data(source, {"query": "prompt"}, "data.train", DATA_FORMATS["sft"])
+
+
+def test_missing_data_file_is_named(tmp_path: Path) -> None:
+    source = validate({**load_template("sft/tiny.yaml"), "data": {"train": {"path": "nope.jsonl"}}}).data.train
+    with pytest.raises(SpecError, match="data.train.path: no such file: nope.jsonl"):
+        load_data(source, {}, "data.train", DATA_FORMATS["sft"])
+
+
+def test_fit_batch_shrinks_to_the_data_or_fails() -> None:
+    training = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 4}
+    assert fit_batch(training, SFTConfig, 1000, 2) == training
+    fitted = fit_batch(training, SFTConfig, 20, 2)
+    per, accum = fitted["per_device_train_batch_size"], fitted["gradient_accumulation_steps"]
+    assert 2 * per * accum <= 20 and per >= 1
+    assert fit_batch({}, SFTConfig, 10, 2)["per_device_train_batch_size"] == 5  # SFTConfig's default is 8
+    with pytest.raises(SpecError, match="3 rows cannot give each of the 4 processes one example"):
+        fit_batch(training, SFTConfig, 3, 4)
+
+
+def write_checkpoint(output_dir: Path, step: int, complete: bool = True) -> Path:
+    path = output_dir / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    (path / "trainer_state.json").write_text(json.dumps({"global_step": step}) if complete else '{"global_')
+    return path
+
+
+def test_only_complete_checkpoints_count(tmp_path: Path) -> None:
+    write_checkpoint(tmp_path, 10)
+    write_checkpoint(tmp_path, 30, complete=False)
+    write_checkpoint(tmp_path, 20)
+    (tmp_path / "checkpoint-40").mkdir()
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["checkpoint-10", "checkpoint-20"]
+
+
+def test_resume_auto_picks_the_newest_checkpoint_of_the_same_spec(tmp_path: Path) -> None:
+    spec = spec_with(tmp_path)
+    output_dir = Path(spec.training["output_dir"])
+    assert resolve_resume(spec, output_dir) is None
+    write_checkpoint(output_dir, 5)
+    newest = write_checkpoint(output_dir, 10)
+    (output_dir / runtime.SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json")))
+    assert resolve_resume(spec, output_dir) == str(newest)
+    assert resolve_resume(spec_with(tmp_path, resume=str(output_dir / "checkpoint-5")), output_dir).endswith("-5")
+
+
+def test_resume_auto_refuses_a_checkpoint_of_another_spec(tmp_path: Path) -> None:
+    spec = spec_with(tmp_path)
+    output_dir = Path(spec.training["output_dir"])
+    write_checkpoint(output_dir, 10)
+    saved = spec.model_dump(mode="json")
+    saved["training"]["learning_rate"] = 0.5
+    (output_dir / runtime.SPEC_FILE).write_text(json.dumps(saved))
+    with pytest.raises(SpecError) as error:
+        resolve_resume(spec, output_dir)
+    assert "written by a different spec (training.learning_rate: 0.5 -> 0.003)" in str(error.value)
+
+
+def test_resume_never_refuses_to_mix_runs_and_a_bad_path_is_named(tmp_path: Path) -> None:
+    spec = spec_with(tmp_path, resume="never")
+    output_dir = Path(spec.training["output_dir"])
+    assert resolve_resume(spec, output_dir) is None
+    write_checkpoint(output_dir, 10)
+    with pytest.raises(SpecError, match="resume: never, but .* already holds checkpoints"):
+        resolve_resume(spec, output_dir)
+    with pytest.raises(SpecError, match="is not a complete checkpoint"):
+        resolve_resume(spec_with(tmp_path, resume=str(tmp_path / "nowhere")), output_dir)
+
+
+def test_training_arguments_on_cpu_are_owned_by_the_package(tmp_path: Path) -> None:
+    spec = spec_with(tmp_path)
+    kwargs = runtime.training_arguments(spec, {k: v for k, v in spec.training.items() if k != "bf16"})
+    assert kwargs["use_cpu"] is True and kwargs["bf16"] is False
+    assert kwargs["ddp_timeout"] == spec.distributed.timeout_s
+    assert kwargs["include_num_input_tokens_seen"] == "non_padding"
+    SFTConfig(**kwargs)
+
+
+def test_templates_point_at_shipped_data() -> None:
+    for template in TEMPLATES.glob("*/tiny*.yaml"):
+        path = load_template(str(template.relative_to(TEMPLATES)))["data"]["train"]["path"]
+        assert (TEMPLATES.parent / path).is_file(), template

@@ -1,0 +1,228 @@
+"""The spec: validation messages, overrides with types, and the JSON round trip."""
+
+from pathlib import Path
+from typing import Any, Dict
+
+import pytest
+import yaml
+from helpers import TEMPLATES, load_template
+
+from posttrain.components.spec import SPEC_CLASSES, SpecError, apply_overrides, load_spec, spec_from_json, validate
+
+ALL_TEMPLATES = sorted(str(p.relative_to(TEMPLATES)) for p in TEMPLATES.glob("*/*.yaml"))
+
+
+def tiny_sft() -> Dict[str, Any]:
+    return load_template("sft/tiny.yaml")
+
+
+def problems_of(raw: Dict[str, Any], **kwargs: Any) -> str:
+    with pytest.raises(SpecError) as error:
+        validate(raw, **kwargs)
+    return str(error.value)
+
+
+@pytest.mark.parametrize("template", ALL_TEMPLATES)
+def test_every_template_validates_and_round_trips(template: str) -> None:
+    spec = load_spec(str(TEMPLATES / template))
+    again = spec_from_json(spec.to_json())
+    assert again == spec
+    assert again.to_json() == spec.to_json()
+
+
+@pytest.mark.parametrize("template", ALL_TEMPLATES)
+def test_every_template_opens_with_the_command_that_runs_it(template: str) -> None:
+    first_line = (TEMPLATES / template).read_text().splitlines()[0]
+    algorithm = load_template(template)["algorithm"]
+    assert first_line.startswith(f"# torchx run -s "), first_line
+    assert f"posttrain.{algorithm} --spec templates/{template}" in first_line
+
+
+def test_one_spec_class_per_algorithm_names_its_trl_config() -> None:
+    assert SPEC_CLASSES["sft"].config_class == "SFTConfig"
+
+
+@pytest.mark.parametrize(
+    "path, value, expected",
+    [
+        (("training", "learnig_rate"), 1.0, "training.learnig_rate: unknown key; did you mean training.learning_rate?"),
+        (("model", "dtyp"), "auto", "model.dtyp: unknown key; did you mean model.dtype?"),
+        (("data", "train", "paht"), "x", "data.train.paht: unknown key; did you mean data.train.path?"),
+        (("model", "learning_rate"), 1.0, "model.learning_rate: unknown key here; it belongs at training.learning_rate"),
+        (("training", "lora"), {}, "training.lora: unknown key here; it belongs at model.lora"),
+        (("model", "lora"), {"rank": 8}, "model.lora.rank: unknown key"),
+        (("trainig",), {}, "trainig: unknown key; did you mean training?"),
+    ],
+)
+def test_unknown_keys_name_the_nearest_valid_key(path: tuple, value: Any, expected: str) -> None:
+    raw = tiny_sft()
+    node = raw
+    for part in path[:-1]:
+        node = node[part]
+    node[path[-1]] = value
+    assert expected in problems_of(raw)
+
+
+@pytest.mark.parametrize(
+    "key, hint",
+    [
+        ("deepspeed", "use distributed.deepspeed"),
+        ("fsdp", "use distributed.fsdp"),
+        ("use_cpu", "posttrain sets it from the hardware"),
+        ("ddp_timeout", "use distributed.timeout_s"),
+        ("resume_from_checkpoint", "use resume"),
+        ("hub_token", "HF_TOKEN environment variable"),
+    ],
+)
+def test_package_owned_training_keys_point_to_the_right_place(key: str, hint: str) -> None:
+    raw = tiny_sft()
+    raw["training"][key] = "x"
+    message = problems_of(raw)
+    assert f"training.{key}: set by posttrain, not in training" in message
+    assert hint in message
+
+
+@pytest.mark.parametrize(
+    "section, key, value, expected",
+    [
+        ("training", "learning_rate", "fast", "training.learning_rate: expected a number; got 'fast'"),
+        ("training", "max_steps", 2.5, "training.max_steps: expected an integer; got 2.5"),
+        ("training", "bf16", "yes", "training.bf16: expected true/false or null; got 'yes'"),
+        ("training", "lr_scheduler_type", "cosin", "did you mean 'cosine'?"),
+        ("training", "per_device_train_batch_size", 0, "training.per_device_train_batch_size: must be positive; got 0"),
+        ("training", "learning_rate", -1e-5, "training.learning_rate: must be positive"),
+        ("training", "max_steps", 0, "training.max_steps: must be positive, or -1 to train by epochs; got 0"),
+        ("model", "dtype", "bf16", "model.dtype: input should be 'auto', 'float32', 'bfloat16' or 'float16'"),
+        ("model", "trust_remote_code", "yes", "model.trust_remote_code: input should be a valid boolean"),
+        ("model", "lora", {"r": "eight"}, "model.lora.r: expected an integer; got 'eight'"),
+        ("distributed", "timeout_s", 0, "distributed.timeout_s: must be positive; got 0"),
+    ],
+)
+def test_wrong_types_and_values_name_key_and_expectation(section: str, key: str, value: Any, expected: str) -> None:
+    raw = tiny_sft()
+    raw.setdefault(section, {})[key] = value
+    assert expected in problems_of(raw)
+
+
+def test_all_problems_are_reported_together() -> None:
+    raw = tiny_sft()
+    raw["training"].update(learning_rate="fast", per_device_train_batch_size=0)
+    raw["model"]["dtype"] = "bf16"
+    lines = problems_of(raw).splitlines()
+    assert len(lines) == 3, lines
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"training": {"bf16": True, "fp16": True}}, "training.bf16, training.fp16: at most one can be true"),
+        ({"model": {"dtype": "float16"}, "training": {"bf16": True}}, "model.dtype: float16 contradicts training.bf16"),
+        ({"data": {"train": {"path": "a.jsonl", "name": "hub/set"}}}, "data.train: give exactly one of path"),
+        ({"data": {"train": {"split": "train"}}}, "data.train: give exactly one of path"),
+    ],
+)
+def test_impossible_combinations(change: Dict[str, Any], expected: str) -> None:
+    raw = tiny_sft()
+    for section, values in change.items():
+        if section == "data":
+            raw["data"] = {"train": values["train"]}
+        else:
+            raw[section].update(values)
+    assert expected in problems_of(raw)
+
+
+def test_missing_sections_and_output_dir_are_required() -> None:
+    assert "model: required" in problems_of({"algorithm": "sft", "data": {"train": {"path": "x"}}, "training": {}})
+    raw = tiny_sft()
+    del raw["training"]["output_dir"]
+    assert "training.output_dir: required" in problems_of(raw)
+
+
+def test_a_spec_for_another_algorithm_is_refused() -> None:
+    raw = tiny_sft()
+    message = problems_of(raw, algorithm="dpo")
+    assert "this spec is for 'sft' but was given to posttrain.dpo" in message
+    raw["algorithm"] = "sftt"
+    assert "algorithm: unknown 'sftt'; expected one of" in problems_of(raw)
+
+
+def test_overrides_convert_by_the_type_of_the_field() -> None:
+    raw = tiny_sft()
+    result = apply_overrides(
+        raw,
+        [
+            "training.learning_rate=1e-5",
+            "training.max_steps=7",
+            "training.bf16=false",
+            "training.report_to=[tensorboard, wandb]",
+            "training.run_name=it's a \"quoted\" name; $(echo hi) `x` ü",
+            "training.lr_scheduler_kwargs={min_lr: 0.1}",
+            "model.revision=0123",
+            "model.lora.target_modules=[q_proj, v_proj]",
+            "model.lora.r=8",
+            "distributed.timeout_s=60",
+            "resume=never",
+        ],
+    )
+    training = result["training"]
+    assert training["learning_rate"] == 1e-5 and isinstance(training["learning_rate"], float)
+    assert training["max_steps"] == 7 and training["bf16"] is False
+    assert training["report_to"] == ["tensorboard", "wandb"]
+    assert training["run_name"] == "it's a \"quoted\" name; $(echo hi) `x` ü"
+    assert training["lr_scheduler_kwargs"] == {"min_lr": 0.1}
+    assert result["model"]["revision"] == "0123"  # a string field keeps the raw text
+    assert result["model"]["lora"] == {"target_modules": ["q_proj", "v_proj"], "r": 8}
+    assert result["distributed"] == {"timeout_s": 60}  # a missing section is created
+    assert result["resume"] == "never"
+    assert raw == tiny_sft(), "the input mapping must not be modified"
+    validate(result)
+
+
+def test_an_override_value_keeps_equals_signs_and_spaces() -> None:
+    result = apply_overrides(tiny_sft(), ["training.run_name= a=b c "])
+    assert result["training"]["run_name"] == " a=b c "
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("training.max_steps", "expected key.path=value"),
+        ("=3", "expected key.path=value"),
+        ("training..max_steps=3", "empty key segment"),
+        ("training.max_steps.x=3", "training.max_steps is a value, not a section"),
+        ("-j=2x1", "go before the key.path=value overrides"),
+    ],
+)
+def test_malformed_overrides(override: str, expected: str) -> None:
+    with pytest.raises(SpecError, match=expected.replace(".", r"\.")):
+        apply_overrides(tiny_sft(), [override])
+
+
+def test_an_override_of_the_wrong_type_is_reported_by_validation(tmp_path: Path) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(tiny_sft()))
+    with pytest.raises(SpecError, match="training.max_steps: expected an integer; got 'many'"):
+        load_spec(str(path), ["training.max_steps=many"])
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("model: [unclosed", "is not valid YAML"),
+        ("- just\n- a list\n", "must hold a mapping of sections"),
+    ],
+)
+def test_unreadable_spec_files(tmp_path: Path, text: str, expected: str) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError, match=expected):
+        load_spec(str(path))
+    with pytest.raises(SpecError, match="no such file"):
+        load_spec(str(tmp_path / "missing.yaml"))
+
+
+def test_yaml_is_loaded_safely(tmp_path: Path) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text("algorithm: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(SpecError, match="is not valid YAML"):
+        load_spec(str(path))
