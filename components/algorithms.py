@@ -72,3 +72,224 @@ def sft(
         tee: streams teed to the console and log files: 0 none, 1 stdout, 2 stderr, 3 both
     """
     return build_appdef("sft", **locals())
+
+
+def dpo(
+    *overrides: str,
+    spec: str,
+    image: str = torchx.IMAGE,
+    name: Optional[str] = None,
+    h: Optional[str] = None,
+    cpu: int = 2,
+    gpu: int = 0,
+    memMB: int = 1024,
+    j: str = "1x2",
+    env: Optional[Dict[str, str]] = None,
+    max_retries: int = 0,
+    max_restarts: int = 0,
+    rdzv_port: int = 29500,
+    rdzv_backend: str = "c10d",
+    mounts: Optional[List[str]] = None,
+    debug: bool = False,
+    tee: int = 3,
+) -> specs.AppDef:
+    """Direct preference optimisation (trl.DPOTrainer) of a causal LM on chosen/rejected pairs.
+
+    Use it after SFT to prefer chosen over rejected answers without a reward
+    model. The data has ``prompt``/``chosen``/``rejected`` columns (or
+    ``chosen``/``rejected``), as text or chat messages. The reference policy is
+    a frozen copy of the model, or ``reference_model`` (a path or hub id); with
+    ``model.lora`` it is the model with its adapter disabled. ``training``
+    holds ``trl.DPOConfig`` fields; the job logs ``rewards/accuracies`` and
+    ``rewards/margins``.
+
+    .. code-block:: shell-session
+
+        $ torchx run -s local_cwd posttrain.dpo --spec templates/dpo/tiny.yaml
+        $ torchx run -s local_cwd posttrain.dpo --spec templates/dpo/tiny.yaml -j 1x2 training.max_steps=20
+        $ torchx run -s slurm posttrain.dpo --spec templates/dpo/ultrafeedback.yaml -j 2x8 -h gpu.h100.8
+
+    Args:
+        overrides: ``key.path=value`` changes applied to the spec before validation (e.g. training.learning_rate=1e-5)
+        spec: path to the YAML spec (templates/dpo/*.yaml)
+        image: image (e.g. docker) with posttrain installed; ignored by local_cwd
+        name: job name, ``{experimentname}/{runname}`` or ``{runname}``; defaults to the algorithm
+        h: a registered named resource (e.g. gpu.h100.8); takes precedence over cpu, gpu and memMB
+        cpu: number of cpus per replica
+        gpu: number of gpus per replica
+        memMB: cpu memory in MB per replica
+        j: [{min_nnodes}:]{nnodes}x{nproc_per_node}; with a GPU host (-h), {nnodes} alone uses one process per GPU
+        env: environment variables for the job (e.g. WANDB_PROJECT=x); pass secrets here, never in the spec
+        max_retries: scheduler retries of the whole job
+        max_restarts: torchrun restarts of the workers on a node (how a local_cwd job retries)
+        rdzv_port: port on the rank-0 host for the c10d store (multi-node only; one node picks a free port)
+        rdzv_backend: torchrun rendezvous backend (c10d, static, etcd, etcd-v2)
+        mounts: mounts for the job's containers (type=bind,src=/host,dst=/job[,readonly])
+        debug: set PyTorch's distributed debug environment variables
+        tee: streams teed to the console and log files: 0 none, 1 stdout, 2 stderr, 3 both
+    """
+    return build_appdef("dpo", **locals())
+
+
+def reward(
+    *overrides: str,
+    spec: str,
+    image: str = torchx.IMAGE,
+    name: Optional[str] = None,
+    h: Optional[str] = None,
+    cpu: int = 2,
+    gpu: int = 0,
+    memMB: int = 1024,
+    j: str = "1x2",
+    env: Optional[Dict[str, str]] = None,
+    max_retries: int = 0,
+    max_restarts: int = 0,
+    rdzv_port: int = 29500,
+    rdzv_backend: str = "c10d",
+    mounts: Optional[List[str]] = None,
+    debug: bool = False,
+    tee: int = 3,
+) -> specs.AppDef:
+    """Reward modelling (trl.RewardTrainer): a sequence-classification head scoring chosen above rejected.
+
+    Use it to train the reward model of an RLHF chain (SFT, reward model, then
+    PPO scored by it). The data has ``prompt``/``chosen``/``rejected`` columns
+    (or ``chosen``/``rejected``). The model gets a one-label classification
+    head; ``training`` holds ``trl.RewardConfig`` fields; the job logs
+    ``accuracy`` and ``margin`` and saves a model that
+    ``AutoModelForSequenceClassification`` loads.
+
+    .. code-block:: shell-session
+
+        $ torchx run -s local_cwd posttrain.reward --spec templates/reward/tiny.yaml
+        $ torchx run -s local_cwd posttrain.reward --spec templates/reward/tiny.yaml -j 1x2 training.max_steps=20
+        $ torchx run -s slurm posttrain.reward --spec templates/reward/qwen2.5-0.5b.yaml -j 1x8 -h gpu.h100.8
+
+    Args:
+        overrides: ``key.path=value`` changes applied to the spec before validation (e.g. training.learning_rate=1e-5)
+        spec: path to the YAML spec (templates/reward/*.yaml)
+        image: image (e.g. docker) with posttrain installed; ignored by local_cwd
+        name: job name, ``{experimentname}/{runname}`` or ``{runname}``; defaults to the algorithm
+        h: a registered named resource (e.g. gpu.h100.8); takes precedence over cpu, gpu and memMB
+        cpu: number of cpus per replica
+        gpu: number of gpus per replica
+        memMB: cpu memory in MB per replica
+        j: [{min_nnodes}:]{nnodes}x{nproc_per_node}; with a GPU host (-h), {nnodes} alone uses one process per GPU
+        env: environment variables for the job (e.g. WANDB_PROJECT=x); pass secrets here, never in the spec
+        max_retries: scheduler retries of the whole job
+        max_restarts: torchrun restarts of the workers on a node (how a local_cwd job retries)
+        rdzv_port: port on the rank-0 host for the c10d store (multi-node only; one node picks a free port)
+        rdzv_backend: torchrun rendezvous backend (c10d, static, etcd, etcd-v2)
+        mounts: mounts for the job's containers (type=bind,src=/host,dst=/job[,readonly])
+        debug: set PyTorch's distributed debug environment variables
+        tee: streams teed to the console and log files: 0 none, 1 stdout, 2 stderr, 3 both
+    """
+    return build_appdef("reward", **locals())
+
+
+def kto(
+    *overrides: str,
+    spec: str,
+    image: str = torchx.IMAGE,
+    name: Optional[str] = None,
+    h: Optional[str] = None,
+    cpu: int = 2,
+    gpu: int = 0,
+    memMB: int = 1024,
+    j: str = "1x2",
+    env: Optional[Dict[str, str]] = None,
+    max_retries: int = 0,
+    max_restarts: int = 0,
+    rdzv_port: int = 29500,
+    rdzv_backend: str = "c10d",
+    mounts: Optional[List[str]] = None,
+    debug: bool = False,
+    tee: int = 3,
+) -> specs.AppDef:
+    """Kahneman-Tversky optimisation (trl.KTOTrainer) from unpaired desirable/undesirable answers.
+
+    Use it when feedback is a thumbs up or down per answer rather than a pair.
+    The data has ``prompt``/``completion``/``label`` columns (``label`` true
+    for desirable). The reference policy is as for DPO (a frozen copy,
+    ``reference_model``, or the adapter-disabled model with LoRA);
+    ``training`` holds ``trl.KTOConfig`` fields.
+
+    .. code-block:: shell-session
+
+        $ torchx run -s local_cwd posttrain.kto --spec templates/kto/tiny.yaml
+        $ torchx run -s local_cwd posttrain.kto --spec templates/kto/tiny.yaml -j 1x2 training.max_steps=20
+        $ torchx run -s slurm posttrain.kto --spec templates/kto/qwen2.5-0.5b.yaml -j 1x8 -h gpu.h100.8
+
+    Args:
+        overrides: ``key.path=value`` changes applied to the spec before validation (e.g. training.learning_rate=1e-5)
+        spec: path to the YAML spec (templates/kto/*.yaml)
+        image: image (e.g. docker) with posttrain installed; ignored by local_cwd
+        name: job name, ``{experimentname}/{runname}`` or ``{runname}``; defaults to the algorithm
+        h: a registered named resource (e.g. gpu.h100.8); takes precedence over cpu, gpu and memMB
+        cpu: number of cpus per replica
+        gpu: number of gpus per replica
+        memMB: cpu memory in MB per replica
+        j: [{min_nnodes}:]{nnodes}x{nproc_per_node}; with a GPU host (-h), {nnodes} alone uses one process per GPU
+        env: environment variables for the job (e.g. WANDB_PROJECT=x); pass secrets here, never in the spec
+        max_retries: scheduler retries of the whole job
+        max_restarts: torchrun restarts of the workers on a node (how a local_cwd job retries)
+        rdzv_port: port on the rank-0 host for the c10d store (multi-node only; one node picks a free port)
+        rdzv_backend: torchrun rendezvous backend (c10d, static, etcd, etcd-v2)
+        mounts: mounts for the job's containers (type=bind,src=/host,dst=/job[,readonly])
+        debug: set PyTorch's distributed debug environment variables
+        tee: streams teed to the console and log files: 0 none, 1 stdout, 2 stderr, 3 both
+    """
+    return build_appdef("kto", **locals())
+
+
+def orpo(
+    *overrides: str,
+    spec: str,
+    image: str = torchx.IMAGE,
+    name: Optional[str] = None,
+    h: Optional[str] = None,
+    cpu: int = 2,
+    gpu: int = 0,
+    memMB: int = 1024,
+    j: str = "1x2",
+    env: Optional[Dict[str, str]] = None,
+    max_retries: int = 0,
+    max_restarts: int = 0,
+    rdzv_port: int = 29500,
+    rdzv_backend: str = "c10d",
+    mounts: Optional[List[str]] = None,
+    debug: bool = False,
+    tee: int = 3,
+) -> specs.AppDef:
+    """Odds-ratio preference optimisation (trl.experimental.orpo.ORPOTrainer): SFT and preference in one loss.
+
+    Use it to align a base model in one stage, with no reference model. The
+    data has ``prompt``/``chosen``/``rejected`` columns (or
+    ``chosen``/``rejected``); ``training`` holds ``ORPOConfig`` fields.
+
+    .. code-block:: shell-session
+
+        $ torchx run -s local_cwd posttrain.orpo --spec templates/orpo/tiny.yaml
+        $ torchx run -s local_cwd posttrain.orpo --spec templates/orpo/tiny.yaml -j 1x2 training.max_steps=20
+        $ torchx run -s slurm posttrain.orpo --spec templates/orpo/qwen2.5-0.5b.yaml -j 1x8 -h gpu.h100.8
+
+    Args:
+        overrides: ``key.path=value`` changes applied to the spec before validation (e.g. training.learning_rate=1e-5)
+        spec: path to the YAML spec (templates/orpo/*.yaml)
+        image: image (e.g. docker) with posttrain installed; ignored by local_cwd
+        name: job name, ``{experimentname}/{runname}`` or ``{runname}``; defaults to the algorithm
+        h: a registered named resource (e.g. gpu.h100.8); takes precedence over cpu, gpu and memMB
+        cpu: number of cpus per replica
+        gpu: number of gpus per replica
+        memMB: cpu memory in MB per replica
+        j: [{min_nnodes}:]{nnodes}x{nproc_per_node}; with a GPU host (-h), {nnodes} alone uses one process per GPU
+        env: environment variables for the job (e.g. WANDB_PROJECT=x); pass secrets here, never in the spec
+        max_retries: scheduler retries of the whole job
+        max_restarts: torchrun restarts of the workers on a node (how a local_cwd job retries)
+        rdzv_port: port on the rank-0 host for the c10d store (multi-node only; one node picks a free port)
+        rdzv_backend: torchrun rendezvous backend (c10d, static, etcd, etcd-v2)
+        mounts: mounts for the job's containers (type=bind,src=/host,dst=/job[,readonly])
+        debug: set PyTorch's distributed debug environment variables
+        tee: streams teed to the console and log files: 0 none, 1 stdout, 2 stderr, 3 both
+    """
+    return build_appdef("orpo", **locals())

@@ -152,7 +152,60 @@ class SFTSpec(Spec):
     config_class: ClassVar[str] = "SFTConfig"
 
 
-SPEC_CLASSES: Dict[str, Type[Spec]] = {"sft": SFTSpec}
+class _ReferenceSpec(Spec):
+    """Algorithms that regularise towards a frozen reference policy.
+
+    ``reference_model`` (a path or hub id) defaults to a copy of the policy;
+    with LoRA the reference is the policy with its adapter disabled.
+    """
+
+    reference_model: Optional[str] = None
+
+    def problems(self, world_size: Optional[int]) -> List[str]:
+        found = super().problems(world_size)
+        if self.reference_model is not None and self.model.lora is not None:
+            found.append(
+                "reference_model: not used with model.lora (the reference is the policy with its adapter "
+                "disabled); remove one of them"
+            )
+        return found
+
+
+class DPOSpec(_ReferenceSpec):
+    """Direct preference optimisation with ``trl.DPOTrainer``."""
+
+    algorithm: Literal["dpo"]
+    config_class: ClassVar[str] = "DPOConfig"
+
+
+class RewardSpec(Spec):
+    """Reward modelling (sequence classification) with ``trl.RewardTrainer``."""
+
+    algorithm: Literal["reward"]
+    config_class: ClassVar[str] = "RewardConfig"
+
+
+class KTOSpec(_ReferenceSpec):
+    """Kahneman-Tversky optimisation on unpaired labels with ``trl.KTOTrainer``."""
+
+    algorithm: Literal["kto"]
+    config_class: ClassVar[str] = "KTOConfig"
+
+
+class ORPOSpec(Spec):
+    """Odds-ratio preference optimisation (no reference) with ``trl.experimental.orpo.ORPOTrainer``."""
+
+    algorithm: Literal["orpo"]
+    config_class: ClassVar[str] = "ORPOConfig"
+
+
+SPEC_CLASSES: Dict[str, Type[Spec]] = {
+    "sft": SFTSpec,
+    "dpo": DPOSpec,
+    "reward": RewardSpec,
+    "kto": KTOSpec,
+    "orpo": ORPOSpec,
+}
 
 
 # ---------------------------------------------------------------- loading

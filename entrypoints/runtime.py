@@ -44,9 +44,17 @@ SUMMARY_FILE = "run_summary.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 # Column sets each algorithm accepts (any one of them), after data.columns renames.
+PREFERENCE_FORMATS = (("prompt", "chosen", "rejected"), ("chosen", "rejected"))
 DATA_FORMATS: Dict[str, Tuple[Tuple[str, ...], ...]] = {
     "sft": (("messages",), ("text",), ("prompt", "completion")),
+    "dpo": PREFERENCE_FORMATS,
+    "reward": PREFERENCE_FORMATS,
+    "orpo": PREFERENCE_FORMATS,
+    "kto": (("prompt", "completion", "label"),),
 }
+
+# PEFT task of each algorithm's model, where not a causal LM.
+LORA_TASKS = {"reward": "SEQ_CLS"}
 
 
 @dataclasses.dataclass
@@ -64,7 +72,31 @@ class Job:
         """Loads ``model.name_or_path`` (a path, a hub id or builtin:tiny-llama)."""
         from transformers import AutoModelForCausalLM
 
-        return load_model(self.spec, self.tokenizer, model_class or AutoModelForCausalLM)
+        return load_model(self.spec.model.name_or_path, self.spec, self.tokenizer, model_class or AutoModelForCausalLM)
+
+    def load_reference_model(self) -> Any:
+        """The frozen reference policy: ``reference_model``, else a fresh load of the policy.
+
+        With LoRA it is None: the trainer disables the adapter instead.
+        """
+        from transformers import AutoModelForCausalLM
+
+        if self.spec.model.lora is not None:
+            return None
+        name = getattr(self.spec, "reference_model", None) or self.spec.model.name_or_path
+        return load_model(name, self.spec, self.tokenizer, AutoModelForCausalLM)
+
+    @property
+    def trainer_kwargs(self) -> Dict[str, Any]:
+        """What every TRL trainer takes besides its model(s)."""
+        return {
+            "args": self.args,
+            "train_dataset": self.train_dataset,
+            "eval_dataset": self.eval_dataset,
+            "processing_class": self.tokenizer,
+            "peft_config": self.peft_config,
+            "callbacks": self.callbacks,
+        }
 
     @property
     def peft_config(self) -> Any:
@@ -73,7 +105,8 @@ class Job:
             return None
         from peft import LoraConfig
 
-        return LoraConfig(**{"task_type": "CAUSAL_LM", **self.spec.model.lora})
+        task = LORA_TASKS.get(self.spec.algorithm, "CAUSAL_LM")
+        return LoraConfig(**{"task_type": task, **self.spec.model.lora})
 
 
 def run(algorithm: str, build_trainer: Callable[[Job], Any], argv: Optional[Sequence[str]] = None) -> None:
@@ -277,16 +310,19 @@ def load_tokenizer(spec: Spec, padding_side: str) -> Any:
     return tokenizer
 
 
-def load_model(spec: Spec, tokenizer: Any, model_class: Type) -> Any:
-    """Loads the model with the auto class given (causal LM, sequence classification, ...)."""
+def load_model(name_or_path: str, spec: Spec, tokenizer: Any, model_class: Type) -> Any:
+    """Loads a model with the auto class given (causal LM, sequence classification, ...).
+
+    ``spec.model`` gives the dtype, revision and loading options.
+    """
     from posttrain.entrypoints import tiny
 
     model = spec.model
-    if model.name_or_path == tiny.NAME:
+    scores = "SequenceClassification" in model_class.__name__  # a reward model: one score per sequence
+    if name_or_path == tiny.NAME:
         from transformers import LlamaForCausalLM, LlamaForSequenceClassification
 
-        concrete = LlamaForSequenceClassification if "SequenceClassification" in model_class.__name__ else LlamaForCausalLM
-        built = tiny.build_model(tokenizer, concrete)
+        built = tiny.build_model(tokenizer, LlamaForSequenceClassification if scores else LlamaForCausalLM)
         return built.to(getattr(torch, model.dtype)) if model.dtype != "auto" else built
     kwargs: Dict[str, Any] = {
         "revision": model.revision,
@@ -295,7 +331,13 @@ def load_model(spec: Spec, tokenizer: Any, model_class: Type) -> Any:
     }
     if model.attn_implementation is not None:
         kwargs["attn_implementation"] = model.attn_implementation
-    loaded = model_class.from_pretrained(model.name_or_path, **kwargs)
+    if scores:
+        kwargs["num_labels"] = 1
+    _check_model_path(name_or_path)
+    try:
+        loaded = model_class.from_pretrained(name_or_path, **kwargs)
+    except OSError as error:
+        raise SpecError([f"model: cannot load {name_or_path!r}: {error}"]) from None
     if getattr(loaded.config, "pad_token_id", None) is None:
         loaded.config.pad_token_id = tokenizer.pad_token_id
     return loaded

@@ -11,15 +11,7 @@ from posttrain.entrypoints.runtime import Job, run
 
 
 def build_trainer(job: Job) -> SFTTrainer:
-    return SFTTrainer(
-        model=job.load_model(),
-        args=job.args,
-        train_dataset=job.train_dataset,
-        eval_dataset=job.eval_dataset,
-        processing_class=job.tokenizer,
-        peft_config=job.peft_config,
-        callbacks=job.callbacks,
-    )
+    return SFTTrainer(model=job.load_model(), **job.trainer_kwargs)
 
 
 if __name__ == "__main__":

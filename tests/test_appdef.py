@@ -11,7 +11,7 @@ from helpers import REPO, TEMPLATES
 from torchx.components.component_test_base import ComponentTestCase
 
 from posttrain.components import algorithms
-from posttrain.components.spec import SpecError
+from posttrain.components.spec import SPEC_CLASSES, SpecError
 
 TINY = str(TEMPLATES / "sft" / "tiny.yaml")
 
@@ -144,9 +144,20 @@ def test_library_callers_get_a_spec_error_not_a_system_exit() -> None:
         algorithms.sft("training.learnig_rate=1", spec=TINY)
 
 
+@pytest.mark.parametrize("algorithm", sorted(SPEC_CLASSES))
+def test_every_algorithm_has_a_component_running_its_entrypoint(algorithm: str) -> None:
+    component = getattr(algorithms, algorithm)
+    app = component(spec=str(TEMPLATES / algorithm / "tiny.yaml"), j="1x2")
+    args = argv(app)
+    assert args[args.index("-m", 3) + 1] == f"posttrain.entrypoints.{algorithm}"
+    assert embedded_spec(app)["algorithm"] == algorithm and app.roles[0].name == algorithm
+    assert component.__doc__ is not None and f"posttrain.{algorithm} --spec templates/{algorithm}/" in component.__doc__
+
+
 class TorchxComponentChecks(ComponentTestCase):
     def test_components_parse_as_torchx_components(self) -> None:
-        self.validate(algorithms, "sft")
+        for algorithm in SPEC_CLASSES:
+            self.validate(algorithms, algorithm)
 
 
 def test_importing_the_client_side_imports_no_heavy_package() -> None:

@@ -5,13 +5,16 @@ from pathlib import Path
 import pytest
 from helpers import torchx
 
+from posttrain.components.spec import SPEC_CLASSES
+
 TINY = "templates/sft/tiny.yaml"
 
 
 def test_builtins_list_posttrain_and_keep_torchx_own(tmp_path: Path) -> None:
     result = torchx(["builtins"], tmp_path)
     assert result.returncode == 0, result.stderr
-    assert "posttrain.sft" in result.stdout
+    for algorithm in SPEC_CLASSES:
+        assert f"posttrain.{algorithm}" in result.stdout
     assert "dist.ddp" in result.stdout and "utils.echo" in result.stdout
 
 
@@ -47,6 +50,12 @@ def test_bad_input_prints_the_message_alone_and_launches_nothing(tmp_path: Path,
     assert result.stderr.strip() == message
     assert "Traceback" not in result.stdout + result.stderr
     assert "local_cwd://" not in result.stdout, "an app was launched"
+
+
+def test_a_spec_for_another_algorithm_is_refused(tmp_path: Path) -> None:
+    result = torchx(["run", "-s", "local_cwd", "posttrain.dpo", "--spec", TINY], tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip().startswith("algorithm: this spec is for 'sft' but was given to posttrain.dpo")
 
 
 def test_a_missing_spec_file_is_named(tmp_path: Path) -> None:

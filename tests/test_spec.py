@@ -39,7 +39,25 @@ def test_every_template_opens_with_the_command_that_runs_it(template: str) -> No
 
 
 def test_one_spec_class_per_algorithm_names_its_trl_config() -> None:
-    assert SPEC_CLASSES["sft"].config_class == "SFTConfig"
+    names = {algorithm: cls.config_class for algorithm, cls in SPEC_CLASSES.items()}
+    assert names == {
+        "sft": "SFTConfig", "dpo": "DPOConfig", "reward": "RewardConfig", "kto": "KTOConfig", "orpo": "ORPOConfig",
+    }  # fmt: skip
+
+
+def test_training_is_checked_against_the_algorithms_own_config() -> None:
+    raw = load_template("dpo/tiny.yaml")
+    validate(raw)  # beta is a DPOConfig field
+    raw["training"]["packing"] = True  # an SFTConfig field
+    assert "training.packing: unknown key" in problems_of(raw)
+
+
+def test_reference_model_and_lora_are_exclusive() -> None:
+    raw = load_template("dpo/tiny.yaml")
+    raw["reference_model"] = "some/model"
+    validate(raw)
+    raw["model"]["lora"] = {"r": 8}
+    assert "reference_model: not used with model.lora" in problems_of(raw)
 
 
 @pytest.mark.parametrize(

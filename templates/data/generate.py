@@ -8,7 +8,7 @@ Each carries a pattern a tiny model learns in a few dozen steps on CPU.
 import json
 import random
 from pathlib import Path
-from typing import Dict, Iterable, List
+from typing import Dict, Iterable, List, Tuple
 
 HERE = Path(__file__).parent
 
@@ -41,12 +41,47 @@ def sft_rows(rng: random.Random, count: int) -> Iterable[Dict[str, List[Dict[str
             yield _chat(f"What color is the {thing}?", f"The {thing} is {COLORS[thing]}.")
 
 
+REFUSALS = ("I do not know.", "No.", "Ask someone else.", "Why would I tell you?", "That is not my problem.")
+
+
+def _question_and_answer(rng: random.Random) -> Tuple[str, str]:
+    row = next(iter(sft_rows(rng, 1)))["messages"]
+    return row[0]["content"], row[1]["content"]
+
+
+def preference_rows(rng: random.Random, count: int) -> Iterable[Dict[str, List[Dict[str, str]]]]:
+    """Pairs whose chosen answer follows the rule (answer in full) and rejected one refuses."""
+    for _ in range(count):
+        question, answer = _question_and_answer(rng)
+        yield {
+            "prompt": [{"role": "user", "content": question}],
+            "chosen": [{"role": "assistant", "content": answer}],
+            "rejected": [{"role": "assistant", "content": rng.choice(REFUSALS)}],
+        }
+
+
+def unpaired_rows(rng: random.Random, count: int) -> Iterable[Dict[str, object]]:
+    """KTO's unpaired form of the same signal: good answers labelled true, refusals false."""
+    for index in range(count):
+        question, answer = _question_and_answer(rng)
+        desirable = index % 2 == 0
+        yield {
+            "prompt": [{"role": "user", "content": question}],
+            "completion": [{"role": "assistant", "content": answer if desirable else rng.choice(REFUSALS)}],
+            "label": desirable,
+        }
+
+
 def write_jsonl(path: Path, rows: Iterable[Dict]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
 def main() -> None:
     write_jsonl(HERE / "sft_chat.jsonl", sft_rows(random.Random(0), 240))
+    write_jsonl(HERE / "preference.jsonl", preference_rows(random.Random(1), 240))
+    # pairs never trained on, to check that a reward model generalises
+    write_jsonl(HERE / "preference_heldout.jsonl", preference_rows(random.Random(2), 100))
+    write_jsonl(HERE / "unpaired.jsonl", unpaired_rows(random.Random(3), 240))
 
 
 if __name__ == "__main__":

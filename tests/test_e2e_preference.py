@@ -1,0 +1,82 @@
+"""DPO, reward model, KTO and ORPO end to end through ``torchx run -s local_cwd -j 1x2``: each learns."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import REPO, assert_succeeded, mean, read_json, run_template, series
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+pytestmark = pytest.mark.e2e
+
+
+def ends(output_dir: Path, key: str) -> tuple:
+    """Mean of the first and last three logged values, checked against run_summary.json."""
+    values = series(output_dir, key)
+    assert len(values) >= 6, key
+    first, last = mean(values[:3]), mean(values[-3:])
+    summary = read_json(output_dir / "run_summary.json")
+    assert summary["metrics_first"][key] == pytest.approx(first)
+    assert summary["metrics_last"][key] == pytest.approx(last)
+    return first, last
+
+
+@pytest.fixture(scope="session")
+def reward_model(session_tmp: Path) -> Path:
+    """The tiny reward model; the RLHF chain reuses it."""
+    output_dir = session_tmp / "reward"
+    assert_succeeded(run_template("reward/tiny.yaml", session_tmp, output_dir))
+    return output_dir
+
+
+def test_dpo_prefers_chosen(tmp_path: Path) -> None:
+    output_dir = tmp_path / "dpo"
+    assert_succeeded(run_template("dpo/tiny.yaml", tmp_path, output_dir))
+    _, accuracy = ends(output_dir, "rewards/accuracies")
+    margin_first, margin_last = ends(output_dir, "rewards/margins")
+    assert accuracy >= 0.75
+    assert margin_last > 0 and margin_last > margin_first
+    assert read_json(output_dir / "run_summary.json")["engine"]["strategy"] == "ddp"
+
+
+def test_dpo_with_lora_learns_and_saves_the_adapter(tmp_path: Path) -> None:
+    output_dir = tmp_path / "dpo-lora"
+    lora = "model.lora={r: 16, lora_alpha: 32, target_modules: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]}"
+    assert_succeeded(run_template("dpo/tiny.yaml", tmp_path, output_dir, overrides=[lora, "training.learning_rate=5e-3"]))
+    margin_first, margin_last = ends(output_dir, "rewards/margins")
+    assert margin_last > 0 and margin_last > margin_first
+    assert json.loads((output_dir / "adapter_config.json").read_text())["r"] == 16
+
+
+def test_reward_model_ranks_held_out_pairs(reward_model: Path) -> None:
+    _, accuracy = ends(reward_model, "accuracy")
+    assert accuracy >= 0.8
+    model = AutoModelForSequenceClassification.from_pretrained(reward_model).eval()
+    tokenizer = AutoTokenizer.from_pretrained(reward_model)
+
+    def score(prompt: list, answer: list) -> float:
+        text = tokenizer.apply_chat_template(prompt + answer, tokenize=False)
+        with torch.no_grad():
+            return model(**tokenizer(text, return_tensors="pt")).logits[0, 0].item()
+
+    rows = [json.loads(line) for line in (REPO / "templates/data/preference_heldout.jsonl").read_text().splitlines()]
+    wins = sum(score(r["prompt"], r["chosen"]) > score(r["prompt"], r["rejected"]) for r in rows)
+    assert wins / len(rows) >= 0.7, f"{wins}/{len(rows)} held-out pairs ranked right"
+
+
+@pytest.mark.parametrize("algorithm", ["kto", "orpo"])
+def test_loss_falls(tmp_path: Path, algorithm: str) -> None:
+    output_dir = tmp_path / algorithm
+    assert_succeeded(run_template(f"{algorithm}/tiny.yaml", tmp_path, output_dir))
+    first, last = ends(output_dir, "loss")
+    assert last <= 0.9 * first, f"loss {first:.3f} -> {last:.3f}"
+
+
+def test_wrong_data_columns_stop_every_rank_before_the_model_loads(tmp_path: Path) -> None:
+    result = run_template("dpo/tiny.yaml", tmp_path, tmp_path / "out", overrides=["data.train.path=templates/data/sft_chat.jsonl"])
+    assert result.returncode != 0
+    logs = result.stdout + result.stderr
+    expected = "data.train: found columns ['messages']; expected (prompt, chosen, rejected) or (chosen, rejected)"
+    assert logs.count(expected) == 2, logs[-3000:]  # both ranks say it
+    assert "training dpo on" not in logs
