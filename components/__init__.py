@@ -4,7 +4,7 @@ Importing this package imports no torch, trl or transformers, so ``--dryrun``
 and ``torchx builtins`` stay fast and work where only torchx is installed.
 """
 
-from posttrain.components.algorithms import dpo, kto, orpo, reward, sft
+from posttrain.components.algorithms import dpo, grpo, kto, orpo, ppo, reward, rloo, sft
 from posttrain.components.spec import SpecError
 
-__all__ = ["SpecError", "dpo", "kto", "orpo", "reward", "sft"]
+__all__ = ["SpecError", "dpo", "grpo", "kto", "orpo", "ppo", "reward", "rloo", "sft"]

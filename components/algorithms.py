@@ -293,3 +293,176 @@ def orpo(
         tee: streams teed to the console and log files: 0 none, 1 stdout, 2 stderr, 3 both
     """
     return build_appdef("orpo", **locals())
+
+
+def grpo(
+    *overrides: str,
+    spec: str,
+    image: str = torchx.IMAGE,
+    name: Optional[str] = None,
+    h: Optional[str] = None,
+    cpu: int = 2,
+    gpu: int = 0,
+    memMB: int = 1024,
+    j: str = "1x2",
+    env: Optional[Dict[str, str]] = None,
+    max_retries: int = 0,
+    max_restarts: int = 0,
+    rdzv_port: int = 29500,
+    rdzv_backend: str = "c10d",
+    mounts: Optional[List[str]] = None,
+    debug: bool = False,
+    tee: int = 3,
+) -> specs.AppDef:
+    """Group relative policy optimisation (trl.GRPOTrainer); GSPO with importance_sampling_level: sequence.
+
+    Use it to raise a reward on generated completions without a value model:
+    each prompt gets ``num_generations`` completions and each is scored
+    against its group. The data has a ``prompt`` column; the spec's
+    ``rewards`` list user functions (``function: module:callable``),
+    built-ins (``builtin: exact_match | contains | length_band |
+    regex_format``) and reward models (``model: path``), each with a
+    ``weight``. ``training`` holds ``trl.GRPOConfig`` fields (``use_vllm``
+    with ``vllm_mode: colocate | server`` where vLLM is installed); the
+    generation batch is checked against ``-j`` before submission. The job
+    logs ``reward`` and ``rewards/<name>/mean``.
+
+    .. code-block:: shell-session
+
+        $ torchx run -s local_cwd posttrain.grpo --spec templates/grpo/tiny.yaml
+        $ torchx run -s local_cwd posttrain.grpo --spec templates/grpo/tiny.yaml -j 1x2 training.max_steps=20
+        $ torchx run -s slurm posttrain.grpo --spec templates/grpo/gsm8k.yaml -j 2x8 -h gpu.h100.8
+
+    Args:
+        overrides: ``key.path=value`` changes applied to the spec before validation (e.g. training.learning_rate=1e-5)
+        spec: path to the YAML spec (templates/grpo/*.yaml)
+        image: image (e.g. docker) with posttrain installed; ignored by local_cwd
+        name: job name, ``{experimentname}/{runname}`` or ``{runname}``; defaults to the algorithm
+        h: a registered named resource (e.g. gpu.h100.8); takes precedence over cpu, gpu and memMB
+        cpu: number of cpus per replica
+        gpu: number of gpus per replica
+        memMB: cpu memory in MB per replica
+        j: [{min_nnodes}:]{nnodes}x{nproc_per_node}; with a GPU host (-h), {nnodes} alone uses one process per GPU
+        env: environment variables for the job (e.g. WANDB_PROJECT=x); pass secrets here, never in the spec
+        max_retries: scheduler retries of the whole job
+        max_restarts: torchrun restarts of the workers on a node (how a local_cwd job retries)
+        rdzv_port: port on the rank-0 host for the c10d store (multi-node only; one node picks a free port)
+        rdzv_backend: torchrun rendezvous backend (c10d, static, etcd, etcd-v2)
+        mounts: mounts for the job's containers (type=bind,src=/host,dst=/job[,readonly])
+        debug: set PyTorch's distributed debug environment variables
+        tee: streams teed to the console and log files: 0 none, 1 stdout, 2 stderr, 3 both
+    """
+    return build_appdef("grpo", **locals())
+
+
+def rloo(
+    *overrides: str,
+    spec: str,
+    image: str = torchx.IMAGE,
+    name: Optional[str] = None,
+    h: Optional[str] = None,
+    cpu: int = 2,
+    gpu: int = 0,
+    memMB: int = 1024,
+    j: str = "1x2",
+    env: Optional[Dict[str, str]] = None,
+    max_retries: int = 0,
+    max_restarts: int = 0,
+    rdzv_port: int = 29500,
+    rdzv_backend: str = "c10d",
+    mounts: Optional[List[str]] = None,
+    debug: bool = False,
+    tee: int = 3,
+) -> specs.AppDef:
+    """REINFORCE leave-one-out (trl.RLOOTrainer): each completion's baseline is the mean of its group's others.
+
+    Use it like GRPO (same ``rewards`` section, ``prompt`` data, vLLM options
+    and generation-batch checks); ``training`` holds ``trl.RLOOConfig``
+    fields. The job logs ``reward``.
+
+    .. code-block:: shell-session
+
+        $ torchx run -s local_cwd posttrain.rloo --spec templates/rloo/tiny.yaml
+        $ torchx run -s local_cwd posttrain.rloo --spec templates/rloo/tiny.yaml -j 1x2 training.max_steps=20
+        $ torchx run -s slurm posttrain.rloo --spec templates/rloo/gsm8k.yaml -j 2x8 -h gpu.h100.8
+
+    Args:
+        overrides: ``key.path=value`` changes applied to the spec before validation (e.g. training.learning_rate=1e-5)
+        spec: path to the YAML spec (templates/rloo/*.yaml)
+        image: image (e.g. docker) with posttrain installed; ignored by local_cwd
+        name: job name, ``{experimentname}/{runname}`` or ``{runname}``; defaults to the algorithm
+        h: a registered named resource (e.g. gpu.h100.8); takes precedence over cpu, gpu and memMB
+        cpu: number of cpus per replica
+        gpu: number of gpus per replica
+        memMB: cpu memory in MB per replica
+        j: [{min_nnodes}:]{nnodes}x{nproc_per_node}; with a GPU host (-h), {nnodes} alone uses one process per GPU
+        env: environment variables for the job (e.g. WANDB_PROJECT=x); pass secrets here, never in the spec
+        max_retries: scheduler retries of the whole job
+        max_restarts: torchrun restarts of the workers on a node (how a local_cwd job retries)
+        rdzv_port: port on the rank-0 host for the c10d store (multi-node only; one node picks a free port)
+        rdzv_backend: torchrun rendezvous backend (c10d, static, etcd, etcd-v2)
+        mounts: mounts for the job's containers (type=bind,src=/host,dst=/job[,readonly])
+        debug: set PyTorch's distributed debug environment variables
+        tee: streams teed to the console and log files: 0 none, 1 stdout, 2 stderr, 3 both
+    """
+    return build_appdef("rloo", **locals())
+
+
+def ppo(
+    *overrides: str,
+    spec: str,
+    image: str = torchx.IMAGE,
+    name: Optional[str] = None,
+    h: Optional[str] = None,
+    cpu: int = 2,
+    gpu: int = 0,
+    memMB: int = 1024,
+    j: str = "1x2",
+    env: Optional[Dict[str, str]] = None,
+    max_retries: int = 0,
+    max_restarts: int = 0,
+    rdzv_port: int = 29500,
+    rdzv_backend: str = "c10d",
+    mounts: Optional[List[str]] = None,
+    debug: bool = False,
+    tee: int = 3,
+) -> specs.AppDef:
+    """Proximal policy optimisation with posttrain's own PPO trainer (TRL 1.x has none).
+
+    Use it for classic RLHF: an SFT policy, a frozen reference, a value model
+    and a reward (a reward model from ``posttrain.reward`` and/or functions),
+    with a KL penalty to the reference (fixed or adaptive), GAE and clipped
+    policy and value losses over several PPO epochs per rollout batch. The
+    data has a ``prompt`` column; ``rewards`` is as for GRPO; ``training``
+    holds posttrain's ``PPOConfig`` (TrainingArguments plus ``num_ppo_epochs``,
+    ``num_mini_batches``, ``kl_coef``, ``kl_estimator``, ``adaptive_kl``,
+    ``cliprange``, ``vf_coef``, ...). ``value_model`` defaults to the reward
+    model. The job logs ``objective/scores``, ``objective/kl``, ``loss/policy``
+    and ``loss/value``, and saves the policy and ``value_model/``.
+
+    .. code-block:: shell-session
+
+        $ torchx run -s local_cwd posttrain.ppo --spec templates/ppo/tiny.yaml
+        $ torchx run -s local_cwd posttrain.ppo --spec templates/ppo/tiny.yaml -j 1x2 training.max_steps=20
+        $ torchx run -s slurm posttrain.ppo --spec templates/ppo/tldr.yaml -j 1x8 -h gpu.h100.8
+
+    Args:
+        overrides: ``key.path=value`` changes applied to the spec before validation (e.g. training.learning_rate=1e-5)
+        spec: path to the YAML spec (templates/ppo/*.yaml)
+        image: image (e.g. docker) with posttrain installed; ignored by local_cwd
+        name: job name, ``{experimentname}/{runname}`` or ``{runname}``; defaults to the algorithm
+        h: a registered named resource (e.g. gpu.h100.8); takes precedence over cpu, gpu and memMB
+        cpu: number of cpus per replica
+        gpu: number of gpus per replica
+        memMB: cpu memory in MB per replica
+        j: [{min_nnodes}:]{nnodes}x{nproc_per_node}; with a GPU host (-h), {nnodes} alone uses one process per GPU
+        env: environment variables for the job (e.g. WANDB_PROJECT=x); pass secrets here, never in the spec
+        max_retries: scheduler retries of the whole job
+        max_restarts: torchrun restarts of the workers on a node (how a local_cwd job retries)
+        rdzv_port: port on the rank-0 host for the c10d store (multi-node only; one node picks a free port)
+        rdzv_backend: torchrun rendezvous backend (c10d, static, etcd, etcd-v2)
+        mounts: mounts for the job's containers (type=bind,src=/host,dst=/job[,readonly])
+        debug: set PyTorch's distributed debug environment variables
+        tee: streams teed to the console and log files: 0 none, 1 stdout, 2 stderr, 3 both
+    """
+    return build_appdef("ppo", **locals())

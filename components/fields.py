@@ -18,6 +18,7 @@ models, so overrides (``key.path=value``) convert by one rule everywhere.
 import dataclasses
 import difflib
 import enum
+import functools
 import json
 import types
 import typing
@@ -37,6 +38,7 @@ CONFIG_CLASSES: Dict[str, str] = {
     "ORPOConfig": "trl.experimental.orpo:ORPOConfig",
     "GRPOConfig": "trl:GRPOConfig",
     "RLOOConfig": "trl:RLOOConfig",
+    "PPOConfig": "posttrain.entrypoints.ppo_trainer:PPOConfig",
     "LoraConfig": "peft:LoraConfig",
 }
 
@@ -226,10 +228,34 @@ def _kind_of(annotation: Any) -> str:
     return "any"
 
 
-def fields_of_class(cls: type) -> Dict[str, FieldType]:
-    """The init fields of a dataclass, described as FieldTypes."""
+def fields_of_class(cls: type) -> Dict[str, Dict[str, Any]]:
+    """The init fields of a dataclass: their FieldType as JSON, and their default where JSON can hold it."""
     hints = typing.get_type_hints(cls)
-    return {f.name: field_type(hints[f.name]) for f in dataclasses.fields(cls) if f.init}
+    described = {}
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        entry = field_type(hints[f.name]).to_json()
+        default = _json_default(f)
+        if default is not _NO_MATCH:
+            entry["default"] = default
+        described[f.name] = entry
+    return described
+
+
+def _json_default(f: "dataclasses.Field[Any]") -> Any:
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:
+        return _NO_MATCH
+    if isinstance(value, enum.Enum):
+        value = value.value
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError):
+        return _NO_MATCH
 
 
 def generate_table() -> Dict[str, Dict[str, Dict[str, Any]]]:
@@ -242,22 +268,24 @@ def generate_table() -> Dict[str, Dict[str, Dict[str, Any]]]:
     for name, target in CONFIG_CLASSES.items():
         module_name, _, attr = target.partition(":")
         cls = getattr(importlib.import_module(module_name), attr)
-        table[name] = {field: t.to_json() for field, t in sorted(fields_of_class(cls).items())}
+        table[name] = dict(sorted(fields_of_class(cls).items()))
     return table
 
 
-_TABLE: Optional[Dict[str, Dict[str, FieldType]]] = None
+@functools.lru_cache(maxsize=None)
+def _table() -> Dict[str, Dict[str, Dict[str, Any]]]:
+    return json.loads(TABLE_PATH.read_text())
 
 
+@functools.lru_cache(maxsize=None)
 def config_fields(class_name: str) -> Dict[str, FieldType]:
     """The fields of one config class (``"SFTConfig"``, ``"LoraConfig"``, ...)."""
-    global _TABLE
-    if _TABLE is None:
-        raw = json.loads(TABLE_PATH.read_text())
-        _TABLE = {
-            cls: {field: FieldType.from_json(t) for field, t in fields.items()} for cls, fields in raw.items()
-        }
-    return _TABLE[class_name]
+    return {field: FieldType.from_json(entry) for field, entry in _table()[class_name].items()}
+
+
+def config_default(class_name: str, field: str) -> Any:
+    """A field's default value (None where it has none JSON can hold)."""
+    return _table()[class_name][field].get("default")
 
 
 def render_table(table: Mapping[str, Any]) -> str:

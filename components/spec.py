@@ -11,6 +11,7 @@ for unknown keys, the nearest valid key::
 """
 
 import difflib
+import re
 import typing
 import json
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any, ClassVar, Dict, Iterator, List, Literal, Mapping, Option
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from posttrain.components.fields import FieldType, config_fields, field_type
+from posttrain.components.fields import FieldType, config_default, config_fields, field_type
 
 
 class SpecError(ValueError):
@@ -112,6 +113,12 @@ class Spec(_Strict):
     resume: str = "auto"
 
     config_class: ClassVar[str]
+    # Algorithm-specific training keys the package owns, beside PACKAGE_OWNED_TRAINING_KEYS.
+    package_owned_training_keys: ClassVar[Dict[str, str]] = {}
+
+    @classmethod
+    def owned_training_keys(cls) -> Dict[str, str]:
+        return {**PACKAGE_OWNED_TRAINING_KEYS, **cls.package_owned_training_keys}
 
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, no whitespace. ``from_json`` inverts it."""
@@ -199,12 +206,150 @@ class ORPOSpec(Spec):
     config_class: ClassVar[str] = "ORPOConfig"
 
 
+class RewardSource(_Strict):
+    """One reward: exactly one of a user callable, a built-in, or a reward model; weighted."""
+
+    function: Optional[str] = None  # "module:callable", importable in the job
+    builtin: Optional[str] = None
+    model: Optional[str] = None  # a sequence-classification model: path or hub id
+    args: Dict[str, Any] = {}
+    weight: float = 1.0
+
+    def problems(self, where: str) -> List[str]:
+        from posttrain.entrypoints.rewards import check_builtin  # plain Python, no torch
+
+        given = [key for key in ("function", "builtin", "model") if getattr(self, key) is not None]
+        if len(given) != 1:
+            return [f"{where}: give exactly one of function (module:callable), builtin (a name) or model (a path)"]
+        if self.function is not None and not re.fullmatch(r"[\w.]+:[\w.]+", self.function):
+            return [f"{where}.function: expected module:callable (e.g. my_rewards:accuracy); got {self.function!r}"]
+        if self.builtin is not None:
+            return [f"{where}.builtin: {problem}" for problem in check_builtin(self.builtin, self.args)]
+        if self.args:
+            return [f"{where}.args: only built-in rewards take args"]
+        return []
+
+
+class _OnlineSpec(Spec):
+    """Algorithms that generate completions and score them with ``rewards``."""
+
+    rewards: List[RewardSource]
+    package_owned_training_keys: ClassVar[Dict[str, str]] = {"reward_weights": "use rewards[].weight"}
+
+    def problems(self, world_size: Optional[int]) -> List[str]:
+        found = super().problems(world_size)
+        if not self.rewards:
+            found.append("rewards: give at least one reward (function, builtin or model)")
+        for index, reward in enumerate(self.rewards):
+            found += reward.problems(f"rewards.{index}")
+        return found
+
+
+class _GroupSpec(_OnlineSpec):
+    """GRPO and RLOO: advantages compare ``num_generations`` completions of each prompt."""
+
+    def problems(self, world_size: Optional[int]) -> List[str]:
+        found = super().problems(world_size)
+        mode = self.training.get("vllm_mode")
+        if mode is not None and mode not in ("colocate", "server"):
+            found.append(f"training.vllm_mode: expected colocate or server; got {mode!r}")
+        return found + generation_batch_problems(self.training, self.config_class, world_size or 1)
+
+
+def generation_batch_problems(training: Mapping[str, Any], config_class: str, world_size: int) -> List[str]:
+    """TRL's generation-batch rules, checked at submit time with the world size from ``-j``.
+
+    TRL raises these only once the job runs; here the message says which
+    numbers to change.
+    """
+
+    def value(key: str) -> Any:
+        return training[key] if key in training else config_default(config_class, key)
+
+    per_device, accumulation = value("per_device_train_batch_size"), value("gradient_accumulation_steps")
+    generations = value("num_generations")
+    generation_batch, steps = value("generation_batch_size"), value("steps_per_generation")
+    if generation_batch is not None and steps is not None:
+        return ["training.generation_batch_size, training.steps_per_generation: set at most one"]
+    if generations is not None and generations < 2:
+        return [f"training.num_generations: at least 2 completions per prompt are compared; got {generations}"]
+    global_batch = per_device * world_size
+    if generation_batch is None:
+        generation_batch = global_batch * (steps if steps is not None else accumulation)
+        how = f"{per_device} per device x {world_size} processes x {steps or accumulation} steps"
+    elif generation_batch % global_batch:
+        return [
+            f"training.generation_batch_size: {generation_batch} is not a multiple of the global batch "
+            f"({per_device} per device x {world_size} processes = {global_batch}); use a multiple of {global_batch}"
+        ]
+    else:
+        how = "training.generation_batch_size"
+    if generations and generation_batch % generations:
+        divisors = [n for n in range(2, generation_batch + 1) if generation_batch % n == 0]
+        return [
+            f"training.num_generations: the generation batch ({generation_batch} = {how}) must divide by "
+            f"num_generations ({generations}); set num_generations to one of {divisors}, or change "
+            f"per_device_train_batch_size (or -j) so the batch is a multiple of {generations}"
+        ]
+    return []
+
+
+class GRPOSpec(_GroupSpec):
+    """Group relative policy optimisation with ``trl.GRPOTrainer`` (GSPO: importance_sampling_level: sequence)."""
+
+    algorithm: Literal["grpo"]
+    config_class: ClassVar[str] = "GRPOConfig"
+
+
+class RLOOSpec(_GroupSpec):
+    """REINFORCE leave-one-out with ``trl.RLOOTrainer``."""
+
+    algorithm: Literal["rloo"]
+    config_class: ClassVar[str] = "RLOOConfig"
+
+
+class PPOSpec(_OnlineSpec):
+    """PPO with posttrain's own trainer: policy, frozen reference, value model, rewards.
+
+    ``value_model`` (path or hub id) defaults to the reward model where the
+    rewards hold exactly one, else to the policy's weights with a fresh
+    score head; ``reference_model`` defaults to a second load of the policy.
+    """
+
+    algorithm: Literal["ppo"]
+    reference_model: Optional[str] = None
+    value_model: Optional[str] = None
+    config_class: ClassVar[str] = "PPOConfig"
+
+    def problems(self, world_size: Optional[int]) -> List[str]:
+        found = super().problems(world_size)
+        training = self.training
+        if self.model.lora is not None:
+            found.append("model.lora: posttrain's PPO trains full weights; remove model.lora")
+        if self.data.eval is not None:
+            found.append("data.eval: PPO does not evaluate; its logs score every rollout; remove data.eval")
+        if training.get("gradient_accumulation_steps", 1) != 1:
+            found.append("training.gradient_accumulation_steps: PPO updates per mini-batch; use training.num_mini_batches")
+        per_device = training.get("per_device_train_batch_size", config_default("PPOConfig", "per_device_train_batch_size"))
+        mini_batches = training.get("num_mini_batches", config_default("PPOConfig", "num_mini_batches"))
+        if mini_batches < 1 or per_device % mini_batches:
+            found.append(
+                f"training.num_mini_batches: {mini_batches} must divide per_device_train_batch_size ({per_device})"
+            )
+        if training.get("max_steps", -1) < 1:
+            found.append("training.max_steps: PPO runs a fixed number of iterations; set max_steps")
+        return found
+
+
 SPEC_CLASSES: Dict[str, Type[Spec]] = {
     "sft": SFTSpec,
     "dpo": DPOSpec,
     "reward": RewardSpec,
     "kto": KTOSpec,
     "orpo": ORPOSpec,
+    "grpo": GRPOSpec,
+    "rloo": RLOOSpec,
+    "ppo": PPOSpec,
 }
 
 
@@ -379,12 +524,15 @@ def _unknown_keys(raw: Mapping[str, Any], cls: Type[Spec]) -> Iterator[str]:
     known_paths = list(_known_paths(cls))
     yield from _unknown_in(raw, cls, "", known_paths)
     training = raw.get("training")
+    owned = cls.owned_training_keys()
     if isinstance(training, dict):
         for key in training:
-            if key in PACKAGE_OWNED_TRAINING_KEYS:
-                yield f"training.{key}: set by posttrain, not in training; {PACKAGE_OWNED_TRAINING_KEYS[key]}"
-        allowed = set(config_fields(cls.config_class)) - set(PACKAGE_OWNED_TRAINING_KEYS)
-        yield from _unknown_mapping_keys(training, allowed, "training", known_paths)
+            if key in owned:
+                yield f"training.{key}: set by posttrain, not in training; {owned[key]}"
+        allowed = set(config_fields(cls.config_class)) - set(owned)
+        yield from _unknown_mapping_keys(
+            {k: v for k, v in training.items() if k not in owned}, allowed, "training", known_paths
+        )
     model = raw.get("model")
     if isinstance(model, dict) and isinstance(model.get("lora"), dict):
         yield from _unknown_mapping_keys(model["lora"], set(config_fields("LoraConfig")), "model.lora", known_paths)
@@ -400,11 +548,15 @@ def _unknown_in(raw: Mapping[str, Any], model: Type[BaseModel], prefix: str, kno
         inner = _model_in(field.annotation)
         if inner is not None and isinstance(value, dict):
             yield from _unknown_in(value, inner, f"{path}.", known_paths)
+        elif inner is not None and isinstance(value, list):
+            for index, item in enumerate(value):
+                if isinstance(item, dict):
+                    yield from _unknown_in(item, inner, f"{path}.{index}.", known_paths)
 
 
 def _unknown_mapping_keys(raw: Mapping[str, Any], allowed: set, prefix: str, known_paths: List[str]) -> Iterator[str]:
     for key in raw:
-        if key not in allowed and key not in PACKAGE_OWNED_TRAINING_KEYS:
+        if key not in allowed:
             yield _unknown_message(f"{prefix}.{key}", allowed, f"{prefix}.", known_paths)
 
 
@@ -428,7 +580,7 @@ def _known_paths(cls: Type[Spec]) -> Iterator[str]:
                 yield from walk(inner, f"{prefix}{name}.")
 
     yield from walk(cls, "")
-    yield from (f"training.{k}" for k in config_fields(cls.config_class) if k not in PACKAGE_OWNED_TRAINING_KEYS)
+    yield from (f"training.{k}" for k in config_fields(cls.config_class) if k not in cls.owned_training_keys())
     yield from (f"model.lora.{k}" for k in config_fields("LoraConfig"))
 
 

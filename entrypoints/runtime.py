@@ -20,6 +20,7 @@ rank with one message and exit code 2; anything else keeps its traceback.
 import argparse
 import dataclasses
 import importlib
+import importlib.util
 import json
 import logging
 import os
@@ -51,7 +52,13 @@ DATA_FORMATS: Dict[str, Tuple[Tuple[str, ...], ...]] = {
     "reward": PREFERENCE_FORMATS,
     "orpo": PREFERENCE_FORMATS,
     "kto": (("prompt", "completion", "label"),),
+    "grpo": (("prompt",),),
+    "rloo": (("prompt",),),
+    "ppo": (("prompt",),),
 }
+
+# Algorithms that generate completions: prompts are padded on the left.
+ONLINE = ("grpo", "rloo", "ppo")
 
 # PEFT task of each algorithm's model, where not a causal LM.
 LORA_TASKS = {"reward": "SEQ_CLS"}
@@ -67,6 +74,7 @@ class Job:
     train_dataset: Any
     eval_dataset: Any
     callbacks: List[Any]
+    rewards: List[Any]  # TRL reward functions: callables, or reward-model paths
 
     def load_model(self, model_class: Optional[Type] = None) -> Any:
         """Loads ``model.name_or_path`` (a path, a hub id or builtin:tiny-llama)."""
@@ -147,10 +155,13 @@ def _train(algorithm: str, spec: Spec, build_trainer: Callable[[Job], Any]) -> N
         output_dir.mkdir(parents=True, exist_ok=True)
         _write_json_atomic(output_dir / SPEC_FILE, spec.model_dump(mode="json"))
 
+    rewards = resolve_rewards(spec)
     args = config_class(**training_arguments(spec, training))
-    tokenizer = load_tokenizer(spec, padding_side="right")
+    if algorithm in ("grpo", "rloo"):
+        check_generation_data(args, len(train_dataset))
+    tokenizer = load_tokenizer(spec, padding_side="left" if algorithm in ONLINE else "right")
     tokens = TokenCounter()
-    job = Job(spec, args, tokenizer, train_dataset, eval_dataset, callbacks=[tokens])
+    job = Job(spec, args, tokenizer, train_dataset, eval_dataset, callbacks=[tokens], rewards=rewards)
     trainer = build_trainer(job)
 
     log.info("training %s on %d process(es); resume from %s", algorithm, world_size, resume_from or "scratch")
@@ -278,7 +289,50 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
     if on_cpu and "bf16" not in kwargs and not kwargs.get("fp16"):
         kwargs["bf16"] = False  # TRL defaults to bf16 mixed precision, meant for GPUs
     kwargs.setdefault("include_num_input_tokens_seen", "non_padding")
+    if spec.algorithm in ("grpo", "rloo"):
+        kwargs["reward_weights"] = [reward.weight for reward in spec.rewards]
+    if kwargs.get("use_vllm") and importlib.util.find_spec("vllm") is None:
+        raise SpecError(["training.use_vllm: vLLM is not installed in the job's environment (pip install vllm)"])
     return kwargs
+
+
+def check_generation_data(args: Any, rows: int) -> None:
+    """One generation batch needs ``generation_batch_size / num_generations`` distinct prompts."""
+    needed = args.generation_batch_size // args.num_generations
+    if rows < needed:
+        raise SpecError(
+            [
+                f"data.train: {rows} prompts, fewer than one generation batch takes ({args.generation_batch_size} "
+                f"completions / {args.num_generations} per prompt = {needed}); use more prompts, or lower "
+                "per_device_train_batch_size or the number of processes"
+            ]
+        )
+
+
+def resolve_rewards(spec: Spec) -> List[Any]:
+    """The spec's rewards as TRL takes them, importing user code now, before any model loads."""
+    from posttrain.entrypoints.rewards import builtin_reward
+
+    resolved: List[Any] = []
+    for index, reward in enumerate(getattr(spec, "rewards", [])):
+        where = f"rewards.{index}"
+        if reward.builtin is not None:
+            resolved.append(builtin_reward(reward.builtin, reward.args))
+        elif reward.function is not None:
+            module_name, _, attr = reward.function.partition(":")
+            try:
+                function = getattr(importlib.import_module(module_name), attr)
+            except (ImportError, AttributeError) as error:
+                raise SpecError(
+                    [f"{where}.function: cannot import {reward.function} from {Path.cwd()}: {error}"]
+                ) from None
+            if not callable(function):
+                raise SpecError([f"{where}.function: {reward.function} is not callable"])
+            resolved.append(function)
+        else:
+            _check_model_path(reward.model, f"{where}.model")
+            resolved.append(reward.model)
+    return resolved
 
 
 def _config_class(name: str) -> type:
@@ -343,10 +397,10 @@ def load_model(name_or_path: str, spec: Spec, tokenizer: Any, model_class: Type)
     return loaded
 
 
-def _check_model_path(name_or_path: str) -> None:
+def _check_model_path(name_or_path: str, where: str = "model.name_or_path") -> None:
     """A path-like name that does not exist is a mistake, not a hub id."""
     if name_or_path.startswith(("/", "./", "../", "~")) and not Path(name_or_path).expanduser().exists():
-        raise SpecError([f"model.name_or_path: no such directory: {name_or_path}"])
+        raise SpecError([f"{where}: no such directory: {name_or_path}"])
 
 
 # ---------------------------------------------------------------- resume

@@ -42,6 +42,7 @@ def test_one_spec_class_per_algorithm_names_its_trl_config() -> None:
     names = {algorithm: cls.config_class for algorithm, cls in SPEC_CLASSES.items()}
     assert names == {
         "sft": "SFTConfig", "dpo": "DPOConfig", "reward": "RewardConfig", "kto": "KTOConfig", "orpo": "ORPOConfig",
+        "grpo": "GRPOConfig", "rloo": "RLOOConfig", "ppo": "PPOConfig",
     }  # fmt: skip
 
 
@@ -244,3 +245,71 @@ def test_yaml_is_loaded_safely(tmp_path: Path) -> None:
     path.write_text("algorithm: !!python/object/apply:os.system ['echo pwned']\n")
     with pytest.raises(SpecError, match="is not valid YAML"):
         load_spec(str(path))
+
+
+@pytest.mark.parametrize(
+    "reward, expected",
+    [
+        ({"builtin": "contain", "args": {"target": "x"}}, "rewards.0.builtin: unknown built-in reward 'contain'"),
+        ({"builtin": "contains", "args": {"taget": "x"}}, "rewards.0.builtin: contains: got an unexpected keyword"),
+        ({"builtin": "contains", "args": {}}, "rewards.0.builtin: contains: give exactly one of target or column"),
+        ({"builtin": "length_band", "args": {"min_chars": 9, "max_chars": 3}}, "expected 0 <= min_chars <= max_chars"),
+        ({"builtin": "regex_format", "args": {"pattern": "("}}, "pattern is not a valid regular expression"),
+        ({"function": "no_colon"}, "rewards.0.function: expected module:callable"),
+        ({"function": "m:f", "model": "path"}, "rewards.0: give exactly one of function"),
+        ({"model": "path", "args": {"a": 1}}, "rewards.0.args: only built-in rewards take args"),
+        ({"builtin": "contains", "args": {"target": "x"}, "wieght": 2}, "rewards.0.wieght: unknown key; did you mean rewards.0.weight?"),
+    ],
+)
+def test_rewards_are_checked_at_submit_time(reward: Dict[str, Any], expected: str) -> None:
+    raw = load_template("grpo/tiny.yaml")
+    raw["rewards"] = [reward]
+    assert expected in problems_of(raw)
+
+
+def test_online_algorithms_need_a_reward_and_own_reward_weights() -> None:
+    raw = load_template("grpo/tiny.yaml")
+    raw["rewards"] = []
+    assert "rewards: give at least one reward" in problems_of(raw)
+    raw = load_template("rloo/tiny.yaml")
+    raw["training"]["reward_weights"] = [1.0]
+    assert "training.reward_weights: set by posttrain, not in training; use rewards[].weight" in problems_of(raw)
+
+
+def test_generation_batch_must_divide_by_num_generations_with_the_world_size_of_j() -> None:
+    raw = load_template("grpo/tiny.yaml")
+    raw["training"].update(per_device_train_batch_size=3, num_generations=8)
+    message = problems_of(raw, world_size=2)
+    assert "training.num_generations: the generation batch (6 = 3 per device x 2 processes x 1 steps)" in message
+    assert "set num_generations to one of [2, 3, 6]" in message
+    raw["training"].update(per_device_train_batch_size=4)
+    validate(raw, world_size=2)
+    raw["training"].update(generation_batch_size=12)
+    assert "generation_batch_size: 12 is not a multiple of the global batch (4 per device x 2 processes = 8)" in problems_of(raw, world_size=2)
+    raw["training"].update(generation_batch_size=None, num_generations=1)
+    assert "training.num_generations: at least 2" in problems_of(raw, world_size=2)
+
+
+def test_vllm_mode_is_checked() -> None:
+    raw = load_template("grpo/tiny.yaml")
+    raw["training"].update(use_vllm=True, vllm_mode="colocate")
+    validate(raw)
+    raw["training"]["vllm_mode"] = "remote"
+    assert "training.vllm_mode: expected colocate or server; got 'remote'" in problems_of(raw)
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"num_mini_batches": 3}, "training.num_mini_batches: 3 must divide per_device_train_batch_size (16)"),
+        ({"gradient_accumulation_steps": 2}, "use training.num_mini_batches"),
+        ({"kl_estimator": "k2"}, "training.kl_estimator: expected one of 'k1', 'k3'; got 'k2'"),
+    ],
+)
+def test_ppo_settings(change: Dict[str, Any], expected: str) -> None:
+    raw = load_template("ppo/tiny.yaml")
+    raw["training"].update(change)
+    assert expected in problems_of(raw)
+    raw = load_template("ppo/tiny.yaml")
+    raw["model"]["lora"] = {"r": 8}
+    assert "model.lora: posttrain's PPO trains full weights" in problems_of(raw)

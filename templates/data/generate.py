@@ -72,6 +72,16 @@ def unpaired_rows(rng: random.Random, count: int) -> Iterable[Dict[str, object]]
         }
 
 
+TOPICS = ("the sky", "the sea", "a color", "your day", "the city", "an apple", "the sun", "a country", "the grass")
+
+
+def prompt_rows(rng: random.Random, count: int) -> Iterable[Dict[str, List[Dict[str, str]]]]:
+    """Open prompts for online RL: the reward, not the data, says what is good."""
+    for _ in range(count):
+        verb = rng.choice(("Tell me about", "Say something about", "Describe", "Write a line about"))
+        yield {"prompt": [{"role": "user", "content": f"{verb} {rng.choice(TOPICS)}."}]}
+
+
 def write_jsonl(path: Path, rows: Iterable[Dict]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
@@ -82,6 +92,7 @@ def main() -> None:
     # pairs never trained on, to check that a reward model generalises
     write_jsonl(HERE / "preference_heldout.jsonl", preference_rows(random.Random(2), 100))
     write_jsonl(HERE / "unpaired.jsonl", unpaired_rows(random.Random(3), 240))
+    write_jsonl(HERE / "prompts.jsonl", prompt_rows(random.Random(4), 240))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,135 @@
+"""Built-in rewards (``rewards: [{builtin: NAME, args: {...}}]``), each scoring in [0, 1].
+
+Plain Python, no torch: the client validates names and arguments against these
+signatures at submit time. In the job each becomes a TRL reward function,
+``f(prompts, completions, **columns) -> list[float]``; completions are strings
+or chat messages, and extra data-set columns arrive as keyword lists.
+"""
+
+import inspect
+import re
+from typing import Any, Callable, Dict, List, Optional
+
+RewardFunction = Callable[..., List[float]]
+
+_LAST_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def completion_text(completion: Any) -> str:
+    """The text of a completion: a string, or the content of chat messages."""
+    if isinstance(completion, str):
+        return completion
+    return "".join(message.get("content", "") for message in completion)
+
+
+def final_answer(text: str, pattern: Optional[str] = None) -> Optional[str]:
+    """The final answer in ``text``: the first group of ``pattern``, else the last number.
+
+    >>> final_answer("3 plus 4 is 7.")
+    '7'
+    >>> final_answer("so the answer is #### 1,024", r"####\\s*(\\S+)")
+    '1,024'
+    """
+    if pattern is not None:
+        match = re.search(pattern, text)
+        return match.group(1).strip() if match else None
+    numbers = _LAST_NUMBER.findall(text)
+    return numbers[-1].replace(",", "") if numbers else None
+
+
+def exact_match(column: str = "answer", pattern: Optional[str] = None) -> RewardFunction:
+    """1 where the completion's final answer equals the data set's ``column``, else 0."""
+
+    def score(completions: List[Any], **columns: Any) -> List[float]:
+        expected = columns[column]
+        return [
+            float(final_answer(completion_text(c), pattern) == _normalise(str(e), pattern))
+            for c, e in zip(completions, expected)
+        ]
+
+    return score
+
+
+def _normalise(expected: str, pattern: Optional[str]) -> str:
+    return expected.strip() if pattern is not None else expected.strip().replace(",", "")
+
+
+def contains(target: Optional[str] = None, column: Optional[str] = None, case_sensitive: bool = False) -> RewardFunction:
+    """1 where the completion contains ``target`` (or the row's ``column``), else 0."""
+
+    def score(completions: List[Any], **columns: Any) -> List[float]:
+        targets = columns[column] if column is not None else [target] * len(completions)
+        found = []
+        for completion, wanted in zip(completions, targets):
+            text, wanted = completion_text(completion), str(wanted)
+            if not case_sensitive:
+                text, wanted = text.lower(), wanted.lower()
+            found.append(float(wanted in text))
+        return found
+
+    return score
+
+
+def length_band(min_chars: int, max_chars: int) -> RewardFunction:
+    """1 inside ``[min_chars, max_chars]``; outside, falling linearly to 0 one band-width away.
+
+    The slope gives a policy a direction even before it reaches the band.
+    """
+    width = max(1, max_chars - min_chars)
+
+    def score(completions: List[Any], **columns: Any) -> List[float]:
+        scores = []
+        for completion in completions:
+            length = len(completion_text(completion))
+            distance = max(min_chars - length, length - max_chars, 0)
+            scores.append(max(0.0, 1.0 - distance / width))
+        return scores
+
+    return score
+
+
+def regex_format(pattern: str, full: bool = False) -> RewardFunction:
+    """1 where the completion matches ``pattern`` (the whole of it with ``full``), else 0."""
+    compiled = re.compile(pattern, re.DOTALL)
+    match = compiled.fullmatch if full else compiled.search
+
+    def score(completions: List[Any], **columns: Any) -> List[float]:
+        return [float(match(completion_text(c).strip()) is not None) for c in completions]
+
+    return score
+
+
+BUILTIN_REWARDS: Dict[str, Callable[..., RewardFunction]] = {
+    "exact_match": exact_match,
+    "contains": contains,
+    "length_band": length_band,
+    "regex_format": regex_format,
+}
+
+
+def check_builtin(name: str, args: Dict[str, Any]) -> List[str]:
+    """What is wrong with a built-in reward's name or arguments (for the client)."""
+    factory = BUILTIN_REWARDS.get(name)
+    if factory is None:
+        return [f"unknown built-in reward {name!r}; expected one of {', '.join(BUILTIN_REWARDS)}"]
+    try:
+        inspect.signature(factory).bind(**args)
+    except TypeError as error:
+        return [f"{name}: {error}; arguments: {inspect.signature(factory)}"]
+    if name == "contains" and (args.get("target") is None) == (args.get("column") is None):
+        return ["contains: give exactly one of target or column"]
+    if name == "length_band" and not 0 <= args.get("min_chars", 0) <= args.get("max_chars", 0):
+        return ["length_band: expected 0 <= min_chars <= max_chars"]
+    if name in ("regex_format", "exact_match") and args.get("pattern") is not None:
+        try:
+            re.compile(args["pattern"])
+        except re.error as error:
+            return [f"{name}: pattern is not a valid regular expression: {error}"]
+    return []
+
+
+def builtin_reward(name: str, args: Dict[str, Any]) -> RewardFunction:
+    """The reward function of a built-in, named for TRL's logs (``rewards/<name>/mean``)."""
+    function = BUILTIN_REWARDS[name](**args)
+    function.__name__ = name
+    return function

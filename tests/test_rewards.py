@@ -1,0 +1,50 @@
+"""Built-in rewards: each scores in [0, 1] on text and chat completions."""
+
+import doctest
+
+import pytest
+
+from posttrain.entrypoints import rewards
+from posttrain.entrypoints.rewards import BUILTIN_REWARDS, builtin_reward
+
+CHAT = [[{"role": "assistant", "content": "The sky is blue."}], [{"role": "assistant", "content": "No."}]]
+
+
+def test_rewards_doctests() -> None:
+    assert doctest.testmod(rewards).failed == 0
+
+
+def test_exact_match_compares_the_final_answer_with_a_column() -> None:
+    score = builtin_reward("exact_match", {})
+    assert score(["so 3 plus 4 is 7.", "it is 8", "no idea"], answer=["7", "7", "7"]) == [1.0, 0.0, 0.0]
+    hashes = builtin_reward("exact_match", {"column": "solution", "pattern": r"####\s*(\S+)"})
+    assert hashes(["work... #### 1,024", "#### 12"], solution=["1,024", "13"]) == [1.0, 0.0]
+
+
+def test_contains_a_target_or_a_column() -> None:
+    assert builtin_reward("contains", {"target": "BLUE"})(CHAT) == [1.0, 0.0]
+    assert builtin_reward("contains", {"target": "BLUE", "case_sensitive": True})(CHAT) == [0.0, 0.0]
+    assert builtin_reward("contains", {"column": "word"})(["red apple", "a pear"], word=["apple", "plum"]) == [1.0, 0.0]
+
+
+def test_length_band_is_one_inside_and_slopes_outside() -> None:
+    score = builtin_reward("length_band", {"min_chars": 10, "max_chars": 20})
+    assert score(["x" * 15, "x" * 10, "x" * 20, "x" * 5, "x" * 30, "x" * 40]) == [1.0, 1.0, 1.0, 0.5, 0.0, 0.0]
+
+
+def test_regex_format() -> None:
+    score = builtin_reward("regex_format", {"pattern": r"^The \w+ is \w+\.$", "full": True})
+    assert score(CHAT) == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("name", sorted(BUILTIN_REWARDS))
+def test_every_builtin_scores_in_the_unit_interval_and_is_named(name: str) -> None:
+    args = {
+        "exact_match": {},
+        "contains": {"target": "a"},
+        "length_band": {"min_chars": 1, "max_chars": 4},
+        "regex_format": {"pattern": "a+"},
+    }[name]
+    function = builtin_reward(name, args)
+    scores = function(["a", "bbbbbbbbbb", "", "aaaa 12"], answer=["1", "2", "3", "12"])
+    assert all(0.0 <= s <= 1.0 for s in scores) and function.__name__ == name
