@@ -425,10 +425,10 @@ class PPOTrainer:
     # ------------------------------------------------------------ loop
 
     def train(self, resume_from_checkpoint: Optional[str] = None) -> TrainOutput:
-        args, state = self.args, self.state
-        state.max_steps, state.logging_steps, state.save_steps = args.max_steps, args.logging_steps, args.save_steps
         if resume_from_checkpoint is not None:
             self._load_checkpoint(Path(resume_from_checkpoint))
+        args, state = self.args, self.state
+        state.max_steps, state.logging_steps, state.save_steps = args.max_steps, args.logging_steps, args.save_steps
         self._callback("on_train_begin")
         start, losses = time.time(), []
         for iteration in range(state.global_step, args.max_steps):

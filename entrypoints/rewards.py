@@ -37,21 +37,29 @@ def final_answer(text: str, pattern: Optional[str] = None) -> Optional[str]:
     return numbers[-1].replace(",", "") if numbers else None
 
 
-def exact_match(column: str = "answer", pattern: Optional[str] = None) -> RewardFunction:
-    """1 where the completion's final answer equals the data set's ``column``, else 0."""
+def exact_match(column: str = "answer", pattern: Optional[str] = None, answer_pattern: Optional[str] = None) -> RewardFunction:
+    """1 where the completion's final answer equals the one in the data set's ``column``, else 0.
+
+    The completion's answer is the first group of ``pattern``, else its last
+    number; the expected one is the first group of ``answer_pattern`` (e.g.
+    ``####\\s*(\\S+)`` for GSM8K solutions), else the whole value. Numbers
+    compare without thousands separators.
+    """
 
     def score(completions: List[Any], **columns: Any) -> List[float]:
-        expected = columns[column]
-        return [
-            float(final_answer(completion_text(c), pattern) == _normalise(str(e), pattern))
-            for c, e in zip(completions, expected)
-        ]
+        scores = []
+        for completion, expected in zip(completions, columns[column]):
+            got = final_answer(completion_text(completion), pattern)
+            want = final_answer(str(expected), answer_pattern) if answer_pattern else str(expected)
+            scores.append(float(got is not None and want is not None and _normalise(got) == _normalise(want)))
+        return scores
 
     return score
 
 
-def _normalise(expected: str, pattern: Optional[str]) -> str:
-    return expected.strip() if pattern is not None else expected.strip().replace(",", "")
+def _normalise(answer: str) -> str:
+    answer = answer.strip()
+    return answer.replace(",", "") if _LAST_NUMBER.fullmatch(answer) else answer
 
 
 def contains(target: Optional[str] = None, column: Optional[str] = None, case_sensitive: bool = False) -> RewardFunction:
@@ -120,11 +128,12 @@ def check_builtin(name: str, args: Dict[str, Any]) -> List[str]:
         return ["contains: give exactly one of target or column"]
     if name == "length_band" and not 0 <= args.get("min_chars", 0) <= args.get("max_chars", 0):
         return ["length_band: expected 0 <= min_chars <= max_chars"]
-    if name in ("regex_format", "exact_match") and args.get("pattern") is not None:
-        try:
-            re.compile(args["pattern"])
-        except re.error as error:
-            return [f"{name}: pattern is not a valid regular expression: {error}"]
+    for key in ("pattern", "answer_pattern"):
+        if args.get(key) is not None:
+            try:
+                re.compile(args[key])
+            except re.error as error:
+                return [f"{name}: {key} is not a valid regular expression: {error}"]
     return []
 
 

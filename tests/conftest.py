@@ -3,12 +3,29 @@
 from pathlib import Path
 
 import pytest
+from helpers import assert_succeeded, run_template
 
 
 @pytest.fixture(scope="session")
 def session_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A directory shared by the session's expensive runs (the RLHF chain reuses outputs)."""
     return tmp_path_factory.mktemp("posttrain")
+
+
+@pytest.fixture(scope="session")
+def sft_1x2(session_tmp: Path) -> Path:
+    """The tiny SFT run on one node with two processes; later stages start from it."""
+    output_dir = session_tmp / "sft-1x2"
+    assert_succeeded(run_template("sft/tiny.yaml", session_tmp, output_dir, j="1x2"))
+    return output_dir
+
+
+@pytest.fixture(scope="session")
+def reward_model(session_tmp: Path) -> Path:
+    """The tiny reward model; the RLHF chain scores PPO with it."""
+    output_dir = session_tmp / "reward"
+    assert_succeeded(run_template("reward/tiny.yaml", session_tmp, output_dir))
+    return output_dir
 
 
 def pytest_configure(config: pytest.Config) -> None:

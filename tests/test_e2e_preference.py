@@ -22,14 +22,6 @@ def ends(output_dir: Path, key: str) -> tuple:
     return first, last
 
 
-@pytest.fixture(scope="session")
-def reward_model(session_tmp: Path) -> Path:
-    """The tiny reward model; the RLHF chain reuses it."""
-    output_dir = session_tmp / "reward"
-    assert_succeeded(run_template("reward/tiny.yaml", session_tmp, output_dir))
-    return output_dir
-
-
 def test_dpo_prefers_chosen(tmp_path: Path) -> None:
     output_dir = tmp_path / "dpo"
     assert_succeeded(run_template("dpo/tiny.yaml", tmp_path, output_dir))

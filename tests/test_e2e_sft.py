@@ -16,13 +16,6 @@ SUMMARY_KEYS = {
 }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def sft_1x2(session_tmp: Path) -> Path:
-    output_dir = session_tmp / "sft-1x2"
-    assert_succeeded(run_template("sft/tiny.yaml", session_tmp, output_dir, j="1x2"))
-    return output_dir
-
-
 def test_resume_from_a_checkpoint_ends_at_the_planned_step(sft_1x2: Path, session_tmp: Path) -> None:
     output_dir = session_tmp / "sft-resumed"
     output_dir.mkdir()

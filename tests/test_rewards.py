@@ -18,7 +18,9 @@ def test_exact_match_compares_the_final_answer_with_a_column() -> None:
     score = builtin_reward("exact_match", {})
     assert score(["so 3 plus 4 is 7.", "it is 8", "no idea"], answer=["7", "7", "7"]) == [1.0, 0.0, 0.0]
     hashes = builtin_reward("exact_match", {"column": "solution", "pattern": r"####\s*(\S+)"})
-    assert hashes(["work... #### 1,024", "#### 12"], solution=["1,024", "13"]) == [1.0, 0.0]
+    assert hashes(["work... #### 1,024", "#### 12"], solution=["1024", "13"]) == [1.0, 0.0]
+    gsm8k = builtin_reward("exact_match", {"answer_pattern": r"####\s*(\S+)"})
+    assert gsm8k(["18 - 2 = 16, so 16 eggs", "I think 15"], answer=["...so 16 #### 16", "#### 16"]) == [1.0, 0.0]
 
 
 def test_contains_a_target_or_a_column() -> None:
