@@ -26,6 +26,9 @@ _TORCHX_CLI_CONTEXT = "cli_run"
 
 RDZV_BACKENDS = ("c10d", "static", "etcd", "etcd-v2")
 
+# Environment variable names that hold secrets: never in --env, whose values are printed.
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL", re.IGNORECASE)
+
 _DEBUG_ENV: Dict[str, str] = {
     "CUDA_LAUNCH_BLOCKING": "1",
     "NCCL_DESYNC_DEBUG": "1",
@@ -152,6 +155,13 @@ def build_appdef(
         problems.append(f"--max_retries {max_retries}: must be 0 or more")
     if max_restarts < 0:
         problems.append(f"--max_restarts {max_restarts}: must be 0 or more")
+    for key in env or {}:
+        if SECRET_NAME.search(key):
+            problems.append(
+                f"--env {key}: looks like a secret, and --env values show in --dryrun output and scheduler "
+                f"requests; export {key} in the submitting shell (local_cwd and Slurm jobs inherit it) or use the "
+                "scheduler's secrets (README: Secrets)"
+            )
     if problems:
         raise SpecError(problems)
     topology = Topology.parse(j, gpus_per_host=resource.gpu)
@@ -162,6 +172,8 @@ def build_appdef(
             file=sys.stderr,
         )
     validated = load_spec(spec, overrides, algorithm=algorithm, world_size=topology.world_size)
+    if h is not None and resource.gpu == 0 and validated.training.get("fp16"):
+        raise SpecError([f"training.fp16: -h {h} has no GPU, and fp16 mixed precision needs one; use bf16 or none"])
 
     if topology.max_nnodes == 1:
         # one agent: port 0 lets torchrun pick a free port

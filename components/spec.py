@@ -99,7 +99,7 @@ class DataSpec(_Strict):
 class DistributedSpec(_Strict):
     """How the job is distributed; ``timeout_s`` bounds every collective."""
 
-    timeout_s: int = 600
+    timeout_s: int = 300
 
 
 class Spec(_Strict):

@@ -448,8 +448,12 @@ class PPOTrainer:
             )
             if state.global_step == 1 or state.global_step % args.logging_steps == 0:
                 self._log({**rollout_stats, **self._mean_across_ranks(stats)})
-            if args.save_steps and state.global_step % args.save_steps == 0:
+            self._callback("on_step_end")
+            if self.control.should_save or (args.save_steps and state.global_step % args.save_steps == 0):
                 self._save_checkpoint()
+                self.control.should_save = False
+            if self.control.should_training_stop:
+                break
         runtime = time.time() - start
         metrics = {"train_runtime": round(runtime, 4), "train_loss": sum(losses) / max(len(losses), 1)}
         state.log_history.append({**metrics, "train_samples_per_second": 0.0, "step": state.global_step})

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import re
+import signal
 import statistics
 import sys
 from datetime import timedelta
@@ -33,10 +34,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 
 import torch
 import torch.distributed as dist
-from transformers import TrainerCallback
 
 from posttrain.components.fields import CONFIG_CLASSES
 from posttrain.components.spec import NOT_TRAINING_RELEVANT, DataSource, Spec, SpecError, spec_diff, spec_from_json
+from posttrain.entrypoints.callbacks import FaultInjection, Preemption, TokenCounter
 
 log = logging.getLogger("posttrain")
 
@@ -130,15 +131,16 @@ def run(algorithm: str, build_trainer: Callable[[Job], Any], argv: Optional[Sequ
         _train(algorithm, spec, build_trainer)
     except SpecError as error:
         print(f"posttrain: {error}", file=sys.stderr, flush=True)
-        _teardown()
         raise SystemExit(2) from None
-    _teardown()
+    finally:
+        _teardown()
 
 
 def _train(algorithm: str, spec: Spec, build_trainer: Callable[[Job], Any]) -> None:
+    output_dir = Path(spec.training["output_dir"])
+    fault = FaultInjection.from_env(output_dir)
     init_distributed(spec.distributed.timeout_s)
     world_size = dist.get_world_size() if dist.is_initialized() else 1
-    output_dir = Path(spec.training["output_dir"])
 
     train_dataset = load_data(spec.data.train, spec.data.columns, "data.train", DATA_FORMATS[algorithm])
     eval_dataset = None
@@ -160,12 +162,16 @@ def _train(algorithm: str, spec: Spec, build_trainer: Callable[[Job], Any]) -> N
     if algorithm in ("grpo", "rloo"):
         check_generation_data(args, len(train_dataset))
     tokenizer = load_tokenizer(spec, padding_side="left" if algorithm in ONLINE else "right")
-    tokens = TokenCounter()
-    job = Job(spec, args, tokenizer, train_dataset, eval_dataset, callbacks=[tokens], rewards=rewards)
+    tokens, preemption = TokenCounter(), Preemption()
+    callbacks = [tokens, preemption] + ([fault] if fault is not None else [])
+    job = Job(spec, args, tokenizer, train_dataset, eval_dataset, callbacks=callbacks, rewards=rewards)
     trainer = build_trainer(job)
 
     log.info("training %s on %d process(es); resume from %s", algorithm, world_size, resume_from or "scratch")
     result = trainer.train(resume_from_checkpoint=resume_from)
+    if preemption.stopped:
+        log.warning("SIGTERM: saved checkpoint-%d; a restart resumes from it", trainer.state.global_step)
+        raise SystemExit(128 + signal.SIGTERM)
     trainer.save_model(str(output_dir))
     trainer.save_state()
     summary = run_summary(algorithm, spec, trainer, result.metrics, resume_from, tokens)
@@ -184,7 +190,18 @@ def init_distributed(timeout_s: int) -> None:
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    timeout = timedelta(seconds=timeout_s)
+    # torchrun's agent store outlives a worker restart: without a prefix per attempt, restarted
+    # workers read the dead workers' addresses and fail to connect (seen with gloo, torch 2.13).
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+        is_master=not agent_store and rank == 0, timeout=timeout, multi_tenant=not agent_store,
+    )  # fmt: skip
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    prefixed = dist.PrefixStore(f"posttrain/attempt_{attempt}", store)
+    dist.init_process_group(backend=backend, store=prefixed, rank=rank, world_size=world_size, timeout=timeout)
 
 
 def _is_rank0() -> bool:
@@ -354,9 +371,8 @@ def load_tokenizer(spec: Spec, padding_side: str) -> Any:
     if model.name_or_path == tiny.NAME:
         tokenizer = tiny.build_tokenizer()
     else:
-        _check_model_path(model.name_or_path)
-        tokenizer = AutoTokenizer.from_pretrained(
-            model.name_or_path, revision=model.revision, trust_remote_code=model.trust_remote_code
+        tokenizer = _from_pretrained(
+            AutoTokenizer, model.name_or_path, revision=model.revision, trust_remote_code=model.trust_remote_code
         )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -387,14 +403,19 @@ def load_model(name_or_path: str, spec: Spec, tokenizer: Any, model_class: Type)
         kwargs["attn_implementation"] = model.attn_implementation
     if scores:
         kwargs["num_labels"] = 1
-    _check_model_path(name_or_path)
-    try:
-        loaded = model_class.from_pretrained(name_or_path, **kwargs)
-    except OSError as error:
-        raise SpecError([f"model: cannot load {name_or_path!r}: {error}"]) from None
+    loaded = _from_pretrained(model_class, name_or_path, **kwargs)
     if getattr(loaded.config, "pad_token_id", None) is None:
         loaded.config.pad_token_id = tokenizer.pad_token_id
     return loaded
+
+
+def _from_pretrained(auto_class: Type, name_or_path: str, **kwargs: Any) -> Any:
+    """``auto_class.from_pretrained``, a missing directory or unreachable hub id named plainly."""
+    _check_model_path(name_or_path)
+    try:
+        return auto_class.from_pretrained(name_or_path, **kwargs)
+    except OSError as error:
+        raise SpecError([f"model: cannot load {name_or_path!r}: {error}"]) from None
 
 
 def _check_model_path(name_or_path: str, where: str = "model.name_or_path") -> None:
@@ -488,15 +509,6 @@ def _write_json_atomic(path: Path, data: Any) -> None:
 
 
 # ---------------------------------------------------------------- summary
-
-
-class TokenCounter(TrainerCallback):
-    """Remembers the tokens seen before this attempt (a resume restores them)."""
-
-    at_start = 0
-
-    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.at_start = state.num_input_tokens_seen
 
 
 def run_summary(

@@ -1,0 +1,119 @@
+"""Trainer callbacks the runtime adds to every job: token counting, preemption, fault injection."""
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import torch.distributed as dist
+from transformers import TrainerCallback
+
+from posttrain.components.spec import SpecError
+
+FAULT_ENV = "POSTTRAIN_FAULT"
+FAULT_KINDS = ("raise", "hang", "exit", "kill")
+
+
+class TokenCounter(TrainerCallback):
+    """Remembers the tokens seen before this attempt (a resume restores them)."""
+
+    at_start = 0
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.at_start = state.num_input_tokens_seen
+
+
+class Preemption(TrainerCallback):
+    """On SIGTERM (a scheduler preempting the job), save a checkpoint at the end of the step and stop.
+
+    Every rank learns of the signal through an all-reduce at each step end, so
+    all of them take the same save (its collectives included) and stop together.
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.stopped = False
+        signal.signal(signal.SIGTERM, self._request)
+
+    def _request(self, signum: int, frame: Any) -> None:
+        self.requested = True
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        flag = torch.tensor([float(self.requested)], device=_collective_device())
+        if dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item() > 0:
+            self.stopped = True
+            control.should_save = True
+            control.should_training_stop = True
+        return control
+
+
+class FaultInjection(TrainerCallback):
+    """For testing only: ``POSTTRAIN_FAULT=<kind>:<rank>:<step>`` makes one rank fail on purpose.
+
+    ``raise`` raises, ``hang`` sleeps forever and ``exit`` leaves with status
+    13, on rank ``rank`` when optimizer step ``step`` ends (``0``: before the
+    first step). ``kill`` SIGKILLs the rank in the middle of the checkpoint
+    save of step ``step``: after the model files, before the optimizer state.
+    Each fault fires once per ``output_dir`` (a marker file records it), so
+    a restarted or requeued job resumes instead of failing again.
+    """
+
+    def __init__(self, text: str, output_dir: Path) -> None:
+        parts = text.split(":")
+        if len(parts) != 3 or parts[0] not in FAULT_KINDS or not parts[1].isdigit() or not parts[2].isdigit():
+            raise SpecError([f"{FAULT_ENV}={text!r}: expected <{'|'.join(FAULT_KINDS)}>:<rank>:<step>, e.g. raise:1:5"])
+        self.kind, self.rank, self.step = parts[0], int(parts[1]), int(parts[2])
+        self.marker = output_dir / f".posttrain_fault_{self.kind}_{self.rank}_{self.step}"
+
+    @classmethod
+    def from_env(cls, output_dir: Path) -> Optional["FaultInjection"]:
+        text = os.environ.get(FAULT_ENV)
+        return cls(text, output_dir) if text else None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.step == 0:
+            self._maybe_fire(state.global_step)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.step > 0:
+            self._maybe_fire(state.global_step)
+
+    def _maybe_fire(self, step: int) -> None:
+        if step != self.step or _rank() != self.rank or self.marker.exists():
+            return
+        self.marker.parent.mkdir(parents=True, exist_ok=True)
+        self.marker.write_text(f"{time.time()}\n")
+        message = f"posttrain fault injection: {self.kind} on rank {self.rank} at step {self.step}, t={time.time():.3f}"
+        print(message, file=sys.stderr, flush=True)
+        if self.kind == "raise":
+            raise RuntimeError(message)
+        if self.kind == "exit":
+            os._exit(13)
+        if self.kind == "hang":
+            while True:
+                time.sleep(60)
+        _kill_on_next_torch_save()
+
+
+def _kill_on_next_torch_save() -> None:
+    """The Trainer writes the model first, then the optimizer with torch.save: die there."""
+    original = torch.save
+
+    def save_then_die(*args: Any, **kwargs: Any) -> None:
+        torch.save = original
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    torch.save = save_then_die
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _collective_device() -> str:
+    return "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"

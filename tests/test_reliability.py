@@ -1,0 +1,294 @@
+"""Reliability and security through the real CLI and real jobs.
+
+Bad input is rejected before anything is scheduled (or, where only the job
+can tell, before the model loads); a crashing or hanging rank ends the job
+in bounded time with its traceback visible; restarts and preemption resume;
+spec values cannot inject commands; secrets stay out of args, specs and logs.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import List
+
+import pytest
+from helpers import REPO, assert_succeeded, free_port, job_env, read_json, run_template, torchx
+
+SFT = "templates/sft/tiny.yaml"
+
+# (component, extra CLI arguments, what the one-line message must say)
+BAD_INPUTS = [
+    # component arguments
+    ("sft", ["-j", "2x"], "-j '2x': expected [MIN:]NNODESxNPROC"),
+    ("sft", ["-j", "0x1"], "-j '0x1': node and process counts must be at least 1"),
+    ("sft", ["-j", "1x0"], "-j '1x0': node and process counts must be at least 1"),
+    ("sft", ["-j", "3:2x1"], "-j '3:2x1': the minimum node count 3 exceeds the maximum 2"),
+    ("sft", ["-j", "two"], "-j 'two': expected"),
+    ("sft", ["--tee", "5"], "--tee 5: expected 0 (none), 1 (stdout), 2 (stderr) or 3 (both)"),
+    ("sft", ["--rdzv_port", "0"], "--rdzv_port 0: expected a TCP port in 1..65535"),
+    ("sft", ["--rdzv_port", "70000"], "--rdzv_port 70000: expected a TCP port in 1..65535"),
+    ("sft", ["--rdzv_backend", "zk"], "--rdzv_backend 'zk': expected one of c10d, static, etcd, etcd-v2"),
+    ("sft", ["--max_retries", "-1"], "--max_retries -1: must be 0 or more"),
+    ("sft", ["--max_restarts", "-2"], "--max_restarts -2: must be 0 or more"),
+    ("sft", ["--memMB", "0"], "--memMB 0: must be positive"),
+    ("sft", ["--cpu", "0"], "--cpu 0: must be at least 1"),
+    ("sft", ["-h", "gpu.nope"], "-h 'gpu.nope': unknown named resource"),
+    ("sft", ["--mounts", "type=magic"], "--mounts type=magic"),
+    ("sft", ["--env", "HF_TOKEN=hf_abc"], "--env HF_TOKEN: looks like a secret"),
+    ("sft", ["--env", "WANDB_API_KEY=abc"], "--env WANDB_API_KEY: looks like a secret"),
+    # the spec file
+    ("sft", ["--spec", "templates/sft/missing.yaml"], "--spec: no such file: templates/sft/missing.yaml"),
+    ("sft", ["--spec", "{broken_yaml}"], "is not valid YAML"),
+    ("sft", ["--spec", "{list_yaml}"], "must hold a mapping of sections"),
+    ("dpo", ["--spec", SFT], "algorithm: this spec is for 'sft' but was given to posttrain.dpo"),
+    ("sft", ["algorithm=sfft"], "algorithm: unknown 'sfft'; expected one of"),
+    # unknown and misplaced keys, at every level
+    ("sft", ["training.learnig_rate=1"], "training.learnig_rate: unknown key; did you mean training.learning_rate?"),
+    ("sft", ["model.dtyp=auto"], "model.dtyp: unknown key; did you mean model.dtype?"),
+    ("sft", ["data.train.paht=x.jsonl"], "data.train.paht: unknown key; did you mean data.train.path?"),
+    ("sft", ["model.learning_rate=1"], "model.learning_rate: unknown key here; it belongs at training.learning_rate"),
+    ("sft", ["trainig.max_steps=1"], "trainig: unknown key; did you mean training?"),
+    ("sft", ["distributed.timeout=5"], "distributed.timeout: unknown key; did you mean distributed.timeout_s?"),
+    ("sft", ["model.lora.rnk=8"], "model.lora.rnk: unknown key"),
+    # keys the package owns
+    ("sft", ["training.deepspeed=ds.json"], "training.deepspeed: set by posttrain, not in training; use distributed.deepspeed"),
+    ("sft", ["training.use_cpu=true"], "training.use_cpu: set by posttrain, not in training; posttrain sets it from the hardware"),
+    ("sft", ["training.ddp_timeout=10"], "training.ddp_timeout: set by posttrain, not in training; use distributed.timeout_s"),
+    ("sft", ["training.resume_from_checkpoint=x"], "training.resume_from_checkpoint: set by posttrain, not in training; use resume"),
+    ("sft", ["training.hub_token=hf_x"], "training.hub_token: set by posttrain, not in training; it is a secret"),
+    # wrong types and out-of-range values
+    ("sft", ["training.learning_rate=fast"], "training.learning_rate: expected a number; got 'fast'"),
+    ("sft", ["training.max_steps=2.5"], "training.max_steps: expected an integer; got '2.5'"),
+    ("sft", ["training.bf16=maybe"], "training.bf16: expected true/false or null; got 'maybe'"),
+    ("sft", ["training.lr_scheduler_type=cosin"], "training.lr_scheduler_type: expected one of"),
+    ("sft", ["training.per_device_train_batch_size=0"], "training.per_device_train_batch_size: must be positive; got 0"),
+    ("sft", ["training.learning_rate=-1"], "training.learning_rate: must be positive; got -1.0"),
+    ("sft", ["training.max_steps=0"], "training.max_steps: must be positive, or -1 to train by epochs; got 0"),
+    ("sft", ["model.dtype=bf16"], "model.dtype: input should be 'auto', 'float32', 'bfloat16' or 'float16'; got 'bf16'"),
+    ("sft", ["model.trust_remote_code=maybe"], "model.trust_remote_code: input should be a valid boolean"),
+    ("sft", ["distributed.timeout_s=0"], "distributed.timeout_s: must be positive; got 0"),
+    ("sft", ["resume= "], "resume: expected auto, never or a checkpoint path"),
+    # impossible combinations and hardware
+    ("sft", ["training.bf16=true", "training.fp16=true"], "training.bf16, training.fp16: at most one can be true"),
+    ("sft", ["model.dtype=float16", "training.bf16=true"], "model.dtype: float16 contradicts training.bf16: true"),
+    ("sft", ["data.train.name=org/set"], "data.train: give exactly one of path"),
+    ("sft", ["-h", "cpu.small", "training.fp16=true"], "training.fp16: -h cpu.small has no GPU"),
+    # batch arithmetic and algorithm-specific settings
+    ("grpo", ["training.num_generations=3"], "training.num_generations: the generation batch (16 = 8 per device x 2 processes x 1 steps) must divide by num_generations (3)"),
+    ("grpo", ["rewards.0.builtin=nope"], "rewards.0.builtin: unknown built-in reward 'nope'"),
+    ("grpo", ["training.reward_weights=[1.0]"], "training.reward_weights: set by posttrain, not in training; use rewards[].weight"),
+    ("grpo", ["training.vllm_mode=remote"], "training.vllm_mode: expected colocate or server; got 'remote'"),
+    ("ppo", ["training.num_mini_batches=3"], "training.num_mini_batches: 3 must divide per_device_train_batch_size (16)"),
+    ("ppo", ["model.lora={r: 8}"], "model.lora: posttrain's PPO trains full weights"),
+    ("dpo", ["reference_model=org/ref", "model.lora={r: 8}"], "reference_model: not used with model.lora"),
+    # malformed overrides
+    ("sft", ["training.max_steps"], "override 'training.max_steps': expected key.path=value"),
+    ("sft", ["training.max_steps.x=3"], "training.max_steps is a value, not a section"),
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def broken_specs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    directory = tmp_path_factory.mktemp("specs")
+    (directory / "broken.yaml").write_text("algorithm: sft\nmodel: [unclosed\n")
+    (directory / "list.yaml").write_text("- algorithm\n- sft\n")
+    return {"broken_yaml": str(directory / "broken.yaml"), "list_yaml": str(directory / "list.yaml")}
+
+
+def test_the_bad_input_table_is_large_and_distinct() -> None:
+    assert len(BAD_INPUTS) >= 40
+    assert len({(c, tuple(a)) for c, a, _ in BAD_INPUTS}) == len(BAD_INPUTS)
+
+
+@pytest.mark.parametrize("component, args, message", BAD_INPUTS, ids=[" ".join(a) or c for c, a, _ in BAD_INPUTS])
+def test_bad_input_is_rejected_before_anything_is_scheduled(
+    tmp_path: Path, broken_specs: dict, component: str, args: List[str], message: str
+) -> None:
+    args = [broken_specs.get(a.strip("{}"), a) for a in args]
+    spec = [] if "--spec" in args else ["--spec", f"templates/{component}/tiny.yaml"]
+    result = torchx(["run", "-s", "local_cwd", f"posttrain.{component}", *spec, *args], tmp_path)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stdout + result.stderr and "usage:" not in result.stderr
+    assert "local_cwd://" not in result.stdout, "an app was launched"
+
+
+# ---------------------------------------------------------------- checks only the job can make
+
+
+def job_logs(result: subprocess.CompletedProcess) -> str:
+    return result.stdout + result.stderr
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["data.train.path=templates/data/nope.jsonl"], "data.train.path: no such file: templates/data/nope.jsonl"),
+        (["data.train.path=templates/data/prompts.jsonl"], "data.train: found columns ['prompt']; expected (messages)"),
+        (["data.train.path={one_row}"], "data.train: 1 rows cannot give each of the 2 processes one example"),
+        (["model.name_or_path=./models/none"], "model.name_or_path: no such directory: ./models/none"),
+        (["model.name_or_path=nobody/no-such-model"], "model: cannot load 'nobody/no-such-model'"),
+    ],
+)
+def test_job_side_input_errors_end_every_rank_before_training(tmp_path: Path, overrides: list, message: str) -> None:
+    one_row = tmp_path / "one.jsonl"
+    one_row.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    overrides = [o.format(one_row=one_row) for o in overrides]
+    result = run_template("sft/tiny.yaml", tmp_path, tmp_path / "out", overrides=overrides)
+    assert result.returncode != 0
+    logs = job_logs(result)
+    assert logs.count(f"posttrain: {message}") == 2, logs[-4000:]  # both ranks, one line each
+    assert "training sft on" not in logs
+
+
+# ---------------------------------------------------------------- crashes and hangs
+
+
+def fault_time(logs: str) -> float:
+    line = next(line for line in logs.splitlines() if "posttrain fault injection" in line)
+    return float(line.rsplit("t=", 1)[1])
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("fault", ["raise:1:5", "exit:1:5", "raise:0:0"])
+def test_a_crashing_rank_ends_the_job_within_30_s_with_its_traceback(tmp_path: Path, fault: str) -> None:
+    result = run_template("sft/tiny.yaml", tmp_path, tmp_path / "out", POSTTRAIN_FAULT=fault)
+    ended = time.time()
+    logs = job_logs(result)
+    assert result.returncode != 0
+    assert ended - fault_time(logs) <= 30
+    kind, rank, _ = fault.split(":")
+    if kind == "raise":
+        assert f"[{rank}]:[rank{rank}]: Traceback" in logs or f"[{rank}]:Traceback" in logs
+        assert f"RuntimeError: posttrain fault injection: raise on rank {rank}" in logs
+    else:
+        assert "exitcode  : 13" in logs
+
+
+@pytest.mark.e2e
+def test_a_hanging_rank_ends_the_job_within_the_timeout(tmp_path: Path) -> None:
+    timeout_s = 20
+    result = run_template(
+        "sft/tiny.yaml", tmp_path, tmp_path / "out", overrides=[f"distributed.timeout_s={timeout_s}"],
+        POSTTRAIN_FAULT="hang:1:5", timeout=300,
+    )  # fmt: skip
+    ended = time.time()
+    logs = job_logs(result)
+    assert result.returncode != 0
+    # the other rank's collective times out after timeout_s; torchrun then stops the hung rank
+    # (SIGTERM, then SIGKILL after its 30 s grace)
+    assert ended - fault_time(logs) <= timeout_s + 45
+    assert f"Timed out waiting {timeout_s * 1000}ms" in logs
+
+
+# ---------------------------------------------------------------- restarts, kills, preemption
+
+
+@pytest.mark.e2e
+def test_a_restart_resumes_from_the_last_checkpoint(tmp_path: Path) -> None:
+    output_dir = tmp_path / "out"
+    result = run_template(
+        "sft/tiny.yaml", tmp_path, output_dir, extra_args=["--max_restarts", "1"], POSTTRAIN_FAULT="exit:1:25"
+    )
+    assert_succeeded(result)
+    summary = read_json(output_dir / "run_summary.json")
+    assert summary["resumed_from"] == str(output_dir / "checkpoint-20")
+    assert summary["global_steps"] == 40
+
+
+@pytest.mark.e2e
+def test_a_kill_during_a_save_leaves_the_previous_checkpoint_and_resume_ignores_the_partial_one(tmp_path: Path) -> None:
+    output_dir = tmp_path / "out"
+    result = run_template(
+        "sft/tiny.yaml", tmp_path, output_dir, extra_args=["--max_restarts", "1"], POSTTRAIN_FAULT="kill:0:40"
+    )
+    assert_succeeded(result)
+    assert "posttrain fault injection: kill on rank 0 at step 40" in job_logs(result)
+    summary = read_json(output_dir / "run_summary.json")
+    assert summary["resumed_from"] == str(output_dir / "checkpoint-20"), "the partial checkpoint-40 must be skipped"
+    assert summary["global_steps"] == 40
+
+
+@pytest.mark.e2e
+def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes_from_it(tmp_path: Path) -> None:
+    output_dir = tmp_path / "out"
+    log_path = tmp_path / "job.log"
+    args = [
+        "run", "-s", "local_cwd", "posttrain.sft", "--spec", SFT, "--rdzv_port", str(free_port()),
+        f"training.output_dir={output_dir}", "training.max_steps=3000", "training.save_steps=100000",
+    ]  # fmt: skip
+    with log_path.open("w") as log:
+        job = subprocess.Popen(
+            [str(Path(sys.executable).parent / "torchx"), *args], cwd=REPO, env=job_env(tmp_path),
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.time() + 120
+        while log_path.read_text().count("'loss'") < 5 and time.time() < deadline:
+            time.sleep(0.5)
+        agent = subprocess.run(
+            ["pgrep", "-f", f"torch.distributed.run .*{output_dir}"], capture_output=True, text=True
+        ).stdout.split()
+        assert agent, "the torchrun agent was not found"
+        os.kill(int(agent[0]), signal.SIGTERM)  # what a scheduler's preemption does
+        job.wait(timeout=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+    logs = log_path.read_text()
+    assert job.returncode != 0
+    assert "SIGTERM: saved checkpoint-" in logs
+    checkpoints = list(output_dir.glob("checkpoint-*"))
+    assert len(checkpoints) == 1
+    saved_step = read_json(checkpoints[0] / "trainer_state.json")["global_step"]
+    assert 5 <= saved_step < 3000
+
+    # a changed max_steps is a different spec, so the checkpoint is named explicitly
+    resumed = run_template(
+        "sft/tiny.yaml", tmp_path, output_dir, overrides=[f"training.max_steps={saved_step + 3}", f"resume={checkpoints[0]}"]
+    )
+    assert_succeeded(resumed)
+    summary = read_json(output_dir / "run_summary.json")
+    assert summary["resumed_from"] == str(checkpoints[0]) and summary["global_steps"] == saved_step + 3
+
+
+# ---------------------------------------------------------------- injection and secrets
+
+NASTY = "it's \"quoted\"; $(touch {sentinel}) `touch {sentinel}` && echo $HOME \\ ünïcödé ${{app_id}}\nsecond line"
+
+
+@pytest.mark.e2e
+def test_spec_values_reach_the_job_byte_exactly_and_run_nothing(tmp_path: Path) -> None:
+    sentinel = tmp_path / "pwned"
+    nasty = NASTY.format(sentinel=sentinel)
+    output_dir = tmp_path / "out"
+    secret = "hf_posttrain_test_secret_value"
+    result = run_template(
+        "sft/tiny.yaml", tmp_path, output_dir, overrides=["training.max_steps=2", f"training.run_name={nasty}"],
+        HF_TOKEN=secret, WANDB_API_KEY=secret,
+    )  # fmt: skip
+    assert_succeeded(result)
+    assert not sentinel.exists(), "a spec value was executed"
+    assert read_json(output_dir / "run_summary.json")["spec"]["training"]["run_name"] == nasty
+    assert read_json(output_dir / "posttrain_spec.json")["training"]["run_name"] == nasty
+    # secrets travel in the environment only: never in args, the spec, the outputs or the logs
+    assert secret not in job_logs(result)
+    for path in output_dir.rglob("*.json"):
+        assert secret not in path.read_text(), path
+
+
+def test_secrets_never_appear_in_dryrun(tmp_path: Path) -> None:
+    secret = "hf_posttrain_test_secret_value"
+    result = torchx(["run", "-s", "local_cwd", "--dryrun", "posttrain.sft", "--spec", SFT], tmp_path, HF_TOKEN=secret)
+    assert result.returncode == 0 and secret not in result.stdout + result.stderr
+
+
+def test_remote_code_is_off_unless_the_spec_says_so() -> None:
+    from posttrain.components.spec import load_spec
+
+    assert load_spec(str(REPO / SFT)).model.trust_remote_code is False
