@@ -42,7 +42,7 @@ class Preemption(TrainerCallback):
         self.requested = True
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        flag = torch.tensor([float(self.requested)], device=_collective_device())
+        flag = torch.tensor([float(self.requested)], device=collective_device())
         if dist.is_initialized():
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if flag.item() > 0:
@@ -115,5 +115,6 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
-def _collective_device() -> str:
+def collective_device() -> str:
+    """Where a tensor must live for a collective: NCCL takes CUDA tensors, gloo CPU ones."""
     return "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"

@@ -37,7 +37,7 @@ import torch.distributed as dist
 
 from posttrain.components.fields import CONFIG_CLASSES
 from posttrain.components.spec import NOT_TRAINING_RELEVANT, DataSource, Spec, SpecError, spec_diff, spec_from_json
-from posttrain.entrypoints.callbacks import FaultInjection, Preemption, TokenCounter
+from posttrain.entrypoints.callbacks import FaultInjection, Preemption, TokenCounter, collective_device
 
 log = logging.getLogger("posttrain")
 
@@ -156,6 +156,7 @@ def _train(algorithm: str, spec: Spec, build_trainer: Callable[[Job], Any]) -> N
     if _is_rank0():
         output_dir.mkdir(parents=True, exist_ok=True)
         _write_json_atomic(output_dir / SPEC_FILE, spec.model_dump(mode="json"))
+    check_shared_output(output_dir)
 
     rewards = resolve_rewards(spec)
     args = config_class(**training_arguments(spec, training))
@@ -204,6 +205,41 @@ def init_distributed(timeout_s: int) -> None:
     dist.init_process_group(backend=backend, store=prefixed, rank=rank, world_size=world_size, timeout=timeout)
 
 
+def check_shared_output(output_dir: Path) -> None:
+    """With several nodes, every node must see ``output_dir``: rank 0 alone writes what all read.
+
+    Rank 0 writes a fresh token there; the first process of every node reads
+    it back. A node that cannot is on other storage, and resume or the final
+    save would silently split across nodes.
+    """
+    if not dist.is_initialized():
+        return
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+    if dist.get_world_size() // local_world_size <= 1:
+        return
+    marker = output_dir / ".posttrain_shared_check"
+    token = [os.urandom(8).hex() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(token, src=0)
+    if dist.get_rank() == 0:
+        marker.write_text(token[0])
+    dist.barrier()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    sees = local_rank != 0 or (marker.is_file() and marker.read_text() == token[0])
+    missing = torch.tensor([0.0 if sees else 1.0], device=collective_device())
+    dist.all_reduce(missing)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        marker.unlink(missing_ok=True)
+    if missing.item() > 0:
+        raise SpecError(
+            [
+                f"training.output_dir: {output_dir} is not on storage every node sees ({int(missing.item())} "
+                "node(s) cannot read what rank 0 wrote); use a shared filesystem (NFS, Lustre, a ReadWriteMany "
+                "volume) for multi-node jobs"
+            ]
+        )
+
+
 def _is_rank0() -> bool:
     return not dist.is_initialized() or dist.get_rank() == 0
 
@@ -219,12 +255,13 @@ def _teardown() -> None:
 
 
 def _setup_logging() -> None:
+    """Rank 0 speaks; the others only warn. Only posttrain's own logger: libraries keep theirs."""
     rank = int(os.environ.get("RANK", "0"))
-    logging.basicConfig(
-        level=logging.INFO if rank == 0 else logging.WARNING,
-        format=f"%(asctime)s posttrain[{rank}] %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"%(asctime)s posttrain[{rank}] %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    log.propagate = False
 
 
 # ---------------------------------------------------------------- data

@@ -83,4 +83,24 @@ def run_template(
 
 
 def assert_succeeded(result: subprocess.CompletedProcess) -> None:
-    assert result.returncode == 0, f"exit {result.returncode}\n--- stdout\n{result.stdout[-6000:]}\n--- stderr\n{result.stderr[-12000:]}"
+    """Exit 0, else fail showing the errors the job printed and the end of its output."""
+    if result.returncode == 0:
+        return
+    errors = [line for line in result.stderr.splitlines() if "Error" in line or "Traceback" in line][:40]
+    raise AssertionError(
+        f"exit {result.returncode}\n--- error lines\n" + "\n".join(errors)
+        + f"\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-8000:]}"
+    )
+
+
+def ends(output_dir: Path, key: str) -> tuple:
+    """Mean of the first and the last three logged values of a metric, checked against run_summary.json."""
+    import pytest
+
+    values = series(output_dir, key)
+    assert len(values) >= 6, f"{key}: first and last three logged values must not overlap"
+    first, last = mean(values[:3]), mean(values[-3:])
+    summary = read_json(output_dir / "run_summary.json")
+    assert summary["metrics_first"][key] == pytest.approx(first)
+    assert summary["metrics_last"][key] == pytest.approx(last)
+    return first, last

@@ -5,20 +5,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import assert_succeeded, mean, read_json, run_template, series
+from helpers import assert_succeeded, ends, read_json, run_template, series
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 pytestmark = pytest.mark.e2e
 
 
 def reward_rise(output_dir: Path, key: str) -> float:
-    """Last three minus first three logged values, checked against run_summary.json."""
-    values = series(output_dir, key)
-    assert len(values) >= 6, key
-    first, last = mean(values[:3]), mean(values[-3:])
-    summary = read_json(output_dir / "run_summary.json")
-    assert summary["metrics_first"][key] == pytest.approx(first)
-    assert summary["metrics_last"][key] == pytest.approx(last)
+    first, last = ends(output_dir, key)
     return last - first
 
 

@@ -5,21 +5,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, assert_succeeded, mean, read_json, run_template, series
+from helpers import REPO, assert_succeeded, ends, read_json, run_template
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 pytestmark = pytest.mark.e2e
-
-
-def ends(output_dir: Path, key: str) -> tuple:
-    """Mean of the first and last three logged values, checked against run_summary.json."""
-    values = series(output_dir, key)
-    assert len(values) >= 6, key
-    first, last = mean(values[:3]), mean(values[-3:])
-    summary = read_json(output_dir / "run_summary.json")
-    assert summary["metrics_first"][key] == pytest.approx(first)
-    assert summary["metrics_last"][key] == pytest.approx(last)
-    return first, last
 
 
 def test_dpo_prefers_chosen(tmp_path: Path) -> None:

@@ -1,0 +1,122 @@
+"""Kubernetes requests from ``--dryrun``: every component's Volcano Job, checked offline.
+
+No API server can run here, so each pod template is validated against the
+Kubernetes OpenAPI schemas (kubernetes-validate, strict), the Volcano Job
+against the schema the project ships, and the contents against what the job
+needs: resources and GPU limits, env, the c10d port, the rank-0 endpoint that
+``macros.rank0_env`` becomes (``VC_<ROLE>_0_HOSTS``), ``/dev/shm``, retries.
+"""
+
+import copy
+import json
+import re
+from typing import Any, Dict, List
+
+import jsonschema
+import kubernetes_validate
+import pytest
+from helpers import REPO, TEMPLATES
+from torchx.runner import get_runner
+from torchx.schedulers.kubernetes_scheduler import sanitize_for_serialization
+
+from posttrain.components import algorithms
+from posttrain.components.spec import SPEC_CLASSES
+
+KUBERNETES_VERSION = "1.30"
+VOLCANO_SCHEMA = json.loads((REPO / "schedulers_config" / "volcano-job.schema.json").read_text())
+_QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
+
+
+def request(algorithm: str, **kwargs: Any) -> Dict[str, Any]:
+    component = getattr(algorithms, algorithm)
+    app = component(spec=str(TEMPLATES / algorithm / "tiny.yaml"), image="registry.example/posttrain:1", **kwargs)
+    with get_runner() as runner:
+        info = runner.dryrun(app, "kubernetes", cfg={"queue": "default"})
+    return sanitize_for_serialization(info.request.resource)
+
+
+def pods(job: Dict[str, Any]) -> List[Dict[str, Any]]:
+    return [
+        {"apiVersion": "v1", "kind": "Pod", "metadata": task["template"]["metadata"], "spec": task["template"]["spec"]}
+        for task in job["spec"]["tasks"]
+    ]
+
+
+def resource_problems(pod: Dict[str, Any]) -> List[str]:
+    """What the schemas cannot see: quantities must be well-formed, and limits positive."""
+    found = []
+    for container in pod["spec"]["containers"]:
+        for kind in ("limits", "requests"):
+            for name, value in container.get("resources", {}).get(kind, {}).items():
+                match = _QUANTITY.match(str(value))
+                if match is None:
+                    found.append(f"{container['name']}.{kind}.{name}: not a quantity: {value!r}")
+                elif kind == "limits" and float(match.group(1)) <= 0:
+                    found.append(f"{container['name']}.{kind}.{name}: must be positive: {value!r}")
+    return found
+
+
+def check(job: Dict[str, Any]) -> None:
+    jsonschema.validate(job, VOLCANO_SCHEMA)
+    for pod in pods(job):
+        kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
+        assert resource_problems(pod) == []
+
+
+@pytest.mark.parametrize("algorithm", sorted(SPEC_CLASSES))
+def test_every_component_makes_a_valid_volcano_job(algorithm: str) -> None:
+    job = request(algorithm, j="2x2", gpu=2, cpu=8, memMB=32_000, max_retries=2, rdzv_port=29511)
+    check(job)
+    tasks = job["spec"]["tasks"]
+    assert [t["name"] for t in tasks] == [f"{algorithm}-0", f"{algorithm}-1"]
+    assert job["spec"]["queue"] == "default" and job["spec"]["maxRetry"] == 2
+    for replica, task in enumerate(tasks):
+        assert task["maxRetry"] == 2
+        container = task["template"]["spec"]["containers"][0]
+        assert container["image"] == "registry.example/posttrain:1"
+        assert container["resources"]["limits"] == {"cpu": "8000m", "memory": "32000M", "nvidia.com/gpu": "2"}
+        assert container["ports"] == [{"containerPort": 29511, "name": "c10d"}]
+        assert {"mountPath": "/dev/shm", "name": "dshm"} in container["volumeMounts"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["PYTHONUNBUFFERED"] == "1"
+        command = container["command"][2]
+        assert container["command"][:2] == ["bash", "-c"]
+        assert f"-m posttrain.entrypoints.{algorithm} --spec-json" in command
+        assert "--nnodes 2 --nproc_per_node 2" in command
+        # replica 0 hosts the rendezvous on localhost; the others reach it through Volcano's host list
+        host_variable = "TORCHX_RANK0_HOST" if replica == 0 else f"VC_{algorithm.upper()}_0_HOSTS"
+        assert f"--rdzv_endpoint ${{{host_variable}:=localhost}}:29511" in command
+        if replica == 0:
+            assert env["TORCHX_RANK0_HOST"] == "localhost"
+
+
+def test_a_broken_request_is_caught() -> None:
+    job = request("sft", j="1x2")
+    check(job)
+
+    negative_memory = copy.deepcopy(job)
+    negative_memory["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["resources"]["limits"]["memory"] = "-1Gi"
+    assert resource_problems(pods(negative_memory)[0])
+
+    misspelled = copy.deepcopy(job)
+    misspelled["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        check(misspelled)
+
+    no_queue = copy.deepcopy(job)
+    del no_queue["spec"]["queue"]
+    with pytest.raises(jsonschema.ValidationError):
+        check(no_queue)
+
+    bad_name = copy.deepcopy(job)
+    bad_name["spec"]["tasks"][0]["name"] = "SFT_0"
+    with pytest.raises(jsonschema.ValidationError):
+        check(bad_name)
+
+
+def test_named_resources_reach_the_pods() -> None:
+    job = request("grpo", h="gpu.h100.8", j="2")
+    check(job)
+    container = job["spec"]["tasks"][1]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
+    assert "--nnodes 2 --nproc_per_node 8" in container["command"][2]

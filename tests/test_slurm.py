@@ -1,0 +1,73 @@
+"""posttrain on a real Slurm (the one-host cluster ``.ci/run`` brings up with schedulers_config/slurm_up.sh).
+
+Two slurmd emulate two nodes, so ``-j 2x1`` is a heterogeneous job with one
+replica per node, rendezvousing through ``SLURM_JOB_NODELIST_HET_GROUP_0``.
+"""
+
+import os
+import subprocess
+from pathlib import Path
+from typing import List
+
+import pytest
+from helpers import assert_succeeded, ends, free_port, read_json, torchx
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def slurm_cluster() -> None:
+    """CI starts Slurm and must run these; elsewhere they skip with how to start it."""
+    ready = bool(os.environ.get("SLURM_CONF")) and subprocess.run(["sinfo"], capture_output=True).returncode == 0
+    if not ready:
+        message = "no Slurm: NODES=2 ACCOUNTING=1 bash schedulers_config/slurm_up.sh; export SLURM_CONF=/tmp/slurm/slurm.conf"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+def run_on_slurm(template: str, tmp_path: Path, output_dir: Path, args: List[str] = (), **env: str):
+    algorithm = template.split("/")[0]
+    result = torchx(
+        [
+            "run", "-s", "slurm", "--wait", "--log", "--workspace", "", f"posttrain.{algorithm}",
+            "--spec", f"templates/{template}", "-j", "2x1", "--rdzv_port", str(free_port()), *args,
+            f"training.output_dir={output_dir}",
+        ],
+        tmp_path, timeout=900, **env,
+    )  # fmt: skip
+    assert_succeeded(result)
+    handle = next(line for line in result.stdout.splitlines() if line.startswith("slurm://"))
+    return result, handle
+
+
+def test_sft_2x1_on_slurm_learns_and_torchx_status_and_log_work(tmp_path: Path) -> None:
+    output_dir = tmp_path / "sft"
+    _, handle = run_on_slurm("sft/tiny.yaml", tmp_path, output_dir)
+    first, last = ends(output_dir, "loss")
+    assert last <= 0.7 * first
+    summary = read_json(output_dir / "run_summary.json")
+    assert (summary["world_size"], summary["nnodes"]) == (2, 2)
+
+    status = torchx(["status", handle], tmp_path)
+    assert status.returncode == 0 and "SUCCEEDED" in status.stdout + status.stderr
+    logs = torchx(["log", handle], tmp_path)
+    assert logs.returncode == 0 and "posttrain[0] INFO done" in logs.stdout + logs.stderr
+
+
+def test_grpo_2x1_on_slurm_raises_the_reward(tmp_path: Path) -> None:
+    output_dir = tmp_path / "grpo"
+    run_on_slurm("grpo/tiny.yaml", tmp_path, output_dir)
+    first, last = ends(output_dir, "reward")
+    assert last - first >= 0.2
+
+
+def test_a_failed_job_is_requeued_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    output_dir = tmp_path / "requeued"
+    result, _ = run_on_slurm(
+        "sft/tiny.yaml", tmp_path, output_dir, ["--max_retries", "1"], POSTTRAIN_FAULT="exit:0:25"
+    )
+    logs = result.stdout + result.stderr
+    assert "posttrain fault injection: exit on rank 0 at step 25" in logs
+    summary = read_json(output_dir / "run_summary.json")
+    assert summary["resumed_from"] == str(output_dir / "checkpoint-20") and summary["global_steps"] == 40
