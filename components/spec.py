@@ -96,10 +96,37 @@ class DataSpec(_Strict):
     columns: Dict[str, str] = {}
 
 
+class DeepSpeedSpec(_Strict):
+    """DeepSpeed ZeRO: a stage with optional CPU offload, or the path of your own DeepSpeed JSON."""
+
+    zero_stage: Optional[Literal[1, 2, 3]] = None
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    config: Optional[str] = None
+
+
 class DistributedSpec(_Strict):
-    """How the job is distributed; ``timeout_s`` bounds every collective."""
+    """How the job is distributed; ``timeout_s`` bounds every collective (every backend)."""
 
     timeout_s: int = 300
+    deepspeed: Optional[DeepSpeedSpec] = None
+
+    def problems(self) -> List[str]:
+        found = []
+        if self.timeout_s <= 0:
+            found.append(f"distributed.timeout_s: must be positive; got {self.timeout_s}")
+        ds = self.deepspeed
+        if ds is not None:
+            if (ds.config is None) == (ds.zero_stage is None):
+                found.append(
+                    "distributed.deepspeed: give zero_stage (1, 2 or 3, with optional offload) or config "
+                    "(the path of a DeepSpeed JSON), not both or neither"
+                )
+            if ds.config is not None and (ds.offload_optimizer or ds.offload_params):
+                found.append("distributed.deepspeed: offload is set in your config file, not beside config")
+            if ds.offload_params and ds.zero_stage != 3:
+                found.append("distributed.deepspeed.offload_params: parameter offload needs zero_stage 3")
+        return found
 
 
 class Spec(_Strict):
@@ -142,8 +169,7 @@ class Spec(_Strict):
                 )
         if self.resume not in ("auto", "never") and not self.resume.strip():
             found.append("resume: expected auto, never or a checkpoint path; got an empty string")
-        if self.distributed.timeout_s <= 0:
-            found.append(f"distributed.timeout_s: must be positive; got {self.distributed.timeout_s}")
+        found += self.distributed.problems()
         if "output_dir" not in training:
             found.append("training.output_dir: required; the directory the job writes the model and checkpoints to")
         max_steps = training.get("max_steps")
@@ -326,6 +352,8 @@ class PPOSpec(_OnlineSpec):
         training = self.training
         if self.model.lora is not None:
             found.append("model.lora: posttrain's PPO trains full weights; remove model.lora")
+        if self.distributed.deepspeed is not None:
+            found.append("distributed.deepspeed: posttrain's PPO runs on DDP; remove distributed.deepspeed")
         if self.data.eval is not None:
             found.append("data.eval: PPO does not evaluate; its logs score every rollout; remove data.eval")
         if training.get("gradient_accumulation_steps", 1) != 1:

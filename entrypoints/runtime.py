@@ -139,7 +139,7 @@ def run(algorithm: str, build_trainer: Callable[[Job], Any], argv: Optional[Sequ
 def _train(algorithm: str, spec: Spec, build_trainer: Callable[[Job], Any]) -> None:
     output_dir = Path(spec.training["output_dir"])
     fault = FaultInjection.from_env(output_dir)
-    init_distributed(spec.distributed.timeout_s)
+    init_distributed(spec.distributed.timeout_s, deepspeed=spec.distributed.deepspeed is not None)
     world_size = dist.get_world_size() if dist.is_initialized() else 1
 
     train_dataset = load_data(spec.data.train, spec.data.columns, "data.train", DATA_FORMATS[algorithm])
@@ -179,13 +179,20 @@ def _train(algorithm: str, spec: Spec, build_trainer: Callable[[Job], Any]) -> N
     if trainer.is_world_process_zero():
         _write_json_atomic(output_dir / SUMMARY_FILE, summary)
         log.info("done: %s", json.dumps({k: summary[k] for k in ("global_steps", "metrics_first", "metrics_last")}))
+    if summary["engine"]["strategy"] == "deepspeed":
+        # ZeRO-3 jobs sometimes abort at exit unless the engine goes before the process group
+        trainer.model_wrapped.destroy()
 
 
 # ---------------------------------------------------------------- distributed
 
 
-def init_distributed(timeout_s: int) -> None:
-    """Creates the process group with the spec's timeout (launched by torchrun)."""
+def init_distributed(timeout_s: int, deepspeed: bool = False) -> None:
+    """Creates the process group with the spec's timeout (launched by torchrun).
+
+    With DeepSpeed its communication layer adopts the same group, before the
+    training arguments exist (ZeRO-3 partitions the model as it loads).
+    """
     if "WORLD_SIZE" not in os.environ or dist.is_initialized():
         return
     backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -203,6 +210,17 @@ def init_distributed(timeout_s: int) -> None:
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     prefixed = dist.PrefixStore(f"posttrain/attempt_{attempt}", store)
     dist.init_process_group(backend=backend, store=prefixed, rank=rank, world_size=world_size, timeout=timeout)
+    if deepspeed:
+        _import_deepspeed().init_distributed(dist_backend=backend, timeout=timeout)
+
+
+def _import_deepspeed() -> Any:
+    """DeepSpeed, or a clear error: a run that asked for it never falls back to DDP."""
+    try:
+        import deepspeed
+    except ImportError as error:
+        raise SpecError([f"distributed.deepspeed: DeepSpeed cannot be imported in the job: {error}"]) from None
+    return deepspeed
 
 
 def check_shared_output(output_dir: Path) -> None:
@@ -345,9 +363,40 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
     kwargs.setdefault("include_num_input_tokens_seen", "non_padding")
     if spec.algorithm in ("grpo", "rloo"):
         kwargs["reward_weights"] = [reward.weight for reward in spec.rewards]
+    if spec.distributed.deepspeed is not None:
+        kwargs["deepspeed"] = deepspeed_config(spec.distributed.deepspeed)
     if kwargs.get("use_vllm") and importlib.util.find_spec("vllm") is None:
         raise SpecError(["training.use_vllm: vLLM is not installed in the job's environment (pip install vllm)"])
     return kwargs
+
+
+def deepspeed_config(ds: Any) -> Any:
+    """The DeepSpeed config the HF integration takes: the user's file, or one for the ZeRO stage.
+
+    ``"auto"`` values are filled in by transformers from the training
+    arguments (batch sizes, accumulation, clipping, precision).
+    """
+    if ds.config is not None:
+        if not Path(ds.config).is_file():
+            raise SpecError([f"distributed.deepspeed.config: no such file: {ds.config}"])
+        return ds.config
+    zero: Dict[str, Any] = {"stage": ds.zero_stage}
+    pin = torch.cuda.is_available()
+    if ds.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin}
+    if ds.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
+    if ds.zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True  # save a plain from_pretrained model
+    return {
+        "train_micro_batch_size_per_gpu": "auto",
+        "train_batch_size": "auto",
+        "gradient_accumulation_steps": "auto",
+        "gradient_clipping": "auto",
+        "bf16": {"enabled": "auto"},
+        "fp16": {"enabled": "auto"},
+        "zero_optimization": zero,
+    }
 
 
 def check_generation_data(args: Any, rows: int) -> None:

@@ -148,3 +148,17 @@ def test_templates_point_at_shipped_data() -> None:
     for template in TEMPLATES.glob("*/tiny*.yaml"):
         path = load_template(str(template.relative_to(TEMPLATES)))["data"]["train"]["path"]
         assert (TEMPLATES.parent / path).is_file(), template
+
+
+def test_deepspeed_config_leaves_batch_and_precision_to_the_trainer(tmp_path: Path) -> None:
+    spec = spec_with(tmp_path, distributed={"deepspeed": {"zero_stage": 3, "offload_optimizer": True, "offload_params": True}})
+    config = runtime.deepspeed_config(spec.distributed.deepspeed)
+    assert config["train_micro_batch_size_per_gpu"] == "auto" and config["bf16"] == {"enabled": "auto"}
+    zero = config["zero_optimization"]
+    assert zero["stage"] == 3 and zero["offload_optimizer"]["device"] == "cpu" and zero["offload_param"]["device"] == "cpu"
+    assert zero["stage3_gather_16bit_weights_on_model_save"] is True
+    kwargs = runtime.training_arguments(spec, dict(spec.training))
+    assert kwargs["deepspeed"] == config
+    own = spec_with(tmp_path, distributed={"deepspeed": {"config": str(tmp_path / "missing.json")}})
+    with pytest.raises(SpecError, match="distributed.deepspeed.config: no such file"):
+        runtime.deepspeed_config(own.distributed.deepspeed)

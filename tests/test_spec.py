@@ -313,3 +313,26 @@ def test_ppo_settings(change: Dict[str, Any], expected: str) -> None:
     raw = load_template("ppo/tiny.yaml")
     raw["model"]["lora"] = {"r": 8}
     assert "model.lora: posttrain's PPO trains full weights" in problems_of(raw)
+
+
+@pytest.mark.parametrize(
+    "deepspeed, expected",
+    [
+        ({}, "distributed.deepspeed: give zero_stage (1, 2 or 3, with optional offload) or config"),
+        ({"zero_stage": 3, "config": "ds.json"}, "distributed.deepspeed: give zero_stage"),
+        ({"zero_stage": 4}, "distributed.deepspeed.zero_stage: input should be 1, 2 or 3"),
+        ({"zero_stage": 2, "offload_params": True}, "offload_params: parameter offload needs zero_stage 3"),
+        ({"config": "ds.json", "offload_optimizer": True}, "offload is set in your config file"),
+        ({"zero_stage": 2, "stage": 2}, "distributed.deepspeed.stage: unknown key; did you mean distributed.deepspeed.zero_stage?"),
+    ],
+)
+def test_deepspeed_settings(deepspeed: Dict[str, Any], expected: str) -> None:
+    raw = load_template("sft/tiny.yaml")
+    raw["distributed"] = {"deepspeed": deepspeed}
+    assert expected in problems_of(raw)
+
+
+def test_ppo_runs_on_ddp_only() -> None:
+    raw = load_template("ppo/tiny.yaml")
+    raw["distributed"] = {"deepspeed": {"zero_stage": 2}}
+    assert "distributed.deepspeed: posttrain's PPO runs on DDP" in problems_of(raw)
