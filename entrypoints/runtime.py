@@ -60,6 +60,8 @@ DATA_FORMATS: Dict[str, Tuple[Tuple[str, ...], ...]] = {
 
 # Algorithms that generate completions: prompts are padded on the left.
 ONLINE = ("grpo", "rloo", "ppo")
+# Those among them that compare num_generations completions of each prompt.
+GROUP = ("grpo", "rloo")
 
 # PEFT task of each algorithm's model, where not a causal LM.
 LORA_TASKS = {"reward": "SEQ_CLS"}
@@ -147,7 +149,10 @@ def _train(algorithm: str, spec: Spec, build_trainer: Callable[[Job], Any]) -> N
     if spec.data.eval is not None:
         eval_dataset = load_data(spec.data.eval, spec.data.columns, "data.eval", DATA_FORMATS[algorithm])
     config_class = _config_class(spec.config_class)
-    training = fit_batch(spec.training, config_class, len(train_dataset), world_size)
+    # an online batch is tied to num_generations or mini-batches: checked, never shrunk
+    training = dict(spec.training) if algorithm in ONLINE else fit_batch(
+        spec.training, config_class, len(train_dataset), world_size
+    )
     resume_from = resolve_resume(spec, output_dir)
     if resume_from is not None and already_finished(output_dir, Path(resume_from), training.get("max_steps", -1)):
         log.info("%s already holds this run, finished at %s: nothing to train", output_dir, resume_from)
@@ -160,8 +165,7 @@ def _train(algorithm: str, spec: Spec, build_trainer: Callable[[Job], Any]) -> N
 
     rewards = resolve_rewards(spec)
     args = config_class(**training_arguments(spec, training))
-    if algorithm in ("grpo", "rloo"):
-        check_generation_data(args, len(train_dataset))
+    check_online_data(algorithm, args, len(train_dataset), world_size)
     tokenizer = load_tokenizer(spec, padding_side="left" if algorithm in ONLINE else "right")
     tokens, preemption = TokenCounter(), Preemption()
     callbacks = [tokens, preemption] + ([fault] if fault is not None else [])
@@ -361,7 +365,7 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
     if on_cpu and "bf16" not in kwargs and not kwargs.get("fp16"):
         kwargs["bf16"] = False  # TRL defaults to bf16 mixed precision, meant for GPUs
     kwargs.setdefault("include_num_input_tokens_seen", "non_padding")
-    if spec.algorithm in ("grpo", "rloo"):
+    if spec.algorithm in GROUP:
         kwargs["reward_weights"] = [reward.weight for reward in spec.rewards]
     if spec.distributed.deepspeed is not None:
         kwargs["deepspeed"] = deepspeed_config(spec.distributed.deepspeed)
@@ -399,15 +403,21 @@ def deepspeed_config(ds: Any) -> Any:
     }
 
 
-def check_generation_data(args: Any, rows: int) -> None:
-    """One generation batch needs ``generation_batch_size / num_generations`` distinct prompts."""
-    needed = args.generation_batch_size // args.num_generations
+def check_online_data(algorithm: str, args: Any, rows: int, world_size: int) -> None:
+    """Enough prompts for one batch: GRPO/RLOO's generation batch, PPO's rollout of every rank."""
+    if algorithm in GROUP:
+        needed = args.generation_batch_size // args.num_generations
+        how = f"{args.generation_batch_size} completions / {args.num_generations} per prompt"
+    elif algorithm == "ppo":
+        needed = args.per_device_train_batch_size * world_size
+        how = f"{args.per_device_train_batch_size} per process x {world_size} processes"
+    else:
+        return
     if rows < needed:
         raise SpecError(
             [
-                f"data.train: {rows} prompts, fewer than one generation batch takes ({args.generation_batch_size} "
-                f"completions / {args.num_generations} per prompt = {needed}); use more prompts, or lower "
-                "per_device_train_batch_size or the number of processes"
+                f"data.train: {rows} prompts, fewer than one batch takes ({how} = {needed}); use more prompts, "
+                "or lower per_device_train_batch_size or the number of processes"
             ]
         )
 

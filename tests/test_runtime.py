@@ -162,3 +162,16 @@ def test_deepspeed_config_leaves_batch_and_precision_to_the_trainer(tmp_path: Pa
     own = spec_with(tmp_path, distributed={"deepspeed": {"config": str(tmp_path / "missing.json")}})
     with pytest.raises(SpecError, match="distributed.deepspeed.config: no such file"):
         runtime.deepspeed_config(own.distributed.deepspeed)
+
+
+def test_online_batches_are_checked_not_shrunk() -> None:
+    from types import SimpleNamespace
+
+    grpo = SimpleNamespace(generation_batch_size=16, num_generations=8, per_device_train_batch_size=8)
+    runtime.check_online_data("grpo", grpo, 2, 2)
+    with pytest.raises(SpecError, match=r"data.train: 1 prompts, fewer than one batch takes \(16 completions / 8 per prompt = 2\)"):
+        runtime.check_online_data("grpo", grpo, 1, 2)
+    ppo = SimpleNamespace(per_device_train_batch_size=16)
+    with pytest.raises(SpecError, match=r"\(16 per process x 2 processes = 32\)"):
+        runtime.check_online_data("ppo", ppo, 20, 2)
+    runtime.check_online_data("sft", ppo, 1, 2)
