@@ -288,6 +288,11 @@ def config_default(class_name: str, field: str) -> Any:
     return _table()[class_name][field].get("default")
 
 
+def config_value(class_name: str, values: Mapping[str, Any], field: str) -> Any:
+    """A field's value in ``values`` (a spec's ``training``), else the config class's default."""
+    return values[field] if field in values else config_default(class_name, field)
+
+
 def render_table(table: Mapping[str, Any]) -> str:
     """The canonical text of config_fields.json."""
     return json.dumps(table, indent=1, sort_keys=True) + "\n"

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Dict, Iterator, List, Literal, Mapping, Option
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from posttrain.components.fields import FieldType, config_default, config_fields, field_type
+from posttrain.components.fields import FieldType, config_fields, config_value, field_type
 
 
 class SpecError(ValueError):
@@ -290,7 +290,7 @@ def generation_batch_problems(training: Mapping[str, Any], config_class: str, wo
     """
 
     def value(key: str) -> Any:
-        return training[key] if key in training else config_default(config_class, key)
+        return config_value(config_class, training, key)
 
     per_device, accumulation = value("per_device_train_batch_size"), value("gradient_accumulation_steps")
     generations = value("num_generations")
@@ -358,8 +358,8 @@ class PPOSpec(_OnlineSpec):
             found.append("data.eval: PPO does not evaluate; its logs score every rollout; remove data.eval")
         if training.get("gradient_accumulation_steps", 1) != 1:
             found.append("training.gradient_accumulation_steps: PPO updates per mini-batch; use training.num_mini_batches")
-        per_device = training.get("per_device_train_batch_size", config_default("PPOConfig", "per_device_train_batch_size"))
-        mini_batches = training.get("num_mini_batches", config_default("PPOConfig", "num_mini_batches"))
+        per_device = config_value(self.config_class, training, "per_device_train_batch_size")
+        mini_batches = config_value(self.config_class, training, "num_mini_batches")
         if mini_batches < 1 or per_device % mini_batches:
             found.append(
                 f"training.num_mini_batches: {mini_batches} must divide per_device_train_batch_size ({per_device})"

@@ -35,7 +35,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Type
 import torch
 import torch.distributed as dist
 
-from posttrain.components.fields import CONFIG_CLASSES
+from posttrain.components.fields import CONFIG_CLASSES, config_value
 from posttrain.components.spec import NOT_TRAINING_RELEVANT, DataSource, Spec, SpecError, spec_diff, spec_from_json
 from posttrain.entrypoints.callbacks import FaultInjection, Preemption, TokenCounter, collective_device
 
@@ -148,10 +148,9 @@ def _train(algorithm: str, spec: Spec, build_trainer: Callable[[Job], Any]) -> N
     eval_dataset = None
     if spec.data.eval is not None:
         eval_dataset = load_data(spec.data.eval, spec.data.columns, "data.eval", DATA_FORMATS[algorithm])
-    config_class = _config_class(spec.config_class)
     # an online batch is tied to num_generations or mini-batches: checked, never shrunk
     training = dict(spec.training) if algorithm in ONLINE else fit_batch(
-        spec.training, config_class, len(train_dataset), world_size
+        spec.training, spec.config_class, len(train_dataset), world_size
     )
     resume_from = resolve_resume(spec, output_dir)
     if resume_from is not None and already_finished(output_dir, Path(resume_from), training.get("max_steps", -1)):
@@ -164,7 +163,7 @@ def _train(algorithm: str, spec: Spec, build_trainer: Callable[[Job], Any]) -> N
     check_shared_output(output_dir)
 
     rewards = resolve_rewards(spec)
-    args = config_class(**training_arguments(spec, training))
+    args = _config_class(spec.config_class)(**training_arguments(spec, training))
     check_online_data(algorithm, args, len(train_dataset), world_size)
     tokenizer = load_tokenizer(spec, padding_side="left" if algorithm in ONLINE else "right")
     tokens, preemption = TokenCounter(), Preemption()
@@ -327,15 +326,14 @@ def load_data(
     return dataset
 
 
-def fit_batch(training: Dict[str, Any], config_class: type, rows: int, world_size: int) -> Dict[str, Any]:
+def fit_batch(training: Dict[str, Any], config_class: str, rows: int, world_size: int) -> Dict[str, Any]:
     """Shrinks the per-device batch (then accumulation) so one global batch fits the data.
 
     ``world × per_device × accumulation`` rows larger than the data set make
     an empty data loader, which hangs distributed training.
     """
-    defaults = {f.name: f.default for f in dataclasses.fields(config_class)}
-    per_device = training.get("per_device_train_batch_size", defaults["per_device_train_batch_size"])
-    accumulation = training.get("gradient_accumulation_steps", defaults["gradient_accumulation_steps"])
+    per_device = config_value(config_class, training, "per_device_train_batch_size")
+    accumulation = config_value(config_class, training, "gradient_accumulation_steps")
     if world_size * per_device * accumulation <= rows:
         return dict(training)
     if world_size > rows:

@@ -77,13 +77,13 @@ def test_missing_data_file_is_named(tmp_path: Path) -> None:
 
 def test_fit_batch_shrinks_to_the_data_or_fails() -> None:
     training = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 4}
-    assert fit_batch(training, SFTConfig, 1000, 2) == training
-    fitted = fit_batch(training, SFTConfig, 20, 2)
+    assert fit_batch(training, "SFTConfig", 1000, 2) == training
+    fitted = fit_batch(training, "SFTConfig", 20, 2)
     per, accum = fitted["per_device_train_batch_size"], fitted["gradient_accumulation_steps"]
     assert 2 * per * accum <= 20 and per >= 1
-    assert fit_batch({}, SFTConfig, 10, 2)["per_device_train_batch_size"] == 5  # SFTConfig's default is 8
+    assert fit_batch({}, "SFTConfig", 10, 2)["per_device_train_batch_size"] == 5  # SFTConfig's default is 8
     with pytest.raises(SpecError, match="3 rows cannot give each of the 4 processes one example"):
-        fit_batch(training, SFTConfig, 3, 4)
+        fit_batch(training, "SFTConfig", 3, 4)
 
 
 def write_checkpoint(output_dir: Path, step: int, complete: bool = True) -> Path:
