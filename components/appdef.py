@@ -172,8 +172,16 @@ def build_appdef(
             file=sys.stderr,
         )
     validated = load_spec(spec, overrides, algorithm=algorithm, world_size=topology.world_size)
-    if h is not None and resource.gpu == 0 and validated.training.get("fp16"):
-        raise SpecError([f"training.fp16: -h {h} has no GPU, and fp16 mixed precision needs one; use bf16 or none"])
+    if h is not None and resource.gpu == 0:
+        if validated.training.get("fp16"):
+            problems.append(f"training.fp16: -h {h} has no GPU, and fp16 mixed precision needs one; use bf16 or none")
+        if validated.distributed.fsdp is not None:
+            problems.append(
+                f"distributed.fsdp: -h {h} has no GPU, and accelerate runs FSDP on GPUs only; "
+                "shard on CPU with distributed.deepspeed"
+            )
+    if problems:
+        raise SpecError(problems)
 
     if topology.max_nnodes == 1:
         # one agent: port 0 lets torchrun pick a free port

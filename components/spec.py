@@ -105,16 +105,36 @@ class DeepSpeedSpec(_Strict):
     config: Optional[str] = None
 
 
+class FSDPSpec(_Strict):
+    """FSDP2 through accelerate: every decoder layer sharded on its own, then the rest of the model.
+
+    ``reshard_after_forward`` false keeps each layer's gathered parameters
+    from the forward to the backward pass (more memory, fewer all-gathers,
+    like ZeRO-2). ``wrap_layers`` names the layer classes to shard one by
+    one; the default is the model's own (``_no_split_modules``: its decoder
+    layers).
+    """
+
+    reshard_after_forward: bool = True
+    cpu_offload: bool = False
+    wrap_layers: Optional[List[str]] = None
+
+
 class DistributedSpec(_Strict):
     """How the job is distributed; ``timeout_s`` bounds every collective (every backend)."""
 
     timeout_s: int = 300
     deepspeed: Optional[DeepSpeedSpec] = None
+    fsdp: Optional[FSDPSpec] = None
 
     def problems(self) -> List[str]:
         found = []
         if self.timeout_s <= 0:
             found.append(f"distributed.timeout_s: must be positive; got {self.timeout_s}")
+        if self.deepspeed is not None and self.fsdp is not None:
+            found.append("distributed: deepspeed and fsdp both shard the model; choose one of them")
+        if self.fsdp is not None and self.fsdp.wrap_layers is not None and not self.fsdp.wrap_layers:
+            found.append("distributed.fsdp.wrap_layers: an empty list shards nothing; remove it to wrap the decoder layers")
         ds = self.deepspeed
         if ds is not None:
             if (ds.config is None) == (ds.zero_stage is None):
@@ -352,8 +372,9 @@ class PPOSpec(_OnlineSpec):
         training = self.training
         if self.model.lora is not None:
             found.append("model.lora: posttrain's PPO trains full weights; remove model.lora")
-        if self.distributed.deepspeed is not None:
-            found.append("distributed.deepspeed: posttrain's PPO runs on DDP; remove distributed.deepspeed")
+        for sharding in ("deepspeed", "fsdp"):
+            if getattr(self.distributed, sharding) is not None:
+                found.append(f"distributed.{sharding}: posttrain's PPO runs on DDP; remove distributed.{sharding}")
         if self.data.eval is not None:
             found.append("data.eval: PPO does not evaluate; its logs score every rollout; remove data.eval")
         if training.get("gradient_accumulation_steps", 1) != 1:

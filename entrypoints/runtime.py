@@ -36,7 +36,16 @@ import torch
 import torch.distributed as dist
 
 from posttrain.components.fields import CONFIG_CLASSES, config_value
-from posttrain.components.spec import NOT_TRAINING_RELEVANT, DataSource, Spec, SpecError, spec_diff, spec_from_json
+from posttrain.components.spec import (
+    NOT_TRAINING_RELEVANT,
+    DataSource,
+    DistributedSpec,
+    FSDPSpec,
+    Spec,
+    SpecError,
+    spec_diff,
+    spec_from_json,
+)
 from posttrain.entrypoints.callbacks import FaultInjection, Preemption, TokenCounter, collective_device
 
 log = logging.getLogger("posttrain")
@@ -141,7 +150,14 @@ def run(algorithm: str, build_trainer: Callable[[Job], Any], argv: Optional[Sequ
 def _train(algorithm: str, spec: Spec, build_trainer: Callable[[Job], Any]) -> None:
     output_dir = Path(spec.training["output_dir"])
     fault = FaultInjection.from_env(output_dir)
-    init_distributed(spec.distributed.timeout_s, deepspeed=spec.distributed.deepspeed is not None)
+    if spec.distributed.fsdp is not None and not torch.cuda.is_available():
+        raise SpecError(
+            [
+                "distributed.fsdp: this job sees no GPU, and accelerate runs FSDP on GPUs only (on CPU it trains "
+                "plain DDP instead); run on GPUs, or shard on CPU with distributed.deepspeed"
+            ]
+        )
+    init_distributed(spec.distributed)
     world_size = dist.get_world_size() if dist.is_initialized() else 1
 
     train_dataset = load_data(spec.data.train, spec.data.columns, "data.train", DATA_FORMATS[algorithm])
@@ -170,12 +186,16 @@ def _train(algorithm: str, spec: Spec, build_trainer: Callable[[Job], Any]) -> N
     callbacks = [tokens, preemption] + ([fault] if fault is not None else [])
     job = Job(spec, args, tokenizer, train_dataset, eval_dataset, callbacks=callbacks, rewards=rewards)
     trainer = build_trainer(job)
+    strategy = check_engine(spec, trainer)
 
     log.info("training %s on %d process(es); resume from %s", algorithm, world_size, resume_from or "scratch")
     result = trainer.train(resume_from_checkpoint=resume_from)
     if preemption.stopped:
         log.warning("SIGTERM: saved checkpoint-%d; a restart resumes from it", trainer.state.global_step)
         raise SystemExit(128 + signal.SIGTERM)
+    if strategy == "fsdp":
+        # checkpoints stay sharded (each rank writes its part); the final model is one from_pretrained directory
+        trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
     trainer.save_model(str(output_dir))
     trainer.save_state()
     summary = run_summary(algorithm, spec, trainer, result.metrics, resume_from, tokens)
@@ -185,7 +205,7 @@ def _train(algorithm: str, spec: Spec, build_trainer: Callable[[Job], Any]) -> N
     # every rank finishes before any tears down: a rank leaving while others still write aborted
     # ZeRO-3 runs at exit ("terminate called without an active exception", 1 run in 20 here)
     _barrier()
-    if summary["engine"]["strategy"] == "deepspeed":
+    if strategy == "deepspeed":
         trainer.model_wrapped.destroy()  # the engine goes before the process group
         _barrier()
 
@@ -193,19 +213,24 @@ def _train(algorithm: str, spec: Spec, build_trainer: Callable[[Job], Any]) -> N
 # ---------------------------------------------------------------- distributed
 
 
-def init_distributed(timeout_s: int, deepspeed: bool = False) -> None:
-    """Creates the process group with the spec's timeout (launched by torchrun).
+def init_distributed(distributed: DistributedSpec) -> None:
+    """Creates the process group with ``distributed.timeout_s`` (launched by torchrun or DeepSpeed).
 
     With DeepSpeed its communication layer adopts the same group, before the
-    training arguments exist (ZeRO-3 partitions the model as it loads).
+    training arguments exist (ZeRO-3 partitions the model as it loads). FSDP
+    on GPUs also gets gloo for CPU tensors (offload, the gathered final
+    save), as accelerate gives it when it creates the group itself.
     """
     if "WORLD_SIZE" not in os.environ or dist.is_initialized():
         return
+    # the DeepSpeed launcher says LOCAL_SIZE where torchrun says LOCAL_WORLD_SIZE (accelerate reads the latter)
+    if "LOCAL_SIZE" in os.environ:
+        os.environ.setdefault("LOCAL_WORLD_SIZE", os.environ["LOCAL_SIZE"])
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    timeout = timedelta(seconds=timeout_s)
+    timeout = timedelta(seconds=distributed.timeout_s)
     # torchrun's agent store outlives a worker restart: without a prefix per attempt, restarted
     # workers read the dead workers' addresses and fail to connect (seen with gloo, torch 2.13).
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
@@ -215,8 +240,9 @@ def init_distributed(timeout_s: int, deepspeed: bool = False) -> None:
     )  # fmt: skip
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     prefixed = dist.PrefixStore(f"posttrain/attempt_{attempt}", store)
-    dist.init_process_group(backend=backend, store=prefixed, rank=rank, world_size=world_size, timeout=timeout)
-    if deepspeed:
+    group_backend = "cuda:nccl,cpu:gloo" if backend == "nccl" and distributed.fsdp is not None else backend
+    dist.init_process_group(backend=group_backend, store=prefixed, rank=rank, world_size=world_size, timeout=timeout)
+    if distributed.deepspeed is not None:
         _import_deepspeed().init_distributed(dist_backend=backend, timeout=timeout)
 
 
@@ -370,6 +396,8 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
         kwargs["reward_weights"] = [reward.weight for reward in spec.rewards]
     if spec.distributed.deepspeed is not None:
         kwargs["deepspeed"] = deepspeed_config(spec.distributed.deepspeed)
+    if spec.distributed.fsdp is not None:
+        kwargs.update(fsdp_arguments(spec.distributed.fsdp, spec.config_class, kwargs))
     if kwargs.get("use_vllm") and importlib.util.find_spec("vllm") is None:
         raise SpecError(["training.use_vllm: vLLM is not installed in the job's environment (pip install vllm)"])
     return kwargs
@@ -401,6 +429,35 @@ def deepspeed_config(ds: Any) -> Any:
         "bf16": {"enabled": "auto"},
         "fp16": {"enabled": "auto"},
         "zero_optimization": zero,
+    }
+
+
+def fsdp_arguments(fsdp: FSDPSpec, config_class: str, training: Dict[str, Any]) -> Dict[str, Any]:
+    """The training arguments that turn on FSDP2 through the HF integration.
+
+    Checkpoints are sharded: each rank writes its own part, and a resume
+    needs the same number of processes. Activation checkpointing (the
+    trainer's, on by default in TRL) moves to FSDP's wrapper of the layers:
+    transformers' advice, it saves an all-gather per layer in the backward.
+    """
+    checkpointing = training.get("activation_checkpointing")
+    if checkpointing is None:
+        checkpointing = config_value(config_class, training, "gradient_checkpointing")
+    fsdp_config: Dict[str, Any] = {
+        "version": 2,
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "reshard_after_forward": fsdp.reshard_after_forward,
+        "cpu_offload": fsdp.cpu_offload,
+        "state_dict_type": "SHARDED_STATE_DICT",
+        "activation_checkpointing": bool(checkpointing),
+    }
+    if fsdp.wrap_layers is not None:
+        fsdp_config["transformer_layer_cls_to_wrap"] = list(fsdp.wrap_layers)
+    return {
+        "fsdp": True,
+        "fsdp_config": fsdp_config,
+        "activation_checkpointing": False,
+        "gradient_checkpointing": False,
     }
 
 
@@ -632,6 +689,20 @@ def run_summary(
         "resumed_from": resumed_from,
         "spec": spec.model_dump(mode="json"),
     }
+
+
+def check_engine(spec: Spec, trainer: Any) -> str:
+    """The strategy the live trainer set up, if it is the one the spec asked for; else an error before training.
+
+    accelerate can quietly set up something else (FSDP on CPU becomes DDP):
+    a run never trains, or reports itself, as what it is not.
+    """
+    distributed = spec.distributed
+    asked = "deepspeed" if distributed.deepspeed is not None else "fsdp" if distributed.fsdp is not None else None
+    ran = engine(trainer)["strategy"]
+    if asked is not None and ran != asked:
+        raise SpecError([f"distributed.{asked}: asked for {asked}, but the trainer set up {ran}; not training"])
+    return ran
 
 
 def engine(trainer: Any) -> Dict[str, Any]:

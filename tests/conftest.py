@@ -31,3 +31,4 @@ def reward_model(session_tmp: Path) -> Path:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "e2e: runs real training jobs through torchx (a minute or more each)")
     config.addinivalue_line("markers", "slurm: needs the Slurm cluster that .ci/run starts")
+    config.addinivalue_line("markers", "gpu: needs GPUs; deselected by default, run with pytest -m gpu")

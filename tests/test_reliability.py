@@ -77,6 +77,8 @@ BAD_INPUTS = [
     ("sft", ["model.dtype=float16", "training.bf16=true"], "model.dtype: float16 contradicts training.bf16: true"),
     ("sft", ["data.train.name=org/set"], "data.train: give exactly one of path"),
     ("sft", ["-h", "cpu.small", "training.fp16=true"], "training.fp16: -h cpu.small has no GPU"),
+    ("sft", ["-h", "cpu.small", "distributed.fsdp={}"], "distributed.fsdp: -h cpu.small has no GPU, and accelerate runs FSDP on GPUs only"),
+    ("sft", ["distributed.fsdp={}", "distributed.deepspeed={zero_stage: 2}"], "distributed: deepspeed and fsdp both shard the model"),
     # batch arithmetic and algorithm-specific settings
     ("grpo", ["training.num_generations=3"], "training.num_generations: the generation batch (16 = 8 per device x 2 processes x 1 steps) must divide by num_generations (3)"),
     ("grpo", ["rewards.0.builtin=nope"], "rewards.0.builtin: unknown built-in reward 'nope'"),

@@ -164,6 +164,41 @@ def test_deepspeed_config_leaves_batch_and_precision_to_the_trainer(tmp_path: Pa
         runtime.deepspeed_config(own.distributed.deepspeed)
 
 
+def test_fsdp_arguments_turn_on_fsdp2_through_the_hf_integration(tmp_path: Path) -> None:
+    from accelerate.utils import FullyShardedDataParallelPlugin
+
+    fsdp = {"cpu_offload": True, "reshard_after_forward": False, "wrap_layers": ["LlamaDecoderLayer"]}
+    spec = spec_with(tmp_path, distributed={"fsdp": fsdp})
+    training = {k: v for k, v in spec.training.items() if k != "activation_checkpointing"}
+    args = SFTConfig(**runtime.training_arguments(spec, training))
+    plugin_args = args.fsdp_plugin_args
+    assert plugin_args["fsdp_version"] == 2 and plugin_args["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
+    assert plugin_args["transformer_cls_names_to_wrap"] == "LlamaDecoderLayer"
+    assert plugin_args["cpu_offload"] is True and plugin_args["reshard_after_forward"] is False
+    assert plugin_args["state_dict_type"] == "SHARDED_STATE_DICT"
+    # TRL's default activation checkpointing moves to FSDP's layer wrapper, off the trainer
+    assert plugin_args["activation_checkpointing"] is True and args.activation_checkpointing is False
+    plugin = FullyShardedDataParallelPlugin(**plugin_args)
+    assert plugin.fsdp_version == 2 and plugin.cpu_offload is not None
+
+
+def test_a_trainer_that_set_up_another_strategy_is_refused(tmp_path: Path) -> None:
+    from trl import SFTTrainer
+
+    plain = spec_with(tmp_path)
+    args = SFTConfig(**runtime.training_arguments(plain, dict(plain.training)))
+    tokenizer = runtime.load_tokenizer(plain, "right")
+    data = load_data(plain.data.train, {}, "data.train", DATA_FORMATS["sft"])
+    trainer = SFTTrainer(
+        model=tiny.build_model(tokenizer, LlamaForCausalLM), args=args, train_dataset=data, processing_class=tokenizer
+    )
+    assert runtime.check_engine(plain, trainer) == "single"
+    for sharding in ({"fsdp": {}}, {"deepspeed": {"zero_stage": 3}}):
+        asked = next(iter(sharding))
+        with pytest.raises(SpecError, match=f"distributed.{asked}: asked for {asked}, but the trainer set up single"):
+            runtime.check_engine(spec_with(tmp_path, distributed=sharding), trainer)
+
+
 def test_online_batches_are_checked_not_shrunk() -> None:
     from types import SimpleNamespace
 

@@ -332,7 +332,29 @@ def test_deepspeed_settings(deepspeed: Dict[str, Any], expected: str) -> None:
     assert expected in problems_of(raw)
 
 
-def test_ppo_runs_on_ddp_only() -> None:
+@pytest.mark.parametrize(
+    "distributed, expected",
+    [
+        ({"fsdp": {}, "deepspeed": {"zero_stage": 3}}, "distributed: deepspeed and fsdp both shard the model; choose one"),
+        ({"fsdp": {"wrap_layers": []}}, "distributed.fsdp.wrap_layers: an empty list shards nothing"),
+        ({"fsdp": {"offload": True}}, "distributed.fsdp.offload: unknown key; did you mean distributed.fsdp.cpu_offload?"),
+        ({"fsdp": {"cpu_offload": "yes"}}, "distributed.fsdp.cpu_offload: input should be a valid boolean"),
+        ({"fsdp": True}, "distributed.fsdp: input should be a valid dictionary"),
+    ],
+)
+def test_fsdp_settings(distributed: Dict[str, Any], expected: str) -> None:
+    raw = load_template("sft/tiny.yaml")
+    raw["distributed"] = distributed
+    assert expected in problems_of(raw)
+
+
+def test_fsdp_defaults_shard_fully_without_offload() -> None:
+    fsdp = validate(load_template("sft/tiny-fsdp.yaml")).distributed.fsdp
+    assert fsdp is not None and fsdp.reshard_after_forward and not fsdp.cpu_offload and fsdp.wrap_layers is None
+
+
+@pytest.mark.parametrize("sharding", [{"deepspeed": {"zero_stage": 2}}, {"fsdp": {}}], ids=["deepspeed", "fsdp"])
+def test_ppo_runs_on_ddp_only(sharding: Dict[str, Any]) -> None:
     raw = load_template("ppo/tiny.yaml")
-    raw["distributed"] = {"deepspeed": {"zero_stage": 2}}
-    assert "distributed.deepspeed: posttrain's PPO runs on DDP" in problems_of(raw)
+    raw["distributed"] = sharding
+    assert f"distributed.{next(iter(sharding))}: posttrain's PPO runs on DDP" in problems_of(raw)

@@ -1,9 +1,15 @@
-"""DeepSpeed ZeRO on CPU through ``torchx run -s local_cwd -j 1x2``: what ran is what the spec asked for."""
+"""Sharding through ``torchx run -s local_cwd``: what ran is what the spec asked for.
+
+DeepSpeed ZeRO runs on CPU here. accelerate runs FSDP on GPUs only, so on
+CPU the FSDP job must stop before training; the FSDP training test needs
+GPUs (``pytest -m gpu`` on a GPU machine).
+"""
 
 import json
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import assert_succeeded, ends, read_json, run_template, series
 from transformers import AutoModelForCausalLM
 
@@ -60,3 +66,30 @@ def test_grpo_with_zero3_from_a_model_path_raises_the_reward(tmp_path: Path, sft
     assert read_json(output_dir / "run_summary.json")["engine"]["zero_stage"] == 3
     first, last = ends(output_dir, "reward")
     assert last - first >= 0.2
+
+
+def test_fsdp_on_cpu_stops_before_training_instead_of_running_ddp(tmp_path: Path) -> None:
+    output_dir = tmp_path / "out"
+    result = run_template("sft/tiny-fsdp.yaml", tmp_path, output_dir)
+    assert result.returncode != 0
+    logs = result.stdout + result.stderr
+    assert logs.count("posttrain: distributed.fsdp: this job sees no GPU, and accelerate runs FSDP on GPUs only") == 2
+    assert "training sft on" not in logs and not (output_dir / "run_summary.json").exists()
+
+
+@pytest.mark.gpu
+def test_sft_with_fsdp2_on_gpus_learns_like_ddp_and_saves_a_plain_model(tmp_path: Path) -> None:
+    gpus = torch.cuda.device_count()
+    assert gpus >= 1, "run with pytest -m gpu on a machine with GPUs"
+    j, gpu_args = f"1x{gpus}", ["--gpu", str(gpus)]
+    ddp_dir, fsdp_dir = tmp_path / "ddp", tmp_path / "fsdp"
+    assert_succeeded(run_template("sft/tiny.yaml", tmp_path, ddp_dir, j=j, extra_args=gpu_args))
+    offload = ["distributed.fsdp.cpu_offload=true"]
+    assert_succeeded(run_template("sft/tiny-fsdp.yaml", tmp_path, fsdp_dir, j=j, extra_args=gpu_args, overrides=offload))
+    summary = read_json(fsdp_dir / "run_summary.json")
+    assert summary["engine"]["strategy"] == "fsdp" and "nccl" in summary["engine"]["backend"]
+    first, last = ends(fsdp_dir, "loss")
+    assert last <= 0.7 * first
+    assert series(fsdp_dir, "loss")[:3] == pytest.approx(series(ddp_dir, "loss")[:3], rel=0.05)
+    assert any(p.name.startswith("pytorch_model_fsdp") for p in (fsdp_dir / "checkpoint-20").iterdir()), "sharded"
+    AutoModelForCausalLM.from_pretrained(fsdp_dir)
