@@ -2,8 +2,8 @@
 
 Each takes a YAML spec (``--spec``) plus ``key.path=value`` overrides,
 validates them, and returns an AppDef that runs
-``python -m posttrain.entrypoints.<algorithm>`` under torchrun, on any TorchX
-scheduler::
+``python -m posttrain.entrypoints.<algorithm>`` under torchrun (or
+DeepSpeed's launcher, ``--launcher deepspeed``), on any TorchX scheduler::
 
     torchx run -s local_cwd posttrain.sft --spec templates/sft/tiny.yaml
     torchx run -s slurm posttrain.sft --spec templates/sft/qwen2.5-0.5b.yaml -j 2x8 -h gpu.h100.8
@@ -37,6 +37,7 @@ def sft(
     mounts: Optional[List[str]] = None,
     debug: bool = False,
     tee: int = 3,
+    launcher: str = "torchrun",
 ) -> specs.AppDef:
     """Supervised fine-tuning (trl.SFTTrainer) of a causal LM on chat or text data.
 
@@ -70,6 +71,7 @@ def sft(
         mounts: mounts for the job's containers (type=bind,src=/host,dst=/job[,readonly])
         debug: set PyTorch's distributed debug environment variables
         tee: streams teed to the console and log files: 0 none, 1 stdout, 2 stderr, 3 both
+        launcher: torchrun, or deepspeed (DeepSpeed's launcher, one per node; fixed -j, no max_restarts)
     """
     return build_appdef("sft", **locals())
 
@@ -92,6 +94,7 @@ def dpo(
     mounts: Optional[List[str]] = None,
     debug: bool = False,
     tee: int = 3,
+    launcher: str = "torchrun",
 ) -> specs.AppDef:
     """Direct preference optimisation (trl.DPOTrainer) of a causal LM on chosen/rejected pairs.
 
@@ -127,6 +130,7 @@ def dpo(
         mounts: mounts for the job's containers (type=bind,src=/host,dst=/job[,readonly])
         debug: set PyTorch's distributed debug environment variables
         tee: streams teed to the console and log files: 0 none, 1 stdout, 2 stderr, 3 both
+        launcher: torchrun, or deepspeed (DeepSpeed's launcher, one per node; fixed -j, no max_restarts)
     """
     return build_appdef("dpo", **locals())
 
@@ -149,6 +153,7 @@ def reward(
     mounts: Optional[List[str]] = None,
     debug: bool = False,
     tee: int = 3,
+    launcher: str = "torchrun",
 ) -> specs.AppDef:
     """Reward modelling (trl.RewardTrainer): a sequence-classification head scoring chosen above rejected.
 
@@ -183,6 +188,7 @@ def reward(
         mounts: mounts for the job's containers (type=bind,src=/host,dst=/job[,readonly])
         debug: set PyTorch's distributed debug environment variables
         tee: streams teed to the console and log files: 0 none, 1 stdout, 2 stderr, 3 both
+        launcher: torchrun, or deepspeed (DeepSpeed's launcher, one per node; fixed -j, no max_restarts)
     """
     return build_appdef("reward", **locals())
 
@@ -205,6 +211,7 @@ def kto(
     mounts: Optional[List[str]] = None,
     debug: bool = False,
     tee: int = 3,
+    launcher: str = "torchrun",
 ) -> specs.AppDef:
     """Kahneman-Tversky optimisation (trl.KTOTrainer) from unpaired desirable/undesirable answers.
 
@@ -238,6 +245,7 @@ def kto(
         mounts: mounts for the job's containers (type=bind,src=/host,dst=/job[,readonly])
         debug: set PyTorch's distributed debug environment variables
         tee: streams teed to the console and log files: 0 none, 1 stdout, 2 stderr, 3 both
+        launcher: torchrun, or deepspeed (DeepSpeed's launcher, one per node; fixed -j, no max_restarts)
     """
     return build_appdef("kto", **locals())
 
@@ -260,6 +268,7 @@ def orpo(
     mounts: Optional[List[str]] = None,
     debug: bool = False,
     tee: int = 3,
+    launcher: str = "torchrun",
 ) -> specs.AppDef:
     """Odds-ratio preference optimisation (trl.experimental.orpo.ORPOTrainer): SFT and preference in one loss.
 
@@ -291,6 +300,7 @@ def orpo(
         mounts: mounts for the job's containers (type=bind,src=/host,dst=/job[,readonly])
         debug: set PyTorch's distributed debug environment variables
         tee: streams teed to the console and log files: 0 none, 1 stdout, 2 stderr, 3 both
+        launcher: torchrun, or deepspeed (DeepSpeed's launcher, one per node; fixed -j, no max_restarts)
     """
     return build_appdef("orpo", **locals())
 
@@ -313,6 +323,7 @@ def grpo(
     mounts: Optional[List[str]] = None,
     debug: bool = False,
     tee: int = 3,
+    launcher: str = "torchrun",
 ) -> specs.AppDef:
     """Group relative policy optimisation (trl.GRPOTrainer); GSPO with importance_sampling_level: sequence.
 
@@ -351,6 +362,7 @@ def grpo(
         mounts: mounts for the job's containers (type=bind,src=/host,dst=/job[,readonly])
         debug: set PyTorch's distributed debug environment variables
         tee: streams teed to the console and log files: 0 none, 1 stdout, 2 stderr, 3 both
+        launcher: torchrun, or deepspeed (DeepSpeed's launcher, one per node; fixed -j, no max_restarts)
     """
     return build_appdef("grpo", **locals())
 
@@ -373,6 +385,7 @@ def rloo(
     mounts: Optional[List[str]] = None,
     debug: bool = False,
     tee: int = 3,
+    launcher: str = "torchrun",
 ) -> specs.AppDef:
     """REINFORCE leave-one-out (trl.RLOOTrainer): each completion's baseline is the mean of its group's others.
 
@@ -404,6 +417,7 @@ def rloo(
         mounts: mounts for the job's containers (type=bind,src=/host,dst=/job[,readonly])
         debug: set PyTorch's distributed debug environment variables
         tee: streams teed to the console and log files: 0 none, 1 stdout, 2 stderr, 3 both
+        launcher: torchrun, or deepspeed (DeepSpeed's launcher, one per node; fixed -j, no max_restarts)
     """
     return build_appdef("rloo", **locals())
 
@@ -426,6 +440,7 @@ def ppo(
     mounts: Optional[List[str]] = None,
     debug: bool = False,
     tee: int = 3,
+    launcher: str = "torchrun",
 ) -> specs.AppDef:
     """Proximal policy optimisation with posttrain's own PPO trainer (TRL 1.x has none).
 
@@ -464,5 +479,6 @@ def ppo(
         mounts: mounts for the job's containers (type=bind,src=/host,dst=/job[,readonly])
         debug: set PyTorch's distributed debug environment variables
         tee: streams teed to the console and log files: 0 none, 1 stdout, 2 stderr, 3 both
+        launcher: torchrun, or deepspeed (DeepSpeed's launcher, one per node; fixed -j, no max_restarts)
     """
     return build_appdef("ppo", **locals())

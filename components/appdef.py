@@ -3,7 +3,9 @@
 Built like torchx's ``dist.ddp``: one role running ``bash -c`` with a
 ``python -m torch.distributed.run`` command, c10d rendezvous on ``localhost:0``
 for one node and on the scheduler's rank-0 host (``macros.rank0_env``) for
-several, and the validated spec embedded as canonical JSON.
+several, and the validated spec embedded as canonical JSON. With
+``launcher="deepspeed"`` each node runs DeepSpeed's launcher instead, through
+``posttrain.entrypoints.deepspeed_launcher``.
 """
 
 import dataclasses
@@ -12,7 +14,7 @@ import os
 import re
 import shlex
 import sys
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torchx.specs as specs
 from torchx.components.structured_arg import StructuredNameArgument
@@ -25,6 +27,7 @@ from posttrain.components.spec import SpecError, load_spec
 _TORCHX_CLI_CONTEXT = "cli_run"
 
 RDZV_BACKENDS = ("c10d", "static", "etcd", "etcd-v2")
+LAUNCHERS = ("torchrun", "deepspeed")
 
 # Environment variable names that hold secrets: never in --env, whose values are printed.
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL", re.IGNORECASE)
@@ -138,6 +141,7 @@ def build_appdef(
     mounts: Optional[List[str]],
     debug: bool,
     tee: int,
+    launcher: str,
 ) -> specs.AppDef:
     """Validates the arguments and the spec, then builds the AppDef.
 
@@ -155,6 +159,13 @@ def build_appdef(
         problems.append(f"--max_retries {max_retries}: must be 0 or more")
     if max_restarts < 0:
         problems.append(f"--max_restarts {max_restarts}: must be 0 or more")
+    if launcher not in LAUNCHERS:
+        problems.append(f"--launcher {launcher!r}: expected one of {', '.join(LAUNCHERS)}")
+    if launcher == "deepspeed" and max_restarts > 0:
+        problems.append(
+            f"--max_restarts {max_restarts}: worker restarts are torchrun's; with --launcher deepspeed the "
+            "scheduler retries the job (--max_retries)"
+        )
     for key in env or {}:
         if SECRET_NAME.search(key):
             problems.append(
@@ -165,6 +176,8 @@ def build_appdef(
     if problems:
         raise SpecError(problems)
     topology = Topology.parse(j, gpus_per_host=resource.gpu)
+    if launcher == "deepspeed" and topology.min_nnodes != topology.max_nnodes:
+        raise SpecError([f"-j {j}: DeepSpeed's launcher runs a fixed number of nodes; use -j NxP or --launcher torchrun"])
     if resource.gpu > 0 and topology.nproc_per_node > resource.gpu:
         print(
             f"posttrain: warning: -j {j} runs {topology.nproc_per_node} processes per node on hosts with "
@@ -183,36 +196,11 @@ def build_appdef(
     if problems:
         raise SpecError(problems)
 
-    if topology.max_nnodes == 1:
-        # one agent: port 0 lets torchrun pick a free port
-        rdzv_endpoint = "localhost:0"
-    else:
-        # bash expands the scheduler's rank-0 host variable; "$$" escapes torchx's macro substitution
-        rdzv_endpoint = _noquote(f"$${{{macros.rank0_env}:=localhost}}:{rdzv_port}")
     module = f"posttrain.entrypoints.{algorithm}"
-    cmd = [
-        "python",
-        "-m",
-        "torch.distributed.run",
-        "--rdzv_backend",
-        rdzv_backend,
-        "--rdzv_endpoint",
-        rdzv_endpoint,
-        "--rdzv_id",
-        f"{macros.app_id}",
-        "--nnodes",
-        topology.nnodes_arg,
-        "--nproc_per_node",
-        str(topology.nproc_per_node),
-        "--tee",
-        str(tee),
-        "--role",
-        "",
-        "--max_restarts",
-        str(max_restarts),
-    ]
-    if rdzv_backend == "static":
-        cmd += ["--node_rank", f"{macros.replica_id}"]
+    if launcher == "deepspeed":
+        cmd = _deepspeed_command(topology, rdzv_port)
+    else:
+        cmd = _torchrun_command(topology, rdzv_port, rdzv_backend, tee, max_restarts)
     # torchx substitutes ${...} macros in args with string.Template: "$$" keeps a "$" of the spec literal
     cmd += ["-m", module, "--spec-json", validated.to_json().replace("$", "$$")]
 
@@ -241,6 +229,63 @@ def build_appdef(
             )
         ],
     )
+
+
+def _rank0_address(topology: Topology, port: int) -> Tuple[str, int]:
+    """One node: localhost, port 0 (the launcher picks a free one). Several: the scheduler's rank-0 host and ``port``.
+
+    The host is left unquoted for bash to expand; "$$" escapes torchx's macro substitution.
+    """
+    if topology.max_nnodes == 1:
+        return _noquote("localhost"), 0
+    return _noquote(f"$${{{macros.rank0_env}:=localhost}}"), port
+
+
+def _torchrun_command(topology: Topology, port: int, rdzv_backend: str, tee: int, max_restarts: int) -> List[str]:
+    cmd = [
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--rdzv_backend",
+        rdzv_backend,
+        "--rdzv_endpoint",
+        _noquote("{}:{}".format(*_rank0_address(topology, port))),
+        "--rdzv_id",
+        f"{macros.app_id}",
+        "--nnodes",
+        topology.nnodes_arg,
+        "--nproc_per_node",
+        str(topology.nproc_per_node),
+        "--tee",
+        str(tee),
+        "--role",
+        "",
+        "--max_restarts",
+        str(max_restarts),
+    ]
+    if rdzv_backend == "static":
+        cmd += ["--node_rank", f"{macros.replica_id}"]
+    return cmd
+
+
+def _deepspeed_command(topology: Topology, port: int) -> List[str]:
+    """DeepSpeed's launcher on every node, told its node rank and rank 0's address (it never uses ssh)."""
+    host, master_port = _rank0_address(topology, port)
+    return [
+        "python",
+        "-m",
+        "posttrain.entrypoints.deepspeed_launcher",
+        "--nnodes",
+        str(topology.max_nnodes),
+        "--nproc_per_node",
+        str(topology.nproc_per_node),
+        "--node_rank",
+        f"{macros.replica_id}",
+        "--master_addr",
+        host,
+        "--master_port",
+        str(master_port),
+    ]
 
 
 def _resource(h: Optional[str], cpu: int, gpu: int, memMB: int) -> specs.Resource:

@@ -47,6 +47,7 @@ from posttrain.components.spec import (
     spec_from_json,
 )
 from posttrain.entrypoints.callbacks import FaultInjection, Preemption, TokenCounter, collective_device
+from posttrain.entrypoints.deepspeed_launcher import DONE_DIR_ENV
 
 log = logging.getLogger("posttrain")
 
@@ -145,6 +146,7 @@ def run(algorithm: str, build_trainer: Callable[[Job], Any], argv: Optional[Sequ
         raise SystemExit(2) from None
     finally:
         _teardown()
+    _report_done()
 
 
 def _train(algorithm: str, spec: Spec, build_trainer: Callable[[Job], Any]) -> None:
@@ -302,6 +304,13 @@ def _barrier() -> None:
 def _teardown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def _report_done() -> None:
+    """Tells posttrain's DeepSpeed launcher that this rank finished (its runner's exit status cannot)."""
+    done_dir = os.environ.get(DONE_DIR_ENV)
+    if done_dir:
+        (Path(done_dir) / f"rank-{os.environ.get('RANK', '0')}").touch()
 
 
 def _setup_logging() -> None:

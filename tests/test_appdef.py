@@ -56,6 +56,20 @@ def test_topology(j: str, nnodes: str, nproc: str, min_replicas: int, replicas: 
     assert embedded_spec(app)["training"]["output_dir"] == "outputs/sft-tiny"
 
 
+@pytest.mark.parametrize("j, host, port", [("1x2", "localhost", "0"), ("2x8", "${TORCHX_RANK0_HOST:=localhost}", "29512")])
+def test_deepspeed_launcher_runs_one_runner_per_node_told_its_rank_and_rank0(j: str, host: str, port: str) -> None:
+    app = algorithms.sft(spec=TINY, j=j, launcher="deepspeed", rdzv_port=29512)
+    nnodes, nproc = j.split("x")
+    values = specs.macros.Values(img_root="", app_id="app-1", replica_id="1", rank0_env="TORCHX_RANK0_HOST")
+    args = shlex.split(values.substitute(app.roles[0].args[1]))
+    assert args[:3] == ["python", "-m", "posttrain.entrypoints.deepspeed_launcher"]
+    assert (option(args, "--nnodes"), option(args, "--nproc_per_node")) == (nnodes, nproc)
+    assert option(args, "--node_rank") == "1"  # the replica id
+    assert (option(args, "--master_addr"), option(args, "--master_port")) == (host, port)
+    assert args[args.index("-m", 3) + 1] == "posttrain.entrypoints.sft" and "torch.distributed.run" not in args
+    assert app.roles[0].num_replicas == app.roles[0].min_replicas == int(nnodes)
+
+
 def test_rank0_endpoint_becomes_each_schedulers_variable() -> None:
     app = algorithms.sft(spec=TINY, j="2x1", rdzv_port=29511)
     values = specs.macros.Values(

@@ -6,11 +6,13 @@ GPUs (``pytest -m gpu`` on a GPU machine).
 """
 
 import json
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_succeeded, ends, read_json, run_template, series
+from helpers import REPO, assert_succeeded, ends, job_env, read_json, run_template, series
 from transformers import AutoModelForCausalLM
 
 pytestmark = pytest.mark.e2e
@@ -66,6 +68,53 @@ def test_grpo_with_zero3_from_a_model_path_raises_the_reward(tmp_path: Path, sft
     assert read_json(output_dir / "run_summary.json")["engine"]["zero_stage"] == 3
     first, last = ends(output_dir, "reward")
     assert last - first >= 0.2
+
+
+DEEPSPEED_LAUNCHER = ["--launcher", "deepspeed"]
+
+
+def test_deepspeed_launcher_trains_on_two_nodes(tmp_path: Path) -> None:
+    output_dir = tmp_path / "out"
+    result = run_template("sft/tiny-zero2.yaml", tmp_path, output_dir, j="2x1", extra_args=DEEPSPEED_LAUNCHER)
+    assert_succeeded(result)
+    logs = result.stdout + result.stderr
+    for node in (0, 1):
+        assert f"-m deepspeed.launcher.runner --no_ssh --node_rank {node} --master_addr localhost" in logs
+    summary = read_json(output_dir / "run_summary.json")
+    assert (summary["world_size"], summary["nnodes"]) == (2, 2)
+    assert summary["engine"] == {"backend": "gloo", "strategy": "deepspeed", "zero_stage": 2}
+    first, last = ends(output_dir, "loss")
+    assert last <= 0.7 * first
+
+
+def test_deepspeed_launcher_fails_the_job_when_a_rank_crashes(tmp_path: Path) -> None:
+    output_dir = tmp_path / "out"
+    result = run_template(
+        "sft/tiny.yaml", tmp_path, output_dir, j="2x1", extra_args=DEEPSPEED_LAUNCHER, POSTTRAIN_FAULT="exit:1:5"
+    )
+    assert result.returncode != 0 and "Job finished: FAILED" in result.stderr
+    assert not (output_dir / "run_summary.json").exists()
+
+
+def test_deepspeed_launcher_fails_the_job_when_deepspeeds_launch_process_is_killed(tmp_path: Path) -> None:
+    """DeepSpeed's runner itself exits 0 then, leaving the ranks running."""
+    output_dir = tmp_path / "out"
+    command = [
+        "torchx", "run", "-s", "local_cwd", "posttrain.sft", "--spec", "templates/sft/tiny.yaml", *DEEPSPEED_LAUNCHER,
+        "training.output_dir=" + str(output_dir),
+    ]  # fmt: skip
+    env = job_env(tmp_path, POSTTRAIN_FAULT="hang:0:3")  # rank 0 stops at step 3, so the kill lands mid-run
+    job = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    marker, deadline = output_dir / ".posttrain_fault_hang_0_3", time.monotonic() + 300
+    while not marker.exists() and time.monotonic() < deadline and job.poll() is None:
+        time.sleep(0.5)
+    assert marker.exists(), "the run never reached step 3"
+    subprocess.run(["pkill", "-KILL", "-f", f"deepspeed.launcher.launch .*{output_dir}"], check=True)
+    logs, _ = job.communicate(timeout=120)
+    assert job.returncode != 0 and "Job finished: FAILED" in logs
+    assert "DeepSpeed's launcher exited 0, but rank(s) 0, 1 never reported finishing" in logs
+    leftovers = subprocess.run(["pgrep", "-f", str(output_dir)], capture_output=True, text=True).stdout
+    assert not leftovers, "the node's ranks must not outlive the job"
 
 
 def test_fsdp_on_cpu_stops_before_training_instead_of_running_ddp(tmp_path: Path) -> None:

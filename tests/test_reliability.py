@@ -77,6 +77,9 @@ BAD_INPUTS = [
     ("sft", ["model.dtype=float16", "training.bf16=true"], "model.dtype: float16 contradicts training.bf16: true"),
     ("sft", ["data.train.name=org/set"], "data.train: give exactly one of path"),
     ("sft", ["-h", "cpu.small", "training.fp16=true"], "training.fp16: -h cpu.small has no GPU"),
+    ("sft", ["--launcher", "mpirun"], "--launcher 'mpirun': expected one of torchrun, deepspeed"),
+    ("sft", ["--launcher", "deepspeed", "-j", "1:2x1"], "-j 1:2x1: DeepSpeed's launcher runs a fixed number of nodes"),
+    ("sft", ["--launcher", "deepspeed", "--max_restarts", "2"], "--max_restarts 2: worker restarts are torchrun's"),
     ("sft", ["-h", "cpu.small", "distributed.fsdp={}"], "distributed.fsdp: -h cpu.small has no GPU, and accelerate runs FSDP on GPUs only"),
     ("sft", ["distributed.fsdp={}", "distributed.deepspeed={zero_stage: 2}"], "distributed: deepspeed and fsdp both shard the model"),
     # batch arithmetic and algorithm-specific settings

@@ -10,7 +10,7 @@ from transformers import LlamaForCausalLM, LlamaForSequenceClassification
 from trl import SFTConfig
 
 from posttrain.components.spec import SpecError, validate
-from posttrain.entrypoints import runtime, tiny
+from posttrain.entrypoints import deepspeed_launcher, runtime, tiny
 from posttrain.entrypoints.runtime import DATA_FORMATS, complete_checkpoints, fit_batch, load_data, resolve_resume
 
 
@@ -29,6 +29,7 @@ def spec_with(tmp_path: Path, **changes: object):
 
 def test_runtime_doctests() -> None:
     assert doctest.testmod(runtime).failed == 0
+    assert doctest.testmod(deepspeed_launcher).failed == 0
 
 
 def test_tiny_model_is_deterministic_and_small() -> None:
