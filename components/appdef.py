@@ -264,7 +264,7 @@ def _torchrun_command(topology: Topology, port: int, rdzv_backend: str, tee: int
         str(max_restarts),
     ]
     if rdzv_backend == "static":
-        cmd += ["--node_rank", f"{macros.replica_id}"]
+        cmd += ["--node_rank", _noquote(macros.replica_id)]
     return cmd
 
 
@@ -280,7 +280,7 @@ def _deepspeed_command(topology: Topology, port: int) -> List[str]:
         "--nproc_per_node",
         str(topology.nproc_per_node),
         "--node_rank",
-        f"{macros.replica_id}",
+        _noquote(macros.replica_id),
         "--master_addr",
         host,
         "--master_port",

@@ -19,6 +19,7 @@ succeeds only if the runner did and all of its ranks reported.
 """
 
 import argparse
+import importlib.util
 import os
 import shlex
 import signal
@@ -76,6 +77,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     module, module_args = argv[split + 1], argv[split + 2 :]  # as torchrun: all after the module is its own
     if options.master_port == 0 and options.nnodes > 1:
         parser.error("--master_port 0 (a free port) works on one node only")
+    if importlib.util.find_spec("deepspeed") is None:
+        print("posttrain: --launcher deepspeed: DeepSpeed is not installed in the job's environment", file=sys.stderr)
+        return 2
 
     with tempfile.TemporaryDirectory(prefix="posttrain-deepspeed-") as scratch:
         hostfile, done = Path(scratch) / "hostfile", Path(scratch) / "done"

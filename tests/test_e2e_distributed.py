@@ -48,6 +48,17 @@ def test_sft_with_zero_learns_like_ddp_and_reports_deepspeed(
     assert json.loads((output_dir / "config.json").read_text())["num_hidden_layers"] == 2
 
 
+def test_zero3_restart_resumes_from_its_own_checkpoint(tmp_path: Path, plain_losses: list) -> None:
+    output_dir = tmp_path / "out"
+    restart_after_crash = {"extra_args": ["--max_restarts", "1"], "POSTTRAIN_FAULT": "exit:1:25"}
+    assert_succeeded(run_template("sft/tiny-zero3.yaml", tmp_path, output_dir, **restart_after_crash))
+    summary = read_json(output_dir / "run_summary.json")
+    assert summary["resumed_from"] == str(output_dir / "checkpoint-20") and summary["global_steps"] == 40
+    assert summary["engine"]["zero_stage"] == 3 and (output_dir / "checkpoint-20" / "global_step20").is_dir()
+    # optimizer, scheduler and data position came back: steps 21-40 are those of the uninterrupted run
+    assert series(output_dir, "loss")[20:] == pytest.approx(plain_losses[20:40], rel=1e-3)
+
+
 ZERO3 = "distributed.deepspeed={zero_stage: 3}"
 
 
@@ -127,16 +138,19 @@ def test_fsdp_on_cpu_stops_before_training_instead_of_running_ddp(tmp_path: Path
 
 
 @pytest.mark.gpu
-def test_sft_with_fsdp2_on_gpus_learns_like_ddp_and_saves_a_plain_model(tmp_path: Path) -> None:
+def test_sft_with_fsdp2_on_gpus_learns_like_ddp_resumes_and_saves_a_plain_model(tmp_path: Path) -> None:
     gpus = torch.cuda.device_count()
     assert gpus >= 1, "run with pytest -m gpu on a machine with GPUs"
     j, gpu_args = f"1x{gpus}", ["--gpu", str(gpus)]
     ddp_dir, fsdp_dir = tmp_path / "ddp", tmp_path / "fsdp"
     assert_succeeded(run_template("sft/tiny.yaml", tmp_path, ddp_dir, j=j, extra_args=gpu_args))
     offload = ["distributed.fsdp.cpu_offload=true"]
-    assert_succeeded(run_template("sft/tiny-fsdp.yaml", tmp_path, fsdp_dir, j=j, extra_args=gpu_args, overrides=offload))
+    crash = {"POSTTRAIN_FAULT": f"exit:{gpus - 1}:25"}  # and a restart resumes from the sharded checkpoint-20
+    restarts = [*gpu_args, "--max_restarts", "1"]
+    assert_succeeded(run_template("sft/tiny-fsdp.yaml", tmp_path, fsdp_dir, j=j, extra_args=restarts, overrides=offload, **crash))
     summary = read_json(fsdp_dir / "run_summary.json")
     assert summary["engine"]["strategy"] == "fsdp" and "nccl" in summary["engine"]["backend"]
+    assert summary["resumed_from"] == str(fsdp_dir / "checkpoint-20") and summary["global_steps"] == 40
     first, last = ends(fsdp_dir, "loss")
     assert last <= 0.7 * first
     assert series(fsdp_dir, "loss")[:3] == pytest.approx(series(ddp_dir, "loss")[:3], rel=0.05)

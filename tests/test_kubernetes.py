@@ -120,3 +120,13 @@ def test_named_resources_reach_the_pods() -> None:
     container = job["spec"]["tasks"][1]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "8"
     assert "--nnodes 2 --nproc_per_node 8" in container["command"][2]
+
+
+def test_the_deepspeed_launcher_finds_rank0_through_volcano() -> None:
+    job = request("sft", h="gpu.h100.8", j="2", launcher="deepspeed", rdzv_port=29511)
+    check(job)
+    for replica, task in enumerate(job["spec"]["tasks"]):
+        command = task["template"]["spec"]["containers"][0]["command"][2]
+        host_variable = "TORCHX_RANK0_HOST" if replica == 0 else "VC_SFT_0_HOSTS"
+        assert f"--node_rank {replica} --master_addr ${{{host_variable}:=localhost}} --master_port 29511" in command
+        assert "--nnodes 2 --nproc_per_node 8" in command
