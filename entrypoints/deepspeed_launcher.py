@@ -86,7 +86,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         hostfile.write_text(hostfile_text(options.nnodes, options.nproc_per_node))
         done.mkdir()
         command = runner_command(options, module, hostfile, options.master_port or _free_port())
-        print(f"posttrain: node {options.node_rank}: {shlex.join(command)} ...", flush=True)
+        print(f"posttrain: node {options.node_rank}: {shlex.join(command)} ...", file=sys.stderr, flush=True)
         # its own process group: signals reach the runner, DeepSpeed's launch and the ranks alike
         runner = subprocess.Popen(
             command + module_args, env={**os.environ, DONE_DIR_ENV: str(done)}, start_new_session=True

@@ -71,3 +71,13 @@ def test_a_failed_job_is_requeued_and_resumes_from_its_checkpoint(tmp_path: Path
     assert "posttrain fault injection: exit on rank 0 at step 25" in logs
     summary = read_json(output_dir / "run_summary.json")
     assert summary["resumed_from"] == str(output_dir / "checkpoint-20") and summary["global_steps"] == 40
+
+
+def test_deepspeed_launcher_with_zero2_on_slurm(tmp_path: Path) -> None:
+    output_dir = tmp_path / "zero2"
+    result, _ = run_on_slurm("sft/tiny-zero2.yaml", tmp_path, output_dir, ["--launcher", "deepspeed"])
+    assert "-m deepspeed.launcher.runner --no_ssh --node_rank 1" in result.stdout + result.stderr
+    summary = read_json(output_dir / "run_summary.json")
+    assert (summary["world_size"], summary["nnodes"]) == (2, 2) and summary["engine"]["zero_stage"] == 2
+    first, last = ends(output_dir, "loss")
+    assert last <= 0.7 * first
