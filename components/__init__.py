@@ -5,6 +5,6 @@ and ``torchx builtins`` stay fast and work where only torchx is installed.
 """
 
 from posttrain.components.algorithms import dpo, grpo, kto, orpo, ppo, reward, rloo, sft
-from posttrain.components.spec import SpecError
+from posttrain.components.messages import SpecError
 
 __all__ = ["SpecError", "dpo", "grpo", "kto", "orpo", "ppo", "reward", "rloo", "sft"]

@@ -20,7 +20,8 @@ import torchx.specs as specs
 from torchx.components.structured_arg import StructuredNameArgument
 from torchx.specs import macros
 
-from posttrain.components.spec import SpecError, load_spec
+from posttrain.components.messages import SpecError
+from posttrain.components.spec import load_spec
 
 # The entry point torchx's CLI sets; a component called from it exits with the
 # message alone (no traceback), library callers get the SpecError itself.

@@ -29,18 +29,16 @@ import yaml
 
 TABLE_PATH = Path(__file__).with_name("config_fields.json")
 
-# The classes whose fields the table holds: name in the table -> import path.
-CONFIG_CLASSES: Dict[str, str] = {
-    "SFTConfig": "trl:SFTConfig",
-    "DPOConfig": "trl:DPOConfig",
-    "RewardConfig": "trl:RewardConfig",
-    "KTOConfig": "trl:KTOConfig",
-    "ORPOConfig": "trl.experimental.orpo:ORPOConfig",
-    "GRPOConfig": "trl:GRPOConfig",
-    "RLOOConfig": "trl:RLOOConfig",
-    "PPOConfig": "posttrain.entrypoints.ppo_trainer:PPOConfig",
-    "LoraConfig": "peft:LoraConfig",
-}
+# PEFT's LoraConfig: ``model.lora``'s fields. The algorithms' config classes come from the registry.
+LORA_CONFIG = "peft:LoraConfig"
+
+
+def config_classes() -> List[str]:
+    """The classes whose fields the table holds, as ``module:Class`` import paths."""
+    from posttrain.components.registry import SPEC_CLASSES  # the registry's spec classes read this table
+
+    return sorted({cls.config_class for cls in SPEC_CLASSES.values()} | {LORA_CONFIG})
+
 
 # Kinds a value can have, in the order an override's text is tried against them.
 KINDS = ("bool", "int", "float", "list", "dict", "str", "any")
@@ -265,10 +263,10 @@ def generate_table() -> Dict[str, Dict[str, Dict[str, Any]]]:
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # ORPO lives in trl.experimental
     table = {}
-    for name, target in CONFIG_CLASSES.items():
+    for target in config_classes():
         module_name, _, attr = target.partition(":")
         cls = getattr(importlib.import_module(module_name), attr)
-        table[name] = dict(sorted(fields_of_class(cls).items()))
+        table[target] = dict(sorted(fields_of_class(cls).items()))
     return table
 
 
@@ -279,7 +277,7 @@ def _table() -> Dict[str, Dict[str, Dict[str, Any]]]:
 
 @functools.lru_cache(maxsize=None)
 def config_fields(class_name: str) -> Dict[str, FieldType]:
-    """The fields of one config class (``"SFTConfig"``, ``"LoraConfig"``, ...)."""
+    """The fields of one config class, by import path (``"trl:SFTConfig"``, ``LORA_CONFIG``, ...)."""
     return {field: FieldType.from_json(entry) for field, entry in _table()[class_name].items()}
 
 

@@ -1,5 +1,6 @@
 """The AppDef every component builds: launcher, rendezvous, resources, env, validation."""
 
+import inspect
 import json
 import shlex
 import subprocess
@@ -11,7 +12,8 @@ from helpers import REPO, TEMPLATES
 from torchx.components.component_test_base import ComponentTestCase
 
 from posttrain.components import algorithms
-from posttrain.components.spec import SPEC_CLASSES, SpecError
+from posttrain.components.messages import SpecError
+from posttrain.components.registry import SPEC_CLASSES
 
 TINY = str(TEMPLATES / "sft" / "tiny.yaml")
 
@@ -166,6 +168,22 @@ def test_every_algorithm_has_a_component_running_its_entrypoint(algorithm: str) 
     assert args[args.index("-m", 3) + 1] == f"posttrain.entrypoints.{algorithm}"
     assert embedded_spec(app)["algorithm"] == algorithm and app.roles[0].name == algorithm
     assert component.__doc__ is not None and f"posttrain.{algorithm} --spec templates/{algorithm}/" in component.__doc__
+
+
+def test_every_component_takes_the_same_arguments_each_documented_in_help() -> None:
+    from torchx.specs.file_linter import get_fn_docstring
+
+    for algorithm in SPEC_CLASSES:
+        component = getattr(algorithms, algorithm)
+        parameters = inspect.signature(component).parameters
+        assert {name: (p.kind, p.default, p.annotation) for name, p in parameters.items()} == {
+            name: (p.kind, p.default, p.annotation) for name, p in inspect.signature(algorithms.sft).parameters.items()
+        }, algorithm
+        _, described = get_fn_docstring(component)
+        assert list(parameters) == list(algorithms.ARGS)
+        for name in parameters:
+            assert described[name] == algorithms.ARGS[name].format(algorithm=algorithm), (algorithm, name)
+        assert f"templates/{algorithm}/*.yaml" in described["spec"]
 
 
 class TorchxComponentChecks(ComponentTestCase):

@@ -15,12 +15,12 @@ def test_the_shipped_table_matches_the_installed_trl_and_peft() -> None:
 
 
 def test_known_fields_have_the_expected_types() -> None:
-    sft = config_fields("SFTConfig")
+    sft = config_fields("trl:SFTConfig")
     assert sft["learning_rate"] == FieldType(("float",))
     assert sft["max_steps"] == FieldType(("int",))
     assert sft["max_length"] == FieldType(("int",), nullable=True)
     assert "cosine" in sft["lr_scheduler_type"].choices
-    assert config_fields("LoraConfig")["target_modules"].kinds == ("list", "str")
+    assert config_fields(fields.LORA_CONFIG)["target_modules"].kinds == ("list", "str")
 
 
 @pytest.mark.parametrize(
@@ -43,7 +43,7 @@ def test_override_conversion(field_type: FieldType, text: str, expected: object)
 
 
 def test_client_modules_doctests() -> None:
-    for name in ("fields", "spec", "appdef"):
+    for name in ("fields", "spec", "appdef", "messages", "overrides"):
         module = importlib.import_module(f"posttrain.components.{name}")
         result = doctest.testmod(module)
         assert result.failed == 0, name

@@ -20,7 +20,7 @@ from torchx.runner import get_runner
 from torchx.schedulers.kubernetes_scheduler import sanitize_for_serialization
 
 from posttrain.components import algorithms
-from posttrain.components.spec import SPEC_CLASSES
+from posttrain.components.registry import SPEC_CLASSES
 
 KUBERNETES_VERSION = "1.30"
 VOLCANO_SCHEMA = json.loads((REPO / "schedulers_config" / "volcano-job.schema.json").read_text())

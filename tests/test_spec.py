@@ -1,5 +1,6 @@
 """The spec: validation messages, overrides with types, and the JSON round trip."""
 
+import inspect
 from pathlib import Path
 from typing import Any, Dict
 
@@ -7,7 +8,11 @@ import pytest
 import yaml
 from helpers import TEMPLATES, load_template
 
-from posttrain.components.spec import SPEC_CLASSES, SpecError, apply_overrides, load_spec, spec_from_json, validate
+from posttrain.components.messages import SpecError
+from posttrain.components.overrides import apply_overrides
+from posttrain.components.registry import SPEC_CLASSES
+from posttrain.components.fields import config_fields
+from posttrain.components.spec import load_spec, spec_from_json, validate
 
 ALL_TEMPLATES = sorted(str(p.relative_to(TEMPLATES)) for p in TEMPLATES.glob("*/*.yaml"))
 
@@ -38,12 +43,36 @@ def test_every_template_opens_with_the_command_that_runs_it(template: str) -> No
     assert f"posttrain.{algorithm} --spec templates/{template}" in first_line
 
 
-def test_one_spec_class_per_algorithm_names_its_trl_config() -> None:
-    names = {algorithm: cls.config_class for algorithm, cls in SPEC_CLASSES.items()}
-    assert names == {
-        "sft": "SFTConfig", "dpo": "DPOConfig", "reward": "RewardConfig", "kto": "KTOConfig", "orpo": "ORPOConfig",
-        "grpo": "GRPOConfig", "rloo": "RLOOConfig", "ppo": "PPOConfig",
-    }  # fmt: skip
+@pytest.mark.parametrize("algorithm", sorted(SPEC_CLASSES))
+def test_the_registry_names_what_the_job_imports(algorithm: str) -> None:
+    """Each algorithm's description resolves: its config and trainer import, its fields are tabled, it ships a template."""
+    import dataclasses
+    import importlib
+    import os
+
+    import transformers
+
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    cls = SPEC_CLASSES[algorithm]
+
+    def imported(path: str) -> type:
+        module, _, attr = path.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    config = imported(cls.config_class)
+    assert issubclass(config, transformers.TrainingArguments)
+    assert {f.name for f in dataclasses.fields(config) if f.init} == set(config_fields(cls.config_class))
+    if cls.trainer_class is not None:
+        assert issubclass(imported(cls.trainer_class), transformers.Trainer)
+        parameters = inspect.signature(imported(cls.trainer_class)).parameters
+        assert set(cls.extra_models.values()) <= set(parameters), "extra models go to the trainer's own keywords"
+        assert ("reward_funcs" in parameters) == cls.generates
+    assert hasattr(transformers, cls.model_class)
+    assert cls.data_formats and all(cls.data_formats)
+    assert set(cls.extra_models) <= set(cls.model_fields), "each extra model is a spec field"
+    assert cls.groups <= cls.generates
+    assert (TEMPLATES / algorithm / "tiny.yaml").is_file()
+    assert importlib.util.find_spec(f"posttrain.entrypoints.{algorithm}") is not None
 
 
 def test_training_is_checked_against_the_algorithms_own_config() -> None:

@@ -1,0 +1,99 @@
+"""How spec problems are worded: one line each, naming the dotted key.
+
+Every problem says the key's dotted path, what was expected and, for an
+unknown key, the nearest valid one::
+
+    training.learnig_rate: unknown key; did you mean training.learning_rate?
+"""
+
+import difflib
+import typing
+from typing import Any, Iterator, List, Mapping, Optional, Sequence, Set, Type
+
+from pydantic import BaseModel, ValidationError
+
+
+class SpecError(ValueError):
+    """A spec, an override or a component argument is invalid.
+
+    ``problems`` lists every problem found, one line each; ``str(error)`` is
+    them joined by newlines.
+    """
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+def model_in(annotation: Any) -> Optional[Type[BaseModel]]:
+    """The pydantic model an annotation holds (``X``, ``Optional[X]``, ``List[X]``), if any."""
+    for arg in (annotation,) + typing.get_args(annotation):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+    return None
+
+
+def known_paths(model: Type[BaseModel], prefix: str = "") -> Iterator[str]:
+    """Every dotted key of a pydantic model, sections included."""
+    for name, field in model.model_fields.items():
+        yield f"{prefix}{name}"
+        inner = model_in(field.annotation)
+        if inner is not None:
+            yield from known_paths(inner, f"{prefix}{name}.")
+
+
+def unknown_in(raw: Mapping[str, Any], model: Type[BaseModel], prefix: str, paths: List[str]) -> Iterator[str]:
+    """Unknown keys of ``raw`` against a pydantic model, recursively, each with the nearest valid key."""
+    for key, value in raw.items():
+        path = f"{prefix}{key}"
+        field = model.model_fields.get(key)
+        if field is None:
+            yield unknown_message(path, set(model.model_fields), prefix, paths)
+            continue
+        inner = model_in(field.annotation)
+        if inner is not None and isinstance(value, dict):
+            yield from unknown_in(value, inner, f"{path}.", paths)
+        elif inner is not None and isinstance(value, list):
+            for index, item in enumerate(value):
+                if isinstance(item, dict):
+                    yield from unknown_in(item, inner, f"{path}.{index}.", paths)
+
+
+def unknown_mapping_keys(raw: Mapping[str, Any], allowed: Set[str], prefix: str, paths: List[str]) -> Iterator[str]:
+    """Unknown keys of a free mapping (``training``, ``model.lora``) checked against a field table."""
+    for key in raw:
+        if key not in allowed:
+            yield unknown_message(f"{prefix}.{key}", allowed, f"{prefix}.", paths)
+
+
+def unknown_message(path: str, siblings: Set[str], prefix: str, paths: List[str]) -> str:
+    """``path: unknown key``, with the nearest sibling, else where the key belongs, else the valid keys.
+
+    >>> unknown_message("training.learnig_rate", {"learning_rate", "seed"}, "training.", [])
+    'training.learnig_rate: unknown key; did you mean training.learning_rate?'
+    >>> unknown_message("lora", {"model", "data"}, "", ["model.lora"])
+    'lora: unknown key here; it belongs at model.lora'
+    """
+    key = path[len(prefix) :]
+    close = difflib.get_close_matches(key, sorted(siblings), n=1, cutoff=0.6)
+    if close:
+        return f"{path}: unknown key; did you mean {prefix}{close[0]}?"
+    elsewhere = [p for p in paths if p.rsplit(".", 1)[-1] == key]
+    if elsewhere:
+        return f"{path}: unknown key here; it belongs at {elsewhere[0]}"
+    return f"{path}: unknown key; valid keys here: {', '.join(sorted(siblings))}"
+
+
+def translate(error: ValidationError) -> List[str]:
+    """pydantic's errors as spec problems (unknown keys are reported by :func:`unknown_in` instead)."""
+    found = []
+    for item in error.errors():
+        path = ".".join(str(part) for part in item["loc"]) or "spec"
+        if item["type"] == "missing":
+            found.append(f"{path}: required")
+        elif item["type"] == "extra_forbidden":
+            continue
+        else:
+            message = item["msg"][:1].lower() + item["msg"][1:]
+            found.append(f"{path}: {message}; got {item['input']!r}")
+    return found

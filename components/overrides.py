@@ -1,0 +1,87 @@
+"""``key.path=value`` overrides: applied on top of a spec's YAML before validation.
+
+Each value is converted by the type of the field it lands on (``1e-5`` is a
+float for ``training.learning_rate``; a string field keeps the raw text);
+missing sections are created.
+"""
+
+import json
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Type
+
+from pydantic import BaseModel
+
+from posttrain.components.fields import LORA_CONFIG, FieldType, config_fields, field_type
+from posttrain.components.messages import SpecError, model_in
+from posttrain.components.registry import SPEC_CLASSES
+from posttrain.components.schema import Spec
+
+
+def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str], algorithm: Optional[str] = None) -> Dict[str, Any]:
+    """Returns a copy of ``raw`` with ``key.path=value`` overrides applied; ``raw`` is not modified.
+
+    >>> apply_overrides({"algorithm": "sft", "training": {}}, ["training.learning_rate=1e-5"])["training"]
+    {'learning_rate': 1e-05}
+    """
+    result = json.loads(json.dumps(raw))
+    name = result.get("algorithm", algorithm)
+    cls = SPEC_CLASSES.get(name) if isinstance(name, str) else None
+    for override in overrides:
+        if override.startswith("-"):
+            raise SpecError(
+                [f"override {override!r}: options such as {override.split('=')[0]} go before the key.path=value overrides"]
+            )
+        key, sep, text = override.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise SpecError([f"override {override!r}: expected key.path=value (e.g. training.learning_rate=1e-5)"])
+        parts = key.split(".")
+        if any(not part for part in parts):
+            raise SpecError([f"override {override!r}: empty key segment in {key!r}"])
+        target = _type_at(cls, parts) if cls else None
+        value = target.convert(text) if target else FieldType(("any",)).convert(text)
+        _set_path(result, parts, value, override)
+    return result
+
+
+def _set_path(root: Dict[str, Any], parts: List[str], value: Any, override: str) -> None:
+    node: Any = root
+    for depth, part in enumerate(parts[:-1]):
+        if isinstance(node, list):
+            node = node[_list_index(node, part, parts[: depth + 1], override)]
+            continue
+        if node.get(part) is None:
+            node[part] = {}
+        node = node[part]
+        if not isinstance(node, (dict, list)):
+            where = ".".join(parts[: depth + 1])
+            raise SpecError([f"override {override!r}: {where} is a value, not a section"])
+    if isinstance(node, list):
+        node[_list_index(node, parts[-1], parts, override)] = value
+    else:
+        node[parts[-1]] = value
+
+
+def _list_index(node: List[Any], part: str, parts: List[str], override: str) -> int:
+    if not part.isdigit() or int(part) >= len(node):
+        where = ".".join(parts)
+        raise SpecError([f"override {override!r}: {where}: expected a list index below {len(node)}"])
+    return int(part)
+
+
+def _type_at(cls: Type[Spec], parts: Sequence[str]) -> Optional[FieldType]:
+    """The FieldType of the field at ``parts``, or None where unknown."""
+    if parts[0] == "training" and len(parts) == 2:
+        return config_fields(cls.config_class).get(parts[1])
+    if parts[:2] == ["model", "lora"] and len(parts) == 3:
+        return config_fields(LORA_CONFIG).get(parts[2])
+    model: Optional[Type[BaseModel]] = cls
+    annotation: Any = None
+    for part in parts:
+        if part.isdigit():
+            continue  # an item of a list of sections: same model
+        field = model.model_fields.get(part) if model is not None else None
+        if field is None:
+            return None
+        annotation = field.annotation
+        model = model_in(annotation)
+    return field_type(annotation)

@@ -1,0 +1,317 @@
+"""The spec's schema: the sections every algorithm shares, and the families algorithms belong to.
+
+One pydantic model per section (``model``, ``data``, ``distributed``,
+``rewards``); :class:`Spec` is the whole document, and its class-level
+attributes describe what an algorithm *is* (its TRL config and trainer, the
+data it reads, whether it generates). Each algorithm fills them in once, in
+``registry.py``.
+"""
+
+import json
+import re
+import typing
+from typing import Any, ClassVar, Dict, List, Literal, Mapping, Optional, Tuple
+
+from pydantic import BaseModel, ConfigDict
+
+from posttrain.components.fields import config_value
+from posttrain.components.rewards import check_builtin
+
+# Keys of TRL's config classes that the package sets itself: where to go instead.
+PACKAGE_OWNED_TRAINING_KEYS: Dict[str, str] = {
+    "deepspeed": "use distributed.deepspeed",
+    "fsdp": "use distributed.fsdp",
+    "fsdp_config": "use distributed.fsdp",
+    "use_cpu": "posttrain sets it from the hardware",
+    "local_rank": "the launcher sets it",
+    "ddp_backend": "posttrain picks it (gloo on CPU, nccl on GPU)",
+    "ddp_timeout": "use distributed.timeout_s",
+    "resume_from_checkpoint": "use resume (auto, never, or a checkpoint path)",
+    "hub_token": "it is a secret: set the HF_TOKEN environment variable",
+}
+
+# training keys whose values must be positive (where set and not null).
+POSITIVE_TRAINING_KEYS = (
+    "learning_rate",
+    "per_device_train_batch_size",
+    "per_device_eval_batch_size",
+    "gradient_accumulation_steps",
+    "num_train_epochs",
+    "max_length",
+    "max_prompt_length",
+    "max_completion_length",
+    "logging_steps",
+    "save_steps",
+    "eval_steps",
+)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class ModelSpec(_Strict):
+    """The model to train: a local path, a hub id, or ``builtin:tiny-llama``."""
+
+    name_or_path: str
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    attn_implementation: Optional[str] = None
+    trust_remote_code: bool = False
+    revision: Optional[str] = None
+    lora: Optional[Dict[str, Any]] = None
+
+
+class DataSource(_Strict):
+    """A local JSON/JSONL/Parquet file (``path``) or a hub data set (``name``)."""
+
+    path: Optional[str] = None
+    name: Optional[str] = None
+    config: Optional[str] = None
+    split: str = "train"
+
+
+class DataSpec(_Strict):
+    """Training and evaluation data; ``columns`` renames ``{found: expected}``."""
+
+    train: DataSource
+    eval: Optional[DataSource] = None
+    columns: Dict[str, str] = {}
+
+
+class DeepSpeedSpec(_Strict):
+    """DeepSpeed ZeRO: a stage with optional CPU offload, or the path of your own DeepSpeed JSON."""
+
+    zero_stage: Optional[Literal[1, 2, 3]] = None
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    config: Optional[str] = None
+
+
+class FSDPSpec(_Strict):
+    """FSDP2 through accelerate: every decoder layer sharded on its own, then the rest of the model.
+
+    ``reshard_after_forward`` false keeps each layer's gathered parameters
+    from the forward to the backward pass (more memory, fewer all-gathers,
+    like ZeRO-2). ``wrap_layers`` names the layer classes to shard one by
+    one; the default is the model's own (``_no_split_modules``: its decoder
+    layers).
+    """
+
+    reshard_after_forward: bool = True
+    cpu_offload: bool = False
+    wrap_layers: Optional[List[str]] = None
+
+
+class DistributedSpec(_Strict):
+    """How the job is distributed; ``timeout_s`` bounds every collective (every backend)."""
+
+    timeout_s: int = 300
+    deepspeed: Optional[DeepSpeedSpec] = None
+    fsdp: Optional[FSDPSpec] = None
+
+    def problems(self) -> List[str]:
+        found = []
+        if self.timeout_s <= 0:
+            found.append(f"distributed.timeout_s: must be positive; got {self.timeout_s}")
+        if self.deepspeed is not None and self.fsdp is not None:
+            found.append("distributed: deepspeed and fsdp both shard the model; choose one of them")
+        if self.fsdp is not None and self.fsdp.wrap_layers is not None and not self.fsdp.wrap_layers:
+            found.append("distributed.fsdp.wrap_layers: an empty list shards nothing; remove it to wrap the decoder layers")
+        ds = self.deepspeed
+        if ds is not None:
+            if (ds.config is None) == (ds.zero_stage is None):
+                found.append(
+                    "distributed.deepspeed: give zero_stage (1, 2 or 3, with optional offload) or config "
+                    "(the path of a DeepSpeed JSON), not both or neither"
+                )
+            if ds.config is not None and (ds.offload_optimizer or ds.offload_params):
+                found.append("distributed.deepspeed: offload is set in your config file, not beside config")
+            if ds.offload_params and ds.zero_stage != 3:
+                found.append("distributed.deepspeed.offload_params: parameter offload needs zero_stage 3")
+        return found
+
+
+class Spec(_Strict):
+    """Sections shared by every algorithm; each algorithm's subclass (registry.py) says what it is.
+
+    The class-level attributes are the registry: import paths are strings,
+    so the client never imports trl. Everything else (the field tables, the
+    job's data checks, padding side, reward and extra-model loading) is
+    derived from them.
+    """
+
+    algorithm: str
+    model: ModelSpec
+    data: DataSpec
+    training: Dict[str, Any]
+    distributed: DistributedSpec = DistributedSpec()
+    resume: str = "auto"
+
+    # the class ``training`` is handed to, "module:Class"
+    config_class: ClassVar[str]
+    # the trainer the job builds, "module:Class" (None: the entrypoint builds its own)
+    trainer_class: ClassVar[Optional[str]]
+    # the transformers auto class the trained model is loaded with
+    model_class: ClassVar[str] = "AutoModelForCausalLM"
+    # column sets the training data may have (any one of them), after data.columns renames
+    data_formats: ClassVar[Tuple[Tuple[str, ...], ...]]
+    # samples completions during training: prompts are padded on the left, rewards score them
+    generates: ClassVar[bool] = False
+    # compares num_generations completions of each prompt (GRPO, RLOO)
+    groups: ClassVar[bool] = False
+    # PEFT task type of the trained model under model.lora
+    lora_task: ClassVar[str] = "CAUSAL_LM"
+    # models besides the policy, as the spec field naming each -> the trainer's keyword for it
+    extra_models: ClassVar[Dict[str, str]] = {}
+    # algorithm-specific training keys the package owns, beside PACKAGE_OWNED_TRAINING_KEYS
+    package_owned_training_keys: ClassVar[Dict[str, str]] = {}
+
+    @classmethod
+    def name(cls) -> str:
+        """The algorithm's name: its ``algorithm`` literal (``sft``, ``dpo``, ...)."""
+        return typing.get_args(cls.model_fields["algorithm"].annotation)[0]
+
+    @classmethod
+    def owned_training_keys(cls) -> Dict[str, str]:
+        return {**PACKAGE_OWNED_TRAINING_KEYS, **cls.package_owned_training_keys}
+
+    def to_json(self) -> str:
+        """Canonical JSON: sorted keys, no whitespace. ``from_json`` inverts it."""
+        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+
+    def problems(self, world_size: Optional[int]) -> List[str]:
+        """Checks across fields; subclasses add their own."""
+        found = []
+        training = self.training
+        if training.get("bf16") and training.get("fp16"):
+            found.append("training.bf16, training.fp16: at most one can be true")
+        dtype = self.model.dtype
+        if dtype == "float16" and training.get("bf16"):
+            found.append("model.dtype: float16 contradicts training.bf16: true; use model.dtype bfloat16 or auto")
+        if dtype == "bfloat16" and training.get("fp16"):
+            found.append("model.dtype: bfloat16 contradicts training.fp16: true; use model.dtype float16 or auto")
+        for name, source in (("train", self.data.train), ("eval", self.data.eval)):
+            if source is not None and (source.path is None) == (source.name is None):
+                found.append(
+                    f"data.{name}: give exactly one of path (a local JSON/JSONL/Parquet file) or name (a hub data set)"
+                )
+        if self.resume not in ("auto", "never") and not self.resume.strip():
+            found.append("resume: expected auto, never or a checkpoint path; got an empty string")
+        found += self.distributed.problems()
+        if "output_dir" not in training:
+            found.append("training.output_dir: required; the directory the job writes the model and checkpoints to")
+        max_steps = training.get("max_steps")
+        if isinstance(max_steps, int) and (max_steps == 0 or max_steps < -1):
+            found.append(f"training.max_steps: must be positive, or -1 to train by epochs; got {max_steps}")
+        return found
+
+
+class _ReferenceSpec(Spec):
+    """Algorithms that regularise towards a frozen reference policy.
+
+    ``reference_model`` (a path or hub id) defaults to a copy of the policy;
+    with LoRA the reference is the policy with its adapter disabled.
+    """
+
+    reference_model: Optional[str] = None
+    extra_models: ClassVar[Dict[str, str]] = {"reference_model": "ref_model"}
+
+    def problems(self, world_size: Optional[int]) -> List[str]:
+        found = super().problems(world_size)
+        if self.reference_model is not None and self.model.lora is not None:
+            found.append(
+                "reference_model: not used with model.lora (the reference is the policy with its adapter "
+                "disabled); remove one of them"
+            )
+        return found
+
+
+class RewardSource(_Strict):
+    """One reward: exactly one of a user callable, a built-in, or a reward model; weighted."""
+
+    function: Optional[str] = None  # "module:callable", importable in the job
+    builtin: Optional[str] = None
+    model: Optional[str] = None  # a sequence-classification model: path or hub id
+    args: Dict[str, Any] = {}
+    weight: float = 1.0
+
+    def problems(self, where: str) -> List[str]:
+        given = [key for key in ("function", "builtin", "model") if getattr(self, key) is not None]
+        if len(given) != 1:
+            return [f"{where}: give exactly one of function (module:callable), builtin (a name) or model (a path)"]
+        if self.function is not None and not re.fullmatch(r"[\w.]+:[\w.]+", self.function):
+            return [f"{where}.function: expected module:callable (e.g. my_rewards:accuracy); got {self.function!r}"]
+        if self.builtin is not None:
+            return [f"{where}.builtin: {problem}" for problem in check_builtin(self.builtin, self.args)]
+        if self.args:
+            return [f"{where}.args: only built-in rewards take args"]
+        return []
+
+
+class _OnlineSpec(Spec):
+    """Algorithms that generate completions and score them with ``rewards``."""
+
+    rewards: List[RewardSource]
+    generates: ClassVar[bool] = True
+    package_owned_training_keys: ClassVar[Dict[str, str]] = {"reward_weights": "use rewards[].weight"}
+
+    def problems(self, world_size: Optional[int]) -> List[str]:
+        found = super().problems(world_size)
+        if not self.rewards:
+            found.append("rewards: give at least one reward (function, builtin or model)")
+        for index, reward in enumerate(self.rewards):
+            found += reward.problems(f"rewards.{index}")
+        return found
+
+
+class _GroupSpec(_OnlineSpec):
+    """GRPO and RLOO: advantages compare ``num_generations`` completions of each prompt."""
+
+    groups: ClassVar[bool] = True
+
+    def problems(self, world_size: Optional[int]) -> List[str]:
+        found = super().problems(world_size)
+        mode = self.training.get("vllm_mode")
+        if mode is not None and mode not in ("colocate", "server"):
+            found.append(f"training.vllm_mode: expected colocate or server; got {mode!r}")
+        return found + generation_batch_problems(self.training, self.config_class, world_size or 1)
+
+
+def generation_batch_problems(training: Mapping[str, Any], config_class: str, world_size: int) -> List[str]:
+    """TRL's generation-batch rules, checked at submit time with the world size from ``-j``.
+
+    TRL raises these only once the job runs; here the message says which
+    numbers to change.
+    """
+
+    def value(key: str) -> Any:
+        return config_value(config_class, training, key)
+
+    per_device, accumulation = value("per_device_train_batch_size"), value("gradient_accumulation_steps")
+    generations = value("num_generations")
+    generation_batch, steps = value("generation_batch_size"), value("steps_per_generation")
+    if generation_batch is not None and steps is not None:
+        return ["training.generation_batch_size, training.steps_per_generation: set at most one"]
+    if generations is not None and generations < 2:
+        return [f"training.num_generations: at least 2 completions per prompt are compared; got {generations}"]
+    global_batch = per_device * world_size
+    if generation_batch is None:
+        generation_batch = global_batch * (steps if steps is not None else accumulation)
+        how = f"{per_device} per device x {world_size} processes x {steps or accumulation} steps"
+    elif generation_batch % global_batch:
+        return [
+            f"training.generation_batch_size: {generation_batch} is not a multiple of the global batch "
+            f"({per_device} per device x {world_size} processes = {global_batch}); use a multiple of {global_batch}"
+        ]
+    else:
+        how = "training.generation_batch_size"
+    if generations and generation_batch % generations:
+        divisors = [n for n in range(2, generation_batch + 1) if generation_batch % n == 0]
+        return [
+            f"training.num_generations: the generation batch ({generation_batch} = {how}) must divide by "
+            f"num_generations ({generations}); set num_generations to one of {divisors}, or change "
+            f"per_device_train_batch_size (or -j) so the batch is a multiple of {generations}"
+        ]
+    return []
+
+
