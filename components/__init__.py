@@ -4,7 +4,7 @@ Importing this package imports no torch, trl or transformers, so ``--dryrun``
 and ``torchx builtins`` stay fast and work where only torchx is installed.
 """
 
-from posttrain.components.algorithms import dpo, grpo, kto, orpo, ppo, reward, rloo, sft
+from posttrain.components.algorithms import distill, dpo, grpo, kto, online_dpo, orpo, ppo, reward, rloo, sft
 from posttrain.components.messages import SpecError
 
-__all__ = ["SpecError", "dpo", "grpo", "kto", "orpo", "ppo", "reward", "rloo", "sft"]
+__all__ = ["SpecError", "distill", "dpo", "grpo", "kto", "online_dpo", "orpo", "ppo", "reward", "rloo", "sft"]

@@ -364,3 +364,82 @@ def ppo(
         $ torchx run -s slurm posttrain.ppo --spec templates/ppo/tldr.yaml -j 1x8 -h gpu.h100.8
     """
     return build_appdef("ppo", **locals())
+
+
+@component
+def distill(
+    *overrides: str,
+    spec: str,
+    image: str = torchx.IMAGE,
+    name: Optional[str] = None,
+    h: Optional[str] = None,
+    cpu: int = 2,
+    gpu: int = 0,
+    memMB: int = 8192,
+    j: str = "1x2",
+    env: Optional[Dict[str, str]] = None,
+    max_retries: int = 0,
+    max_restarts: int = 0,
+    rdzv_port: int = 29500,
+    rdzv_backend: str = "c10d",
+    mounts: Optional[List[str]] = None,
+    debug: bool = False,
+    tee: int = 3,
+    launcher: str = "torchrun",
+) -> specs.AppDef:
+    """On-policy distillation (trl.DistillationTrainer) of a teacher model into the trained model.
+
+    Use it to shrink a model, or to pass a stronger model's behaviour to a
+    smaller one of the same tokenizer: the student generates completions of
+    the ``prompt`` column and learns the teacher's next-token distributions
+    on them (generalised JSD, ``training.beta``). ``teacher_model`` (a path or
+    hub id, at the top level of the spec) is loaded like the model, frozen.
+    ``training`` holds ``trl.DistillationConfig`` fields.
+
+    .. code-block:: shell-session
+
+        $ torchx run -s local_cwd posttrain.sft --spec templates/sft/tiny.yaml
+        $ torchx run -s local_cwd posttrain.distill --spec templates/distill/tiny.yaml
+        $ torchx run -s slurm posttrain.distill --spec templates/distill/qwen2.5-1.5b-to-0.5b.yaml -j 1x8 -h gpu.h100.8
+    """
+    return build_appdef("distill", **locals())
+
+
+@component
+def online_dpo(
+    *overrides: str,
+    spec: str,
+    image: str = torchx.IMAGE,
+    name: Optional[str] = None,
+    h: Optional[str] = None,
+    cpu: int = 2,
+    gpu: int = 0,
+    memMB: int = 8192,
+    j: str = "1x2",
+    env: Optional[Dict[str, str]] = None,
+    max_retries: int = 0,
+    max_restarts: int = 0,
+    rdzv_port: int = 29500,
+    rdzv_backend: str = "c10d",
+    mounts: Optional[List[str]] = None,
+    debug: bool = False,
+    tee: int = 3,
+    launcher: str = "torchrun",
+) -> specs.AppDef:
+    """Online DPO (trl.experimental.online_dpo.OnlineDPOTrainer): preference pairs sampled and scored as it trains.
+
+    Use it where you can score answers (reward functions or a reward model)
+    but have no preference data: for each prompt the model samples two
+    completions, ``rewards`` score them (built-ins, your functions or reward
+    models, weighted, as for GRPO), and DPO's loss prefers the better one
+    against a frozen reference (a copy of the model, ``reference_model``, or
+    the adapter-disabled model with ``model.lora``). ``training`` holds
+    ``OnlineDPOConfig`` fields; the job logs ``objective/scores``.
+
+    .. code-block:: shell-session
+
+        $ torchx run -s local_cwd posttrain.online_dpo --spec templates/online_dpo/tiny.yaml
+        $ torchx run -s local_cwd posttrain.online_dpo --spec templates/online_dpo/tiny.yaml -j 1x2 training.max_steps=20
+        $ torchx run -s slurm posttrain.online_dpo --spec templates/online_dpo/qwen2.5-0.5b.yaml -j 1x8 -h gpu.h100.8
+    """
+    return build_appdef("online_dpo", **locals())

@@ -83,6 +83,52 @@ class RLOOSpec(_GroupSpec):
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PROMPT_FORMATS
 
 
+class DistillSpec(Spec):
+    """On-policy knowledge distillation into the model from ``teacher_model`` with ``trl.DistillationTrainer``.
+
+    The student generates completions of each prompt; the loss is the
+    generalised Jensen-Shannon divergence (``beta``) between its and the
+    teacher's next-token distributions on them. The two share a vocabulary.
+    """
+
+    algorithm: Literal["distill"]
+    teacher_model: str
+    config_class: ClassVar[str] = "trl:DistillationConfig"
+    trainer_class: ClassVar[Optional[str]] = "trl:DistillationTrainer"
+    data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PROMPT_FORMATS
+    generates: ClassVar[bool] = True
+    extra_models: ClassVar[Dict[str, str]] = {"teacher_model": "teacher_model"}
+    package_owned_training_keys: ClassVar[Dict[str, str]] = {
+        "teacher_model_name_or_path": "use teacher_model at the top level of the spec",
+        "teacher_model_revision": "posttrain loads the teacher with model's revision and options",
+        "teacher_model_init_kwargs": "posttrain loads the teacher with model's dtype and options",
+    }
+
+    def problems(self, world_size: Optional[int]) -> List[str]:
+        found = super().problems(world_size)
+        if not self.teacher_model.strip():
+            found.append("teacher_model: expected a path or hub id of the teacher; got an empty string")
+        return found
+
+
+class OnlineDPOSpec(_ReferenceSpec, _OnlineSpec):
+    """Online DPO with ``trl.experimental.online_dpo.OnlineDPOTrainer``.
+
+    Two completions of each prompt are sampled and scored with ``rewards``;
+    the better one is chosen, and DPO's loss trains on the pair against the
+    reference (``reference_model``, a copy of the policy by default).
+    """
+
+    algorithm: Literal["online_dpo"]
+    config_class: ClassVar[str] = "trl.experimental.online_dpo:OnlineDPOConfig"
+    trainer_class: ClassVar[Optional[str]] = "trl.experimental.online_dpo:OnlineDPOTrainer"
+    data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PROMPT_FORMATS
+    package_owned_training_keys: ClassVar[Dict[str, str]] = {
+        **_OnlineSpec.package_owned_training_keys,
+        "reward_model_path": "use rewards: [{model: <path or hub id>}]",
+    }
+
+
 class PPOSpec(_OnlineSpec):
     """PPO with posttrain's own trainer: policy, frozen reference, value model, rewards.
 
@@ -123,5 +169,6 @@ class PPOSpec(_OnlineSpec):
 
 
 SPEC_CLASSES: Dict[str, Type[Spec]] = {
-    cls.name(): cls for cls in (SFTSpec, DPOSpec, RewardSpec, KTOSpec, ORPOSpec, GRPOSpec, RLOOSpec, PPOSpec)
+    cls.name(): cls
+    for cls in (SFTSpec, DPOSpec, RewardSpec, KTOSpec, ORPOSpec, GRPOSpec, RLOOSpec, PPOSpec, DistillSpec, OnlineDPOSpec)
 }

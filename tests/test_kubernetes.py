@@ -18,6 +18,7 @@ import pytest
 from helpers import REPO, TEMPLATES
 from torchx.runner import get_runner
 from torchx.schedulers.kubernetes_scheduler import sanitize_for_serialization
+from torchx.util.strings import normalize_str
 
 from posttrain.components import algorithms
 from posttrain.components.registry import SPEC_CLASSES
@@ -68,7 +69,8 @@ def test_every_component_makes_a_valid_volcano_job(algorithm: str) -> None:
     job = request(algorithm, j="2x2", gpu=2, cpu=8, memMB=32_000, max_retries=2, rdzv_port=29511)
     check(job)
     tasks = job["spec"]["tasks"]
-    assert [t["name"] for t in tasks] == [f"{algorithm}-0", f"{algorithm}-1"]
+    task_name = normalize_str(algorithm)  # Kubernetes names allow no underscore: online_dpo -> onlinedpo
+    assert [t["name"] for t in tasks] == [f"{task_name}-0", f"{task_name}-1"]
     assert job["spec"]["queue"] == "default" and job["spec"]["maxRetry"] == 2
     for replica, task in enumerate(tasks):
         assert task["maxRetry"] == 2
@@ -84,7 +86,7 @@ def test_every_component_makes_a_valid_volcano_job(algorithm: str) -> None:
         assert f"-m posttrain.entrypoints.{algorithm} --spec-json" in command
         assert "--nnodes 2 --nproc_per_node 2" in command
         # replica 0 hosts the rendezvous on localhost; the others reach it through Volcano's host list
-        host_variable = "TORCHX_RANK0_HOST" if replica == 0 else f"VC_{algorithm.upper()}_0_HOSTS"
+        host_variable = "TORCHX_RANK0_HOST" if replica == 0 else f"VC_{task_name.upper()}_0_HOSTS"
         assert f"--rdzv_endpoint ${{{host_variable}:=localhost}}:29511" in command
         if replica == 0:
             assert env["TORCHX_RANK0_HOST"] == "localhost"

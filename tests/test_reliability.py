@@ -18,6 +18,9 @@ from typing import List
 import pytest
 from helpers import REPO, assert_succeeded, free_port, job_env, read_json, run_template, torchx
 
+from posttrain.components import algorithms
+from posttrain.components.registry import SPEC_CLASSES
+
 SFT = "templates/sft/tiny.yaml"
 
 # (component, extra CLI arguments, what the one-line message must say)
@@ -104,18 +107,42 @@ def broken_specs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {"broken_yaml": str(directory / "broken.yaml"), "list_yaml": str(directory / "list.yaml")}
 
 
-def test_the_bad_input_table_is_large_and_distinct() -> None:
-    assert len(BAD_INPUTS) >= 40
-    assert len({(c, tuple(a)) for c, a, _ in BAD_INPUTS}) == len(BAD_INPUTS)
+def resolve(args: List[str], broken_specs: dict, component: str) -> List[str]:
+    args = [broken_specs.get(a.strip("{}"), a) for a in args]
+    return args if "--spec" in args else ["--spec", f"templates/{component}/tiny.yaml", *args]
 
 
 @pytest.mark.parametrize("component, args, message", BAD_INPUTS, ids=[" ".join(a) or c for c, a, _ in BAD_INPUTS])
-def test_bad_input_is_rejected_before_anything_is_scheduled(
+def test_bad_input_is_rejected_with_its_message_alone(
+    monkeypatch: pytest.MonkeyPatch, broken_specs: dict, component: str, args: List[str], message: str
+) -> None:
+    """In-process, as ``torchx run`` does it: torchx's own argument parsing, then the component."""
+    from torchx.specs.builders import materialize_appdef
+    from torchx.specs.finder import get_component
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("TORCHX_CONTEXT_NAME", "cli_run")  # what torchx's CLI sets
+    with pytest.raises(SystemExit) as exit_info:
+        materialize_appdef(get_component(f"posttrain.{component}").fn, resolve(args, broken_specs, component))
+    assert message in str(exit_info.value.code)
+
+
+@pytest.mark.parametrize("algorithm", sorted(SPEC_CLASSES))
+def test_every_component_names_an_unknown_training_key(monkeypatch: pytest.MonkeyPatch, algorithm: str) -> None:
+    monkeypatch.setenv("TORCHX_CONTEXT_NAME", "cli_run")
+    with pytest.raises(SystemExit, match=r"^training.learnig_rate: unknown key; did you mean training.learning_rate\?$"):
+        getattr(algorithms, algorithm)("training.learnig_rate=1", spec=f"{REPO}/templates/{algorithm}/tiny.yaml")
+
+
+# one bad input of each kind through the real CLI: exit 1, the message alone, nothing launched
+CLI_SAMPLE = [BAD_INPUTS[i] for i in (0, 15, 18, 20, 22, 29, 35, 47, 55, 62)]
+
+
+@pytest.mark.parametrize("component, args, message", CLI_SAMPLE, ids=[" ".join(a) for c, a, _ in CLI_SAMPLE])
+def test_bad_input_through_the_cli_prints_the_message_alone_and_launches_nothing(
     tmp_path: Path, broken_specs: dict, component: str, args: List[str], message: str
 ) -> None:
-    args = [broken_specs.get(a.strip("{}"), a) for a in args]
-    spec = [] if "--spec" in args else ["--spec", f"templates/{component}/tiny.yaml"]
-    result = torchx(["run", "-s", "local_cwd", f"posttrain.{component}", *spec, *args], tmp_path)
+    result = torchx(["run", "-s", "local_cwd", f"posttrain.{component}", *resolve(args, broken_specs, component)], tmp_path)
     assert result.returncode == 1, result.stdout + result.stderr
     assert message in result.stderr
     assert "Traceback" not in result.stdout + result.stderr and "usage:" not in result.stderr

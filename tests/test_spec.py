@@ -66,11 +66,11 @@ def test_the_registry_names_what_the_job_imports(algorithm: str) -> None:
         assert issubclass(imported(cls.trainer_class), transformers.Trainer)
         parameters = inspect.signature(imported(cls.trainer_class)).parameters
         assert set(cls.extra_models.values()) <= set(parameters), "extra models go to the trainer's own keywords"
-        assert ("reward_funcs" in parameters) == cls.generates
+        assert ("reward_funcs" in parameters) == ("rewards" in cls.model_fields)
     assert hasattr(transformers, cls.model_class)
     assert cls.data_formats and all(cls.data_formats)
     assert set(cls.extra_models) <= set(cls.model_fields), "each extra model is a spec field"
-    assert cls.groups <= cls.generates
+    assert cls.groups <= cls.generates and ("rewards" in cls.model_fields) <= cls.generates
     assert (TEMPLATES / algorithm / "tiny.yaml").is_file()
     assert importlib.util.find_spec(f"posttrain.entrypoints.{algorithm}") is not None
 
