@@ -28,6 +28,9 @@ PACKAGE_OWNED_TRAINING_KEYS: Dict[str, str] = {
     "ddp_timeout": "use distributed.timeout_s",
     "resume_from_checkpoint": "use resume (auto, never, or a checkpoint path)",
     "hub_token": "it is a secret: set the HF_TOKEN environment variable",
+    # posttrain loads every model itself, so TRL never reads these
+    "model_init_kwargs": "posttrain loads the models: use model (dtype, attn_implementation, revision)",
+    "trust_remote_code": "use model.trust_remote_code",
 }
 
 # training keys whose values must be positive (where set and not null).

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
-from posttrain.components.spec import SpecError
+from posttrain.components.messages import SpecError
 
 FAULT_ENV = "POSTTRAIN_FAULT"
 FAULT_KINDS = ("raise", "hang", "exit", "kill")

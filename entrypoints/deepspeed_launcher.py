@@ -14,7 +14,7 @@ to the first host to find it.
 The runner's exit status is not the verdict: when its ``launch`` child dies
 by a signal it exits 0 and leaves the ranks running (measured with
 DeepSpeed 0.19.8). So every rank reports its success in a directory given
-to it here (``POSTTRAIN_RANKS_DONE_DIR``, see ``runtime.run``), and the node
+to it here (``POSTTRAIN_RANKS_DONE_DIR``, see ``distributed.report_done``), and the node
 succeeds only if the runner did and all of its ranks reported.
 """
 

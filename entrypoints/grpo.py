@@ -4,14 +4,7 @@
     torchx run -s local_cwd posttrain.grpo --spec templates/grpo/gspo-tiny.yaml
 """
 
-from trl import GRPOTrainer
-
-from posttrain.entrypoints.runtime import Job, run
-
-
-def build_trainer(job: Job) -> GRPOTrainer:
-    return GRPOTrainer(model=job.load_model(), reward_funcs=job.rewards, **job.trainer_kwargs)
-
+from posttrain.entrypoints.runtime import run
 
 if __name__ == "__main__":
-    run("grpo", build_trainer)
+    run("grpo")

@@ -3,23 +3,21 @@
     torchx run -s local_cwd posttrain.ppo --spec templates/ppo/tiny.yaml
 """
 
-from transformers import AutoModelForSequenceClassification
-
 from posttrain.entrypoints.ppo_trainer import PPOTrainer
-from posttrain.entrypoints.runtime import Job, load_model, run
+from posttrain.entrypoints.runtime import Job, run
 
 
 def build_trainer(job: Job) -> PPOTrainer:
-    spec = job.spec
-    reward_models = [reward.model for reward in spec.rewards if reward.model is not None]
-    # the reward model knows what good looks like: the usual start for the critic
-    value_init = spec.value_model or (reward_models[0] if len(reward_models) == 1 else spec.model.name_or_path)
+    """The policy, then the reference and value models (the registry's extra_models), then the rewards."""
+    policy = job.load_model()
+    models = job.load_extra_models()  # ref_policy, value_model
+    reward_funcs, reward_tokenizers = job.load_rewards()
     return PPOTrainer(
-        policy=job.load_model(),
-        ref_policy=job.load_reference_model(),
-        value_model=load_model(value_init, spec, job.tokenizer, AutoModelForSequenceClassification),
-        rewards=job.rewards,
-        reward_weights=[reward.weight for reward in spec.rewards],
+        policy=policy,
+        **models,
+        reward_funcs=reward_funcs,
+        reward_processing_classes=reward_tokenizers,
+        reward_weights=[reward.weight for reward in job.spec.rewards],
         args=job.args,
         train_dataset=job.train_dataset,
         processing_class=job.tokenizer,

@@ -36,6 +36,10 @@ takes the same number of iterations and a resume continues the same stream;
 only rank 0 writes files, between barriers; what is saved is the unwrapped
 policy (and value model), never the DDP wrapper.
 
+The maths is in ``ppo_math.py``, steps 1 to 3 in ``ppo_rollout.py``. Reward
+models arrive loaded, with their tokenizers, in the shape TRL's online
+trainers take them (``reward_funcs``, ``reward_processing_classes``).
+
 Checkpoints (``checkpoint-N/``) hold the training state (``ppo_model.pt``,
 ``optimizer.pt``, ``scheduler.pt``, ``ppo_state.json``) and, written last,
 ``trainer_state.json`` in HF Trainer's format.
@@ -43,28 +47,26 @@ Checkpoints (``checkpoint-N/``) hold the training state (``ppo_model.pt``,
 
 import dataclasses
 import json
-import math
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple
+from typing import Any, Dict, Literal, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from accelerate import Accelerator
-from transformers import (
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-    PreTrainedModel,
-    TrainerControl,
-    TrainerState,
-    TrainingArguments,
-    get_scheduler,
-)
+from transformers import PreTrainedModel, TrainerControl, TrainerState, TrainingArguments, get_scheduler
 from transformers.trainer_utils import TrainOutput
 
-from posttrain.entrypoints.rewards import completion_text
+from posttrain.entrypoints.ppo_math import (
+    adapted_kl_coef,
+    masked_mean,
+    policy_loss,
+    positions,
+    response_logprobs,
+    value_loss,
+)
+from posttrain.entrypoints.ppo_rollout import Rollouts
 
 
 @dataclasses.dataclass
@@ -95,67 +97,6 @@ class PPOConfig(TrainingArguments):
     )
 
 
-# ---------------------------------------------------------------- the maths
-
-
-def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float) -> torch.Tensor:
-    """Generalised advantage estimates over response tokens (``[batch, time]``).
-
-    ``mask`` marks real tokens; padding comes only after them, has reward and
-    value 0, so the value after the last real token is 0.
-
-    >>> gae(torch.tensor([[0.0, 1.0]]), torch.tensor([[0.5, 0.25]]), torch.ones(1, 2), 1.0, 1.0)
-    tensor([[0.5000, 0.7500]])
-    """
-    rewards, values = rewards * mask, values * mask
-    advantages = torch.zeros_like(rewards)
-    running = torch.zeros_like(rewards[:, 0])
-    for t in reversed(range(rewards.shape[1])):
-        next_value = values[:, t + 1] if t + 1 < rewards.shape[1] else torch.zeros_like(running)
-        delta = rewards[:, t] + gamma * next_value - values[:, t]
-        running = delta + gamma * lam * running
-        advantages[:, t] = running
-    return advantages * mask
-
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return (values * mask).sum() / mask.sum().clamp(min=1)
-
-
-def policy_loss(
-    logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, cliprange: float
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """PPO's clipped surrogate ``max(-A ρ, -A clip(ρ, 1-ε, 1+ε))`` and the clipped fraction."""
-    ratio = torch.exp(logprobs - old_logprobs)
-    unclipped = -advantages * ratio
-    clipped = -advantages * torch.clamp(ratio, 1.0 - cliprange, 1.0 + cliprange)
-    return masked_mean(torch.max(unclipped, clipped), mask), masked_mean((clipped > unclipped).float(), mask)
-
-
-def value_loss(
-    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, cliprange_value: float
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``½ max((V - R)², (clip(V, V_old ± ε) - R)²)`` and the clipped fraction."""
-    clipped_values = old_values + torch.clamp(values - old_values, -cliprange_value, cliprange_value)
-    unclipped_error, clipped_error = (values - returns) ** 2, (clipped_values - returns) ** 2
-    loss = 0.5 * masked_mean(torch.max(unclipped_error, clipped_error), mask)
-    return loss, masked_mean((clipped_error > unclipped_error).float(), mask)
-
-
-def kl_per_token(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, estimator: str) -> torch.Tensor:
-    """Schulman's k1 (``logp - logp_ref``) or k3 (``(q - 1) - log q``, ``q = p_ref / p``)."""
-    log_ratio = logprobs - ref_logprobs
-    if estimator == "k1":
-        return log_ratio
-    return torch.expm1(-log_ratio) + log_ratio
-
-
-def adapted_kl_coef(kl_coef: float, kl: float, target: float, samples: int, horizon: int) -> float:
-    """Ziegler et al.'s controller: ``β (1 + clip(KL/target - 1, ±0.2) n / horizon)``."""
-    error = min(max(kl / target - 1.0, -0.2), 0.2)
-    return kl_coef * (1.0 + error * samples / horizon)
-
-
 # ---------------------------------------------------------------- models
 
 
@@ -173,11 +114,6 @@ class PolicyAndValue(nn.Module):
         return logits, token_values(self.value_model, input_ids, attention_mask, position_ids)
 
 
-def positions(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Position ids that skip left padding, as ``generate`` computes them."""
-    return (attention_mask.cumsum(-1) - 1).clamp(min=0)
-
-
 def token_values(
     value_model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
 ) -> torch.Tensor:
@@ -185,17 +121,6 @@ def token_values(
     backbone = getattr(value_model, value_model.base_model_prefix)
     hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
     return value_model.score(hidden).squeeze(-1).float()
-
-
-def response_logprobs(logits: torch.Tensor, tokens: torch.Tensor, prompt_length: int, temperature: float) -> Tuple[
-    torch.Tensor, torch.Tensor
-]:
-    """Log-probabilities of the response tokens at the sampling temperature, and the entropy."""
-    response_logits = logits[:, prompt_length - 1 : -1].float() / temperature
-    log_probs = F.log_softmax(response_logits, dim=-1)
-    chosen = torch.gather(log_probs, 2, tokens[:, prompt_length:].unsqueeze(-1)).squeeze(-1)
-    entropy = -(log_probs.exp() * log_probs).sum(-1)
-    return chosen, entropy
 
 
 # ---------------------------------------------------------------- the trainer
@@ -213,7 +138,8 @@ class PPOTrainer:
         policy: PreTrainedModel,
         ref_policy: PreTrainedModel,
         value_model: PreTrainedModel,
-        rewards: Sequence[Any],
+        reward_funcs: Sequence[Any],
+        reward_processing_classes: Sequence[Optional[Any]],
         reward_weights: Sequence[float],
         args: PPOConfig,
         train_dataset: Any,
@@ -229,14 +155,13 @@ class PPOTrainer:
                                   is_world_process_zero=self.accelerator.is_main_process)  # fmt: skip
         self.control = TrainerControl()
         self.kl_coef = args.kl_coef
-        self.dataset = train_dataset
-        self.prompts = [self._encode_prompt(row["prompt"]) for row in train_dataset]
-        self.reward_weights = torch.tensor(list(reward_weights), dtype=torch.float32)
-        self.reward_functions = [self._load_reward(reward) for reward in rewards]
+        self.rollouts = Rollouts(
+            args, processing_class, self.accelerator, train_dataset, ref_policy,
+            reward_funcs, reward_processing_classes, reward_weights,
+        )  # fmt: skip
 
         for model in (policy, value_model):
             model.config.use_cache = False
-        self.ref_policy = ref_policy.to(self.device).eval().requires_grad_(False)
         model = PolicyAndValue(policy, value_model)
         optimizer = torch.optim.AdamW(
             model.parameters(),
@@ -251,134 +176,6 @@ class PPOTrainer:
             num_training_steps=updates,
         )  # fmt: skip
         self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
-
-    # ------------------------------------------------------------ inputs
-
-    def _encode_prompt(self, prompt: Any) -> List[int]:
-        if isinstance(prompt, str):
-            ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        else:
-            ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_dict=True)["input_ids"]
-        limit = self.args.max_prompt_length
-        return list(ids[-limit:]) if limit else list(ids)
-
-    def _load_reward(self, reward: Any) -> Any:
-        if callable(reward):
-            return reward
-        model = AutoModelForSequenceClassification.from_pretrained(reward, num_labels=1)
-        tokenizer = AutoTokenizer.from_pretrained(reward)
-        tokenizer.padding_side = "right"
-        if tokenizer.pad_token is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        model.config.pad_token_id = tokenizer.pad_token_id
-        return model.to(self.device).eval().requires_grad_(False), tokenizer
-
-    def _batch_indices(self, iteration: int) -> List[int]:
-        """This rank's prompts for an iteration: a seeded shuffle per pass over the data."""
-        per_rank, world = self.args.per_device_train_batch_size, self.accelerator.num_processes
-        per_iteration = per_rank * world
-        iterations_per_pass = max(1, len(self.prompts) // per_iteration)
-        data_pass, slot = divmod(iteration, iterations_per_pass)
-        generator = torch.Generator().manual_seed(self.args.seed * 100_003 + data_pass)
-        order = torch.randperm(len(self.prompts), generator=generator).tolist()
-        start = slot * per_iteration + self.accelerator.process_index * per_rank
-        return order[start : start + per_rank]
-
-    # ------------------------------------------------------------ rollout
-
-    @torch.no_grad()
-    def _rollout(self, iteration: int) -> Dict[str, Any]:
-        args, pad_id, eos_id = self.args, self.tokenizer.pad_token_id, self.tokenizer.eos_token_id
-        indices = self._batch_indices(iteration)
-        prompt_ids = [self.prompts[i] for i in indices]
-        prompt_length = max(len(ids) for ids in prompt_ids)
-        prompts = torch.full((len(indices), prompt_length), pad_id, dtype=torch.long)
-        prompt_mask = torch.zeros_like(prompts)
-        for row, ids in enumerate(prompt_ids):  # left padding
-            prompts[row, prompt_length - len(ids) :] = torch.tensor(ids)
-            prompt_mask[row, prompt_length - len(ids) :] = 1
-        prompts, prompt_mask = prompts.to(self.device), prompt_mask.to(self.device)
-
-        unwrapped = self.accelerator.unwrap_model(self.model)
-        torch.manual_seed(args.seed * 1_000_003 + iteration * 7919 + self.accelerator.process_index)
-        unwrapped.policy.eval()
-        generated = unwrapped.policy.generate(
-            input_ids=prompts,
-            attention_mask=prompt_mask,
-            max_new_tokens=args.max_completion_length,
-            do_sample=True,
-            temperature=args.temperature,
-            top_k=0,
-            top_p=1.0,
-            pad_token_id=pad_id,
-            eos_token_id=eos_id,
-            use_cache=True,
-        )
-        unwrapped.policy.train()
-        responses = generated[:, prompt_length:]
-        response_mask = _until_first(responses, eos_id)
-        responses = torch.where(response_mask.bool(), responses, torch.full_like(responses, pad_id))
-        tokens = torch.cat([prompts, responses], dim=1)
-        attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
-
-        logits, values = unwrapped(tokens, attention_mask)
-        logprobs, _ = response_logprobs(logits, tokens, prompt_length, args.temperature)
-        ref_logits = self.ref_policy(
-            input_ids=tokens, attention_mask=attention_mask, position_ids=positions(attention_mask)
-        ).logits
-        ref_logprobs, _ = response_logprobs(ref_logits, tokens, prompt_length, args.temperature)
-        values = values[:, prompt_length - 1 : -1]
-
-        scores = self._score([self.dataset[i] for i in indices], responses, response_mask)
-        ends_with_eos = (responses == eos_id).any(dim=1)
-        if args.missing_eos_penalty is not None:
-            scores = torch.where(ends_with_eos, scores, scores - args.missing_eos_penalty)
-        kl = kl_per_token(logprobs, ref_logprobs, args.kl_estimator) * response_mask
-        rewards = -self.kl_coef * kl
-        last = (response_mask.sum(dim=1) - 1).clamp(min=0)
-        rewards[torch.arange(len(indices), device=self.device), last] += scores
-        advantages = gae(rewards, values, response_mask.float(), args.gamma, args.lam)
-        returns = advantages + values
-        advantages = self._whiten(advantages, response_mask.float())
-        return {
-            "tokens": tokens, "attention_mask": attention_mask, "prompt_length": prompt_length,
-            "response_mask": response_mask.float(), "logprobs": logprobs, "values": values,
-            "returns": returns, "advantages": advantages, "scores": scores, "kl": kl.sum(dim=1),
-            "non_score_reward": (-self.kl_coef * kl).sum(dim=1),
-        }  # fmt: skip
-
-    def _score(self, rows: List[Dict[str, Any]], responses: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        texts = self.tokenizer.batch_decode(responses * mask, skip_special_tokens=True)
-        prompts = [row["prompt"] for row in rows]
-        conversational = not isinstance(prompts[0], str)
-        completions = [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
-        columns = {key: [row[key] for row in rows] for key in rows[0] if key != "prompt"}
-        per_reward = []
-        for reward in self.reward_functions:
-            if callable(reward):
-                scored = reward(prompts=prompts, completions=completions, **columns)
-                per_reward.append(torch.tensor([math.nan if s is None else float(s) for s in scored]))
-            else:
-                per_reward.append(self._model_scores(reward, prompts, completions))
-        stacked = torch.stack(per_reward, dim=1)
-        return (stacked * self.reward_weights.unsqueeze(0)).nansum(dim=1).to(self.device)
-
-    def _model_scores(self, reward: Tuple[PreTrainedModel, Any], prompts: List[Any], completions: List[Any]) -> torch.Tensor:
-        model, tokenizer = reward
-        if isinstance(prompts[0], str):
-            texts = [p + completion_text(c) for p, c in zip(prompts, completions)]
-        else:
-            texts = [tokenizer.apply_chat_template(p + c, tokenize=False) for p, c in zip(prompts, completions)]
-        encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
-        return model(**encoded).logits[:, 0].float().cpu()
-
-    def _whiten(self, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Zero mean, unit variance over the real tokens of every rank."""
-        stats = torch.stack([(values * mask).sum(), (values**2 * mask).sum(), mask.sum()])
-        total, total_sq, count = self.accelerator.reduce(stats, reduction="sum").tolist()
-        mean = total / max(count, 1.0)
-        variance = max(total_sq / max(count, 1.0) - mean**2, 0.0)
-        return (values - mean) / math.sqrt(variance + 1e-8) * mask
 
     # ------------------------------------------------------------ update
 
@@ -431,7 +228,7 @@ class PPOTrainer:
         self._callback("on_train_begin")
         start, losses = time.time(), []
         for iteration in range(state.global_step, args.max_steps):
-            batch = self._rollout(iteration)
+            batch = self.rollouts.collect(self.accelerator.unwrap_model(self.model), iteration, self.kl_coef)
             stats = self._update(batch, iteration)
             losses.append(stats["loss"])
             tokens = (batch["attention_mask"].sum()).reshape(1)
@@ -443,7 +240,7 @@ class PPOTrainer:
                                                args.kl_horizon)  # fmt: skip
             state.global_step = iteration + 1
             state.epoch = state.global_step * args.per_device_train_batch_size * self.accelerator.num_processes / len(
-                self.prompts
+                self.rollouts.prompts
             )
             if state.global_step == 1 or state.global_step % args.logging_steps == 0:
                 self._log({**rollout_stats, **self._mean_across_ranks(stats)})
@@ -544,13 +341,6 @@ class PPOTrainer:
             self.state.is_world_process_zero, self.state.is_local_process_zero
         )
         self.state = loaded
-
-
-def _until_first(tokens: torch.Tensor, eos_id: int) -> torch.Tensor:
-    """1 up to and including the first EOS of each row (all of it where there is none), else 0."""
-    is_eos = tokens == eos_id
-    after_eos = (is_eos.cumsum(dim=1) - is_eos.long()) > 0
-    return (~after_eos).long()
 
 
 def _mixed_precision(args: TrainingArguments) -> str:

@@ -1,4 +1,4 @@
-"""GRPO, GSPO, RLOO and PPO end to end through ``torchx run -s local_cwd``: the reward rises."""
+"""GRPO, GSPO, RLOO, online DPO and PPO end to end through ``torchx run -s local_cwd``: the reward rises."""
 
 import shutil
 import textwrap
@@ -28,6 +28,14 @@ def test_group_methods_raise_the_reward(tmp_path: Path, template: str) -> None:
     output_dir = tmp_path / "out"
     assert_succeeded(run_template(template, tmp_path, output_dir))
     assert reward_rise(output_dir, "reward") >= 0.2
+
+
+def test_online_dpo_raises_the_score_of_its_sampled_answers(tmp_path: Path) -> None:
+    output_dir = tmp_path / "out"
+    assert_succeeded(run_template("online_dpo/tiny.yaml", tmp_path, output_dir))
+    assert reward_rise(output_dir, "objective/scores") >= 0.2
+    assert read_json(output_dir / "run_summary.json")["algorithm"] == "online_dpo"
+    assert AutoModelForCausalLM.from_pretrained(output_dir) is not None
 
 
 def test_grpo_2x1_multinode_rendezvous_raises_the_reward(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""SFT end to end through the real ``torchx run -s local_cwd``: it learns, and says so."""
+"""SFT, and distillation from the SFT model, end to end through the real ``torchx run -s local_cwd``: they learn, and say so."""
 
 import shutil
 from pathlib import Path
@@ -104,3 +104,16 @@ def test_library_use_as_in_the_design(tmp_path: Path, monkeypatch: pytest.Monkey
         status = runner.wait(handle, wait_interval=1)
     assert status is not None and status.state == AppState.SUCCEEDED, status
     assert read_json(output_dir / "run_summary.json")["global_steps"] == 20
+
+
+def test_distill_the_sft_model_into_a_fresh_one(sft_1x2: Path, tmp_path: Path) -> None:
+    output_dir = tmp_path / "distill"
+    result = run_template("distill/tiny.yaml", tmp_path, output_dir, overrides=[f"teacher_model={sft_1x2}"])
+    assert_succeeded(result)
+    first, last = ends(output_dir, "loss")
+    assert last <= 0.8 * first, f"loss {first:.3f} -> {last:.3f}"
+    summary = read_json(output_dir / "run_summary.json")
+    assert summary["algorithm"] == "distill" and summary["world_size"] == 2
+    assert AutoModelForCausalLM.from_pretrained(output_dir).config.vocab_size == AutoModelForCausalLM.from_pretrained(
+        sft_1x2
+    ).config.vocab_size

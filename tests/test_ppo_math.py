@@ -5,20 +5,21 @@ import doctest
 import pytest
 import torch
 
-from posttrain.entrypoints import ppo_trainer
-from posttrain.entrypoints.ppo_trainer import (
-    _until_first,
+from posttrain.entrypoints import ppo_math
+from posttrain.entrypoints.ppo_math import (
     adapted_kl_coef,
     gae,
     kl_per_token,
     masked_mean,
     policy_loss,
+    until_first,
     value_loss,
+    whiten,
 )
 
 
-def test_ppo_trainer_doctests() -> None:
-    assert doctest.testmod(ppo_trainer).failed == 0
+def test_ppo_math_doctests() -> None:
+    assert doctest.testmod(ppo_math).failed == 0
 
 
 def test_gae_matches_a_hand_computed_case() -> None:
@@ -93,5 +94,15 @@ def test_adaptive_kl_controller_moves_towards_the_target_within_its_clip() -> No
 def test_responses_are_cut_after_the_first_eos() -> None:
     eos = 9
     tokens = torch.tensor([[5, 9, 4, 9], [1, 2, 3, 4], [9, 1, 1, 1]])
-    assert _until_first(tokens, eos).tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
+    assert until_first(tokens, eos).tolist() == [[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]]
     assert masked_mean(torch.tensor([1.0, 3.0, 100.0]), torch.tensor([1.0, 1.0, 0.0])).item() == 2.0
+
+
+def test_whitening_is_over_the_real_tokens_of_every_rank() -> None:
+    values = torch.tensor([[1.0, 2.0, 3.0, 50.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    one_rank = whiten(values, mask, lambda stats: stats)
+    assert one_rank[0, 3] == 0 and masked_mean(one_rank, mask).abs() < 1e-6
+    assert masked_mean(one_rank**2, mask).item() == pytest.approx(1.0, abs=1e-6)
+    # two ranks holding the same tokens: the same statistics
+    assert torch.allclose(whiten(values, mask, lambda stats: 2 * stats), one_rank)

@@ -96,6 +96,14 @@ BAD_INPUTS = [
     # malformed overrides
     ("sft", ["training.max_steps"], "override 'training.max_steps': expected key.path=value"),
     ("sft", ["training.max_steps.x=3"], "training.max_steps is a value, not a section"),
+    # posttrain loads every model itself; the new algorithms' own keys
+    ("grpo", ["training.trust_remote_code=true"], "training.trust_remote_code: set by posttrain, not in training; use model.trust_remote_code"),
+    ("dpo", ["training.model_init_kwargs={dtype: bfloat16}"], "training.model_init_kwargs: set by posttrain, not in training; posttrain loads the models"),
+    ("distill", ["training.teacher_model_name_or_path=x"], "training.teacher_model_name_or_path: set by posttrain, not in training; use teacher_model"),
+    ("distill", ["teacher_model= "], "teacher_model: expected a path or hub id of the teacher; got an empty string"),
+    ("online_dpo", ["training.reward_model_path=x"], "training.reward_model_path: set by posttrain, not in training; use rewards"),
+    ("online_dpo", ["rewards=[]"], "rewards: give at least one reward"),
+    ("online_dpo", ["reference_model=org/ref", "model.lora={r: 8}"], "reference_model: not used with model.lora"),
 ]  # fmt: skip
 
 

@@ -1,17 +1,27 @@
-"""The job-side runtime: data checks, batch fitting, resume, summary maths, the tiny model."""
+"""The job-side runtime: data checks, batch fitting, resume, summary maths, sharding, the tiny model."""
 
 import doctest
 import json
 from pathlib import Path
 
 import pytest
+import torch
 from helpers import TEMPLATES, load_template
 from transformers import LlamaForCausalLM, LlamaForSequenceClassification
 from trl import SFTConfig
 
+from posttrain.components.fields import config_fields
+from posttrain.components.registry import SPEC_CLASSES
 from posttrain.components.spec import SpecError, validate
-from posttrain.entrypoints import deepspeed_launcher, runtime, tiny
-from posttrain.entrypoints.runtime import DATA_FORMATS, complete_checkpoints, fit_batch, load_data, resolve_resume
+from posttrain.entrypoints import deepspeed_launcher, runtime, summary, tiny
+from posttrain.entrypoints.checkpoints import SPEC_FILE, complete_checkpoints, resolve_resume
+from posttrain.entrypoints.data import check_online_data, fit_batch, load_data
+from posttrain.entrypoints.models import EXTRA_MODELS, import_object, load_tokenizer
+from posttrain.entrypoints.rewards import has_rewards, resolve_rewards
+from posttrain.entrypoints.sharding import deepspeed_config, strategy_for
+
+SFT_FORMATS = SPEC_CLASSES["sft"].data_formats
+SFT_CONFIG = SPEC_CLASSES["sft"].config_class
 
 
 @pytest.fixture(autouse=True)
@@ -28,7 +38,7 @@ def spec_with(tmp_path: Path, **changes: object):
 
 
 def test_runtime_doctests() -> None:
-    assert doctest.testmod(runtime).failed == 0
+    assert doctest.testmod(summary).failed == 0
     assert doctest.testmod(deepspeed_launcher).failed == 0
 
 
@@ -53,7 +63,7 @@ def test_tiny_chat_template_marks_assistant_turns() -> None:
 
 def test_shipped_sft_data_loads_with_the_expected_columns() -> None:
     spec = validate(load_template("sft/tiny.yaml"))
-    dataset = load_data(spec.data.train, {}, "data.train", DATA_FORMATS["sft"])
+    dataset = load_data(spec.data.train, {}, "data.train", SFT_FORMATS)
     assert len(dataset) >= 200 and dataset.column_names == ["messages"]
 
 
@@ -62,29 +72,29 @@ def test_wrong_columns_name_found_and_expected(tmp_path: Path) -> None:
     path.write_text('{"question": "q", "answer": "a"}\n')
     source = validate({**load_template("sft/tiny.yaml"), "data": {"train": {"path": str(path)}}}).data.train
     with pytest.raises(SpecError) as error:
-        load_data(source, {}, "data.train", DATA_FORMATS["sft"])
+        load_data(source, {}, "data.train", SFT_FORMATS)
     assert "found columns ['question', 'answer']; expected (messages) or (text) or (prompt, completion)" in str(error.value)
-    renamed = load_data(source, {"question": "prompt", "answer": "completion"}, "data.train", DATA_FORMATS["sft"])
+    renamed = load_data(source, {"question": "prompt", "answer": "completion"}, "data.train", SFT_FORMATS)
     assert renamed.column_names == ["prompt", "completion"]
     with pytest.raises(SpecError, match="data.columns: data.train has no column query"):
-        load_data(source, {"query": "prompt"}, "data.train", DATA_FORMATS["sft"])
+        load_data(source, {"query": "prompt"}, "data.train", SFT_FORMATS)
 
 
 def test_missing_data_file_is_named(tmp_path: Path) -> None:
     source = validate({**load_template("sft/tiny.yaml"), "data": {"train": {"path": "nope.jsonl"}}}).data.train
     with pytest.raises(SpecError, match="data.train.path: no such file: nope.jsonl"):
-        load_data(source, {}, "data.train", DATA_FORMATS["sft"])
+        load_data(source, {}, "data.train", SFT_FORMATS)
 
 
 def test_fit_batch_shrinks_to_the_data_or_fails() -> None:
     training = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 4}
-    assert fit_batch(training, "SFTConfig", 1000, 2) == training
-    fitted = fit_batch(training, "SFTConfig", 20, 2)
+    assert fit_batch(training, SFT_CONFIG, 1000, 2) == training
+    fitted = fit_batch(training, SFT_CONFIG, 20, 2)
     per, accum = fitted["per_device_train_batch_size"], fitted["gradient_accumulation_steps"]
     assert 2 * per * accum <= 20 and per >= 1
-    assert fit_batch({}, "SFTConfig", 10, 2)["per_device_train_batch_size"] == 5  # SFTConfig's default is 8
+    assert fit_batch({}, SFT_CONFIG, 10, 2)["per_device_train_batch_size"] == 5  # SFTConfig's default is 8
     with pytest.raises(SpecError, match="3 rows cannot give each of the 4 processes one example"):
-        fit_batch(training, "SFTConfig", 3, 4)
+        fit_batch(training, SFT_CONFIG, 3, 4)
 
 
 def write_checkpoint(output_dir: Path, step: int, complete: bool = True) -> Path:
@@ -108,7 +118,7 @@ def test_resume_auto_picks_the_newest_checkpoint_of_the_same_spec(tmp_path: Path
     assert resolve_resume(spec, output_dir) is None
     write_checkpoint(output_dir, 5)
     newest = write_checkpoint(output_dir, 10)
-    (output_dir / runtime.SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json")))
+    (output_dir / SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json")))
     assert resolve_resume(spec, output_dir) == str(newest)
     assert resolve_resume(spec_with(tmp_path, resume=str(output_dir / "checkpoint-5")), output_dir).endswith("-5")
 
@@ -119,7 +129,7 @@ def test_resume_auto_refuses_a_checkpoint_of_another_spec(tmp_path: Path) -> Non
     write_checkpoint(output_dir, 10)
     saved = spec.model_dump(mode="json")
     saved["training"]["learning_rate"] = 0.5
-    (output_dir / runtime.SPEC_FILE).write_text(json.dumps(saved))
+    (output_dir / SPEC_FILE).write_text(json.dumps(saved))
     with pytest.raises(SpecError) as error:
         resolve_resume(spec, output_dir)
     assert "written by a different spec (training.learning_rate: 0.5 -> 0.003)" in str(error.value)
@@ -153,7 +163,7 @@ def test_templates_point_at_shipped_data() -> None:
 
 def test_deepspeed_config_leaves_batch_and_precision_to_the_trainer(tmp_path: Path) -> None:
     spec = spec_with(tmp_path, distributed={"deepspeed": {"zero_stage": 3, "offload_optimizer": True, "offload_params": True}})
-    config = runtime.deepspeed_config(spec.distributed.deepspeed)
+    config = deepspeed_config(spec.distributed.deepspeed)
     assert config["train_micro_batch_size_per_gpu"] == "auto" and config["bf16"] == {"enabled": "auto"}
     zero = config["zero_optimization"]
     assert zero["stage"] == 3 and zero["offload_optimizer"]["device"] == "cpu" and zero["offload_param"]["device"] == "cpu"
@@ -162,7 +172,7 @@ def test_deepspeed_config_leaves_batch_and_precision_to_the_trainer(tmp_path: Pa
     assert kwargs["deepspeed"] == config
     own = spec_with(tmp_path, distributed={"deepspeed": {"config": str(tmp_path / "missing.json")}})
     with pytest.raises(SpecError, match="distributed.deepspeed.config: no such file"):
-        runtime.deepspeed_config(own.distributed.deepspeed)
+        deepspeed_config(own.distributed.deepspeed)
 
 
 def test_fsdp_arguments_turn_on_fsdp2_through_the_hf_integration(tmp_path: Path) -> None:
@@ -188,26 +198,93 @@ def test_a_trainer_that_set_up_another_strategy_is_refused(tmp_path: Path) -> No
 
     plain = spec_with(tmp_path)
     args = SFTConfig(**runtime.training_arguments(plain, dict(plain.training)))
-    tokenizer = runtime.load_tokenizer(plain, "right")
-    data = load_data(plain.data.train, {}, "data.train", DATA_FORMATS["sft"])
+    tokenizer = load_tokenizer(plain.model.name_or_path, plain, "right")
+    data = load_data(plain.data.train, {}, "data.train", SFT_FORMATS)
     trainer = SFTTrainer(
         model=tiny.build_model(tokenizer, LlamaForCausalLM), args=args, train_dataset=data, processing_class=tokenizer
     )
-    assert runtime.check_engine(plain, trainer) == "single"
+    assert strategy_for(plain.distributed).check_engine(trainer) == "single"
     for sharding in ({"fsdp": {}}, {"deepspeed": {"zero_stage": 3}}):
         asked = next(iter(sharding))
         with pytest.raises(SpecError, match=f"distributed.{asked}: asked for {asked}, but the trainer set up single"):
-            runtime.check_engine(spec_with(tmp_path, distributed=sharding), trainer)
+            strategy_for(spec_with(tmp_path, distributed=sharding).distributed).check_engine(trainer)
 
 
 def test_online_batches_are_checked_not_shrunk() -> None:
     from types import SimpleNamespace
 
     grpo = SimpleNamespace(generation_batch_size=16, num_generations=8, per_device_train_batch_size=8)
-    runtime.check_online_data("grpo", grpo, 2, 2)
+    check_online_data(SPEC_CLASSES["grpo"], grpo, 2, 2)
     with pytest.raises(SpecError, match=r"data.train: 1 prompts, fewer than one batch takes \(16 completions / 8 per prompt = 2\)"):
-        runtime.check_online_data("grpo", grpo, 1, 2)
+        check_online_data(SPEC_CLASSES["grpo"], grpo, 1, 2)
     ppo = SimpleNamespace(per_device_train_batch_size=16)
     with pytest.raises(SpecError, match=r"\(16 per process x 2 processes = 32\)"):
-        runtime.check_online_data("ppo", ppo, 20, 2)
-    runtime.check_online_data("sft", ppo, 1, 2)
+        check_online_data(SPEC_CLASSES["ppo"], ppo, 20, 2)
+    check_online_data(SPEC_CLASSES["sft"], ppo, 1, 2)
+
+
+BUILT_BY_THE_REGISTRY = sorted(name for name, cls in SPEC_CLASSES.items() if cls.trainer_class is not None)
+
+
+def tiny_job(tmp_path: Path, algorithm: str, **changes: object) -> runtime.Job:
+    """The job ``run`` would build from the algorithm's tiny template, every extra model the built-in one."""
+    raw = load_template(f"{algorithm}/tiny.yaml")
+    raw["training"]["output_dir"] = str(tmp_path / "out")
+    raw.update({field: tiny.NAME for field in SPEC_CLASSES[algorithm].extra_models})
+    raw.update(changes)
+    spec = validate(raw)
+    args = import_object(spec.config_class)(**runtime.training_arguments(spec, dict(spec.training)))
+    tokenizer = load_tokenizer(spec.model.name_or_path, spec, "left" if spec.generates else "right")
+    data = load_data(spec.data.train, spec.data.columns, "data.train", spec.data_formats)
+    return runtime.Job(spec, args, tokenizer, data, None, callbacks=[], rewards=resolve_rewards(spec))
+
+
+@pytest.mark.parametrize("algorithm", BUILT_BY_THE_REGISTRY)
+def test_the_registry_builds_every_trainer_with_its_models(tmp_path: Path, algorithm: str) -> None:
+    job = tiny_job(tmp_path, algorithm)
+    spec = job.spec
+    trainer = runtime.registry_trainer(job)
+    assert type(trainer) is import_object(spec.trainer_class)
+    if spec.model_class == "AutoModelForSequenceClassification":
+        assert isinstance(trainer.model, LlamaForSequenceClassification) and trainer.model.config.num_labels == 1
+    for keyword in spec.extra_models.values():
+        assert isinstance(getattr(trainer, keyword), torch.nn.Module), keyword  # loaded by the job, not by TRL
+    if has_rewards(spec):
+        assert len(trainer.reward_funcs) == len(spec.rewards)
+    if "reward_weights" in config_fields(spec.config_class):
+        assert job.args.reward_weights == [reward.weight for reward in spec.rewards]
+
+
+def test_reward_models_load_through_the_jobs_loader_with_their_tokenizers(tmp_path: Path) -> None:
+    rewards = [{"builtin": "contains", "args": {"target": "blue"}}, {"model": tiny.NAME, "weight": 0.5}]
+    job = tiny_job(tmp_path, "grpo", rewards=rewards)
+    funcs, tokenizers = job.load_rewards()
+    assert callable(funcs[0]) and tokenizers[0] is None
+    assert isinstance(funcs[1], LlamaForSequenceClassification) and funcs[1].config.num_labels == 1
+    assert tokenizers[1].padding_side == "right" and funcs[1].config.pad_token_id == tokenizers[1].pad_token_id
+    trainer = runtime.registry_trainer(job)  # TRL takes the loaded model and tokenizer as they are
+    assert isinstance(trainer.reward_funcs[1], LlamaForSequenceClassification)
+    assert trainer.reward_processing_classes[1].padding_side == "right"
+    assert job.args.reward_weights == [1.0, 0.5]
+    with pytest.raises(SpecError, match="rewards.1.model: no such directory: ./nowhere"):
+        resolve_rewards(validate({**load_template("grpo/tiny.yaml"), "rewards": [rewards[0], {"model": "./nowhere"}]}))
+
+
+def test_ppo_value_model_defaults_to_the_one_reward_model_else_the_policy(tmp_path: Path) -> None:
+    value_path, model_class = EXTRA_MODELS["value_model"]
+    assert model_class == "AutoModelForSequenceClassification"
+    builtin = {"builtin": "contains", "args": {"target": "blue"}}
+    ppo = {**load_template("ppo/tiny.yaml"), "rewards": [builtin]}
+    assert value_path(validate(ppo)) == tiny.NAME
+    assert value_path(validate({**ppo, "rewards": [builtin, {"model": "./rm"}]})) == "./rm"
+    assert value_path(validate({**ppo, "rewards": [{"model": "./rm"}, {"model": "./rm2"}]})) == tiny.NAME
+    assert value_path(validate({**ppo, "rewards": [{"model": "./rm"}], "value_model": "./vm"})) == "./vm"
+
+
+def test_ppo_builds_its_trainer_from_the_jobs_models(tmp_path: Path) -> None:
+    from posttrain.entrypoints import ppo
+
+    trainer = ppo.build_trainer(tiny_job(tmp_path, "ppo"))
+    assert not any(parameter.requires_grad for parameter in trainer.rollouts.ref_policy.parameters())
+    assert isinstance(trainer.accelerator.unwrap_model(trainer.model).value_model, LlamaForSequenceClassification)
+    assert len(trainer.rollouts.reward_functions) == 1 and callable(trainer.rollouts.reward_functions[0])

@@ -1,0 +1,123 @@
+"""The process group and what every rank does around it: creation, barriers, logging, teardown.
+
+Which backend the group gets, and what joins it afterwards (DeepSpeed), is
+the sharding strategy's business (``sharding.py``): this module creates a
+group with the backend it is given.
+"""
+
+import logging
+import os
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from posttrain.components.messages import SpecError
+from posttrain.entrypoints.callbacks import collective_device
+from posttrain.entrypoints.deepspeed_launcher import DONE_DIR_ENV
+
+log = logging.getLogger("posttrain")
+
+
+def device_backend() -> str:
+    """The backend collectives use on this hardware: NCCL on GPUs, gloo on CPU."""
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_process_group(backend: str, timeout: timedelta) -> bool:
+    """Creates the process group (launched by torchrun or DeepSpeed); False if there is none to create.
+
+    ``backend`` may name one per device (``"cuda:nccl,cpu:gloo"``). The
+    timeout bounds every collective, on every backend.
+    """
+    if "WORLD_SIZE" not in os.environ or dist.is_initialized():
+        return False
+    # the DeepSpeed launcher says LOCAL_SIZE where torchrun says LOCAL_WORLD_SIZE (accelerate reads the latter)
+    if "LOCAL_SIZE" in os.environ:
+        os.environ.setdefault("LOCAL_WORLD_SIZE", os.environ["LOCAL_SIZE"])
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # torchrun's agent store outlives a worker restart: without a prefix per attempt, restarted
+    # workers read the dead workers' addresses and fail to connect (seen with gloo, torch 2.13).
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+        is_master=not agent_store and rank == 0, timeout=timeout, multi_tenant=not agent_store,
+    )  # fmt: skip
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    prefixed = dist.PrefixStore(f"posttrain/attempt_{attempt}", store)
+    dist.init_process_group(backend=backend, store=prefixed, rank=rank, world_size=world_size, timeout=timeout)
+    return True
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else 1
+
+
+def is_rank0() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def check_shared_output(output_dir: Path) -> None:
+    """With several nodes, every node must see ``output_dir``: rank 0 alone writes what all read.
+
+    Rank 0 writes a fresh token there; the first process of every node reads
+    it back. A node that cannot is on other storage, and resume or the final
+    save would silently split across nodes.
+    """
+    if not dist.is_initialized():
+        return
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+    if dist.get_world_size() // local_world_size <= 1:
+        return
+    marker = output_dir / ".posttrain_shared_check"
+    token = [os.urandom(8).hex() if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(token, src=0)
+    if dist.get_rank() == 0:
+        marker.write_text(token[0])
+    dist.barrier()
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    sees = local_rank != 0 or (marker.is_file() and marker.read_text() == token[0])
+    missing = torch.tensor([0.0 if sees else 1.0], device=collective_device())
+    dist.all_reduce(missing)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        marker.unlink(missing_ok=True)
+    if missing.item() > 0:
+        raise SpecError(
+            [
+                f"training.output_dir: {output_dir} is not on storage every node sees ({int(missing.item())} "
+                "node(s) cannot read what rank 0 wrote); use a shared filesystem (NFS, Lustre, a ReadWriteMany "
+                "volume) for multi-node jobs"
+            ]
+        )
+
+
+def report_done() -> None:
+    """Tells posttrain's DeepSpeed launcher that this rank finished (its runner's exit status cannot)."""
+    done_dir = os.environ.get(DONE_DIR_ENV)
+    if done_dir:
+        (Path(done_dir) / f"rank-{os.environ.get('RANK', '0')}").touch()
+
+
+def setup_logging() -> None:
+    """Rank 0 speaks; the others only warn. Only posttrain's own logger: libraries keep theirs."""
+    rank = int(os.environ.get("RANK", "0"))
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(f"%(asctime)s posttrain[{rank}] %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    log.propagate = False

@@ -1,0 +1,143 @@
+"""Every model and tokenizer a job loads, through one loader.
+
+The trained model, a frozen reference, a teacher, a value model and reward
+models all come from :func:`load_model`, so ``model``'s options (dtype,
+revision, trust_remote_code, attention implementation) apply to each alike,
+and ``builtin:tiny-llama`` works wherever a model is named. Which extra
+models an algorithm loads, and the trainer keyword each goes to, is the
+registry's ``extra_models``; where each one's path comes from is
+:data:`EXTRA_MODELS` here.
+"""
+
+import importlib
+import os
+from pathlib import Path
+from typing import Any, Callable, Dict, Optional, Tuple
+
+import torch
+
+from posttrain.components.messages import SpecError
+from posttrain.components.schema import Spec
+
+CAUSAL_LM = "AutoModelForCausalLM"
+SEQUENCE_CLASSIFICATION = "AutoModelForSequenceClassification"
+
+
+def import_object(path: str) -> Any:
+    """The object an import path ``"module:attr"`` names (the registry's config and trainer classes)."""
+    module, _, attr = path.partition(":")
+    if ".experimental" in module:
+        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # the registry chose it; TRL would warn on import
+    return getattr(importlib.import_module(module), attr)
+
+
+def load_tokenizer(name_or_path: str, spec: Spec, padding_side: str) -> Any:
+    """The tokenizer of ``name_or_path``, padding on ``padding_side``.
+
+    transformers 5 does not save ``padding_side`` with a tokenizer, so it is
+    set after loading; a missing pad token falls back to EOS.
+    """
+    from transformers import AutoTokenizer
+
+    from posttrain.entrypoints import tiny
+
+    model = spec.model
+    if name_or_path == tiny.NAME:
+        tokenizer = tiny.build_tokenizer()
+    else:
+        tokenizer = _from_pretrained(
+            AutoTokenizer, name_or_path, revision=model.revision, trust_remote_code=model.trust_remote_code
+        )
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = padding_side
+    return tokenizer
+
+
+def load_model(name_or_path: str, spec: Spec, tokenizer: Any, model_class: str) -> Any:
+    """Loads a model with a transformers auto class (``AutoModelForCausalLM``, ...) named by ``model_class``.
+
+    ``spec.model`` gives the dtype, revision and loading options. A sequence
+    classifier (reward or value model) gets one label: one score per sequence.
+    """
+    import transformers
+
+    from posttrain.entrypoints import tiny
+
+    model = spec.model
+    scores = "SequenceClassification" in model_class
+    if name_or_path == tiny.NAME:
+        head = transformers.LlamaForSequenceClassification if scores else transformers.LlamaForCausalLM
+        built = tiny.build_model(tokenizer, head)
+        return built.to(getattr(torch, model.dtype)) if model.dtype != "auto" else built
+    kwargs: Dict[str, Any] = {
+        "revision": model.revision,
+        "trust_remote_code": model.trust_remote_code,
+        "dtype": model.dtype,
+    }
+    if model.attn_implementation is not None:
+        kwargs["attn_implementation"] = model.attn_implementation
+    if scores:
+        kwargs["num_labels"] = 1
+    loaded = _from_pretrained(getattr(transformers, model_class), name_or_path, **kwargs)
+    if getattr(loaded.config, "pad_token_id", None) is None:
+        loaded.config.pad_token_id = tokenizer.pad_token_id
+    return loaded
+
+
+def lora_config(spec: Spec) -> Any:
+    """PEFT's LoraConfig from ``model.lora`` for the algorithm's task type, or None."""
+    if spec.model.lora is None:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(**{"task_type": spec.lora_task, **spec.model.lora})
+
+
+def _reference_path(spec: Spec) -> Optional[str]:
+    """The frozen reference: ``reference_model``, else a fresh load of the policy; with LoRA none.
+
+    With LoRA the trainer disables the adapter instead.
+    """
+    if spec.model.lora is not None:
+        return None
+    return spec.reference_model or spec.model.name_or_path
+
+
+def _value_path(spec: Spec) -> str:
+    """PPO's critic: ``value_model``, else the one reward model, else the policy's weights (a fresh head)."""
+    reward_models = [reward.model for reward in spec.rewards if reward.model is not None]
+    # the reward model knows what good looks like: the usual start for the critic
+    return spec.value_model or (reward_models[0] if len(reward_models) == 1 else spec.model.name_or_path)
+
+
+# spec field naming an extra model -> (where its path comes from, its auto class)
+EXTRA_MODELS: Dict[str, Tuple[Callable[[Spec], Optional[str]], str]] = {
+    "reference_model": (_reference_path, CAUSAL_LM),
+    "teacher_model": (lambda spec: spec.teacher_model, CAUSAL_LM),
+    "value_model": (_value_path, SEQUENCE_CLASSIFICATION),
+}
+
+
+def load_extra_model(field: str, spec: Spec, tokenizer: Any) -> Any:
+    """The model the registry's ``extra_models`` names by its spec field, or None where there is none to load."""
+    if field not in EXTRA_MODELS:
+        raise KeyError(f"extra model {field!r}: no loader for it; add one to models.EXTRA_MODELS")
+    path_of, model_class = EXTRA_MODELS[field]
+    name_or_path = path_of(spec)
+    return None if name_or_path is None else load_model(name_or_path, spec, tokenizer, model_class)
+
+
+def _from_pretrained(auto_class: Any, name_or_path: str, **kwargs: Any) -> Any:
+    """``auto_class.from_pretrained``, a missing directory or unreachable hub id named plainly."""
+    check_model_path(name_or_path)
+    try:
+        return auto_class.from_pretrained(name_or_path, **kwargs)
+    except OSError as error:
+        raise SpecError([f"model: cannot load {name_or_path!r}: {error}"]) from None
+
+
+def check_model_path(name_or_path: str, where: str = "model.name_or_path") -> None:
+    """A path-like name that does not exist is a mistake, not a hub id."""
+    if name_or_path.startswith(("/", "./", "../", "~")) and not Path(name_or_path).expanduser().exists():
+        raise SpecError([f"{where}: no such directory: {name_or_path}"])

@@ -1,0 +1,85 @@
+"""``run_summary.json``: what ran and what it learned. Its keys are a contract (DESIGN.md)."""
+
+import os
+import statistics
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch.distributed as dist
+
+from posttrain.components.schema import Spec
+from posttrain.entrypoints.callbacks import TokenCounter
+from posttrain.entrypoints.distributed import world_size
+
+SUMMARY_FILE = "run_summary.json"
+
+# Bookkeeping and speed the Trainer logs beside the metrics.
+_NOT_METRICS = {"step", "epoch", "total_flos", "train_runtime", "train_tokens_per_second"}
+
+
+def run_summary(
+    algorithm: str, spec: Spec, trainer: Any, metrics: Dict[str, Any], resumed_from: Optional[str], tokens: TokenCounter
+) -> Dict[str, Any]:
+    """The contents of ``run_summary.json``, read from the live trainer."""
+    runtime = float(metrics.get("train_runtime", 0.0))
+    total_tokens = int(trainer.state.num_input_tokens_seen or 0)
+    attempt_tokens = total_tokens - tokens.at_start
+    world = world_size()
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    first, last = metric_ends(trainer.state.log_history)
+    return {
+        "algorithm": algorithm,
+        "world_size": world,
+        "nnodes": world // local_world_size,
+        "engine": engine(trainer),
+        "global_steps": trainer.state.global_step,
+        "train_runtime_s": runtime,
+        "train_tokens": total_tokens or None,
+        "tokens_per_s": attempt_tokens / runtime if attempt_tokens > 0 and runtime > 0 else None,
+        "metrics_first": first,
+        "metrics_last": last,
+        "resumed_from": resumed_from,
+        "spec": spec.model_dump(mode="json"),
+    }
+
+
+def engine(trainer: Any) -> Dict[str, Any]:
+    """What actually ran, read from the live trainer's accelerator."""
+    from accelerate.utils import DistributedType
+
+    accelerator = trainer.accelerator
+    kind = accelerator.distributed_type
+    if kind == DistributedType.DEEPSPEED:
+        strategy = "deepspeed"
+    elif kind == DistributedType.FSDP:
+        strategy = "fsdp"
+    elif kind in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+        strategy = "ddp"
+    else:
+        strategy = "single"
+    plugin = accelerator.state.deepspeed_plugin if strategy == "deepspeed" else None
+    return {
+        "backend": dist.get_backend() if dist.is_initialized() else None,
+        "strategy": strategy,
+        "zero_stage": plugin.zero_stage if plugin is not None else None,
+    }
+
+
+def metric_ends(log_history: Sequence[Dict[str, Any]]) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """Each logged metric averaged over its first and its last three values.
+
+    The Trainer's closing summary entry (``train_loss``, ...) is left out.
+
+    >>> history = [{"loss": v, "step": i} for i, v in enumerate([4.0, 3.0, 2.0, 1.0, 1.0, 1.0])]
+    >>> metric_ends(history)
+    ({'loss': 3.0}, {'loss': 1.0})
+    """
+    series: Dict[str, List[float]] = {}
+    for entry in log_history:
+        if "train_loss" in entry and "train_samples_per_second" in entry:
+            continue
+        for key, value in entry.items():
+            if key not in _NOT_METRICS and isinstance(value, (int, float)) and not isinstance(value, bool):
+                series.setdefault(key, []).append(float(value))
+    first = {key: statistics.fmean(values[:3]) for key, values in series.items()}
+    last = {key: statistics.fmean(values[-3:]) for key, values in series.items()}
+    return first, last
