@@ -3,7 +3,7 @@
 The trained model, a frozen reference, a teacher, a value model and reward
 models all come from :func:`load_model`, so ``model``'s options (dtype,
 revision, trust_remote_code, attention implementation) apply to each alike,
-and ``builtin:tiny-llama`` works wherever a model is named. Which extra
+and the built-in tiny models (``tiny.py``) work wherever a model is named. Which extra
 models an algorithm loads, and the trainer keyword each goes to, is the
 registry's ``extra_models``; where each one's path comes from is
 :data:`EXTRA_MODELS` here.
@@ -42,8 +42,8 @@ def load_tokenizer(name_or_path: str, spec: Spec, padding_side: str) -> Any:
     from posttrain.entrypoints import tiny
 
     model = spec.model
-    if name_or_path == tiny.NAME:
-        tokenizer = tiny.build_tokenizer()
+    if name_or_path in tiny.BUILTINS:
+        tokenizer = tiny.BUILTINS[name_or_path][0]()
     else:
         tokenizer = _from_pretrained(
             AutoTokenizer, name_or_path, revision=model.revision, trust_remote_code=model.trust_remote_code
@@ -66,9 +66,9 @@ def load_model(name_or_path: str, spec: Spec, tokenizer: Any, model_class: str) 
 
     model = spec.model
     scores = "SequenceClassification" in model_class
-    if name_or_path == tiny.NAME:
+    if name_or_path in tiny.BUILTINS:
         head = transformers.LlamaForSequenceClassification if scores else transformers.LlamaForCausalLM
-        built = tiny.build_model(tokenizer, head)
+        built = tiny.BUILTINS[name_or_path][1](tokenizer, head)
         return built.to(getattr(torch, model.dtype)) if model.dtype != "auto" else built
     kwargs: Dict[str, Any] = {
         "revision": model.revision,
@@ -125,7 +125,30 @@ def load_extra_model(field: str, spec: Spec, tokenizer: Any) -> Any:
         raise KeyError(f"extra model {field!r}: no loader for it; add one to models.EXTRA_MODELS")
     path_of, model_class = EXTRA_MODELS[field]
     name_or_path = path_of(spec)
-    return None if name_or_path is None else load_model(name_or_path, spec, tokenizer, model_class)
+    if name_or_path is None:
+        return None
+    if name_or_path != spec.model.name_or_path:
+        check_same_tokenizer(name_or_path, spec, tokenizer, field)
+    return load_model(name_or_path, spec, tokenizer, model_class)
+
+
+def check_same_tokenizer(name_or_path: str, spec: Spec, tokenizer: Any, where: str) -> None:
+    """A model fed the trained model's token ids must read them as the same tokens.
+
+    Every extra model (reference, teacher, value) scores the trained model's
+    token ids directly; with another tokenizer it would score other text
+    without a word. Its tokenizer may add tokens, not renumber them.
+    """
+    theirs = load_tokenizer(name_or_path, spec, padding_side=tokenizer.padding_side).get_vocab()
+    differing = [token for token, index in tokenizer.get_vocab().items() if theirs.get(token) != index]
+    if differing:
+        raise SpecError(
+            [
+                f"{where}: {name_or_path}'s tokenizer numbers {len(differing)} of the {len(tokenizer)} tokens of "
+                f"{spec.model.name_or_path}'s differently (e.g. {differing[0]!r}); it reads the trained model's token "
+                "ids, so it needs the same tokenizer (a model trained from the same base)"
+            ]
+        )
 
 
 def _from_pretrained(auto_class: Any, name_or_path: str, **kwargs: Any) -> Any:

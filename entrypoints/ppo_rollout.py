@@ -5,13 +5,14 @@ Steps 1 to 3 of an iteration of :class:`~posttrain.entrypoints.ppo_trainer.PPOTr
 returns. Nothing here changes a weight.
 """
 
+import contextlib
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 from accelerate import Accelerator
-from transformers import PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel
 
 from posttrain.components.rewards import completion_text
 from posttrain.entrypoints.ppo_math import gae, kl_per_token, positions, response_logprobs, until_first, whiten
@@ -44,8 +45,8 @@ class Rollouts:
 
     def _encode_prompt(self, prompt: Any) -> List[int]:
         if isinstance(prompt, str):
-            ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        else:
+            ids = self.tokenizer(prompt)["input_ids"]  # with the tokenizer's BOS, as the model saw text in training
+        else:  # the chat template writes the BOS itself
             ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_dict=True)["input_ids"]
         limit = self.args.max_prompt_length
         return list(ids[-limit:]) if limit else list(ids)
@@ -76,31 +77,31 @@ class Rollouts:
         prompts, prompt_mask = prompts.to(self.device), prompt_mask.to(self.device)
 
         torch.manual_seed(args.seed * 1_000_003 + iteration * 7919 + self.accelerator.process_index)
-        model.policy.eval()
-        generated = model.policy.generate(
-            input_ids=prompts,
-            attention_mask=prompt_mask,
-            max_new_tokens=args.max_completion_length,
-            do_sample=True,
-            temperature=args.temperature,
-            top_k=0,
-            top_p=1.0,
-            pad_token_id=pad_id,
-            eos_token_id=eos_id,
-            use_cache=True,
-        )
-        model.policy.train()
+        with sampling_from_the_logits(model.policy):
+            generated = model.policy.generate(
+                input_ids=prompts,
+                attention_mask=prompt_mask,
+                max_new_tokens=args.max_completion_length,
+                do_sample=True,
+                temperature=args.temperature,
+                top_k=0,
+                top_p=1.0,
+                pad_token_id=pad_id,
+                eos_token_id=eos_id,
+                use_cache=True,
+            )
         responses = generated[:, prompt_length:]
         response_mask = until_first(responses, eos_id)
         responses = torch.where(response_mask.bool(), responses, torch.full_like(responses, pad_id))
         tokens = torch.cat([prompts, responses], dim=1)
         attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
 
-        logits, values = model(tokens, attention_mask)
+        logits, values = model(tokens, attention_mask)  # in autocast: accelerate wraps the forward
         logprobs, _ = response_logprobs(logits, tokens, prompt_length, args.temperature)
-        ref_logits = self.ref_policy(
-            input_ids=tokens, attention_mask=attention_mask, position_ids=positions(attention_mask)
-        ).logits
+        with self.accelerator.autocast():  # the same precision as the policy's, so KL starts at 0 under bf16
+            ref_logits = self.ref_policy(
+                input_ids=tokens, attention_mask=attention_mask, position_ids=positions(attention_mask)
+            ).logits
         ref_logprobs, _ = response_logprobs(ref_logits, tokens, prompt_length, args.temperature)
         values = values[:, prompt_length - 1 : -1]
 
@@ -123,7 +124,11 @@ class Rollouts:
         }  # fmt: skip
 
     def _score(self, rows: List[Dict[str, Any]], responses: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        texts = self.tokenizer.batch_decode(responses * mask, skip_special_tokens=True)
+        # each response up to its EOS, never the padding after it (in most tokenizers id 0 is an ordinary token)
+        texts = [
+            self.tokenizer.decode(response[row_mask.bool()], skip_special_tokens=True)
+            for response, row_mask in zip(responses, mask)
+        ]
         prompts = [row["prompt"] for row in rows]
         conversational = not isinstance(prompts[0], str)
         completions = [[{"role": "assistant", "content": t}] for t in texts] if conversational else texts
@@ -145,4 +150,25 @@ class Rollouts:
         else:
             texts = [tokenizer.apply_chat_template(p + c, tokenize=False) for p, c in zip(prompts, completions)]
         encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
-        return model(**encoded).logits[:, 0].float().cpu()
+        with self.accelerator.autocast():
+            return model(**encoded).logits[:, 0].float().cpu()
+
+
+@contextlib.contextmanager
+def sampling_from_the_logits(policy: PreTrainedModel) -> Iterator[None]:
+    """Generation samples from softmax(logits / temperature) alone, as the log-probs PPO trains on assume.
+
+    transformers fills every sampling setting ``generate`` is not given from
+    the model's ``generation_config.json`` (an instruct model's repetition
+    penalty, top-k, min-p, ...), which would make the sampling distribution
+    differ from the one the ratio and the KL are computed with. The model's
+    own generation config is back in place afterwards, so it is saved as it came.
+    """
+    saved = policy.generation_config
+    policy.generation_config = GenerationConfig(
+        bos_token_id=saved.bos_token_id, eos_token_id=saved.eos_token_id, pad_token_id=saved.pad_token_id
+    )
+    try:
+        yield
+    finally:
+        policy.generation_config = saved

@@ -24,7 +24,24 @@ Implementation Details of RLHF with PPO" (Huang et al., 2023) and InstructGPT:
    (``adaptive_kl`` towards ``kl_target`` over ``kl_horizon`` samples).
 
 Log-probabilities are computed at the sampling temperature, so the ratio and
-the KL start at exactly 1 and 0. Logged each iteration: ``objective/scores``
+the KL start at exactly 1 and 0: for that, generation samples from the logits
+and the temperature alone (the model's ``generation_config.json`` sampling
+defaults, such as an instruct model's repetition penalty or top-k, are set
+aside while rolling out), every model runs without dropout (in eval mode,
+for the rollout and the update alike, as TRL's PPOv2 disables dropout), and
+the reference and reward models run under the same autocast as the policy.
+Reward functions and models see each response decoded up to its EOS, never
+the padding after it. Plain-text prompts are encoded with the tokenizer's
+BOS; chat prompts through the chat template.
+
+Where it differs from TRL's removed PPOv2: gradients are clipped to
+``max_grad_norm`` for the policy and the value model separately (PPOv2
+clipped nothing; a joint norm lets the value loss's larger gradients shrink
+the policy's step); the learning-rate schedule counts optimizer updates
+(``max_steps`` x ``num_ppo_epochs`` x ``num_mini_batches``) and steps once
+per update on every rank, whatever the number of processes.
+
+Logged each iteration: ``objective/scores``
 (mean reward), ``objective/kl``, ``objective/entropy``, ``objective/kl_coef``,
 ``loss/policy``, ``loss/value``, ``policy/clipfrac``, ``policy/approxkl``,
 ``val/clipfrac``, ``val/explained_variance``, ``response_length``.
@@ -162,7 +179,8 @@ class PPOTrainer:
 
         for model in (policy, value_model):
             model.config.use_cache = False
-        model = PolicyAndValue(policy, value_model)
+        # eval mode for good: dropout would make the old log-probs, values and KL noisy (KL != 0 at step 1)
+        model = PolicyAndValue(policy, value_model).eval()
         optimizer = torch.optim.AdamW(
             model.parameters(),
             lr=args.learning_rate,
@@ -171,11 +189,13 @@ class PPOTrainer:
             weight_decay=args.weight_decay,
         )
         updates = args.max_steps * args.num_ppo_epochs * args.num_mini_batches
-        scheduler = get_scheduler(
+        # not through accelerator.prepare: its wrapper steps a scheduler once per process at every call,
+        # which with N processes would end the schedule after 1/N of the run
+        self.scheduler = get_scheduler(
             args.lr_scheduler_type, optimizer, num_warmup_steps=args.get_warmup_steps(updates),
             num_training_steps=updates,
         )  # fmt: skip
-        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
 
     # ------------------------------------------------------------ update
 
@@ -204,7 +224,7 @@ class PPOTrainer:
                 loss = pg_loss + args.vf_coef * vf_loss
                 self.accelerator.backward(loss)
                 if args.max_grad_norm:
-                    self.accelerator.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
+                    self._clip_gradients(args.max_grad_norm)
                 self.optimizer.step()
                 self.scheduler.step()
                 self.optimizer.zero_grad()
@@ -217,6 +237,13 @@ class PPOTrainer:
                     sums[key] = sums.get(key, 0.0) + value.item()
                 updates += 1
         return {key: total / updates for key, total in sums.items()}
+
+    def _clip_gradients(self, max_norm: float) -> None:
+        """Clips the policy's and the value model's gradients each to ``max_norm``, apart."""
+        self.accelerator.unscale_gradients()  # fp16: clip the true gradients
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        for part in (unwrapped.policy, unwrapped.value_model):
+            torch.nn.utils.clip_grad_norm_(part.parameters(), max_norm)
 
     # ------------------------------------------------------------ loop
 

@@ -1,19 +1,29 @@
-"""``builtin:tiny-llama``: a tiny random Llama and its tokenizer, built offline.
+"""The built-in tiny models: random Llamas and their tokenizers, built offline.
 
-For smoke runs and tests on CPU: a byte-level BPE tokenizer trained on a
-fixed corpus, with a ChatML chat template, and a 2-layer Llama initialised
-from a fixed seed. Every rank builds the same model, in well under a second,
-with no download.
+For smoke runs and tests on CPU: byte-level BPE tokenizers trained on a fixed
+corpus and 2-layer Llamas initialised from a fixed seed. Every rank builds the
+same model, in well under a second, with no download.
+
+- ``builtin:tiny-llama``: friendly on purpose (ChatML, pad token id 0, no
+  BOS, no dropout, neutral generation settings).
+- ``builtin:tiny-llama3``: shaped like a real instruct model, so tests see
+  what real ones do: id 0 is an ordinary token (``!``, as in GPT-2, Llama 3
+  and Qwen) and the special tokens come last; a BOS token the tokenizer adds
+  to plain text and the chat template writes; no pad token (the job pads with
+  EOS, as for Llama 3); attention dropout in the config; and a generation
+  config with an instruct model's sampling defaults (temperature, top-p,
+  top-k, repetition penalty).
 """
 
 import itertools
-from typing import Iterator, Type
+from typing import Callable, Dict, Iterator, Tuple, Type
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, PreTrainedModel, PreTrainedTokenizerFast
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import GenerationConfig, LlamaConfig, PreTrainedModel, PreTrainedTokenizerFast
 
 NAME = "builtin:tiny-llama"
+NAME_LLAMA3 = "builtin:tiny-llama3"
 
 PAD, EOS, IM_START = "<|pad|>", "<|im_end|>", "<|im_start|>"
 
@@ -48,20 +58,24 @@ def _corpus() -> Iterator[str]:
         yield f"{word.capitalize()} {following}. The {word} is {following}?"
 
 
-def build_tokenizer() -> PreTrainedTokenizerFast:
-    """A byte-level BPE tokenizer (vocabulary of 512) with the ChatML template."""
+def _train_bpe(vocab_size: int, special_tokens: list) -> Tokenizer:
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=512,
-        special_tokens=[PAD, EOS, IM_START],
+        vocab_size=vocab_size,
+        special_tokens=special_tokens,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     bpe.train_from_iterator(_corpus(), trainer)
+    return bpe
+
+
+def build_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer (vocabulary of 512) with the ChatML template."""
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=bpe,
+        tokenizer_object=_train_bpe(512, [PAD, EOS, IM_START]),
         eos_token=EOS,
         pad_token=PAD,
         chat_template=CHAT_TEMPLATE,
@@ -93,3 +107,66 @@ def build_model(tokenizer: PreTrainedTokenizerFast, model_class: Type[PreTrained
         torch.manual_seed(0)
         model = model_class(config)
     return model
+
+
+BOS3, EOT3, HEADER_START, HEADER_END = "<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"
+
+# Llama 3's chat template, shortened: the BOS token opens every conversation.
+CHAT_TEMPLATE_LLAMA3 = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] + '<|eot_id|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"
+)
+
+
+def build_tokenizer_llama3() -> PreTrainedTokenizerFast:
+    """Byte-level BPE (512 tokens) whose special tokens come last, with a BOS added to plain text."""
+    bpe = _train_bpe(508, [])  # the 4 special tokens are added after: the last ids, as in Llama 3
+    bpe.add_special_tokens([BOS3, EOT3, HEADER_START, HEADER_END])
+    bpe.post_processor = processors.TemplateProcessing(
+        single=f"{BOS3} $A", pair=f"{BOS3} $A {BOS3} $B", special_tokens=[(BOS3, bpe.token_to_id(BOS3))]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe, bos_token=BOS3, eos_token=EOT3, chat_template=CHAT_TEMPLATE_LLAMA3
+    )
+
+
+def build_model_llama3(tokenizer: PreTrainedTokenizerFast, model_class: Type[PreTrainedModel]) -> PreTrainedModel:
+    """The 2-layer Llama of :func:`build_model`, with attention dropout and an instruct model's sampling defaults."""
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        attention_dropout=0.1,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=None,
+        tie_word_embeddings=True,
+        num_labels=1,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = model_class(config)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        do_sample=True,
+        temperature=0.6,
+        top_p=0.9,
+        top_k=20,
+        repetition_penalty=1.3,
+    )
+    return model
+
+
+# name -> (tokenizer builder, model builder)
+BUILTINS: Dict[str, Tuple[Callable[[], PreTrainedTokenizerFast], Callable[..., PreTrainedModel]]] = {
+    NAME: (build_tokenizer, build_model),
+    NAME_LLAMA3: (build_tokenizer_llama3, build_model_llama3),
+}

@@ -50,6 +50,10 @@ def test_ppo_raises_the_reward_and_saves_policy_and_value_model(ppo_run: Path) -
     assert reward_rise(ppo_run, "objective/scores") >= 0.2
     entry = series(ppo_run, "objective/kl")
     assert entry[0] == pytest.approx(0.0, abs=1e-4), "logprobs must use the sampling temperature"
+    # a linear schedule over 30 iterations, on 2 processes: half the initial rate after 15, not 0
+    learning_rates = series(ppo_run, "learning_rate")
+    initial = read_json(ppo_run / "run_summary.json")["spec"]["training"]["learning_rate"]
+    assert learning_rates[14] == pytest.approx(initial / 2) and learning_rates[-1] == pytest.approx(0.0, abs=1e-12)
     for key in ("loss/policy", "loss/value", "policy/clipfrac", "objective/entropy"):
         assert len(series(ppo_run, key)) == 30, key
     summary = read_json(ppo_run / "run_summary.json")
@@ -109,3 +113,38 @@ def test_unimportable_user_code_stops_the_job_before_the_model_loads(tmp_path: P
     logs = result.stdout + result.stderr
     assert "rewards.0.function: cannot import nowhere:score" in logs and "No module named 'nowhere'" in logs
     assert "training grpo on" not in logs
+
+
+@pytest.mark.gpu
+def test_ppo_on_gpus_in_bf16_with_a_linear_schedule_and_a_real_shaped_model(tmp_path: Path) -> None:
+    """PPO on up to two GPUs: fp32 weights under bf16 autocast, a 12-layer Llama built offline, rates on schedule."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from posttrain.entrypoints import tiny
+
+    gpus = min(torch.cuda.device_count(), 2)
+    assert gpus >= 1, "run with pytest -m gpu on a machine with GPUs"
+    tokenizer = tiny.build_tokenizer_llama3()
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
+        num_attention_heads=16, num_key_value_heads=8, attention_dropout=0.1,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False,
+    )  # fmt: skip
+    model_dir = tmp_path / "model"
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    output_dir = tmp_path / "out"
+    overrides = [
+        f"model.name_or_path={model_dir}", "model.dtype=float32", "training.bf16=true", "training.max_steps=10",
+        "training.lr_scheduler_type=linear", "training.learning_rate=1.0e-5",
+    ]  # fmt: skip
+    result = run_template("ppo/tiny.yaml", tmp_path, output_dir, j=f"1x{gpus}", overrides=overrides,
+                          extra_args=["--gpu", str(gpus)])  # fmt: skip
+    assert_succeeded(result)
+    summary = read_json(output_dir / "run_summary.json")
+    assert summary["world_size"] == gpus and "nccl" in summary["engine"]["backend"]
+    assert series(output_dir, "objective/kl")[0] == pytest.approx(0.0, abs=1e-3), "reference in the same autocast"
+    assert series(output_dir, "learning_rate")[4] == pytest.approx(0.5e-5)
+    assert AutoModelForCausalLM.from_pretrained(output_dir).dtype == torch.float32
