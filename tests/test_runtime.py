@@ -227,10 +227,10 @@ BUILT_BY_THE_REGISTRY = sorted(name for name, cls in SPEC_CLASSES.items() if cls
 
 
 def tiny_job(tmp_path: Path, algorithm: str, **changes: object) -> runtime.Job:
-    """The job ``run`` would build from the algorithm's tiny template, every extra model the built-in one."""
+    """The job ``run`` would build from the algorithm's tiny template, every extra model the template's built-in one."""
     raw = load_template(f"{algorithm}/tiny.yaml")
     raw["training"]["output_dir"] = str(tmp_path / "out")
-    raw.update({field: tiny.NAME for field in SPEC_CLASSES[algorithm].extra_models})
+    raw.update({field: raw["model"]["name_or_path"] for field in SPEC_CLASSES[algorithm].extra_models})
     raw.update(changes)
     spec = validate(raw)
     args = import_object(spec.config_class)(**runtime.training_arguments(spec, dict(spec.training)))
@@ -275,9 +275,10 @@ def test_ppo_value_model_defaults_to_the_one_reward_model_else_the_policy(tmp_pa
     assert model_class == "AutoModelForSequenceClassification"
     builtin = {"builtin": "contains", "args": {"target": "blue"}}
     ppo = {**load_template("ppo/tiny.yaml"), "rewards": [builtin]}
-    assert value_path(validate(ppo)) == tiny.NAME
+    policy = ppo["model"]["name_or_path"]
+    assert value_path(validate(ppo)) == policy
     assert value_path(validate({**ppo, "rewards": [builtin, {"model": "./rm"}]})) == "./rm"
-    assert value_path(validate({**ppo, "rewards": [{"model": "./rm"}, {"model": "./rm2"}]})) == tiny.NAME
+    assert value_path(validate({**ppo, "rewards": [{"model": "./rm"}, {"model": "./rm2"}]})) == policy
     assert value_path(validate({**ppo, "rewards": [{"model": "./rm"}], "value_model": "./vm"})) == "./vm"
 
 
