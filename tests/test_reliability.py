@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import List
 
 import pytest
-from helpers import REPO, assert_succeeded, free_port, job_env, read_json, run_template, torchx
+from helpers import REPO, assert_succeeded, free_port, job_env, load_template, read_json, run_template, torchx
 
 from posttrain.components import algorithms
+from posttrain.components.messages import SpecError
 from posttrain.components.registry import SPEC_CLASSES
 
 SFT = "templates/sft/tiny.yaml"
@@ -168,22 +169,54 @@ def job_logs(result: subprocess.CompletedProcess) -> str:
 @pytest.mark.parametrize(
     "overrides, message",
     [
+        # one launch per mechanism: the data checks and the model loader (the rest of their messages in process below)
         (["data.train.path=templates/data/nope.jsonl"], "data.train.path: no such file: templates/data/nope.jsonl"),
-        (["data.train.path=templates/data/prompts.jsonl"], "data.train: found columns ['prompt']; expected (messages)"),
-        (["data.train.path={one_row}"], "data.train: 1 rows cannot give each of the 2 processes one example"),
         (["model.name_or_path=./models/none"], "model.name_or_path: no such directory: ./models/none"),
-        (["model.name_or_path=nobody/no-such-model"], "model: cannot load 'nobody/no-such-model'"),
     ],
 )
 def test_job_side_input_errors_end_every_rank_before_training(tmp_path: Path, overrides: list, message: str) -> None:
-    one_row = tmp_path / "one.jsonl"
-    one_row.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
-    overrides = [o.format(one_row=one_row) for o in overrides]
     result = run_template("sft/tiny.yaml", tmp_path, tmp_path / "out", overrides=overrides)
     assert result.returncode != 0
     logs = job_logs(result)
     assert logs.count(f"posttrain: {message}") == 2, logs[-4000:]  # both ranks, one line each
     assert "training sft on" not in logs
+
+
+@pytest.mark.parametrize(
+    "template, change, message",
+    [
+        ("sft/tiny.yaml", {"path": "templates/data/prompts.jsonl"}, "data.train: found columns ['prompt']; expected (messages)"),
+        ("dpo/tiny.yaml", {"path": "templates/data/sft_chat.jsonl"},
+         "data.train: found columns ['messages']; expected (prompt, chosen, rejected) or (chosen, rejected)"),
+        ("sft/tiny.yaml", {"path": "{one_row}"}, "data.train: 1 rows cannot give each of the 2 processes one example"),
+        ("sft/tiny.yaml", {"model": "nobody/no-such-model"}, "model: cannot load 'nobody/no-such-model'"),
+    ],
+)  # fmt: skip
+def test_job_side_checks_in_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, template: str, change: dict, message: str
+) -> None:
+    """What the job checks before any model loads, each mechanism launched once above; the messages here."""
+    from posttrain.components.spec import validate
+    from posttrain.entrypoints.data import fit_batch, load_data
+    from posttrain.entrypoints.models import load_tokenizer
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    one_row = tmp_path / "one.jsonl"
+    one_row.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    raw = load_template(template)
+    if "path" in change:
+        raw["data"]["train"]["path"] = change["path"].format(one_row=one_row)
+    if "model" in change:
+        raw["model"]["name_or_path"] = change["model"]
+    spec = validate(raw)
+    with pytest.raises(SpecError) as error:
+        if "model" in change:
+            load_tokenizer(spec.model.name_or_path, spec, "right")
+        data = load_data(spec.data.train, spec.data.columns, "data.train", spec.data_formats)
+        fit_batch(spec.training, spec.config_class, len(data), world_size=2)
+    assert str(error.value).startswith(message)
 
 
 # ---------------------------------------------------------------- crashes and hangs
@@ -239,6 +272,9 @@ def test_a_restart_resumes_from_the_last_checkpoint(tmp_path: Path) -> None:
     summary = read_json(output_dir / "run_summary.json")
     assert summary["resumed_from"] == str(output_dir / "checkpoint-20")
     assert summary["global_steps"] == 40
+    # the history is the checkpoint's steps, then the restarted attempt's: each step once, none lost
+    steps = [entry["step"] for entry in read_json(output_dir / "trainer_state.json")["log_history"] if "loss" in entry]
+    assert steps == list(range(1, 41))
 
 
 @pytest.mark.e2e

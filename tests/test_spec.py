@@ -39,7 +39,7 @@ def test_every_template_validates_and_round_trips(template: str) -> None:
 def test_every_template_opens_with_the_command_that_runs_it(template: str) -> None:
     first_line = (TEMPLATES / template).read_text().splitlines()[0]
     algorithm = load_template(template)["algorithm"]
-    assert first_line.startswith(f"# torchx run -s "), first_line
+    assert first_line.startswith("# torchx run -s "), first_line
     assert f"posttrain.{algorithm} --spec templates/{template}" in first_line
 
 
