@@ -158,7 +158,7 @@ class Spec(_Strict):
     model_class: ClassVar[str] = "AutoModelForCausalLM"
     # column sets the training data may have (any one of them), after data.columns renames
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]]
-    # samples completions during training: prompts are padded on the left, rewards score them
+    # samples completions during training: prompts are padded on the left, the batch is checked, never shrunk
     generates: ClassVar[bool] = False
     # compares num_generations completions of each prompt (GRPO, RLOO)
     groups: ClassVar[bool] = False
