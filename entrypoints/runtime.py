@@ -42,6 +42,7 @@ from posttrain.entrypoints import distributed
 from posttrain.entrypoints.callbacks import FaultInjection, Preemption, TokenCounter
 from posttrain.entrypoints.checkpoints import SPEC_FILE, already_finished, resolve_resume, write_json_atomic
 from posttrain.entrypoints.data import check_online_data, fit_batch, load_data
+from posttrain.entrypoints.metrics import MetricsLog
 from posttrain.entrypoints.models import import_object, load_extra_model, load_model, load_tokenizer, lora_config
 from posttrain.entrypoints.rewards import has_rewards, load_reward_models, resolve_rewards
 from posttrain.entrypoints.sharding import strategy_for
@@ -156,7 +157,8 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
     check_online_data(type(spec), args, len(train_dataset), world_size)
     tokenizer = load_tokenizer(spec.model.name_or_path, spec, padding_side="left" if spec.generates else "right")
     tokens, preemption = TokenCounter(), Preemption()
-    callbacks = [tokens, preemption] + ([fault] if fault is not None else [])
+    metrics_log = MetricsLog(output_dir, algorithm, spec.model.name_or_path, world_size)
+    callbacks = [tokens, preemption, metrics_log] + ([fault] if fault is not None else [])
     job = Job(spec, args, tokenizer, train_dataset, eval_dataset, callbacks=callbacks, rewards=rewards)
     trainer = build(job)
     strategy.check_engine(trainer)

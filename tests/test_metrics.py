@@ -1,0 +1,210 @@
+"""metrics.jsonl and curves.png: the callback, the figure, the plot command, and real runs."""
+
+import doctest
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+from helpers import assert_succeeded, log_history, read_json, run_template
+from transformers import TrainerControl, TrainerState
+
+from posttrain.components import plot
+from posttrain.entrypoints.metrics import MetricsLog
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+CLOSING = {"train_runtime": 9.0, "train_samples_per_second": 1.0, "train_steps_per_second": 1.0, "train_loss": 1.0}
+
+
+def lines(path: Path) -> List[Dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def state(global_step: int = 0, rank0: bool = True, log_history: List[Dict[str, Any]] = ()) -> TrainerState:
+    return TrainerState(global_step=global_step, epoch=global_step / 10, is_world_process_zero=rank0,
+                        log_history=list(log_history))  # fmt: skip
+
+
+def log_steps(callback: MetricsLog, trainer_state: TrainerState, steps: range) -> None:
+    for step in steps:
+        trainer_state.global_step, trainer_state.epoch = step, step / 10
+        callback.on_log(None, trainer_state, TrainerControl(), logs={"loss": 5.0 - step / 10, "epoch": step / 10})
+
+
+def assert_valid_png(path: Path) -> Dict[str, Any]:
+    """The file is a PNG that PIL decodes; returns the data embedded in it."""
+    from PIL import Image
+
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    with Image.open(path) as image:
+        image.load()
+        assert image.format == "PNG" and image.width > 300 and image.height > 200
+    return plot.read_embedded(path)
+
+
+def test_plot_doctests() -> None:
+    assert doctest.testmod(plot).failed == 0
+
+
+def test_lines_are_written_as_logs_arrive(tmp_path: Path) -> None:
+    callback, trainer_state = MetricsLog(tmp_path, "sft", "builtin:tiny-llama", 2), state()
+    callback.on_train_begin(None, trainer_state, TrainerControl())
+    assert callback.path.read_text() == ""
+    log_steps(callback, trainer_state, range(1, 3))
+    assert lines(callback.path) == [{"loss": 4.9, "epoch": 0.1, "step": 1}, {"loss": 4.8, "epoch": 0.2, "step": 2}]
+    # evaluations keep their names; our PPO trainer's logs have no epoch: the state's is added
+    callback.on_log(None, trainer_state, TrainerControl(), logs={"eval_loss": 4.7})
+    callback.on_log(None, trainer_state, TrainerControl(), logs={"objective/scores": 0.5, "objective/kl": 0.01})
+    assert lines(callback.path)[2:] == [
+        {"eval_loss": 4.7, "epoch": 0.2, "step": 2},
+        {"objective/scores": 0.5, "objective/kl": 0.01, "epoch": 0.2, "step": 2},
+    ]
+
+
+def test_the_closing_summary_is_not_a_line(tmp_path: Path) -> None:
+    callback, trainer_state = MetricsLog(tmp_path, "sft", "m", 1), state()
+    callback.on_train_begin(None, trainer_state, TrainerControl())
+    log_steps(callback, trainer_state, range(1, 3))
+    # per-step logs carry train_runtime too (speed metrics): only the closing summary is left out
+    callback.on_log(None, trainer_state, TrainerControl(), logs={"loss": 1.0, "train_runtime": 3.0})
+    callback.on_log(None, trainer_state, TrainerControl(), logs=dict(CLOSING))
+    assert [record.get("train_runtime") for record in lines(callback.path)] == [None, None, 3.0]
+
+
+def test_only_rank_0_writes(tmp_path: Path) -> None:
+    callback, trainer_state = MetricsLog(tmp_path / "out", "sft", "m", 2), state(rank0=False)
+    callback.on_train_begin(None, trainer_state, TrainerControl())
+    log_steps(callback, trainer_state, range(1, 4))
+    callback.on_train_end(None, trainer_state, TrainerControl())
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_resume_keeps_the_checkpoints_steps_and_continues(tmp_path: Path) -> None:
+    crashed = MetricsLog(tmp_path, "sft", "m", 2)
+    crashed.on_train_begin(None, state(), TrainerControl())
+    log_steps(crashed, state(), range(1, 26))
+    with crashed.path.open("a") as file:
+        file.write('{"loss": 1.2, "ep')  # the crash tore the last line
+    resumed, trainer_state = MetricsLog(tmp_path, "sft", "m", 2), state(global_step=20)
+    resumed.on_train_begin(None, trainer_state, TrainerControl())
+    assert [record["step"] for record in lines(resumed.path)] == list(range(1, 21))
+    log_steps(resumed, trainer_state, range(21, 31))
+    records = lines(resumed.path)
+    assert [record["step"] for record in records] == list(range(1, 31))
+    assert records[20] == {"loss": 5.0 - 2.1, "epoch": 2.1, "step": 21}
+
+
+def test_a_fresh_start_empties_an_old_file(tmp_path: Path) -> None:
+    (tmp_path / plot.METRICS_FILE).write_text('{"loss": 1.0, "step": 1}\n')
+    callback = MetricsLog(tmp_path, "sft", "m", 1)
+    callback.on_train_begin(None, state(), TrainerControl())
+    assert callback.path.read_text() == ""
+
+
+def test_a_resume_without_the_file_starts_it_from_the_checkpoints_history(tmp_path: Path) -> None:
+    history = [{"loss": 2.0, "epoch": 0.1, "step": 1}, {"loss": 1.0, "epoch": 0.2, "step": 2}]
+    callback = MetricsLog(tmp_path / "new", "sft", "m", 1)
+    callback.on_train_begin(None, state(global_step=2, log_history=history + [dict(CLOSING, step=2)]), TrainerControl())
+    assert lines(callback.path) == history
+
+
+def test_the_end_of_training_draws_the_logged_curves(tmp_path: Path) -> None:
+    callback, trainer_state = MetricsLog(tmp_path / "dpo-run", "dpo", "builtin:tiny-llama", 2), state()
+    callback.on_train_begin(None, trainer_state, TrainerControl())
+    for step in range(1, 6):
+        trainer_state.global_step = step
+        logs = {"loss": 1 / step, "rewards/margins": step / 10, "rewards/accuracies": 0.5, "learning_rate": 1e-3}
+        callback.on_log(None, trainer_state, TrainerControl(), logs={**logs, "grad_norm": 3.0})
+    callback.on_log(None, trainer_state, TrainerControl(), logs={"eval_loss": 0.3, "eval_runtime": 0.1})
+    callback.on_train_end(None, trainer_state, TrainerControl())
+    data = assert_valid_png(tmp_path / "dpo-run" / plot.CURVES_FILE)
+    assert data["title"] == "dpo · builtin:tiny-llama · 2 processes"
+    drawn = data["runs"]["dpo-run"]
+    assert list(drawn) == ["loss", "eval_loss", "rewards/margins", "rewards/accuracies", "learning_rate"]
+    assert drawn == plot.series(lines(callback.path))
+    assert drawn["loss"] == {"step": [1, 2, 3, 4, 5], "value": [1.0, 0.5, 1 / 3, 0.25, 0.2]}
+    assert not list((tmp_path / "dpo-run").glob("*.tmp"))
+
+
+def test_a_figure_that_cannot_be_drawn_does_not_fail_the_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    callback = MetricsLog(tmp_path / "gone", "sft", "m", 1)  # on_train_begin never ran: no directory, no file
+    callback.on_train_end(None, state(), TrainerControl())
+    assert "could not draw curves.png" in caplog.text
+
+
+def write_run(directory: Path, algorithm: str, records: List[Dict[str, Any]]) -> None:
+    directory.mkdir(parents=True)
+    (directory / plot.METRICS_FILE).write_text("".join(json.dumps(record) + "\n" for record in records))
+    summary = {"algorithm": algorithm, "world_size": 1, "spec": {"model": {"name_or_path": "builtin:tiny-llama"}}}
+    (directory / "run_summary.json").write_text(json.dumps(summary))
+
+
+def test_the_plot_command_draws_two_runs_side_by_side(tmp_path: Path) -> None:
+    write_run(tmp_path / "grpo-a", "grpo", [{"step": s, "loss": 0.1 * s, "reward": s, "kl": 0.01} for s in (1, 2, 3)])
+    write_run(tmp_path / "grpo-b", "grpo", [{"step": s, "loss": 0.2 * s, "reward": -s} for s in (1, 2)])
+    output = tmp_path / "both.png"
+    result = subprocess.run(
+        [sys.executable, "-m", "posttrain.components.plot", str(tmp_path / "grpo-a"), str(tmp_path / "grpo-b"),
+         "-o", str(output)], capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["both.png", "grpo-a", "grpo-b"]
+    data = assert_valid_png(output)
+    assert data["title"] == "grpo · builtin:tiny-llama · 1 process"
+    assert data["runs"]["grpo-a"] == plot.series(lines(tmp_path / "grpo-a" / plot.METRICS_FILE))
+    assert data["runs"]["grpo-b"] == {"loss": {"step": [1, 2], "value": [0.2, 0.4]},
+                                      "reward": {"step": [1, 2], "value": [-1.0, -2.0]}}  # fmt: skip
+
+
+def test_the_plot_command_names_a_directory_without_metrics(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        plot.main([str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert f"{tmp_path}: no metrics.jsonl" in capsys.readouterr().err
+
+
+def test_the_client_imports_no_matplotlib() -> None:
+    code = (
+        "import sys; sys.modules['matplotlib'] = None\n"  # as if not installed
+        "import posttrain.components, posttrain.components.plot\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+# ---------------------------------------------------------------- real runs
+
+
+def assert_metrics_match_the_trainer(output_dir: Path) -> List[Dict[str, Any]]:
+    """metrics.jsonl holds trainer_state.json's log history (its closing entry left out), entry for entry."""
+    records = lines(output_dir / plot.METRICS_FILE)
+    assert records == log_history(output_dir)
+    assert [record["step"] for record in records] == list(range(1, 41))
+    return records
+
+
+@pytest.mark.e2e
+def test_a_run_writes_its_metrics_and_curves(sft_1x2: Path) -> None:
+    records = assert_metrics_match_the_trainer(sft_1x2)
+    assert all({"loss", "learning_rate", "epoch", "step"} <= set(record) for record in records)
+    data = assert_valid_png(sft_1x2 / plot.CURVES_FILE)
+    assert data["title"] == "sft · builtin:tiny-llama · 2 processes"
+    assert data["runs"] == {sft_1x2.name: plot.series(records)}
+    assert list(data["runs"][sft_1x2.name]) == ["loss", "learning_rate"]
+
+
+@pytest.mark.e2e
+def test_a_crashed_run_leaves_its_history_and_the_next_run_continues_it(tmp_path: Path) -> None:
+    output_dir = tmp_path / "out"
+    crashed = run_template("sft/tiny.yaml", tmp_path, output_dir, POSTTRAIN_FAULT="exit:1:25")
+    assert crashed.returncode != 0
+    steps = [record["step"] for record in lines(output_dir / plot.METRICS_FILE)]
+    assert steps in (list(range(1, 25)), list(range(1, 26))), steps  # rank 0 may log step 25 before the job ends
+    assert not (output_dir / plot.CURVES_FILE).exists()
+    # the next run resumes from checkpoint-20: the crashed attempt's later steps are dropped, none doubled
+    assert_succeeded(run_template("sft/tiny.yaml", tmp_path, output_dir))
+    assert read_json(output_dir / "run_summary.json")["resumed_from"] == str(output_dir / "checkpoint-20")
+    assert_metrics_match_the_trainer(output_dir)
+    assert_valid_png(output_dir / plot.CURVES_FILE)
