@@ -1,0 +1,229 @@
+"""JSON Schemas of the specs, for editors: completion, hover text and errors while writing YAML.
+
+One schema (draft 2020-12) per algorithm, built from what the validator
+itself uses: the sections from the algorithm's pydantic spec class
+(``registry.SPEC_CLASSES``), ``training`` and ``model.lora`` from the field
+table (``config_fields.json``), so neither TRL nor PEFT is imported::
+
+    python -m posttrain.components.schema_json sft      # prints sft's schema
+    python -m posttrain.components.schema_json --all    # rewrites components/schemas/*.schema.json
+
+The files ship in the package; a test fails when they drift from the code.
+The templates point the YAML language server at them with their first line::
+
+    # yaml-language-server: $schema=../../components/schemas/sft.schema.json
+
+The schema checks what fields alone can say (keys, types, choices, positive
+values, ``training.output_dir`` required); rules across fields (``bf16`` with
+``fp16``, the generation batch, one reward source) are still the validator's.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Type
+
+from posttrain.components.fields import LORA_CONFIG, TABLE_PATH, FieldType, config_fields
+from posttrain.components.registry import SPEC_CLASSES
+from posttrain.components.schema import POSITIVE_TRAINING_KEYS, Spec
+
+DRAFT = "https://json-schema.org/draft/2020-12/schema"
+SCHEMA_DIR = Path(__file__).with_name("schemas")
+
+# The field table's kinds as JSON Schema types; "any" and "choice" are handled apart.
+JSON_TYPES = {
+    "bool": "boolean",
+    "int": "integer",
+    "float": "number",
+    "list": "array",
+    "dict": "object",
+    "str": "string",
+}
+
+# Hover text for fields that have no docstring of their own (pydantic fields here carry none).
+FIELD_NOTES: Dict[str, Dict[str, str]] = {
+    "": {
+        "algorithm": "The algorithm this spec is for; must match the component (posttrain.<algorithm>).",
+        "resume": "auto (the latest checkpoint in training.output_dir, if any), never, or a checkpoint path.",
+        "reference_model": "The frozen reference: a path or hub id; default a copy of the policy.",
+        "value_model": "The value model: a path or hub id; default the reward model where there is exactly one.",
+        "teacher_model": "The teacher: a path or hub id sharing the student's vocabulary.",
+        "rewards": "How completions are scored: each a function, a builtin or a reward model, weighted.",
+    },
+    "ModelSpec": {
+        "name_or_path": "A local path, a hub id, or builtin:tiny-llama.",
+        "dtype": "The dtype the weights are loaded in.",
+        "trust_remote_code": "Run the model repository's own code; false unless you say so.",
+        "revision": "The hub revision (branch, tag or commit) to load.",
+    },
+    "DataSpec": {"columns": "Column renames, found -> expected."},
+    "DistributedSpec": {
+        "timeout_s": "Process-group timeout in seconds: a hung rank ends the job after this.",
+        "deepspeed": "DeepSpeed ZeRO; not with fsdp.",
+        "fsdp": "FSDP2 (GPUs only); not with deepspeed.",
+    },
+    "RewardSource": {
+        "function": "module:callable, importable in the job: f(prompts, completions, **columns) -> list[float].",
+        "builtin": "A built-in reward: exact_match, contains, length_band or regex_format.",
+        "model": "A sequence-classification reward model: a path or hub id.",
+        "args": "The built-in reward's arguments.",
+        "weight": "The reward's weight in the sum.",
+    },
+}
+
+
+def field_schema(field: FieldType) -> Dict[str, Any]:
+    """A field table entry as a JSON Schema.
+
+    >>> field_schema(FieldType(("int",), nullable=True))
+    {'type': ['integer', 'null']}
+    >>> field_schema(FieldType(("choice",), choices=("linear", "cosine")))
+    {'enum': ['linear', 'cosine']}
+    >>> field_schema(FieldType(("bool", "choice"), choices=("all",)))
+    {'anyOf': [{'type': 'boolean'}, {'enum': ['all']}]}
+    >>> field_schema(FieldType(("any",), nullable=False))
+    {}
+    """
+    if "any" in field.kinds:  # FieldType.check accepts any value for these
+        return {}
+    types = [JSON_TYPES[kind] for kind in field.kinds if kind != "choice"]
+    if field.nullable:
+        types.append("null")
+    typed = {"type": types[0] if len(types) == 1 else types}
+    if field.choices is None:
+        return typed
+    if not types or types == ["null"]:
+        return {"enum": list(field.choices) + ([None] if field.nullable else [])}
+    return {"anyOf": [typed, {"enum": list(field.choices)}]}
+
+
+def table_schema(class_name: str, *, exclude: Sequence[str] = (), positive: Sequence[str] = ()) -> Dict[str, Any]:
+    """An object whose properties are one config class's fields, with their defaults; nothing else allowed."""
+    entries = json.loads(TABLE_PATH.read_text())[class_name]  # the raw table: it says which defaults exist
+    properties = {}
+    for name, field in config_fields(class_name).items():
+        if name in exclude:
+            continue
+        prop = field_schema(field)
+        if name in positive and {"int", "float"} & set(field.kinds):
+            prop["exclusiveMinimum"] = 0  # applies to numbers only: null stays allowed where it is
+        if "default" in entries[name]:
+            prop["default"] = entries[name]["default"]
+        properties[name] = prop
+    return {"type": "object", "properties": properties, "additionalProperties": False}
+
+
+def training_schema(cls: Type[Spec]) -> Dict[str, Any]:
+    """``training``: the TRL config's fields less the ones posttrain owns (those are errors, as in the validator)."""
+    owned = cls.owned_training_keys()
+    schema = table_schema(cls.config_class, exclude=list(owned), positive=POSITIVE_TRAINING_KEYS)
+    pointers = "; ".join(f"{key}: {where}" for key, where in sorted(owned.items()))
+    schema["description"] = (
+        f"Fields of {cls.config_class} (from config_fields.json). Set by posttrain, so not allowed here: {pointers}."
+    )
+    schema["required"] = ["output_dir"]
+    return schema
+
+
+def lora_schema(cls: Type[Spec]) -> Dict[str, Any]:
+    """``model.lora``: PEFT's LoraConfig fields."""
+    schema = table_schema(LORA_CONFIG)
+    schema["description"] = f"Fields of {LORA_CONFIG} (from config_fields.json); task_type defaults to {cls.lora_task}."
+    return schema
+
+
+def _strip_titles(node: Any) -> Any:
+    """Drops pydantic's generated titles ("Name Or Path"): noise in hover text. Property names are kept."""
+    if isinstance(node, list):
+        return [_strip_titles(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key == "title":
+            continue
+        if key in ("properties", "$defs"):  # maps of names: each value is a schema
+            out[key] = {name: _strip_titles(sub) for name, sub in value.items()}
+        else:
+            out[key] = _strip_titles(value)
+    return out
+
+
+def _describe(properties: Dict[str, Any], notes: Mapping[str, str]) -> None:
+    for name, note in notes.items():
+        if name in properties and "description" not in properties[name]:
+            properties[name]["description"] = note
+
+
+def spec_schema(algorithm: str) -> Dict[str, Any]:
+    """The JSON Schema of one algorithm's spec."""
+    cls = SPEC_CLASSES[algorithm]
+    generated = _strip_titles(cls.model_json_schema())
+    defs = generated.get("$defs", {})
+    properties = generated["properties"]
+    properties["training"] = training_schema(cls)
+    defs["ModelSpec"]["properties"]["lora"] = {
+        "anyOf": [lora_schema(cls), {"type": "null"}],
+        "default": None,
+        "description": "LoRA adapters (PEFT LoraConfig fields) instead of full fine-tuning.",
+    }
+    if "rewards" in properties:
+        properties["rewards"]["minItems"] = 1  # the validator asks for at least one
+    _describe(properties, FIELD_NOTES[""])
+    for name, notes in FIELD_NOTES.items():
+        if name in defs:
+            _describe(defs[name]["properties"], notes)
+    return {
+        "$schema": DRAFT,
+        "title": f"posttrain {algorithm} spec",
+        **generated,
+    }
+
+
+def render(algorithm: str) -> str:
+    """The canonical text of ``schemas/<algorithm>.schema.json``."""
+    return json.dumps(spec_schema(algorithm), indent=1) + "\n"
+
+
+def schema_path(algorithm: str, directory: Path = SCHEMA_DIR) -> Path:
+    return directory / f"{algorithm}.schema.json"
+
+
+def write_all(directory: Path = SCHEMA_DIR) -> List[Path]:
+    """Writes every algorithm's schema into ``directory``; returns the paths written."""
+    directory.mkdir(parents=True, exist_ok=True)
+    written = []
+    for algorithm in sorted(SPEC_CLASSES):
+        path = schema_path(algorithm, directory)
+        path.write_text(render(algorithm))
+        written.append(path)
+    return written
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m posttrain.components.schema_json", description="JSON Schemas of posttrain's specs."
+    )
+    parser.add_argument("algorithm", nargs="?", choices=sorted(SPEC_CLASSES), help="print this algorithm's schema")
+    parser.add_argument(
+        "--all",
+        nargs="?",
+        const=SCHEMA_DIR,
+        type=Path,
+        metavar="DIR",
+        help=f"write <algorithm>.schema.json for every algorithm into DIR (default {SCHEMA_DIR})",
+    )
+    args = parser.parse_args(argv)
+    if (args.algorithm is None) == (args.all is None):
+        parser.error("give an algorithm or --all")
+    if args.all is not None:
+        for path in write_all(args.all):
+            print(f"wrote {path}")
+    else:
+        sys.stdout.write(render(args.algorithm))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

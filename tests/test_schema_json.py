@@ -1,0 +1,149 @@
+"""The spec's JSON Schemas (editors) and the template listing: they agree with the validator and the templates."""
+
+import copy
+import doctest
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable, Dict
+
+import jsonschema
+import pytest
+from helpers import REPO, TEMPLATES, load_template
+
+from posttrain.components import schema_json, templates
+from posttrain.components.fields import config_default
+from posttrain.components.messages import SpecError
+from posttrain.components.registry import SPEC_CLASSES
+from posttrain.components.schema_json import SCHEMA_DIR, render, schema_path, spec_schema
+from posttrain.components.spec import validate
+
+ALL_TEMPLATES = sorted(str(p.relative_to(TEMPLATES)) for p in TEMPLATES.glob("*/*.yaml"))
+MODELINE = "# yaml-language-server: $schema=../../components/schemas/{algorithm}.schema.json"
+
+
+def validator(algorithm: str) -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(json.loads(schema_path(algorithm).read_text()))
+
+
+@pytest.mark.parametrize("algorithm", sorted(SPEC_CLASSES))
+def test_the_shipped_schemas_match_the_code(algorithm: str) -> None:
+    """Fails when the spec classes or config_fields.json change.
+
+    Regenerate with ``python -m posttrain.components.schema_json --all``.
+    """
+    assert schema_path(algorithm).read_text() == render(algorithm)
+    jsonschema.Draft202012Validator.check_schema(json.loads(render(algorithm)))
+
+
+def test_no_stale_schema_files() -> None:
+    assert sorted(p.name for p in SCHEMA_DIR.iterdir()) == sorted(f"{a}.schema.json" for a in SPEC_CLASSES)
+
+
+def test_training_and_lora_come_from_the_field_table() -> None:
+    schema = spec_schema("sft")
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert schema["properties"]["algorithm"]["const"] == "sft"
+    assert schema["additionalProperties"] is False
+    training = schema["properties"]["training"]
+    assert training["additionalProperties"] is False and training["required"] == ["output_dir"]
+    props = training["properties"]
+    default = config_default("trl:SFTConfig", "learning_rate")
+    assert props["learning_rate"] == {"type": "number", "exclusiveMinimum": 0, "default": default}
+    assert props["max_length"]["type"] == ["integer", "null"] and props["max_length"]["exclusiveMinimum"] == 0
+    assert "cosine" in props["lr_scheduler_type"]["enum"]
+    assert not set(SPEC_CLASSES["sft"].owned_training_keys()) & set(props)  # package-owned: errors
+    assert "deepspeed" in training["description"]
+    lora = schema["$defs"]["ModelSpec"]["properties"]["lora"]["anyOf"][0]
+    assert lora["additionalProperties"] is False and lora["properties"]["r"]["type"] == "integer"
+    assert all(d["additionalProperties"] is False for d in schema["$defs"].values())
+    assert "reward_weights" not in spec_schema("grpo")["properties"]["training"]["properties"]
+    assert "teacher_model" in spec_schema("distill")["required"]
+
+
+def test_the_command_line_prints_and_writes(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert schema_json.main(["dpo"]) == 0
+    assert capsys.readouterr().out == render("dpo")
+    assert schema_json.main(["--all", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in SCHEMA_DIR.iterdir())
+    assert (tmp_path / "ppo.schema.json").read_text() == render("ppo")
+
+
+@pytest.mark.parametrize("template", ALL_TEMPLATES)
+def test_every_template_points_at_its_schema_and_validates(template: str) -> None:
+    raw = load_template(template)
+    algorithm = raw["algorithm"]
+    first_line = (TEMPLATES / template).read_text().splitlines()[0]
+    assert first_line == MODELINE.format(algorithm=algorithm)
+    target = (TEMPLATES / template).parent / first_line.split("$schema=", 1)[1]
+    assert target.resolve() == schema_path(algorithm).resolve()
+    validator(algorithm).validate(raw)
+
+
+def _set(path: str, value: Any) -> Callable[[Dict[str, Any]], None]:
+    def mutate(raw: Dict[str, Any]) -> None:
+        *parents, key = path.split(".")
+        node = raw
+        for parent in parents:
+            node = node.setdefault(parent, {})
+        node[key] = value
+
+    return mutate
+
+
+def _drop_output_dir(raw: Dict[str, Any]) -> None:
+    del raw["training"]["output_dir"]
+
+
+MUTATIONS = {
+    "unknown training key": _set("training.learnig_rate", 1e-5),
+    "package-owned training key": _set("training.deepspeed", "ds.json"),
+    "wrong type": _set("training.learning_rate", "fast"),
+    "bool for an int": _set("training.max_steps", True),
+    "wrong enum value": _set("training.lr_scheduler_type", "cosin"),
+    "wrong section enum": _set("model.dtype", "fp8"),
+    "not positive": _set("training.learning_rate", 0),
+    "unknown lora key": _set("model.lora", {"r": 8, "rank": 8}),
+    "unknown section key": _set("distributed.deepspeed", {"stage": 2}),
+    "unknown top-level key": _set("lora", {"r": 8}),
+    "missing output_dir": _drop_output_dir,
+}
+
+
+@pytest.mark.parametrize("template", ["sft/tiny.yaml", "grpo/tiny.yaml", "ppo/tiny.yaml"])
+@pytest.mark.parametrize("mutation", sorted(MUTATIONS))
+def test_mutated_templates_fail_the_schema_and_the_validator(template: str, mutation: str) -> None:
+    raw = copy.deepcopy(load_template(template))
+    MUTATIONS[mutation](raw)
+    assert list(validator(raw["algorithm"]).iter_errors(raw)), mutation
+    with pytest.raises(SpecError):  # the schema says no more than the validator does
+        validate(raw)
+
+
+def test_every_template_is_listed_with_its_command() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "posttrain.components.templates"], capture_output=True, text=True, cwd=REPO, check=True
+    )
+    rows = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
+    assert sorted(rows) == [f"templates/{t}" for t in ALL_TEMPLATES]
+    for template in ALL_TEMPLATES:
+        command = next(
+            line[2:] for line in (TEMPLATES / template).read_text().splitlines() if line.startswith("# torchx run")
+        )
+        assert f"  {command}  " in rows[f"templates/{template}"], template
+    listed = {t.path: t for t in templates.templates()}
+    assert listed["templates/sft/tiny.yaml"].description.startswith("SFT of the built-in tiny Llama")
+    assert all(t.description and t.commands for t in listed.values())
+
+
+def test_doctests_and_a_light_client() -> None:
+    for module in (schema_json, templates):
+        result = doctest.testmod(module)
+        assert result.failed == 0 and result.attempted > 0, module.__name__
+    code = (
+        "import sys, posttrain.components.schema_json, posttrain.components.templates; "
+        "print(sorted(m for m in ('torch', 'trl', 'transformers', 'deepspeed', 'peft') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert result.stdout.strip() == "[]"
