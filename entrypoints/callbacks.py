@@ -1,5 +1,6 @@
-"""Trainer callbacks the runtime adds to every job: token counting, preemption, fault injection."""
+"""Trainer callbacks the runtime adds to every job: progress lines, token counting, preemption, fault injection."""
 
+import logging
 import os
 import signal
 import sys
@@ -13,8 +14,34 @@ from transformers import TrainerCallback
 
 from posttrain.components.messages import SpecError
 
+log = logging.getLogger("posttrain")
+
 FAULT_ENV = "POSTTRAIN_FAULT"
 FAULT_KINDS = ("raise", "hang", "exit", "kill")
+
+
+class ProgressLog(TrainerCallback):
+    """Rank 0's progress as plain log lines, where no terminal shows the trainer's progress bar.
+
+    Under torchrun's ``--tee``, Slurm or Kubernetes the output is a file or a
+    pipe: a progress bar there is a screenful of carriage returns. One line per
+    trainer log instead: the step out of the planned steps, the logged values,
+    the time so far and the time left at this attempt's pace.
+    """
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.start, self.first_step = time.monotonic(), state.global_step
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Optional[dict] = None, **kwargs: Any) -> None:
+        if not state.is_world_process_zero or not logs:
+            return
+        elapsed, done = time.monotonic() - self.start, state.global_step - self.first_step
+        left = f", {(state.max_steps - state.global_step) * elapsed / done:.0f} s left" if done and state.max_steps > 0 else ""
+        values = ", ".join(
+            f"{key} {value:.4g}" for key, value in logs.items()
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "epoch"
+        )  # fmt: skip
+        log.info("step %d/%d: %s (%.0f s%s)", state.global_step, state.max_steps, values, elapsed, left)
 
 
 class TokenCounter(TrainerCallback):

@@ -73,6 +73,7 @@ import torch
 import torch.nn as nn
 from accelerate import Accelerator
 from transformers import PreTrainedModel, TrainerControl, TrainerState, TrainingArguments, get_scheduler
+from transformers.integrations import get_reporting_integration_callbacks
 from transformers.trainer_utils import TrainOutput
 
 from posttrain.entrypoints.ppo_math import (
@@ -167,7 +168,9 @@ class PPOTrainer:
         self.tokenizer = processing_class
         self.accelerator = Accelerator(cpu=args.use_cpu, mixed_precision=_mixed_precision(args))
         self.device = self.accelerator.device
-        self.callbacks = list(callbacks)
+        # report_to (tensorboard, trackio, wandb, ...) through transformers' own integration callbacks
+        self.callbacks = [integration() for integration in get_reporting_integration_callbacks(args.report_to)]
+        self.callbacks += list(callbacks)
         self.state = TrainerState(is_local_process_zero=self.accelerator.is_local_main_process,
                                   is_world_process_zero=self.accelerator.is_main_process)  # fmt: skip
         self.control = TrainerControl()
@@ -306,9 +309,7 @@ class PPOTrainer:
     def _log(self, logs: Dict[str, float]) -> None:
         entry = {**logs, "epoch": self.state.epoch, "step": self.state.global_step}
         self.state.log_history.append(entry)
-        if self.accelerator.is_main_process:
-            print({k: round(v, 4) if isinstance(v, float) else v for k, v in entry.items()}, flush=True)
-        self._callback("on_log", logs=logs)
+        self._callback("on_log", logs=logs)  # ProgressLog prints it, report_to's integrations record it
 
     def _callback(self, event: str, **kwargs: Any) -> None:
         for callback in self.callbacks:

@@ -33,13 +33,14 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+from transformers import PrinterCallback
 
 from posttrain.components.fields import config_fields
 from posttrain.components.messages import SpecError
 from posttrain.components.schema import Spec
 from posttrain.components.spec import spec_from_json
 from posttrain.entrypoints import distributed
-from posttrain.entrypoints.callbacks import FaultInjection, Preemption, TokenCounter
+from posttrain.entrypoints.callbacks import FaultInjection, Preemption, ProgressLog, TokenCounter
 from posttrain.entrypoints.checkpoints import SPEC_FILE, already_finished, resolve_resume, write_json_atomic
 from posttrain.entrypoints.data import check_online_data, fit_batch, load_data
 from posttrain.entrypoints.metrics import MetricsLog
@@ -159,8 +160,13 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
     tokens, preemption = TokenCounter(), Preemption()
     metrics_log = MetricsLog(output_dir, algorithm, spec.model.name_or_path, world_size)
     callbacks = [tokens, preemption, metrics_log] + ([fault] if fault is not None else [])
-    job = Job(spec, args, tokenizer, train_dataset, eval_dataset, callbacks=callbacks, rewards=rewards)
+    # a progress bar on a terminal (the trainer's own); plain lines in files and pipes, and for our PPO
+    lines = args.disable_tqdm or spec.trainer_class is None
+    job = Job(spec, args, tokenizer, train_dataset, eval_dataset, callbacks=callbacks + [ProgressLog()] * lines,
+              rewards=rewards)  # fmt: skip
     trainer = build(job)
+    if lines and spec.trainer_class is not None:
+        trainer.remove_callback(PrinterCallback)  # its raw dicts would repeat the lines
     strategy.check_engine(trainer)
 
     log.info("training %s on %d process(es); resume from %s", algorithm, world_size, resume_from or "scratch")
@@ -187,6 +193,7 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
     if on_cpu and "bf16" not in kwargs and not kwargs.get("fp16"):
         kwargs["bf16"] = False  # TRL defaults to bf16 mixed precision, meant for GPUs
     kwargs.setdefault("include_num_input_tokens_seen", "non_padding")
+    kwargs.setdefault("disable_tqdm", not sys.stdout.isatty())  # a bar on a terminal; lines elsewhere (ProgressLog)
     if has_rewards(spec) and "reward_weights" in config_fields(spec.config_class):
         kwargs["reward_weights"] = [reward.weight for reward in spec.rewards]  # else the trainer takes them itself
     kwargs.update(strategy_for(spec.distributed).trainer_arguments(spec.config_class, kwargs))

@@ -305,7 +305,7 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes_from_it(tmp_path: P
         )  # fmt: skip
     try:
         deadline = time.time() + 120
-        while log_path.read_text().count("'loss'") < 5 and time.time() < deadline:
+        while log_path.read_text().count("posttrain[0] INFO step ") < 5 and time.time() < deadline:
             time.sleep(0.5)
         agent = subprocess.run(
             ["pgrep", "-f", f"torch.distributed.run .*{output_dir}"], capture_output=True, text=True

@@ -241,7 +241,10 @@ def tiny_job(tmp_path: Path, algorithm: str, **changes: object) -> runtime.Job:
 
 @pytest.mark.parametrize("algorithm", BUILT_BY_THE_REGISTRY)
 def test_the_registry_builds_every_trainer_with_its_models(tmp_path: Path, algorithm: str) -> None:
-    job = tiny_job(tmp_path, algorithm)
+    from transformers.integrations import TensorBoardCallback
+
+    job = tiny_job(tmp_path, algorithm, training={**load_template(f"{algorithm}/tiny.yaml")["training"],
+                                                  "output_dir": str(tmp_path / "out"), "report_to": "tensorboard"})  # fmt: skip
     spec = job.spec
     trainer = runtime.registry_trainer(job)
     assert type(trainer) is import_object(spec.trainer_class)
@@ -253,6 +256,7 @@ def test_the_registry_builds_every_trainer_with_its_models(tmp_path: Path, algor
         assert len(trainer.reward_funcs) == len(spec.rewards)
     if "reward_weights" in config_fields(spec.config_class):
         assert job.args.reward_weights == [reward.weight for reward in spec.rewards]
+    assert any(isinstance(callback, TensorBoardCallback) for callback in trainer.callback_handler.callbacks)
 
 
 def test_reward_models_load_through_the_jobs_loader_with_their_tokenizers(tmp_path: Path) -> None:
@@ -289,3 +293,20 @@ def test_ppo_builds_its_trainer_from_the_jobs_models(tmp_path: Path) -> None:
     assert not any(parameter.requires_grad for parameter in trainer.rollouts.ref_policy.parameters())
     assert isinstance(trainer.accelerator.unwrap_model(trainer.model).value_model, LlamaForSequenceClassification)
     assert len(trainer.rollouts.reward_functions) == 1 and callable(trainer.rollouts.reward_functions[0])
+
+
+def test_progress_lines_come_from_rank_0_with_the_step_values_and_time_left(caplog: pytest.LogCaptureFixture) -> None:
+    from transformers import TrainerControl, TrainerState
+
+    from posttrain.entrypoints.callbacks import ProgressLog
+
+    progress, state = ProgressLog(), TrainerState(max_steps=40, global_step=10, is_world_process_zero=True)
+    progress.on_train_begin(None, state, TrainerControl())
+    state.global_step = 12
+    with caplog.at_level("INFO", logger="posttrain"):
+        progress.on_log(None, state, TrainerControl(), logs={"loss": 1.23456, "learning_rate": 0.001, "epoch": 0.3})
+        state.is_world_process_zero = False
+        progress.on_log(None, state, TrainerControl(), logs={"loss": 1.0})
+    assert len(caplog.records) == 1
+    assert caplog.records[0].getMessage().startswith("step 12/40: loss 1.235, learning_rate 0.001 (")
+    assert "s left)" in caplog.records[0].getMessage()
