@@ -168,6 +168,8 @@ class Spec(_Strict):
     extra_models: ClassVar[Dict[str, str]] = {}
     # algorithm-specific training keys the package owns, beside PACKAGE_OWNED_TRAINING_KEYS
     package_owned_training_keys: ClassVar[Dict[str, str]] = {}
+    # fields of the config class that the trainer does not honour: refused, with the reason, never ignored
+    refused_training_keys: ClassVar[Dict[str, str]] = {}
 
     @classmethod
     def name(cls) -> str:

@@ -116,11 +116,11 @@ def table_schema(class_name: str, *, exclude: Sequence[str] = (), positive: Sequ
 
 def training_schema(cls: Type[Spec]) -> Dict[str, Any]:
     """``training``: the TRL config's fields less the ones posttrain owns (those are errors, as in the validator)."""
-    owned = cls.owned_training_keys()
-    schema = table_schema(cls.config_class, exclude=list(owned), positive=POSITIVE_TRAINING_KEYS)
-    pointers = "; ".join(f"{key}: {where}" for key, where in sorted(owned.items()))
+    owned, refused = cls.owned_training_keys(), cls.refused_training_keys
+    schema = table_schema(cls.config_class, exclude=[*owned, *refused], positive=POSITIVE_TRAINING_KEYS)
+    pointers = "; ".join(f"{key}: {where}" for key, where in sorted({**owned, **refused}.items()))
     schema["description"] = (
-        f"Fields of {cls.config_class} (from config_fields.json). Set by posttrain, so not allowed here: {pointers}."
+        f"Fields of {cls.config_class} (from config_fields.json). Not allowed here: {pointers}."
     )
     schema["required"] = ["output_dir"]
     return schema

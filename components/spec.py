@@ -101,16 +101,20 @@ def _unknown_keys(raw: Mapping[str, Any], cls: Type[Spec]) -> Iterator[str]:
     owned = cls.owned_training_keys()
     training_fields = config_fields(cls.config_class)
     paths = list(known_paths(cls))
-    paths += [f"training.{k}" for k in training_fields if k not in owned]
+    paths += [f"training.{k}" for k in training_fields if k not in owned and k not in cls.refused_training_keys]
     paths += [f"model.lora.{k}" for k in config_fields(LORA_CONFIG)]
     yield from unknown_in(raw, cls, "", paths)
     training = raw.get("training")
     if isinstance(training, dict):
+        refused = cls.refused_training_keys
         for key in training:
             if key in owned:
                 yield f"training.{key}: set by posttrain, not in training; {owned[key]}"
-        allowed = set(training_fields) - set(owned)
-        yield from unknown_mapping_keys({k: v for k, v in training.items() if k not in owned}, allowed, "training", paths)
+            elif key in refused:
+                yield f"training.{key}: not supported by posttrain.{cls.name()}; {refused[key]}"
+        allowed = set(training_fields) - set(owned) - set(refused)
+        named = set(owned) | set(refused)
+        yield from unknown_mapping_keys({k: v for k, v in training.items() if k not in named}, allowed, "training", paths)
     model = raw.get("model")
     if isinstance(model, dict) and isinstance(model.get("lora"), dict):
         yield from unknown_mapping_keys(model["lora"], set(config_fields(LORA_CONFIG)), "model.lora", paths)
