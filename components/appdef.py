@@ -186,6 +186,8 @@ def build_appdef(
             file=sys.stderr,
         )
     validated = load_spec(spec, overrides, algorithm=algorithm, world_size=topology.world_size)
+    for nodes in range(topology.min_nnodes, topology.max_nnodes):  # elastic: every size the job may shrink to
+        problems += [f"{problem} (at {nodes} nodes of -j {j})" for problem in validated.problems(nodes * topology.nproc_per_node)]
     if h is not None and resource.gpu == 0:
         if validated.training.get("fp16"):
             problems.append(f"training.fp16: -h {h} has no GPU, and fp16 mixed precision needs one; use bf16 or none")

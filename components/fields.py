@@ -65,6 +65,9 @@ class FieldType:
             return None if self.nullable else f"expected {self.describe()}; got null"
         if self.choices is not None and value in self.choices:
             return None
+        if self.choices is not None and isinstance(value, list) and "list" in self.kinds:
+            wrong = [item for item in value if item not in self.choices]  # a list of choices (DPO's loss_type)
+            return f"expected items from {self.describe()}; got {wrong[0]!r}" if wrong else None
         if any(_is_kind(value, kind) for kind in self.kinds if kind != "choice"):
             return None
         problem = f"expected {self.describe()}; got {value!r}"
@@ -234,6 +237,9 @@ def fields_of_class(cls: type) -> Dict[str, Dict[str, Any]]:
         if not f.init:
             continue
         entry = field_type(hints[f.name]).to_json()
+        if f.metadata.get("choices") and entry["choices"] is None:  # TRL's own list of valid values
+            entry["choices"] = list(f.metadata["choices"])
+            entry["kinds"] = [kind if kind != "str" else "choice" for kind in entry["kinds"]]
         default = _json_default(f)
         if default is not _NO_MATCH:
             entry["default"] = default
@@ -262,12 +268,25 @@ def generate_table() -> Dict[str, Dict[str, Dict[str, Any]]]:
     import os
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # ORPO lives in trl.experimental
+    from posttrain.components.values import rows_for
+
     table = {}
     for target in config_classes():
         module_name, _, attr = target.partition(":")
-        cls = getattr(importlib.import_module(module_name), attr)
-        table[target] = dict(sorted(fields_of_class(cls).items()))
+        fields = fields_of_class(getattr(importlib.import_module(module_name), attr))
+        for row in rows_for(target, fields):  # what TRL documents beyond its annotations
+            _widen(fields[row["field"]], row.get("also", []), row.get("choices"))
+        table[target] = dict(sorted(fields.items()))
     return table
+
+
+def _widen(entry: Dict[str, Any], also: List[str], choices: Optional[List[Any]]) -> None:
+    """Adds the kinds and the documented choices of a value-rules row to a field's table entry."""
+    kinds = list(entry["kinds"]) + [kind for kind in also if kind not in entry["kinds"]]
+    if choices is not None:
+        entry["choices"] = list(choices)
+        kinds = [kind if kind != "str" else "choice" for kind in kinds]
+    entry["kinds"] = [kind for kind in KINDS + ("choice",) if kind in kinds]
 
 
 @functools.lru_cache(maxsize=None)

@@ -81,7 +81,10 @@ def unknown_message(path: str, siblings: Set[str], prefix: str, paths: List[str]
     elsewhere = [p for p in paths if p.rsplit(".", 1)[-1] == key]
     if elsewhere:
         return f"{path}: unknown key here; it belongs at {elsewhere[0]}"
-    return f"{path}: unknown key; valid keys here: {', '.join(sorted(siblings))}"
+    if len(siblings) <= 8:
+        return f"{path}: unknown key; valid keys here: {', '.join(sorted(siblings))}"
+    nearest = difflib.get_close_matches(key, sorted(siblings), n=5, cutoff=0)
+    return f"{path}: unknown key; the nearest of the {len(siblings)} valid keys here: {', '.join(nearest)}"
 
 
 def translate(error: ValidationError) -> List[str]:

@@ -8,6 +8,7 @@ missing sections are created.
 import json
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Type
 
+import yaml
 from pydantic import BaseModel
 
 from posttrain.components.fields import LORA_CONFIG, FieldType, config_fields, field_type
@@ -38,9 +39,23 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str], algorithm:
         if any(not part for part in parts):
             raise SpecError([f"override {override!r}: empty key segment in {key!r}"])
         target = _type_at(cls, parts) if cls else None
+        _check_flow_syntax(text, target, override)
         value = target.convert(text) if target else FieldType(("any",)).convert(text)
         _set_path(result, parts, value, override)
     return result
+
+
+def _check_flow_syntax(text: str, target: Optional[FieldType], override: str) -> None:
+    """``[a, b`` meant a list: refuse it rather than keep it as a string (unless the field takes only text)."""
+    if not text.lstrip().startswith(("[", "{")) or (target is not None and target.kinds == ("str",)):
+        return
+    try:
+        yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        problem = getattr(error, "problem", None) or "not valid"
+        raise SpecError(
+            [f"override {override!r}: {text} is not YAML flow syntax ({problem}); a list is [a, b], a mapping {{k: v}}"]
+        ) from None
 
 
 def _set_path(root: Dict[str, Any], parts: List[str], value: Any, override: str) -> None:

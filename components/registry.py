@@ -104,12 +104,6 @@ class DistillSpec(Spec):
         "teacher_model_init_kwargs": "posttrain loads the teacher with model's dtype and options",
     }
 
-    def problems(self, world_size: Optional[int]) -> List[str]:
-        found = super().problems(world_size)
-        if not self.teacher_model.strip():
-            found.append("teacher_model: expected a path or hub id of the teacher; got an empty string")
-        return found
-
 
 class OnlineDPOSpec(_ReferenceSpec, _OnlineSpec):
     """Online DPO with ``trl.experimental.online_dpo.OnlineDPOTrainer``.
@@ -135,6 +129,11 @@ class PPOSpec(_OnlineSpec):
     ``value_model`` (path or hub id) defaults to the reward model where the
     rewards hold exactly one, else to the policy's weights with a fresh
     score head; ``reference_model`` defaults to a second load of the policy.
+
+    ``training`` takes only the fields the trainer honours
+    (``HONOURED_BY_PPO``); every other field of its config is refused with the
+    reason (``refused_training_keys``, computed from the field table, so a
+    field a new transformers adds is refused until the trainer honours it).
     """
 
     algorithm: Literal["ppo"]
@@ -144,6 +143,95 @@ class PPOSpec(_OnlineSpec):
     trainer_class: ClassVar[Optional[str]] = None  # entrypoints/ppo.py wires policy, value and rewards
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PROMPT_FORMATS
     extra_models: ClassVar[Dict[str, str]] = {"reference_model": "ref_policy", "value_model": "value_model"}
+
+    # the fields of PPOConfig that posttrain's PPO trainer (or the runtime around it) reads; keep in step
+    # with entrypoints/ppo_trainer.py (the registry does not import it: the client stays light)
+    HONOURED_BY_PPO: ClassVar[frozenset] = frozenset({
+        # PPO's own
+        "num_ppo_epochs", "num_mini_batches", "max_prompt_length", "max_completion_length", "temperature",
+        "kl_coef", "kl_estimator", "adaptive_kl", "kl_target", "kl_horizon", "gamma", "lam", "cliprange",
+        "cliprange_value", "vf_coef", "missing_eos_penalty",
+        # the loop, the batch, saving and logging
+        "output_dir", "max_steps", "per_device_train_batch_size", "seed", "logging_steps", "save_steps",
+        "save_total_limit", "include_num_input_tokens_seen", "log_level", "log_level_replica", "log_on_each_node",
+        # the optimizer (Trainer.get_optimizer_cls_and_kwargs) and the schedule (get_scheduler)
+        "optim", "optim_args", "optim_target_modules", "learning_rate", "weight_decay", "adam_beta1",
+        "adam_beta2", "adam_epsilon", "max_grad_norm", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps",
+        # precision (accelerate's autocast; tf32 is set by TrainingArguments itself) and memory
+        "bf16", "fp16", "tf32", "activation_checkpointing", "activation_checkpointing_kwargs",
+        "gradient_checkpointing", "gradient_checkpointing_kwargs",
+        # report_to's integration callbacks
+        "report_to", "run_name", "project", "trackio_space_id", "trackio_bucket_id", "trackio_static_space_id",
+        "hub_private_repo",
+    })  # fmt: skip
+    # why a field is refused: the first rule with a matching (fnmatch) pattern; the rest get a generic reason
+    REFUSAL_REASONS: ClassVar[Tuple[Tuple[Tuple[str, ...], str], ...]] = (
+        (("gradient_accumulation_steps",),
+         "PPO steps the optimizer once per mini-batch; use training.num_mini_batches"),
+        (("num_train_epochs",), "PPO runs max_steps iterations (num_ppo_epochs: passes over each rollout)"),
+        (("eval_*", "*_eval*", "do_predict", "prediction_loss_only", "include_for_metrics", "metric_for_best_model",
+          "greater_is_better", "load_best_model_at_end"), "PPO does not evaluate; its logs score every rollout"),
+        (("label_*",), "PPO has no labels: rewards score its own samples"),
+        (("push_to_hub", "hub_*"), "PPO does not push to the Hub; upload output_dir when the run is done"),
+        (("torch_compile*",), "posttrain's PPO does not compile the models"),
+        (("dataloader_*", "data_seed", "ignore_data_skip", "train_sampling_strategy", "length_column_name"),
+         "PPO draws its prompts itself (a shuffle seeded by seed, resumed by iteration), with no data loader"),
+        (("remove_unused_columns",), "PPO keeps every column: reward functions receive them"),
+        (("auto_find_batch_size",), "PPO's batch is per_device_train_batch_size prompts, checked, never shrunk"),
+        (("skip_memory_metrics",), "posttrain's PPO does not measure memory"),
+        (("ddp_*",), "posttrain's PPO wraps policy and value in DDP with accelerate's defaults"),
+        (("*liger*",), "posttrain's PPO does not patch the models with Liger kernels"),
+        (("use_cache",), "PPO generates with the KV cache and trains without it; it sets this itself"),
+        (("disable_tqdm",), "posttrain's PPO prints plain progress lines, never a bar"),
+        (("logging_strategy",), "PPO logs the first iteration and every logging_steps iterations; set logging_steps"),
+        (("logging_first_step",), "PPO always logs the first iteration"),
+        (("save_strategy",), "PPO saves a checkpoint every save_steps iterations; set save_steps"),
+        (("save_only_model",), "PPO checkpoints hold the optimizer and scheduler too, so a run can resume"),
+        (("save_on_each_node",), "PPO saves on rank 0 only; output_dir must be shared by every node"),
+        (("restore_callback_states_from_checkpoint",), "PPO checkpoints hold no callback states"),
+        (("enable_jit_checkpoint",), "posttrain checkpoints on SIGTERM itself (resume: auto continues from it)"),
+        (("average_tokens_across_devices",), "PPO averages each loss over its mini-batch; DDP averages across ranks"),
+    )  # fmt: skip
+    # values of honoured fields that need HF Trainer's own loop: value -> why
+    refused_training_values: ClassVar[Dict[str, Dict[str, str]]] = {
+        "optim": dict.fromkeys(
+            ("lomo", "adalomo", "galore_adamw_layerwise", "galore_adamw_8bit_layerwise", "galore_adafactor_layerwise",
+             "apollo_adamw_layerwise"),
+            "it steps inside HF Trainer's backward pass (LOMO, layer-wise GaLore and APOLLO); use another optim, "
+            "such as adamw_torch_fused (the default)",
+        ),  # fmt: skip
+        "lr_scheduler_type": dict.fromkeys(
+            ("reduce_lr_on_plateau", "greedy"),
+            "it steps on an evaluation metric and PPO does not evaluate; use linear, cosine, constant, ...",
+        ),
+    }
+
+    def _refusals(  # called once below, then deleted: not a method
+        config_class: str, honoured: frozenset, rules: Tuple[Tuple[Tuple[str, ...], str], ...]
+    ) -> Dict[str, str]:
+        """Every field of ``config_class`` that is neither honoured nor package-owned, with its reason."""
+        import difflib
+        import fnmatch
+
+        from posttrain.components.fields import config_fields
+
+        try:
+            fields = config_fields(config_class)
+        except KeyError:  # the table predates this config (python -m posttrain.components.fields rewrites it)
+            return {}
+        owned = _OnlineSpec.owned_training_keys()
+        refused = {}
+        for key in sorted(set(fields) - honoured - set(owned)):
+            matching = (why for patterns, why in rules if any(fnmatch.fnmatchcase(key, p) for p in patterns))
+            reason = next(matching, None)
+            if reason is None:
+                near = difflib.get_close_matches(key, sorted(honoured), n=3, cutoff=0.6)
+                reason = "posttrain's PPO trainer does not use it" + (f"; it honours {', '.join(near)}" if near else "")
+            refused[key] = reason
+        return refused
+
+    refused_training_keys: ClassVar[Dict[str, str]] = _refusals(config_class, HONOURED_BY_PPO, REFUSAL_REASONS)
+    del _refusals
 
     def problems(self, world_size: Optional[int]) -> List[str]:
         found = super().problems(world_size)
@@ -155,8 +243,10 @@ class PPOSpec(_OnlineSpec):
                 found.append(f"distributed.{sharding}: posttrain's PPO runs on DDP; remove distributed.{sharding}")
         if self.data.eval is not None:
             found.append("data.eval: PPO does not evaluate; its logs score every rollout; remove data.eval")
-        if training.get("gradient_accumulation_steps", 1) != 1:
-            found.append("training.gradient_accumulation_steps: PPO updates per mini-batch; use training.num_mini_batches")
+        for key, refused in self.refused_training_values.items():
+            value = training.get(key)
+            if isinstance(value, str) and value in refused:
+                found.append(f"training.{key}: {value!r} is not supported by posttrain.ppo; {refused[value]}")
         per_device = config_value(self.config_class, training, "per_device_train_batch_size")
         mini_batches = config_value(self.config_class, training, "num_mini_batches")
         if mini_batches < 1 or per_device % mini_batches:

@@ -8,6 +8,7 @@ or chat messages, and extra data-set columns arrive as keyword lists.
 
 import inspect
 import re
+import typing
 from typing import Any, Callable, Dict, List, Optional
 
 RewardFunction = Callable[..., List[float]]
@@ -120,10 +121,17 @@ def check_builtin(name: str, args: Dict[str, Any]) -> List[str]:
     factory = BUILTIN_REWARDS.get(name)
     if factory is None:
         return [f"unknown built-in reward {name!r}; expected one of {', '.join(BUILTIN_REWARDS)}"]
+    signature = inspect.signature(factory)
     try:
-        inspect.signature(factory).bind(**args)
+        signature.bind(**args)
     except TypeError as error:
-        return [f"{name}: {error}; arguments: {inspect.signature(factory)}"]
+        return [f"{name}: {error}; arguments: {signature}"]
+    from posttrain.components.fields import field_type  # the spec's own type rules, for argument values too
+
+    hints = typing.get_type_hints(factory)
+    wrong = [(key, field_type(hints[key]).check(value)) for key, value in args.items()]
+    if any(problem for _, problem in wrong):
+        return [f"{name}.{key}: {problem}" for key, problem in wrong if problem]
     if name == "contains" and (args.get("target") is None) == (args.get("column") is None):
         return ["contains: give exactly one of target or column"]
     if name == "length_band" and not 0 <= args.get("min_chars", 0) <= args.get("max_chars", 0):

@@ -7,6 +7,7 @@ data it reads, whether it generates). Each algorithm fills them in once, in
 ``registry.py``.
 """
 
+import difflib
 import json
 import re
 import typing
@@ -32,21 +33,6 @@ PACKAGE_OWNED_TRAINING_KEYS: Dict[str, str] = {
     "model_init_kwargs": "posttrain loads the models: use model (dtype, attn_implementation, revision)",
     "trust_remote_code": "use model.trust_remote_code",
 }
-
-# training keys whose values must be positive (where set and not null).
-POSITIVE_TRAINING_KEYS = (
-    "learning_rate",
-    "per_device_train_batch_size",
-    "per_device_eval_batch_size",
-    "gradient_accumulation_steps",
-    "num_train_epochs",
-    "max_length",
-    "max_prompt_length",
-    "max_completion_length",
-    "logging_steps",
-    "save_steps",
-    "eval_steps",
-)
 
 
 class _Strict(BaseModel):
@@ -200,11 +186,31 @@ class Spec(_Strict):
                 found.append(
                     f"data.{name}: give exactly one of path (a local JSON/JSONL/Parquet file) or name (a hub data set)"
                 )
+            elif source is not None and source.path is not None:  # a split or config would be ignored
+                for key, value in (("config", source.config), ("split", None if source.split == "train" else source.split)):
+                    if value is not None:
+                        found.append(
+                            f"data.{name}.{key}: {value!r} applies to hub data sets (data.{name}.name); a local file "
+                            "is one split: remove it"
+                        )
         if self.resume not in ("auto", "never") and not self.resume.strip():
             found.append("resume: expected auto, never or a checkpoint path; got an empty string")
+        elif self.resume not in ("auto", "never") and "/" not in self.resume:
+            close = difflib.get_close_matches(self.resume, ["auto", "never"], n=1, cutoff=0.5)
+            if close:  # the job would look for a checkpoint directory of that name
+                found.append(f"resume: {self.resume!r} is neither auto nor never; did you mean {close[0]}?")
         found += self.distributed.problems()
-        if "output_dir" not in training:
-            found.append("training.output_dir: required; the directory the job writes the model and checkpoints to")
+        if not isinstance(training.get("output_dir"), str) or not training["output_dir"].strip():
+            # an empty or null one would make the job write into its working directory, the checkout
+            got = "" if "output_dir" not in training else f"; got {training['output_dir']!r}"
+            found.append(
+                f"training.output_dir: required; the directory the job writes the model and checkpoints to{got}"
+            )
+        if not self.model.name_or_path.strip():
+            found.append("model.name_or_path: expected a path, a hub id or builtin:tiny-llama; got an empty string")
+        for key in ("reference_model", "teacher_model", "value_model"):
+            if isinstance(getattr(self, key, None), str) and not getattr(self, key).strip():
+                found.append(f"{key}: expected a path or hub id; got an empty string (remove it for the default)")
         max_steps = training.get("max_steps")
         if isinstance(max_steps, int) and (max_steps == 0 or max_steps < -1):
             found.append(f"training.max_steps: must be positive, or -1 to train by epochs; got {max_steps}")
@@ -244,6 +250,8 @@ class RewardSource(_Strict):
         given = [key for key in ("function", "builtin", "model") if getattr(self, key) is not None]
         if len(given) != 1:
             return [f"{where}: give exactly one of function (module:callable), builtin (a name) or model (a path)"]
+        if self.model is not None and not self.model.strip():
+            return [f"{where}.model: expected a path or hub id of a reward model; got an empty string"]
         if self.function is not None and not re.fullmatch(r"[\w.]+:[\w.]+", self.function):
             return [f"{where}.function: expected module:callable (e.g. my_rewards:accuracy); got {self.function!r}"]
         if self.builtin is not None:
@@ -276,9 +284,6 @@ class _GroupSpec(_OnlineSpec):
 
     def problems(self, world_size: Optional[int]) -> List[str]:
         found = super().problems(world_size)
-        mode = self.training.get("vllm_mode")
-        if mode is not None and mode not in ("colocate", "server"):
-            found.append(f"training.vllm_mode: expected colocate or server; got {mode!r}")
         return found + generation_batch_problems(self.training, self.config_class, world_size or 1)
 
 
@@ -297,8 +302,6 @@ def generation_batch_problems(training: Mapping[str, Any], config_class: str, wo
     generation_batch, steps = value("generation_batch_size"), value("steps_per_generation")
     if generation_batch is not None and steps is not None:
         return ["training.generation_batch_size, training.steps_per_generation: set at most one"]
-    if generations is not None and generations < 2:
-        return [f"training.num_generations: at least 2 completions per prompt are compared; got {generations}"]
     global_batch = per_device * world_size
     if generation_batch is None:
         generation_batch = global_batch * (steps if steps is not None else accumulation)

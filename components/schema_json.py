@@ -13,8 +13,8 @@ The templates point the YAML language server at them with their first line::
 
     # yaml-language-server: $schema=../../components/schemas/sft.schema.json
 
-The schema checks what fields alone can say (keys, types, choices, positive
-values, ``training.output_dir`` required); rules across fields (``bf16`` with
+The schema checks what fields alone can say (keys, types, choices, the value
+ranges of ``value_rules/``, ``training.output_dir`` required); rules across fields (``bf16`` with
 ``fp16``, the generation batch, one reward source) are still the validator's.
 """
 
@@ -26,7 +26,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Type
 
 from posttrain.components.fields import LORA_CONFIG, TABLE_PATH, FieldType, config_fields
 from posttrain.components.registry import SPEC_CLASSES
-from posttrain.components.schema import POSITIVE_TRAINING_KEYS, Spec
+from posttrain.components.schema import Spec
+from posttrain.components.values import Range, rows_for
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_DIR = Path(__file__).with_name("schemas")
@@ -95,19 +96,27 @@ def field_schema(field: FieldType) -> Dict[str, Any]:
         return typed
     if not types or types == ["null"]:
         return {"enum": list(field.choices) + ([None] if field.nullable else [])}
+    if "list" in field.kinds:  # a list of choices (DPO's loss_type)
+        typed["items"] = {"enum": list(field.choices)}
     return {"anyOf": [typed, {"enum": list(field.choices)}]}
 
 
-def table_schema(class_name: str, *, exclude: Sequence[str] = (), positive: Sequence[str] = ()) -> Dict[str, Any]:
-    """An object whose properties are one config class's fields, with their defaults; nothing else allowed."""
+def table_schema(class_name: str, *, exclude: Sequence[str] = ()) -> Dict[str, Any]:
+    """An object whose properties are one config class's fields, with their defaults and ranges; nothing else."""
     entries = json.loads(TABLE_PATH.read_text())[class_name]  # the raw table: it says which defaults exist
+    fields = config_fields(class_name)
+    ranges = {row["field"]: Range.parse(row["range"]) for row in rows_for(class_name, fields) if "range" in row}
     properties = {}
-    for name, field in config_fields(class_name).items():
+    for name, field in fields.items():
         if name in exclude:
             continue
         prop = field_schema(field)
-        if name in positive and {"int", "float"} & set(field.kinds):
-            prop["exclusiveMinimum"] = 0  # applies to numbers only: null stays allowed where it is
+        if name in ranges:  # the validator's ranges; they apply to numbers only, so null stays allowed
+            bounds = ranges[name]
+            if bounds.low is not None:
+                prop["minimum" if bounds.low_inclusive else "exclusiveMinimum"] = bounds.low
+            if bounds.high is not None:
+                prop["maximum" if bounds.high_inclusive else "exclusiveMaximum"] = bounds.high
         if "default" in entries[name]:
             prop["default"] = entries[name]["default"]
         properties[name] = prop
@@ -117,7 +126,7 @@ def table_schema(class_name: str, *, exclude: Sequence[str] = (), positive: Sequ
 def training_schema(cls: Type[Spec]) -> Dict[str, Any]:
     """``training``: the TRL config's fields less the ones posttrain owns (those are errors, as in the validator)."""
     owned, refused = cls.owned_training_keys(), cls.refused_training_keys
-    schema = table_schema(cls.config_class, exclude=[*owned, *refused], positive=POSITIVE_TRAINING_KEYS)
+    schema = table_schema(cls.config_class, exclude=[*owned, *refused])
     pointers = "; ".join(f"{key}: {where}" for key, where in sorted({**owned, **refused}.items()))
     schema["description"] = (
         f"Fields of {cls.config_class} (from config_fields.json). Not allowed here: {pointers}."

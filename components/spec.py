@@ -8,8 +8,9 @@ wording of problems in ``messages.py``.
 """
 
 import json
+import re
 from pathlib import Path
-from typing import Any, Iterator, List, Mapping, Optional, Sequence, Tuple, Type
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Type
 
 import yaml
 from pydantic import ValidationError
@@ -18,7 +19,8 @@ from posttrain.components.fields import LORA_CONFIG, FieldType, config_fields
 from posttrain.components.messages import SpecError, known_paths, translate, unknown_in, unknown_mapping_keys
 from posttrain.components.overrides import apply_overrides
 from posttrain.components.registry import SPEC_CLASSES
-from posttrain.components.schema import POSITIVE_TRAINING_KEYS, Spec
+from posttrain.components.schema import Spec
+from posttrain.components.values import range_problems
 
 
 def load_spec(
@@ -36,12 +38,52 @@ def load_spec(
     except OSError as e:
         raise SpecError([f"--spec: cannot read {path}: {e.strerror}"]) from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 -- a SafeLoader that refuses repeated keys
+    except yaml.MarkedYAMLError as e:  # one line: what and where
+        mark = e.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise SpecError([f"--spec: {path} is not valid YAML{where}: {e.problem or e.context}"]) from None
     except yaml.YAMLError as e:
         raise SpecError([f"--spec: {path} is not valid YAML: {e}"]) from None
     if not isinstance(raw, dict):
         raise SpecError([f"--spec: {path} must hold a mapping of sections (model, data, training, ...)"])
+    _read_yaml_exponents(raw)
     return validate(apply_overrides(raw, overrides, algorithm), algorithm=algorithm, world_size=world_size)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error, not the last one silently."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> Dict[Any, Any]:
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice in one mapping (YAML would keep the last)", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+# YAML 1.1 reads 1e-5 (no dot) as a string; 1.0e-5 is a float
+_EXPONENT_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
+def _read_yaml_exponents(raw: Dict[str, Any]) -> None:
+    """Numbers written ``1e-5`` in a YAML file are numbers where a field takes a number and not text."""
+    cls = SPEC_CLASSES.get(raw.get("algorithm"))  # type: ignore[arg-type]
+    sections = [(raw.get("training"), cls.config_class if cls else None)]
+    if isinstance(raw.get("model"), dict):
+        sections.append((raw["model"].get("lora"), LORA_CONFIG))
+    for values, config_class in sections:
+        if not isinstance(values, dict) or config_class is None:
+            continue
+        fields = config_fields(config_class)
+        for key, value in values.items():
+            kinds = fields[key].kinds if key in fields else ()
+            if isinstance(value, str) and "float" in kinds and "str" not in kinds and _EXPONENT_NUMBER.match(value):
+                values[key] = float(value)
 
 
 def spec_from_json(text: str) -> Spec:
@@ -67,8 +109,9 @@ def validate(raw: Mapping[str, Any], *, algorithm: Optional[str] = None, world_s
         spec, problems = None, translate(e)
     training, model = raw.get("training"), raw.get("model")
     if isinstance(training, dict):
-        problems += _check_table(training, config_fields(cls.config_class), "training")
-        problems += _check_positive(training)
+        fields = config_fields(cls.config_class)
+        problems += _check_table(training, fields, "training")
+        problems += range_problems(cls.config_class, fields, training)
     if isinstance(model, dict) and isinstance(model.get("lora"), dict):
         problems += _check_table(model["lora"], config_fields(LORA_CONFIG), "model.lora")
     if spec is not None and not problems:
@@ -126,15 +169,6 @@ def _check_table(values: Mapping[str, Any], table: Mapping[str, FieldType], pref
         problem = table[key].check(value)
         if problem:
             found.append(f"{prefix}.{key}: {problem}")
-    return found
-
-
-def _check_positive(training: Mapping[str, Any]) -> List[str]:
-    found = []
-    for key in POSITIVE_TRAINING_KEYS:
-        value = training.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
-            found.append(f"training.{key}: must be positive; got {value}")
     return found
 
 

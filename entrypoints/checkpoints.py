@@ -59,6 +59,8 @@ def resolve_resume(spec: Spec, output_dir: Path) -> Optional[str]:
     if spec.resume != "auto":
         path = Path(spec.resume)
         if not _readable_state(path / "trainer_state.json"):
+            if not path.is_dir():
+                raise SpecError([f"resume: {spec.resume!r} is neither auto, never nor an existing checkpoint directory"])
             raise SpecError([f"resume: {path} is not a complete checkpoint (no readable trainer_state.json)"])
         return str(path)
     if not checkpoints:

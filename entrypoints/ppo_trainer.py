@@ -60,10 +60,22 @@ trainers take them (``reward_funcs``, ``reward_processing_classes``).
 Checkpoints (``checkpoint-N/``) hold the training state (``ppo_model.pt``,
 ``optimizer.pt``, ``scheduler.pt``, ``ppo_state.json``) and, written last,
 ``trainer_state.json`` in HF Trainer's format.
+
+Of TrainingArguments it honours what ``PPOSpec.HONOURED_BY_PPO`` (in
+``components/registry.py``) lists; the validator refuses the rest, with the
+reason. As HF's Trainer does: ``optim``, ``optim_args`` and the Adam fields
+through ``Trainer.get_optimizer_cls_and_kwargs``, ``weight_decay`` on all but
+biases and norms, ``lr_scheduler_type`` with ``lr_scheduler_kwargs`` and
+``warmup_steps`` through ``get_scheduler``, ``report_to`` through the
+integration callbacks, ``log_level`` through transformers' logging, and
+activation checkpointing (applied in eval mode too, see
+:func:`enable_activation_checkpointing`).
 """
 
 import dataclasses
+import functools
 import json
+import math
 import shutil
 import time
 from pathlib import Path
@@ -72,10 +84,13 @@ from typing import Any, Dict, Literal, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 from accelerate import Accelerator
-from transformers import PreTrainedModel, TrainerControl, TrainerState, TrainingArguments, get_scheduler
+from transformers import PreTrainedModel, Trainer, TrainerControl, TrainerState, TrainingArguments, get_scheduler
 from transformers.integrations import get_reporting_integration_callbacks
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.trainer_utils import TrainOutput
+from transformers.utils import logging as hf_logging
 
+from posttrain.components.registry import PPOSpec
 from posttrain.entrypoints.ppo_math import (
     adapted_kl_coef,
     masked_mean,
@@ -141,6 +156,65 @@ def token_values(
     return value_model.score(hidden).squeeze(-1).float()
 
 
+def enable_activation_checkpointing(model: PreTrainedModel, options: Optional[Dict[str, Any]]) -> None:
+    """HF's activation checkpointing (``activation_checkpointing_kwargs``), applied in eval mode too.
+
+    HF checkpoints a decoder layer only while the layer is in training mode,
+    and this trainer keeps every model in eval mode (no dropout), so HF's
+    switch alone would checkpoint nothing. HF still marks the layers (every
+    ``every_n_layers``-th) and builds the checkpoint function (``offload``,
+    ``use_reentrant``, ...); here each marked layer runs through that function
+    whenever gradients are recorded, its forward unchanged (in eval mode).
+    """
+    kwargs = dict(options or {})
+    every_n_layers, offload = kwargs.pop("every_n_layers", 1), kwargs.pop("offload", False)
+    model.activation_checkpointing_enable(
+        activation_checkpointing_kwargs=kwargs or None, every_n_layers=every_n_layers, offload=offload
+    )
+    for layer in model.modules():
+        if isinstance(layer, GradientCheckpointingLayer) and layer.gradient_checkpointing:
+            layer.forward = functools.partial(_checkpointed_forward, layer)
+
+
+def _checkpointed_forward(layer: GradientCheckpointingLayer, *args: Any, **kwargs: Any) -> Any:
+    forward = type(layer).forward  # HF's: in eval mode the layer's own forward, not checkpointed
+    if torch.is_grad_enabled() and not layer.training:  # in training mode HF's forward checkpoints itself
+        return layer._gradient_checkpointing_func(functools.partial(forward, layer, **kwargs), *args)
+    return forward(layer, *args, **kwargs)
+
+
+def create_optimizer(args: TrainingArguments, model: nn.Module) -> torch.optim.Optimizer:
+    """The optimizer HF's Trainer builds: ``optim`` and ``optim_args`` through its own helper, weight decay apart.
+
+    ``Trainer.get_optimizer_cls_and_kwargs`` reads ``optim``, ``optim_args``,
+    ``learning_rate``, the Adam fields and ``optim_target_modules`` (GaLore,
+    APOLLO); ``weight_decay`` applies to every weight but biases and norms
+    (``Trainer.get_decay_parameter_names``, which uses no Trainer state).
+    """
+    for key, refused in PPOSpec.refused_training_values.items():
+        value = getattr(args, key)
+        value = getattr(value, "value", value)  # OptimizerNames, SchedulerType
+        if value in refused:
+            raise ValueError(f"{key}={value!r} is not supported by posttrain's PPO: {refused[value]}")
+    decay = set(Trainer.get_decay_parameter_names(None, model))
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    groups: Any = [
+        {"params": [p for name, p in named if name in decay], "weight_decay": args.weight_decay},
+        {"params": [p for name, p in named if name not in decay], "weight_decay": 0.0},
+    ]
+    optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
+    kwargs = dict(kwargs)
+    groups = kwargs.pop("params", groups)  # GaLore, APOLLO: their own groups over optim_target_modules
+    return optimizer_cls(groups, **kwargs)
+
+
+def _every(steps: float, max_steps: int) -> int:
+    """``logging_steps``, ``save_steps`` in iterations: below 1 a fraction of ``max_steps`` (as HF's); 0 never."""
+    if steps <= 0:
+        return 0
+    return max(1, math.ceil(max_steps * steps)) if steps < 1 else int(steps)
+
+
 # ---------------------------------------------------------------- the trainer
 
 
@@ -166,6 +240,7 @@ class PPOTrainer:
     ) -> None:
         self.args = args
         self.tokenizer = processing_class
+        hf_logging.set_verbosity(args.get_process_log_level())  # log_level, log_level_replica, log_on_each_node
         self.accelerator = Accelerator(cpu=args.use_cpu, mixed_precision=_mixed_precision(args))
         self.device = self.accelerator.device
         # report_to (tensorboard, trackio, wandb, ...) through transformers' own integration callbacks
@@ -182,23 +257,20 @@ class PPOTrainer:
 
         for model in (policy, value_model):
             model.config.use_cache = False
+            if args.activation_checkpointing:
+                enable_activation_checkpointing(model, args.activation_checkpointing_kwargs)
         # eval mode for good: dropout would make the old log-probs, values and KL noisy (KL != 0 at step 1)
         model = PolicyAndValue(policy, value_model).eval()
-        optimizer = torch.optim.AdamW(
-            model.parameters(),
-            lr=args.learning_rate,
-            betas=(args.adam_beta1, args.adam_beta2),
-            eps=args.adam_epsilon,
-            weight_decay=args.weight_decay,
-        )
+        optimizer = create_optimizer(args, model)
         updates = args.max_steps * args.num_ppo_epochs * args.num_mini_batches
         # not through accelerator.prepare: its wrapper steps a scheduler once per process at every call,
         # which with N processes would end the schedule after 1/N of the run
         self.scheduler = get_scheduler(
             args.lr_scheduler_type, optimizer, num_warmup_steps=args.get_warmup_steps(updates),
-            num_training_steps=updates,
+            num_training_steps=updates, scheduler_specific_kwargs=args.lr_scheduler_kwargs,
         )  # fmt: skip
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        self.optimizer.train()  # schedule-free optimizers step in train mode; others ignore it
 
     # ------------------------------------------------------------ update
 
@@ -254,15 +326,20 @@ class PPOTrainer:
         if resume_from_checkpoint is not None:
             self._load_checkpoint(Path(resume_from_checkpoint))
         args, state = self.args, self.state
-        state.max_steps, state.logging_steps, state.save_steps = args.max_steps, args.logging_steps, args.save_steps
+        state.max_steps = args.max_steps
+        state.logging_steps, state.save_steps = (_every(args.logging_steps, args.max_steps),
+                                                 _every(args.save_steps, args.max_steps))  # fmt: skip
         self._callback("on_train_begin")
         start, losses = time.time(), []
         for iteration in range(state.global_step, args.max_steps):
             batch = self.rollouts.collect(self.accelerator.unwrap_model(self.model), iteration, self.kl_coef)
             stats = self._update(batch, iteration)
             losses.append(stats["loss"])
-            tokens = (batch["attention_mask"].sum()).reshape(1)
-            state.num_input_tokens_seen += int(self.accelerator.reduce(tokens, reduction="sum").item())
+            if args.include_num_input_tokens_seen != "no":
+                mask = batch["attention_mask"]
+                non_padding = args.include_num_input_tokens_seen == "non_padding"
+                tokens = (mask.sum() if non_padding else torch.tensor(mask.numel(), device=mask.device)).reshape(1)
+                state.num_input_tokens_seen += int(self.accelerator.reduce(tokens, reduction="sum").item())
             rollout_stats = self._rollout_stats(batch)
             if args.adaptive_kl:
                 samples = args.per_device_train_batch_size * self.accelerator.num_processes
@@ -272,10 +349,10 @@ class PPOTrainer:
             state.epoch = state.global_step * args.per_device_train_batch_size * self.accelerator.num_processes / len(
                 self.rollouts.prompts
             )
-            if state.global_step == 1 or state.global_step % args.logging_steps == 0:
+            if state.global_step == 1 or (state.logging_steps and state.global_step % state.logging_steps == 0):
                 self._log({**rollout_stats, **self._mean_across_ranks(stats)})
             self._callback("on_step_end")
-            if self.control.should_save or (args.save_steps and state.global_step % args.save_steps == 0):
+            if self.control.should_save or (state.save_steps and state.global_step % state.save_steps == 0):
                 self._save_checkpoint()
                 self.control.should_save = False
             if self.control.should_training_stop:

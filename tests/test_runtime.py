@@ -142,8 +142,11 @@ def test_resume_never_refuses_to_mix_runs_and_a_bad_path_is_named(tmp_path: Path
     write_checkpoint(output_dir, 10)
     with pytest.raises(SpecError, match="resume: never, but .* already holds checkpoints"):
         resolve_resume(spec, output_dir)
-    with pytest.raises(SpecError, match="is not a complete checkpoint"):
+    with pytest.raises(SpecError, match="resume: '.*nowhere' is neither auto, never nor an existing checkpoint directory"):
         resolve_resume(spec_with(tmp_path, resume=str(tmp_path / "nowhere")), output_dir)
+    (tmp_path / "half").mkdir()
+    with pytest.raises(SpecError, match="is not a complete checkpoint"):
+        resolve_resume(spec_with(tmp_path, resume=str(tmp_path / "half")), output_dir)
 
 
 def test_training_arguments_on_cpu_are_owned_by_the_package(tmp_path: Path) -> None:

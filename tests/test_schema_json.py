@@ -51,7 +51,10 @@ def test_training_and_lora_come_from_the_field_table() -> None:
     props = training["properties"]
     default = config_default("trl:SFTConfig", "learning_rate")
     assert props["learning_rate"] == {"type": "number", "exclusiveMinimum": 0, "default": default}
-    assert props["max_length"]["type"] == ["integer", "null"] and props["max_length"]["exclusiveMinimum"] == 0
+    assert props["adam_beta2"]["minimum"] == 0 and props["adam_beta2"]["exclusiveMaximum"] == 1
+    assert props["max_length"]["type"] == ["integer", "null"] and props["max_length"]["minimum"] == 1
+    grpo = spec_schema("grpo")["properties"]["training"]["properties"]
+    assert (grpo["top_p"]["exclusiveMinimum"], grpo["top_p"]["maximum"]) == (0, 1)
     assert "cosine" in props["lr_scheduler_type"]["enum"]
     assert not set(SPEC_CLASSES["sft"].owned_training_keys()) & set(props)  # package-owned: errors
     assert "deepspeed" in training["description"]

@@ -139,8 +139,9 @@ def test_package_owned_training_keys_point_to_the_right_place(key: str, hint: st
         ("training", "max_steps", 2.5, "training.max_steps: expected an integer; got 2.5"),
         ("training", "bf16", "yes", "training.bf16: expected true/false or null; got 'yes'"),
         ("training", "lr_scheduler_type", "cosin", "did you mean 'cosine'?"),
-        ("training", "per_device_train_batch_size", 0, "training.per_device_train_batch_size: must be positive; got 0"),
-        ("training", "learning_rate", -1e-5, "training.learning_rate: must be positive"),
+        ("training", "per_device_train_batch_size", 0,
+         "training.per_device_train_batch_size: 0 is out of range; expected per_device_train_batch_size >= 1"),
+        ("training", "learning_rate", -1e-5, "training.learning_rate: -1e-05 is out of range; expected learning_rate > 0"),
         ("training", "max_steps", 0, "training.max_steps: must be positive, or -1 to train by epochs; got 0"),
         ("model", "dtype", "bf16", "model.dtype: input should be 'auto', 'float32', 'bfloat16' or 'float16'"),
         ("model", "trust_remote_code", "yes", "model.trust_remote_code: input should be a valid boolean"),
@@ -318,7 +319,7 @@ def test_generation_batch_must_divide_by_num_generations_with_the_world_size_of_
     raw["training"].update(generation_batch_size=12)
     assert "generation_batch_size: 12 is not a multiple of the global batch (4 per device x 2 processes = 8)" in problems_of(raw, world_size=2)
     raw["training"].update(generation_batch_size=None, num_generations=1)
-    assert "training.num_generations: at least 2" in problems_of(raw, world_size=2)
+    assert "training.num_generations: 1 is out of range; expected num_generations >= 2" in problems_of(raw, world_size=2)
 
 
 def test_vllm_mode_is_checked() -> None:
@@ -326,7 +327,7 @@ def test_vllm_mode_is_checked() -> None:
     raw["training"].update(use_vllm=True, vllm_mode="colocate")
     validate(raw)
     raw["training"]["vllm_mode"] = "remote"
-    assert "training.vllm_mode: expected colocate or server; got 'remote'" in problems_of(raw)
+    assert "training.vllm_mode: expected one of 'colocate', 'server'; got 'remote'" in problems_of(raw)
 
 
 @pytest.mark.parametrize(

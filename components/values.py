@@ -1,0 +1,105 @@
+"""Ranges and choices of ``training`` values: the table of the installed TRL version.
+
+Types come from TRL's annotations (``config_fields.json``); what the types
+cannot say is in ``value_rules/trl-<major>.<minor>.yaml``, one row per rule
+with its reason: ranges written where TRL has none, the value lists TRL
+documents, and the kinds TRL accepts beyond its annotation (it converts them
+itself). Choices in TRL's own field metadata are read from TRL when the
+field table is generated. Messages name the key, the value and what is
+allowed::
+
+    training.top_p: 1.5 is out of range; expected 0 < top_p <= 1 (a probability mass; 1 keeps every token)
+"""
+
+import dataclasses
+import functools
+import re
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import yaml
+
+RULES_DIR = Path(__file__).with_name("value_rules")
+
+_RANGE = re.compile(
+    r"^(?:(?P<low>-?[\d.]+)\s*(?P<low_op><=|<)\s*)?x(?:\s*(?P<op><=|<|>=|>)\s*(?P<bound>-?[\d.]+))?$"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """``low <(=) x <(=) high``, either end open; parsed from the table's ``"0 < x <= 1"``.
+
+    >>> Range.parse("0 < x <= 1").problem("top_p", 1.5)
+    '1.5 is out of range; expected 0 < top_p <= 1'
+    >>> Range.parse("x >= 2").problem("num_generations", 2) is None
+    True
+    """
+
+    text: str
+    low: Optional[float] = None
+    low_inclusive: bool = True
+    high: Optional[float] = None
+    high_inclusive: bool = True
+
+    @staticmethod
+    def parse(text: str) -> "Range":
+        match = _RANGE.match(text.strip())
+        if not match:
+            raise ValueError(f"range {text!r}: expected e.g. '0 < x <= 1' or 'x >= 0'")
+        low, low_op, op, bound = match.group("low", "low_op", "op", "bound")
+        found: Dict[str, Any] = {}
+        if low is not None:
+            found.update(low=float(low), low_inclusive=low_op == "<=")
+        if op in ("<", "<="):
+            found.update(high=float(bound), high_inclusive=op == "<=")
+        elif op in (">", ">="):
+            found.update(low=float(bound), low_inclusive=op == ">=")
+        return Range(text.strip(), **found)
+
+    def problem(self, key: str, value: Any) -> Optional[str]:
+        """What is wrong with a number for this range, or None (non-numbers are the type check's)."""
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            return None
+        too_low = self.low is not None and (value < self.low if self.low_inclusive else value <= self.low)
+        too_high = self.high is not None and (value > self.high if self.high_inclusive else value >= self.high)
+        if too_low or too_high:
+            return f"{value} is out of range; expected {self.text.replace('x', key)}"
+        return None
+
+
+@functools.lru_cache(maxsize=None)
+def rules() -> Tuple[Dict[str, Any], ...]:
+    """The rows for the installed TRL (its major.minor), else the newest table the package ships."""
+    tables = {path.stem: path for path in RULES_DIR.glob("trl-*.yaml")}
+    try:
+        wanted = "trl-" + ".".join(metadata.version("trl").split(".")[:2])
+    except metadata.PackageNotFoundError:  # a client without trl validates with the newest table
+        wanted = ""
+    path = tables.get(wanted) or tables[max(tables, key=lambda name: tuple(int(p) for p in name[4:].split(".")))]
+    return tuple(yaml.safe_load(path.read_text()))
+
+
+def rows_for(config_class: str, fields: Mapping[str, Any]) -> List[Dict[str, Any]]:
+    """The rows that apply to a config class: those naming it, or naming none, for a field it has."""
+    return [
+        row for row in rules()
+        if row["field"] in fields and config_class in row.get("configs", [config_class])
+    ]  # fmt: skip
+
+
+def range_problems(config_class: str, fields: Mapping[str, Any], training: Mapping[str, Any]) -> List[str]:
+    """``training`` values outside their ranges (each item of a list value checked alone)."""
+    found = []
+    for row in rows_for(config_class, fields):
+        key = row["field"]
+        if "range" not in row or key not in training:
+            continue
+        values = training[key] if isinstance(training[key], list) else [training[key]]
+        for value in values:
+            problem = Range.parse(row["range"]).problem(key, value)
+            if problem:
+                found.append(f"training.{key}: {problem} ({row['reason']})")
+                break
+    return found

@@ -1,0 +1,198 @@
+"""Values, not only types: ranges and choices from value_rules/, and valid input accepted.
+
+Each bad value is refused with one line naming the key, the value and what is
+allowed; each value TRL accepts passes the validator and TRL's own config.
+"""
+
+import os
+from pathlib import Path
+from typing import Any, Dict
+
+import pytest
+import yaml
+from helpers import REPO, load_template
+
+from posttrain.components import algorithms, values
+from posttrain.components.fields import config_fields
+from posttrain.components.messages import SpecError
+from posttrain.components.registry import SPEC_CLASSES
+from posttrain.components.spec import load_spec, validate
+from posttrain.components.values import Range, rules
+
+CONFIGS = sorted({cls.config_class for cls in SPEC_CLASSES.values()})
+
+
+def test_every_row_names_fields_the_installed_trl_has() -> None:
+    """Fails when TRL gains or loses a field a row names: the table belongs to one TRL version."""
+    for row in rules():
+        named = row.get("configs", CONFIGS)
+        having = [config for config in named if row["field"] in config_fields(config)]
+        assert having, f"{row['field']}: no config class has it any more"
+        if "configs" in row:
+            assert having == named, f"{row['field']}: missing from {set(named) - set(having)}"
+        assert row["reason"].strip() and set(row) <= {"field", "configs", "range", "choices", "also", "reason"}
+        if "range" in row:
+            Range.parse(row["range"])
+
+
+def test_the_table_follows_the_installed_trl_version() -> None:
+    from importlib import metadata
+
+    minor = ".".join(metadata.version("trl").split(".")[:2])
+    assert (values.RULES_DIR / f"trl-{minor}.yaml").is_file(), f"write value_rules/trl-{minor}.yaml for TRL {minor}"
+
+
+def spec_with(algorithm: str, **training: Any) -> Dict[str, Any]:
+    raw = load_template(f"{algorithm}/tiny.yaml")
+    raw["training"].update(training)
+    return raw
+
+
+BAD_VALUES = [
+    ("grpo", {"top_p": 1.5}, "training.top_p: 1.5 is out of range; expected 0 < top_p <= 1"),
+    ("grpo", {"temperature": 0.0}, "training.temperature: 0.0 is out of range; expected temperature > 0"),
+    ("online_dpo", {"temperature": 0}, "training.temperature: 0 is out of range; expected temperature > 0"),
+    ("dpo", {"beta": -0.1}, "training.beta: -0.1 is out of range; expected beta >= 0"),
+    ("dpo", {"label_smoothing": 0.7}, "training.label_smoothing: 0.7 is out of range; expected 0 <= label_smoothing <= 0.5"),
+    ("kto", {"desirable_weight": -1.0}, "training.desirable_weight: -1.0 is out of range; expected desirable_weight > 0"),
+    ("grpo", {"num_iterations": 0}, "training.num_iterations: 0 is out of range; expected num_iterations >= 1"),
+    ("rloo", {"steps_per_generation": 0}, "training.steps_per_generation: 0 is out of range"),
+    ("grpo", {"generation_batch_size": -16}, "training.generation_batch_size: -16 is out of range"),
+    ("grpo", {"epsilon": -0.2}, "training.epsilon: -0.2 is out of range; expected epsilon > 0"),
+    ("ppo", {"gamma": 1.5}, "training.gamma: 1.5 is out of range; expected 0 <= gamma <= 1"),
+    ("ppo", {"cliprange": -0.1}, "training.cliprange: -0.1 is out of range; expected cliprange > 0"),
+    ("ppo", {"kl_coef": -1.0}, "training.kl_coef: -1.0 is out of range; expected kl_coef >= 0"),
+    ("ppo", {"num_ppo_epochs": 0}, "training.num_ppo_epochs: 0 is out of range; expected num_ppo_epochs >= 1"),
+    ("distill", {"beta": 1.5}, "training.beta: 1.5 is out of range; expected 0 <= beta <= 1"),
+    ("online_dpo", {"beta": [0.1, -0.2]}, "training.beta: -0.2 is out of range; expected beta >= 0"),
+    ("orpo", {"beta": -1.0}, "training.beta: -1.0 is out of range"),
+    ("sft", {"adam_beta2": 1.0}, "training.adam_beta2: 1.0 is out of range; expected 0 <= adam_beta2 < 1"),
+    ("reward", {"weight_decay": -0.01}, "training.weight_decay: -0.01 is out of range"),
+    ("sft", {"loss_type": "nl"}, "training.loss_type: expected one of 'nll', 'dft', 'chunked_nll'; got 'nl'; did you mean 'nll'?"),
+    ("dpo", {"loss_type": "ipp"}, "training.loss_type: expected one of 'sigmoid', 'hinge', 'ipo'"),
+    ("dpo", {"loss_type": ["sigmoid", "bogus"]}, "training.loss_type: expected items from one of 'sigmoid'"),
+    ("dpo", {"f_divergence_type": "kl"}, "training.f_divergence_type: expected one of 'reverse_kl', 'forward_kl'"),
+    ("grpo", {"loss_type": "ppo"}, "training.loss_type: expected one of 'grpo', 'dr_grpo', 'dapo', 'bnpo', 'cispo'"),
+    ("grpo", {"importance_sampling_level": "seq"}, "training.importance_sampling_level: expected one of 'token', 'sequence'"),
+    ("grpo", {"scale_rewards": "all"}, "training.scale_rewards: expected one of 'group', 'batch', 'none' or true/false"),
+    ("kto", {"loss_type": "sigmoid"}, "training.loss_type: expected one of 'kto', 'apo_zero_unpaired'"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("algorithm, training, message", BAD_VALUES, ids=[f"{a}-{next(iter(t))}" for a, t, _ in BAD_VALUES])
+def test_bad_values_name_the_key_the_value_and_what_is_allowed(algorithm: str, training: dict, message: str) -> None:
+    with pytest.raises(SpecError) as error:
+        validate(spec_with(algorithm, **training))
+    (line,) = [p for p in error.value.problems if p.startswith(f"training.{next(iter(training))}")]
+    assert line.startswith(message) and "\n" not in line
+
+
+VALID_VALUES = [
+    ("dpo", {"loss_type": "ipo"}),
+    ("dpo", {"loss_type": ["sigmoid", "sft"], "loss_weights": [0.8, 0.2]}),
+    ("grpo", {"scale_rewards": False}),
+    ("grpo", {"scale_rewards": True}),
+    ("grpo", {"scale_rewards": "batch"}),
+    ("grpo", {"loss_type": "dr_grpo", "importance_sampling_level": "sequence"}),
+    ("online_dpo", {"beta": 0.1}),
+    ("online_dpo", {"beta": [0.1, 0.05]}),
+    ("online_dpo", {"loss_type": "ipo"}),
+    ("distill", {"beta": 0.5}),
+    ("sft", {"loss_type": "dft"}),
+    ("kto", {"loss_type": "apo_zero_unpaired"}),
+]
+
+
+@pytest.mark.parametrize("algorithm, training", VALID_VALUES, ids=[f"{a}-{t}" for a, t in VALID_VALUES])
+def test_values_trl_accepts_are_accepted_by_the_validator_and_by_trl(
+    tmp_path: Path, algorithm: str, training: dict
+) -> None:
+    from posttrain.entrypoints.models import import_object
+
+    spec = validate(spec_with(algorithm, **training))
+    kwargs = {**spec.training, "output_dir": str(tmp_path), "use_cpu": True, "report_to": "none"}
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    import_object(spec.config_class)(**kwargs)  # TRL's own __post_init__ checks
+
+
+def test_exponents_written_in_a_yaml_file_are_numbers(tmp_path: Path) -> None:
+    """YAML 1.1 reads 1e-5 as text; for a field that takes a number and not text it is the number."""
+    text = (REPO / "templates/sft/tiny.yaml").read_text().replace("learning_rate: 3.0e-3", "learning_rate: 3e-3")
+    (tmp_path / "spec.yaml").write_text(text + "  adam_epsilon: 1e-6\n")
+    training = load_spec(str(tmp_path / "spec.yaml")).training
+    assert training["learning_rate"] == 3e-3 and training["adam_epsilon"] == 1e-6
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda t: t.replace("  max_steps: 40\n", "  max_steps: 40\n  max_steps: 50\n"),
+         "at line 14, column 3: key 'max_steps' is given twice in one mapping"),
+        (lambda t: t.replace("algorithm: sft", "algorithm: sft\nmodel: [oops"), "is not valid YAML at line"),
+    ],
+)  # fmt: skip
+def test_yaml_mistakes_are_one_line_with_their_place(tmp_path: Path, edit: Any, message: str) -> None:
+    (tmp_path / "spec.yaml").write_text(edit((REPO / "templates/sft/tiny.yaml").read_text()))
+    with pytest.raises(SpecError) as error:
+        load_spec(str(tmp_path / "spec.yaml"))
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+SPEC_MISTAKES = [
+    ({"training": {"output_dir": ""}}, "training.output_dir: required; the directory the job writes the model and checkpoints to; got ''"),
+    ({"training": {"output_dir": None}}, "training.output_dir: required"),
+    ({"model": {"name_or_path": " "}}, "model.name_or_path: expected a path, a hub id or builtin:tiny-llama; got an empty string"),
+    ({"reference_model": ""}, "reference_model: expected a path or hub id; got an empty string"),
+    ({"data": {"train": {"path": "templates/data/preference.jsonl", "split": "test"}}},
+     "data.train.split: 'test' applies to hub data sets (data.train.name); a local file is one split: remove it"),
+    ({"resume": "atuo"}, "resume: 'atuo' is neither auto nor never; did you mean auto?"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("change, message", SPEC_MISTAKES)
+def test_spec_mistakes(change: dict, message: str) -> None:
+    raw = load_template("dpo/tiny.yaml")
+    for key, value in change.items():
+        raw[key] = {**raw[key], **value} if isinstance(value, dict) and isinstance(raw.get(key), dict) else value
+    with pytest.raises(SpecError) as error:
+        validate(raw)
+    assert any(problem.startswith(message) for problem in error.value.problems), error.value.problems
+
+
+def test_an_unclosed_list_in_an_override_is_refused() -> None:
+    with pytest.raises(SpecError, match=r"override 'model.lora.target_modules=\[q_proj, v_proj': .* not YAML flow syntax"):
+        algorithms.sft("model.lora.target_modules=[q_proj, v_proj", spec=f"{REPO}/templates/sft/tiny.yaml")
+
+
+def test_elastic_j_is_checked_at_every_node_count() -> None:
+    """A generation batch that divides at 2 nodes but not at 1: refused, naming the node count."""
+    overrides = ["training.per_device_train_batch_size=3", "training.num_generations=6"]
+    algorithms.grpo(*overrides, spec=f"{REPO}/templates/grpo/tiny.yaml", j="2x1")
+    with pytest.raises(SpecError, match=r"training.num_generations: the generation batch \(3 = .*\(at 1 nodes of -j 1:2x1\)"):
+        algorithms.grpo(*overrides, spec=f"{REPO}/templates/grpo/tiny.yaml", j="1:2x1")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ({"min_chars": "ten", "max_chars": 20}, "rewards.0.builtin: length_band.min_chars: expected an integer; got 'ten'"),
+        ({"target": 5}, "rewards.0.builtin: contains.target: expected a string or null; got 5"),
+    ],
+)
+def test_builtin_reward_arguments_of_the_wrong_type(args: dict, message: str) -> None:
+    raw = load_template("grpo/tiny.yaml")
+    raw["rewards"] = [{"builtin": "length_band" if "min_chars" in args else "contains", "args": args}]
+    with pytest.raises(SpecError) as error:
+        validate(raw)
+    assert message in str(error.value)
+
+
+def test_unknown_keys_list_the_nearest_few_valid_keys_not_all() -> None:
+    with pytest.raises(SpecError) as error:
+        validate(spec_with("grpo", zzz_unheard_of=1))
+    (line,) = error.value.problems
+    assert line.startswith("training.zzz_unheard_of: unknown key; the nearest of the ") and line.count(",") == 4
+
+
+def test_the_shipped_table_loads_as_yaml() -> None:
+    assert yaml.safe_load((values.RULES_DIR / "trl-1.16.yaml").read_text()) == list(rules())
