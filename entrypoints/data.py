@@ -1,12 +1,21 @@
-"""Training data: loading and column checks, and fitting the batch to the data set's size."""
+"""Training data: loading and checks, and fitting the batch to the data set's size.
 
+Every problem of the data is one line naming the file and, where it has
+one, the line, byte or row: an empty file, bytes that are not UTF-8, a
+corrupt JSON line, missing columns, values of the wrong kind or null,
+preference pairs whose chosen answer is the rejected one.
+"""
+
+import codecs
+import json
 import logging
 from pathlib import Path
-from typing import Any, Dict, Sequence, Tuple, Type
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type
 
 from posttrain.components.fields import config_value
 from posttrain.components.messages import SpecError
 from posttrain.components.schema import DataSource, Spec
+from posttrain.entrypoints.distributed import env_rank
 
 log = logging.getLogger("posttrain")
 
@@ -14,36 +23,227 @@ log = logging.getLogger("posttrain")
 def load_data(
     source: DataSource, columns: Dict[str, str], where: str, formats: Sequence[Tuple[str, ...]]
 ) -> Any:
-    """Loads a local file or hub data set, renames columns and checks them against ``formats`` (any one)."""
+    """Loads a local file or hub data set, renames columns and checks them against ``formats`` (any one).
+
+    Then what the trainer would trip over later, deep in a traceback: values
+    of the wrong kind, nulls, preference pairs that are no pair.
+    """
     import datasets
 
     datasets.disable_progress_bars()
     if source.path is not None:
         path = Path(source.path)
-        if not path.is_file():
-            raise SpecError([f"{where}.path: no such file: {path} (relative paths start at {Path.cwd()})"])
-        builder = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}.get(path.suffix)
-        if builder is None:
-            raise SpecError([f"{where}.path: {path}: expected a .json, .jsonl, .parquet or .csv file"])
-        try:
-            dataset = datasets.load_dataset(builder, data_files=str(path), split="train")
-        except Exception as error:  # noqa: BLE001 -- any parse failure is the user's file
-            raise SpecError([f"{where}.path: cannot read {path}: {error}"]) from None
+        dataset = _load_file(path, where, datasets)
     else:
+        path = None
         dataset = datasets.load_dataset(source.name, source.config, split=source.split)
     renames = {found: expected for found, expected in columns.items() if found in dataset.column_names}
     missing = sorted(set(columns) - set(renames))
     if missing:
         raise SpecError([f"data.columns: {where} has no column {', '.join(missing)}; found {dataset.column_names}"])
     dataset = dataset.rename_columns(renames)
-    if not any(set(cols) <= set(dataset.column_names) for cols in formats):
+    matched = [cols for cols in formats if set(cols) <= set(dataset.column_names)]
+    if not matched:
         expected = " or ".join("(" + ", ".join(cols) + ")" for cols in formats)
         raise SpecError(
             [f"{where}: found columns {dataset.column_names}; expected {expected} (map names with data.columns)"]
         )
     if len(dataset) == 0:
-        raise SpecError([f"{where}: the data set is empty"])
+        raise SpecError([f"{where}: {path} is empty" if path is not None else f"{where}: the data set is empty"])
+    for column in sorted({column for cols in matched for column in cols}):
+        check_column(dataset, column, where)
+    check_pairs(dataset, where)
     return dataset
+
+
+def _load_file(path: Path, where: str, datasets: Any) -> Any:
+    """A local file through datasets' builder for its suffix, its problems said in one line each."""
+    if not path.is_file():
+        raise SpecError([f"{where}.path: no such file: {path} (relative paths start at {Path.cwd()})"])
+    builder = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}.get(path.suffix)
+    if builder is None:
+        raise SpecError([f"{where}.path: {path}: expected a .json, .jsonl, .parquet or .csv file"])
+    if builder != "parquet":
+        check_text_file(path, where)
+    verbosity = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its "Failed to load JSON" line: ours says it once
+    try:
+        return datasets.load_dataset(builder, data_files=str(path), split="train")
+    except Exception as error:  # noqa: BLE001 -- any parse failure is the user's file
+        bad_line = json_error(path) if builder == "json" else None
+        if bad_line is not None:
+            raise SpecError([f"{where}.path: {path} {bad_line}"]) from None
+        # datasets wraps the reader's error ("An error occurred while generating the dataset"): say the reader's
+        reason = error.__cause__ or error.__context__ or error
+        raise SpecError([f"{where}.path: cannot read {path}: {first_line(reason)}"]) from None
+    finally:
+        datasets.logging.set_verbosity(verbosity)
+
+
+def first_line(error: BaseException) -> str:
+    """An exception's message, one line: its first non-empty one, else its type."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
+def check_text_file(path: Path, where: str) -> None:
+    """One streamed pass over a text file: empty (or blank lines only), or bytes that are not UTF-8.
+
+    The JSON reader takes invalid bytes without a word and the trainer then
+    fails on them mid-run; an empty file gives datasets' StopIteration, whose
+    message is empty.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset, lines, blank = 0, 1, True
+    with path.open("rb") as stream:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as error:
+                # error.object is the decoder's pending bytes (never a newline) followed by this chunk
+                at = offset - (len(error.object) - len(chunk)) + error.start
+                line = lines + error.object[: error.start].count(b"\n")
+                byte = error.object[error.start]
+                raise SpecError(
+                    [f"{where}.path: {path} is not UTF-8 text: byte 0x{byte:02x} at offset {at} (line {line}); "
+                     "save it as UTF-8"]
+                ) from None  # fmt: skip
+            blank = blank and not chunk.strip()
+            offset, lines = offset + len(chunk), lines + chunk.count(b"\n")
+    if offset == 0:
+        raise SpecError([f"{where}: {path} is empty"])
+    if blank:
+        raise SpecError([f"{where}: {path} is empty (blank lines only)"])
+
+
+def json_error(path: Path) -> Optional[str]:
+    """Where a JSON or JSON Lines file stops parsing ("line 3 is not valid JSON (...)"), or None if it parses.
+
+    Run only once datasets has failed: it reports a row of a block, not a line.
+    """
+    text = path.read_text(encoding="utf-8")
+    try:
+        json.loads(text)
+        return None  # one valid document: the problem is elsewhere
+    except json.JSONDecodeError as error:
+        if error.msg != "Extra data":  # the first document itself is broken (a JSON file, or line 1 of JSON Lines)
+            return f"line {error.lineno} is not valid JSON ({error.msg}, column {error.colno})"
+    for number, line in enumerate(text.split("\n"), 1):  # JSON Lines: one document a line
+        if line.strip():
+            try:
+                json.loads(line)
+            except json.JSONDecodeError as error:
+                return f"line {number} is not valid JSON ({error.msg}, column {error.colno})"
+    return None
+
+
+TEXT_OR_CHAT = "text or chat messages (a list of {role, content})"
+# what each column the trainers read must hold (after data.columns renames)
+EXPECTED_KINDS: Dict[str, str] = {
+    "prompt": TEXT_OR_CHAT,
+    "chosen": TEXT_OR_CHAT,
+    "rejected": TEXT_OR_CHAT,
+    "completion": TEXT_OR_CHAT,
+    "messages": "chat messages (a list of {role, content})",
+    "text": "text",
+    "label": "true/false",
+}
+
+
+def _is_chat(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
+
+
+_VALUE_FITS: Dict[str, Callable[[Any], bool]] = {
+    TEXT_OR_CHAT: lambda value: isinstance(value, str) or _is_chat(value),
+    EXPECTED_KINDS["messages"]: _is_chat,
+    "text": lambda value: isinstance(value, str),
+    "true/false": lambda value: isinstance(value, bool),
+}
+
+
+def _feature_kind(feature: Any) -> str:
+    """What a column's feature holds, in the words of EXPECTED_KINDS where it is one of them."""
+    from datasets import Value
+
+    if isinstance(feature, Value):
+        dtype = feature.dtype
+        if dtype in ("string", "large_string"):
+            return "text"
+        if dtype == "bool":
+            return "true/false"
+        if dtype.startswith(("int", "uint", "float", "double")):
+            return f"numbers ({dtype})"
+        return "nulls only" if dtype == "null" else dtype
+    inner = getattr(feature, "feature", None)  # List, LargeList
+    if isinstance(inner, dict) and {"role", "content"} <= set(inner):
+        return EXPECTED_KINDS["messages"]
+    if inner is not None:
+        return "lists of objects" if isinstance(inner, dict) else f"lists of {_feature_kind(inner)}"
+    return "objects" if isinstance(feature, dict) else type(feature).__name__
+
+
+def _value_kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return f"true/false ({value})"
+    if isinstance(value, (int, float)):
+        return f"a number ({value})"
+    return {str: "text", list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+
+
+def check_column(dataset: Any, column: str, where: str) -> None:
+    """The column holds what the trainers expect, in every row: by its feature, row by row only for mixed JSON."""
+    import pyarrow.compute as pc
+
+    expected = EXPECTED_KINDS.get(column)
+    if expected is None:
+        return
+    feature = dataset.features[column]
+    if type(feature).__name__ == "Json":  # rows of different kinds: find the first that does not fit
+        fits = _VALUE_FITS[expected]
+        for row, value in enumerate(dataset[column], 1):
+            if value is not None and not fits(value):
+                held = _value_kind(value)
+                raise SpecError([f"{where}: column {column} holds {held} in row {row}; expected {expected}"])
+    else:
+        kind = _feature_kind(feature)
+        fits_all = kind == expected or (expected == TEXT_OR_CHAT and kind in ("text", EXPECTED_KINDS["messages"]))
+        if not fits_all:
+            raise SpecError([f"{where}: column {column} holds {kind}; expected {expected}"])
+    values = dataset.data.column(column)
+    if values.null_count:
+        first = pc.index(pc.is_null(values), True).as_py() + 1
+        raise SpecError(
+            [f"{where}: column {column} is missing or null in {values.null_count} of {len(dataset)} rows "
+             f"(the first: row {first})"]
+        )  # fmt: skip
+
+
+def check_pairs(dataset: Any, where: str) -> None:
+    """A preference pair whose chosen answer equals the rejected one teaches nothing: all such is an error.
+
+    A few such pairs (ties in a real data set) only dilute the batch: a warning
+    with their count.
+    """
+    if not {"chosen", "rejected"} <= set(dataset.column_names):
+        return
+    chosen, rejected = dataset.data.column("chosen"), dataset.data.column("rejected")
+    if _feature_kind(dataset.features["chosen"]) == "text" == _feature_kind(dataset.features["rejected"]):
+        import pyarrow.compute as pc
+
+        same = [bool(equal) for equal in pc.equal(chosen, rejected).fill_null(False).to_pylist()]
+    else:  # chat messages: compared as Python lists
+        same = [a == b for a, b in zip(chosen.to_pylist(), rejected.to_pylist())]
+    count = sum(same)
+    if count == len(same):
+        raise SpecError(
+            [f"{where}: chosen equals rejected in every row ({count}); a preference pair needs two different answers"]
+        )
+    if count and env_rank() == 0:  # a warning, not an error: rank 0's alone
+        log.warning(
+            "%s: chosen equals rejected in %d of %d rows (the first: row %d); those pairs teach nothing",
+            where, count, len(same), same.index(True) + 1,
+        )  # fmt: skip
 
 
 def fit_batch(training: Dict[str, Any], config_class: str, rows: int, world_size: int) -> Dict[str, Any]:
@@ -62,11 +262,12 @@ def fit_batch(training: Dict[str, Any], config_class: str, rows: int, world_size
         )
     new_per_device = max(1, rows // (world_size * accumulation))
     new_accumulation = min(accumulation, max(1, rows // (world_size * new_per_device)))
-    log.warning(
-        "data.train has %d rows, fewer than one global batch (%d processes x %d per device x %d accumulation): "
-        "using per_device_train_batch_size=%d, gradient_accumulation_steps=%d",
-        rows, world_size, per_device, accumulation, new_per_device, new_accumulation,
-    )  # fmt: skip
+    if env_rank() == 0:  # every rank shrinks alike; one says so
+        log.warning(
+            "data.train has %d rows, fewer than one global batch (%d processes x %d per device x %d accumulation): "
+            "using per_device_train_batch_size=%d, gradient_accumulation_steps=%d",
+            rows, world_size, per_device, accumulation, new_per_device, new_accumulation,
+        )  # fmt: skip
     return {
         **training,
         "per_device_train_batch_size": new_per_device,

@@ -5,11 +5,13 @@ the sharding strategy's business (``sharding.py``): this module creates a
 group with the backend it is given.
 """
 
+import contextlib
 import logging
 import os
 import sys
 from datetime import timedelta
 from pathlib import Path
+from typing import Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -66,6 +68,49 @@ def barrier() -> None:
         dist.barrier()
 
 
+def env_rank() -> int:
+    """This process's global rank from the launcher's environment: known before, and without, a process group."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def first_message(message: Optional[str]) -> Optional[str]:
+    """The first message any rank holds (in rank order), or None where none holds one; every rank calls it.
+
+    A flag all-reduce first (cheap enough for every step); the messages
+    themselves travel only when some rank has one. A problem only one rank
+    sees (a reward on its own completions) thus reaches rank 0, which prints
+    it, and every rank learns to stop at the same point.
+    """
+    if not dist.is_initialized():
+        return message
+    flag = torch.tensor([0.0 if message is None else 1.0], device=collective_device())
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item() == 0:
+        return None
+    messages: List[Optional[str]] = [None] * dist.get_world_size()
+    dist.all_gather_object(messages, message)
+    return next(found for found in messages if found is not None)
+
+
+@contextlib.contextmanager
+def all_ranks_agree() -> Iterator[None]:
+    """Runs checks that make no collective call; a SpecError on any rank then ends every rank with it.
+
+    Every rank finishes its checks and meets the others at one collective,
+    failing or not: a rank that failed alone can neither leave the others
+    waiting in a barrier nor go unheard (only rank 0 prints). The meeting is
+    also a barrier: whatever the checks read is read by all before it.
+    """
+    mine: Optional[SpecError] = None
+    try:
+        yield
+    except SpecError as error:
+        mine = error
+    first = first_message(None if mine is None else str(mine))
+    if first is not None:
+        raise SpecError(first.split("\n")) from None
+
+
 def destroy_process_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
@@ -115,7 +160,7 @@ def report_done() -> None:
 
 def setup_logging() -> None:
     """Rank 0 speaks; the others only warn. Only posttrain's own logger: libraries keep theirs."""
-    rank = int(os.environ.get("RANK", "0"))
+    rank = env_rank()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(f"%(asctime)s posttrain[{rank}] %(levelname)s %(message)s"))
     log.addHandler(handler)

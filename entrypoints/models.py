@@ -11,6 +11,7 @@ registry's ``extra_models``; where each one's path comes from is
 
 import importlib
 import os
+import re
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Tuple
 
@@ -18,6 +19,7 @@ import torch
 
 from posttrain.components.messages import SpecError
 from posttrain.components.schema import Spec
+from posttrain.entrypoints.checkpoints import complete_checkpoints
 
 CAUSAL_LM = "AutoModelForCausalLM"
 SEQUENCE_CLASSIFICATION = "AutoModelForSequenceClassification"
@@ -160,7 +162,72 @@ def _from_pretrained(auto_class: Any, name_or_path: str, **kwargs: Any) -> Any:
         raise SpecError([f"model: cannot load {name_or_path!r}: {error}"]) from None
 
 
+def check_model_paths(spec: Spec) -> None:
+    """Every local model directory the job loads, checked before the first loads (reward models: resolve_rewards)."""
+    check_model_path(spec.model.name_or_path)
+    for field in spec.extra_models:
+        name_or_path = EXTRA_MODELS[field][0](spec)
+        if name_or_path is not None and name_or_path != spec.model.name_or_path:
+            check_model_path(name_or_path, field)
+
+
+def is_local_path(name_or_path: str) -> bool:
+    """Whether a model name is a local path rather than a hub id (``org/name``: one slash, no such local directory).
+
+    A chain's stages name the directories earlier runs write (``outputs/sft``):
+    taken for hub ids, their absence would read as a hub error.
+    """
+    if name_or_path.startswith(("/", "./", "../", "~", "outputs/")) or name_or_path in (".", ".."):
+        return True
+    if Path(name_or_path).exists():
+        return True
+    parts = name_or_path.split("/")
+    return len(parts) > 2 or (len(parts) == 2 and Path(parts[0]).is_dir())
+
+
+# what from_pretrained reads from a model directory: (what it is called in a message, the names that give it)
+MODEL_FILES: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
+    ("config.json", ("config.json", "adapter_config.json")),
+    ("weights (*.safetensors or *.bin)", ("*.safetensors", "*.bin")),
+    ("tokenizer files (tokenizer.json, tokenizer.model, vocab.json, ...)",
+     ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "tokenizer_config.json")),
+)  # fmt: skip
+
+
 def check_model_path(name_or_path: str, where: str = "model.name_or_path") -> None:
-    """A path-like name that does not exist is a mistake, not a hub id."""
-    if name_or_path.startswith(("/", "./", "../", "~")) and not Path(name_or_path).expanduser().exists():
-        raise SpecError([f"{where}: no such directory: {name_or_path}"])
+    """A local model directory exists and holds a model; a missing one is a mistake, not a hub id.
+
+    transformers would call a directory without tokenizer files a missing
+    tokenizer library, and a missing chain stage a hub error.
+    """
+    if name_or_path.startswith("builtin:") or not is_local_path(name_or_path):
+        return
+    path = Path(name_or_path).expanduser()
+    if not path.exists():
+        raise SpecError([f"{where}: no such directory: {name_or_path} (relative paths start at {Path.cwd()})"
+                         + _written_by(name_or_path)])  # fmt: skip
+    if not path.is_dir():
+        raise SpecError([f"{where}: {name_or_path} is a file; expected a model directory (from save_pretrained)"])
+    lacking = [what for what, names in MODEL_FILES if not any(next(path.glob(name), None) for name in names)]
+    if lacking:
+        checkpoints = complete_checkpoints(path)  # a run that stopped before its final save
+        hint = f"; it holds {checkpoints[-1].name} (an unfinished run?): name that directory" if checkpoints else ""
+        raise SpecError([f"{where}: {name_or_path} is not a model directory: no " + ", no ".join(lacking) + hint])
+
+
+def _written_by(name_or_path: str) -> str:
+    """The earlier run that writes a missing directory: a spec here or in templates/ with it as output_dir."""
+    wanted = Path(name_or_path)
+    for spec_file in sorted([*Path.cwd().glob("*.y*ml"), *Path.cwd().glob("templates/*/*.y*ml")]):
+        try:
+            text = spec_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError):
+            continue
+        for match in re.finditer(r"^\s*output_dir:\s*[\"']?([^\s\"'#]+)", text, flags=re.MULTILINE):
+            written = Path(match.group(1))
+            if wanted == written or written in wanted.parents:
+                where = spec_file.relative_to(Path.cwd())
+                return f"; it is written by an earlier run: training.output_dir of {where}; run that first"
+    if wanted.parts[:1] == ("outputs",):
+        return "; it is written by an earlier run (training.output_dir of that run); run that first"
+    return ""

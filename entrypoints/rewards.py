@@ -6,21 +6,30 @@ reward models load where the trainer is built (after the policy):
 :func:`load_reward_models` loads each reward model through the job's one
 model loader (``model``'s dtype, revision and trust_remote_code apply),
 with its own tokenizer.
+
+Every reward function is wrapped (:class:`RewardCheck`): its scores must be
+one finite float (or None) per completion. A NaN on one rank alone would
+otherwise skew the group statistics or end that rank with a traceback while
+the others wait; the wrapper records the problem, the step ends on zeros in
+its place, and at the step's end every rank learns of it and stops together.
 """
 
+import functools
+import importlib
+import inspect
+import math
+import numbers
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
+from transformers import TrainerCallback
+
 from posttrain.components.messages import SpecError
-from posttrain.components.rewards import RewardFunction, builtin_reward
+from posttrain.components.rewards import BUILTIN_REWARDS, RewardFunction, builtin_reward
 from posttrain.components.schema import Spec
-from posttrain.entrypoints.models import (
-    SEQUENCE_CLASSIFICATION,
-    check_model_path,
-    import_object,
-    load_model,
-    load_tokenizer,
-)
+from posttrain.entrypoints import distributed
+from posttrain.entrypoints.data import first_line
+from posttrain.entrypoints.models import SEQUENCE_CLASSIFICATION, check_model_path, load_model, load_tokenizer
 
 
 def has_rewards(spec: Spec) -> bool:
@@ -28,27 +37,127 @@ def has_rewards(spec: Spec) -> bool:
     return "rewards" in type(spec).model_fields
 
 
-def resolve_rewards(spec: Spec) -> List[Union[RewardFunction, str]]:
-    """Each reward as a function, or the checked path of a reward model; user code is imported now."""
+class RewardCheck(TrainerCallback):
+    """Checks every reward function's scores; stops all ranks together at the end of a step where one was bad.
+
+    Without a trainer to stop (``stop_at_step_end`` False) a bad score raises at once.
+    """
+
+    def __init__(self, stop_at_step_end: bool = True) -> None:
+        self.stop_at_step_end = stop_at_step_end
+        self.problem: Optional[str] = None  # this rank's first, without the step (known at the step's end)
+
+    def wrap(self, function: RewardFunction, where: str) -> RewardFunction:
+        """``function`` checked on every call, under its own ``__name__`` (TRL logs ``rewards/<name>/mean``)."""
+        name = getattr(function, "__name__", type(function).__name__)
+        label = f"{where} ({name})"
+
+        if inspect.iscoroutinefunction(function):  # TRL awaits async reward functions
+
+            @functools.wraps(function)
+            async def checked_async(*args: Any, **kwargs: Any) -> List[Any]:
+                return self._checked(await function(*args, **kwargs), kwargs.get("completions"), label)
+
+            checked_async.__name__ = name
+            return checked_async
+
+        @functools.wraps(function)
+        def checked(*args: Any, **kwargs: Any) -> List[Any]:
+            return self._checked(function(*args, **kwargs), kwargs.get("completions"), label)
+
+        checked.__name__ = name
+        return checked
+
+    def _checked(self, scores: Any, completions: Optional[Sequence[Any]], label: str) -> List[Any]:
+        count = len(completions) if completions is not None else None
+        problem, safe = _score_problem(scores, count)
+        if problem is None:
+            return scores
+        if not self.stop_at_step_end:
+            raise SpecError([f"{label}: {problem}"])
+        self.problem = self.problem or f"{label}: {problem}"
+        return safe  # zeros: the step ends without NaN in its loss or a crash in the trainer, then all ranks stop
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._stop_if_any(f"at step {state.global_step}")
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._stop_if_any(f"in the evaluation at step {state.global_step}")
+
+    def _stop_if_any(self, when: str) -> None:
+        first = distributed.first_message(None if self.problem is None else f"{self.problem} {when}")
+        if first is not None:
+            raise SpecError([first])
+
+
+def _score_problem(scores: Any, count: Optional[int]) -> Tuple[Optional[str], List[Any]]:
+    """What is wrong with a reward function's scores (None if nothing), and scores safe to go on with."""
+    zeros = [0.0] * (count if count is not None else 0)
+    if isinstance(scores, (str, bytes, dict)) or not hasattr(scores, "__len__") or not hasattr(scores, "__iter__"):
+        return f"returned {type(scores).__name__}; expected a list of one float (or None) per completion", zeros
+    if count is not None and len(scores) != count:
+        return f"returned {len(scores)} scores for {count} completions; expected one per completion", zeros
+    safe, problem = [], None
+    for index, score in enumerate(scores):
+        if getattr(score, "ndim", None) == 0:  # a numpy or torch scalar
+            score = score.item()
+        if score is not None and not isinstance(score, numbers.Real):
+            kind = type(score).__name__
+            problem = problem or f"returned {score!r} ({kind}) for completion {index}; expected a float or None"
+            score = 0.0
+        elif score is not None and not math.isfinite(score):
+            problem = problem or f"returned {score}"
+            score = 0.0
+        safe.append(score)
+    return problem, safe
+
+
+def resolve_rewards(spec: Spec, check: Optional[RewardCheck] = None) -> List[Union[RewardFunction, str]]:
+    """Each reward as a checked function, or the checked path of a reward model; user code is imported now."""
+    check = check or RewardCheck(stop_at_step_end=False)
     resolved: List[Union[RewardFunction, str]] = []
     for index, reward in enumerate(spec.rewards if has_rewards(spec) else []):
         where = f"rewards.{index}"
         if reward.builtin is not None:
-            resolved.append(builtin_reward(reward.builtin, reward.args))
+            resolved.append(check.wrap(builtin_reward(reward.builtin, reward.args), where))
         elif reward.function is not None:
-            try:
-                function = import_object(reward.function)
-            except (ImportError, AttributeError) as error:
-                raise SpecError(
-                    [f"{where}.function: cannot import {reward.function} from {Path.cwd()}: {error}"]
-                ) from None
+            function = _import_function(reward.function, f"{where}.function")
             if not callable(function):
                 raise SpecError([f"{where}.function: {reward.function} is not callable"])
-            resolved.append(function)
+            resolved.append(check.wrap(function, where))
         else:
             check_model_path(reward.model, f"{where}.model")
             resolved.append(reward.model)
     return resolved
+
+
+def _import_function(path: str, where: str) -> Any:
+    """``module:attr`` imported; whatever the user's module raises on import, said in one line."""
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+        return functools.reduce(getattr, attr.split("."), module)
+    except (ImportError, AttributeError) as error:
+        raise SpecError([f"{where}: cannot import {path} from {Path.cwd()}: {first_line(error)}"]) from None
+    except Exception as error:  # noqa: BLE001 -- the user's module failed while it ran: its error, one line
+        kind = type(error).__name__
+        raise SpecError([f"{where}: importing {module_name} raised {kind}: {first_line(error)}"]) from None
+
+
+def check_reward_columns(spec: Spec, datasets: Sequence[Tuple[str, Any]]) -> None:
+    """A built-in reward that reads a data set column finds it (after data.columns renames), before a model loads."""
+    for index, reward in enumerate(spec.rewards if has_rewards(spec) else []):
+        if reward.builtin is None:
+            continue
+        bound = inspect.signature(BUILTIN_REWARDS[reward.builtin]).bind(**reward.args)
+        bound.apply_defaults()
+        column = bound.arguments.get("column")
+        for where, dataset in datasets:
+            if column is not None and column not in dataset.column_names:
+                raise SpecError(
+                    [f"rewards.{index}: {reward.builtin} reads column {column!r}, which {where} lacks; found "
+                     f"{dataset.column_names} (set args.column, or map names with data.columns)"]
+                )  # fmt: skip
 
 
 def load_reward_models(

@@ -7,15 +7,23 @@ the rest, in an order that fails early and cheaply:
 1. parse and re-validate the spec (``--spec-json``), before importing a model;
 2. create the process group with ``distributed.timeout_s`` on every backend
    (with ``use_cpu`` transformers ignores ``ddp_timeout``);
-3. load the data and check its columns, fit the batch to its size;
-4. resolve ``resume`` (a checkpoint of a different spec is an error);
-5. import reward functions, build the TRL config (``use_cpu`` from the
-   hardware), the tokenizer and then the trainer with its models;
-6. train, then save the unwrapped model, the tokenizer,
+3. check everything a model is not needed for, on every rank, then agree
+   across ranks (:func:`distributed.all_ranks_agree`): load the data and
+   check its columns and values, fit the batch to its size, resolve
+   ``resume`` (a checkpoint of a different spec is an error), import reward
+   functions, build the TRL config (``use_cpu`` from the hardware; its own
+   checks' ValueErrors become ``training:`` lines), check every local model
+   directory, load the tokenizer;
+4. only then write into ``output_dir`` (``posttrain_spec.json``), and build
+   the trainer with its models;
+5. train, every reward function's scores checked at each step's end on all
+   ranks together; then save the unwrapped model, the tokenizer,
    ``trainer_state.json`` and ``run_summary.json`` into ``output_dir``.
 
-Input errors (a missing file, wrong columns, a data set too small) end every
-rank with one message and exit code 2; anything else keeps its traceback.
+Input errors (a missing file, a corrupt line, wrong columns, a data set too
+small, a NaN reward) end every rank with exit code 2 and one
+``posttrain: <problem>`` line, printed by rank 0 alone, without a traceback;
+anything else keeps its traceback.
 
 What happens where: ``distributed.py`` (the process group), ``sharding.py``
 (DDP, DeepSpeed, FSDP), ``data.py``, ``models.py``, ``rewards.py``,
@@ -44,8 +52,21 @@ from posttrain.entrypoints.callbacks import FaultInjection, Preemption, Progress
 from posttrain.entrypoints.checkpoints import SPEC_FILE, already_finished, resolve_resume, write_json_atomic
 from posttrain.entrypoints.data import check_online_data, fit_batch, load_data
 from posttrain.entrypoints.metrics import MetricsLog
-from posttrain.entrypoints.models import import_object, load_extra_model, load_model, load_tokenizer, lora_config
-from posttrain.entrypoints.rewards import has_rewards, load_reward_models, resolve_rewards
+from posttrain.entrypoints.models import (
+    check_model_paths,
+    import_object,
+    load_extra_model,
+    load_model,
+    load_tokenizer,
+    lora_config,
+)
+from posttrain.entrypoints.rewards import (
+    RewardCheck,
+    check_reward_columns,
+    has_rewards,
+    load_reward_models,
+    resolve_rewards,
+)
 from posttrain.entrypoints.sharding import strategy_for
 from posttrain.entrypoints.summary import SUMMARY_FILE, run_summary
 
@@ -120,11 +141,25 @@ def run(
             raise SpecError([f"algorithm: the spec is for {spec.algorithm!r}, this entrypoint runs {algorithm!r}"])
         _train(algorithm, spec, build_trainer or registry_trainer)
     except SpecError as error:
-        print(f"posttrain: {error}", file=sys.stderr, flush=True)
+        # every rank meets the same error (the checks agree across ranks, see distributed.all_ranks_agree): one says it
+        if distributed.env_rank() == 0:
+            print(f"posttrain: {error}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     finally:
         distributed.destroy_process_group()
     distributed.report_done()
+
+
+@dataclasses.dataclass
+class _Inputs:
+    """What the checks before any model loads produce."""
+
+    train_dataset: Any
+    eval_dataset: Any
+    resume_from: Optional[str]
+    rewards: List[Any]
+    args: Any
+    tokenizer: Any
 
 
 def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
@@ -135,35 +170,27 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
     strategy.init_process_group()
     world_size = distributed.world_size()
 
-    train_dataset = load_data(spec.data.train, spec.data.columns, "data.train", spec.data_formats)
-    eval_dataset = None
-    if spec.data.eval is not None:
-        eval_dataset = load_data(spec.data.eval, spec.data.columns, "data.eval", spec.data_formats)
-    # a generating algorithm's batch is tied to num_generations or mini-batches: checked, never shrunk
-    training = dict(spec.training) if spec.generates else fit_batch(
-        spec.training, spec.config_class, len(train_dataset), world_size
-    )
-    resume_from = resolve_resume(spec, output_dir)
-    if resume_from is not None and already_finished(output_dir, Path(resume_from), training.get("max_steps", -1)):
-        log.info("%s already holds this run, finished at %s: nothing to train", output_dir, resume_from)
+    reward_check = RewardCheck()
+    with distributed.all_ranks_agree():  # also the barrier: every rank has read the old spec file (resume) by now
+        inputs = _check_inputs(spec, output_dir, world_size, reward_check)
+    if inputs is None:
         return
-    distributed.barrier()  # every rank has read the old spec file before rank 0 replaces it
+    # nothing is written to output_dir before every check passed
     if distributed.is_rank0():
         output_dir.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(output_dir / SPEC_FILE, spec.model_dump(mode="json"))
     distributed.check_shared_output(output_dir)
+    if distributed.is_rank0():
+        write_json_atomic(output_dir / SPEC_FILE, spec.model_dump(mode="json"))
 
-    rewards = resolve_rewards(spec)
-    args = import_object(spec.config_class)(**training_arguments(spec, training))
-    check_online_data(type(spec), args, len(train_dataset), world_size)
-    tokenizer = load_tokenizer(spec.model.name_or_path, spec, padding_side="left" if spec.generates else "right")
+    args, tokenizer, resume_from = inputs.args, inputs.tokenizer, inputs.resume_from
     tokens, preemption = TokenCounter(), Preemption()
     metrics_log = MetricsLog(output_dir, algorithm, spec.model.name_or_path, world_size)
     callbacks = [tokens, preemption, metrics_log] + ([fault] if fault is not None else [])
+    callbacks += [reward_check] if has_rewards(spec) else []
     # a progress bar on a terminal (the trainer's own); plain lines in files and pipes, and for our PPO
     lines = args.disable_tqdm or spec.trainer_class is None
-    job = Job(spec, args, tokenizer, train_dataset, eval_dataset, callbacks=callbacks + [ProgressLog()] * lines,
-              rewards=rewards)  # fmt: skip
+    job = Job(spec, args, tokenizer, inputs.train_dataset, inputs.eval_dataset,
+              callbacks=callbacks + [ProgressLog()] * lines, rewards=inputs.rewards)  # fmt: skip
     trainer = build(job)
     if lines and spec.trainer_class is not None:
         trainer.remove_callback(PrinterCallback)  # its raw dicts would repeat the lines
@@ -182,6 +209,47 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
         write_json_atomic(output_dir / SUMMARY_FILE, summary)
         log.info("done: %s", json.dumps({k: summary[k] for k in ("global_steps", "metrics_first", "metrics_last")}))
     strategy.teardown(trainer)
+
+
+def _check_inputs(spec: Spec, output_dir: Path, world_size: int, reward_check: RewardCheck) -> Optional[_Inputs]:
+    """Everything checkable before a model loads, cheapest first; None where output_dir holds this run, finished.
+
+    No collective call in here (see distributed.all_ranks_agree), and nothing written.
+    """
+    train_dataset = load_data(spec.data.train, spec.data.columns, "data.train", spec.data_formats)
+    datasets = [("data.train", train_dataset)]
+    if spec.data.eval is not None:
+        datasets.append(("data.eval", load_data(spec.data.eval, spec.data.columns, "data.eval", spec.data_formats)))
+    # a generating algorithm's batch is tied to num_generations or mini-batches: checked, never shrunk
+    training = dict(spec.training) if spec.generates else fit_batch(
+        spec.training, spec.config_class, len(train_dataset), world_size
+    )
+    resume_from = resolve_resume(spec, output_dir)
+    if resume_from is not None and already_finished(output_dir, Path(resume_from), training.get("max_steps", -1)):
+        log.info("%s already holds this run, finished at %s: nothing to train", output_dir, resume_from)
+        return None
+    rewards = resolve_rewards(spec, reward_check)
+    check_reward_columns(spec, datasets)
+    args = build_config(spec, training)
+    check_online_data(type(spec), args, len(train_dataset), world_size)
+    check_model_paths(spec)
+    tokenizer = load_tokenizer(spec.model.name_or_path, spec, padding_side="left" if spec.generates else "right")
+    eval_dataset = datasets[1][1] if len(datasets) > 1 else None
+    return _Inputs(train_dataset, eval_dataset, resume_from, rewards, args, tokenizer)
+
+
+def build_config(spec: Spec, training: Dict[str, Any]) -> Any:
+    """The algorithm's TRL config; its own checks (``__post_init__``'s ValueErrors) said as one ``training:`` line."""
+    kwargs = training_arguments(spec, training)
+    try:
+        return import_object(spec.config_class)(**kwargs)
+    except SpecError:
+        raise
+    except ValueError as error:
+        # one line: transformers lists what it found on lines of their own ("- Save strategy: ...")
+        parts = [line.strip().removeprefix("- ") for line in str(error).splitlines() if line.strip()]
+        message = "; ".join(parts) or type(error).__name__
+        raise SpecError([f"training: {message if len(message) <= 300 else message[:297] + '...'}"]) from None
 
 
 def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:

@@ -1,0 +1,383 @@
+"""The job fails fast and clearly: one ``posttrain: <problem>`` line per problem, from rank 0 alone, exit 2.
+
+In process, one test per message (data, models, rewards, the TRL config,
+ranks agreeing); three real ``torchx run`` launches (``-m e2e``): a corrupt
+data line, a reward returning NaN on one rank, a missing chain stage.
+"""
+
+import inspect
+import json
+import logging
+import math
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Iterator, List
+
+import pytest
+from helpers import REPO, free_port, load_template, run_template
+
+from posttrain.components.messages import SpecError
+from posttrain.components.registry import SPEC_CLASSES
+from posttrain.components.schema import DataSource
+from posttrain.components.spec import validate
+from posttrain.entrypoints import data, runtime
+from posttrain.entrypoints.data import load_data
+from posttrain.entrypoints.models import check_model_path, check_model_paths, is_local_path
+from posttrain.entrypoints.rewards import RewardCheck, check_reward_columns, resolve_rewards
+
+LM = SPEC_CLASSES["sft"].data_formats
+PREFERENCE = SPEC_CLASSES["dpo"].data_formats
+KTO = SPEC_CLASSES["kto"].data_formats
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_home" / "datasets"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    logger = logging.getLogger("posttrain")
+    handlers, propagate = list(logger.handlers), logger.propagate
+    yield
+    logger.handlers, logger.propagate = handlers, propagate  # run() adds its handler
+
+
+def write(path: Path, rows: List[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def load_error(path: Path, formats=LM) -> str:
+    with pytest.raises(SpecError) as error:
+        load_data(DataSource(path=str(path)), {}, "data.train", formats)
+    assert len(error.value.problems) == 1
+    return str(error.value)
+
+
+# ---------------------------------------------------------------- data
+
+
+def test_a_corrupt_json_line_is_named_with_its_line_and_column(tmp_path: Path) -> None:
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"text": "a"}\n\n{"text": "b",}\n{"text": "c"}\n')
+    assert load_error(path) == (
+        f"data.train.path: {path} line 3 is not valid JSON "
+        "(Expecting property name enclosed in double quotes, column 14)"
+    )
+    broken = tmp_path / "rows.json"  # one JSON document, pretty-printed
+    broken.write_text('[\n  {"text": "a"}\n  {"text": "b"}\n]\n')
+    message = f"data.train.path: {broken} line 3 is not valid JSON (Expecting ',' delimiter, column 3)"
+    assert load_error(broken) == message
+
+
+def test_a_file_that_is_not_utf8_says_where(tmp_path: Path) -> None:
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"text": "ok"}\n{"text": "caf\xe9"}\n')
+    assert load_error(path) == (
+        f"data.train.path: {path} is not UTF-8 text: byte 0xe9 at offset 28 (line 2); save it as UTF-8"
+    )
+
+
+def test_an_empty_file_says_so(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert load_error(empty) == f"data.train: {empty} is empty"
+    blank = tmp_path / "blank.jsonl"
+    blank.write_text("\n  \n")
+    assert load_error(blank) == f"data.train: {blank} is empty (blank lines only)"
+
+
+@pytest.mark.parametrize(
+    "rows, formats, message",
+    [
+        ([{"prompt": 1, "completion": "a"}], LM,
+         "column prompt holds numbers (int64); expected text or chat messages (a list of {role, content})"),
+        ([{"prompt": "p", "completion": "a"}, {"prompt": 3, "completion": "b"}], LM,
+         "column prompt holds a number (3) in row 2; expected text or chat messages (a list of {role, content})"),
+        ([{"messages": "hello"}], LM, "column messages holds text; expected chat messages (a list of {role, content})"),
+        ([{"text": ["a", "b"]}], LM, "column text holds lists of text; expected text"),
+        ([{"prompt": "p", "completion": "a", "label": 1}], KTO,
+         "column label holds numbers (int64); expected true/false"),
+        ([{"prompt": "p", "chosen": "a", "rejected": "b"}, {"prompt": "p", "chosen": "c"}], PREFERENCE,
+         "column rejected is missing or null in 1 of 2 rows (the first: row 2)"),
+    ],
+)  # fmt: skip
+def test_values_of_the_wrong_kind_are_named(tmp_path: Path, rows: List[dict], formats, message: str) -> None:
+    assert load_error(write(tmp_path / "rows.jsonl", rows), formats) == f"data.train: {message}"
+
+
+def test_chat_and_text_values_pass(tmp_path: Path) -> None:
+    chat = [{"role": "user", "content": "hi"}]
+    rows = [{"prompt": chat, "chosen": [{"role": "assistant", "content": "a"}], "rejected": "b"}]
+    assert len(load_data(DataSource(path=str(write(tmp_path / "rows.jsonl", rows))), {}, "data.train", PREFERENCE)) == 1
+
+
+def test_preference_pairs_that_are_no_pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    same = [{"prompt": "p", "chosen": "a", "rejected": "a"}, {"prompt": "q", "chosen": "b", "rejected": "b"}]
+    message = "data.train: chosen equals rejected in every row (2); a preference pair needs two different answers"
+    assert load_error(write(tmp_path / "same.jsonl", same), PREFERENCE) == message
+    warnings: List[str] = []
+    monkeypatch.setattr(data.log, "warning", lambda text, *args: warnings.append(text % args))
+    some = same[:1] + [{"prompt": "q", "chosen": "b", "rejected": "c"}] * 3
+    load_data(DataSource(path=str(write(tmp_path / "some.jsonl", some))), {}, "data.train", PREFERENCE)
+    assert warnings == [
+        "data.train: chosen equals rejected in 1 of 4 rows (the first: row 1); those pairs teach nothing"
+    ]
+
+
+# ---------------------------------------------------------------- the TRL config
+
+
+def test_the_trl_configs_own_checks_become_one_training_line(tmp_path: Path) -> None:
+    raw = load_template("sft/tiny.yaml")
+    raw["training"].update(output_dir=str(tmp_path / "out"), load_best_model_at_end=True, eval_strategy="steps",
+                           save_strategy="epoch")  # fmt: skip
+    spec = validate(raw)  # the client cannot tell: only transformers' __post_init__ does
+    with pytest.raises(SpecError) as error:
+        runtime.build_config(spec, dict(spec.training))
+    assert str(error.value) == (
+        'training: --load_best_model_at_end requires the save and eval strategy to match, except when '
+        '--save_strategy="best", but found; Evaluation strategy: IntervalStrategy.STEPS; '
+        'Save strategy: SaveStrategy.EPOCH'
+    )
+
+
+# ---------------------------------------------------------------- models
+
+
+def test_local_paths_and_hub_ids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    for name in ("outputs/sft", "./m", "../m", "/abs/m", "~/m", "models/nope", "a/b/c", "models"):
+        assert is_local_path(name), name
+    for name in ("org/name", "gpt2", "Qwen/Qwen2.5-0.5B-Instruct"):
+        assert not is_local_path(name), name
+
+
+def test_a_missing_chain_stage_says_an_earlier_run_writes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+    with pytest.raises(SpecError) as error:
+        check_model_path("outputs/nope-stage")
+    assert str(error.value) == (
+        f"model.name_or_path: no such directory: outputs/nope-stage (relative paths start at {REPO}); "
+        "it is written by an earlier run (training.output_dir of that run); run that first"
+    )
+    if Path("outputs/sft-tiny").exists():
+        pytest.skip("outputs/sft-tiny exists here")
+    with pytest.raises(SpecError, match=r"outputs/sft-tiny \(relative paths start at .*\); it is written by an "
+                                        r"earlier run: training.output_dir of templates/sft/tiny.yaml; run that first"):
+        check_model_path("outputs/sft-tiny")
+
+
+def test_extra_models_are_checked_before_any_model_loads(tmp_path: Path) -> None:
+    raw = {**load_template("dpo/tiny.yaml"), "reference_model": str(tmp_path / "ref")}
+    with pytest.raises(SpecError, match=f"^reference_model: no such directory: {tmp_path / 'ref'} "):
+        check_model_paths(validate(raw))
+
+
+def test_a_directory_that_is_not_a_model_lists_what_it_lacks(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    (model / "checkpoint-20").mkdir(parents=True)
+    (model / "checkpoint-20" / "trainer_state.json").write_text('{"global_step": 20}')
+    (model / "config.json").write_text("{}")
+    with pytest.raises(SpecError) as error:
+        check_model_path(str(model))
+    assert str(error.value) == (
+        f"model.name_or_path: {model} is not a model directory: no weights (*.safetensors or *.bin), no tokenizer "
+        "files (tokenizer.json, tokenizer.model, vocab.json, ...); it holds checkpoint-20 (an unfinished run?): "
+        "name that directory"
+    )
+    (model / "model.safetensors").write_bytes(b"")
+    (model / "tokenizer.json").write_text("{}")
+    check_model_path(str(model))
+
+
+# ---------------------------------------------------------------- rewards
+
+
+def grpo_spec(**changes: object):
+    return validate({**load_template("grpo/tiny.yaml"), **changes})
+
+
+def test_any_error_importing_a_reward_module_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "bad_rewards.py").write_text("raise ValueError('no API key in the environment\\nsecond line')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SpecError) as error:
+        resolve_rewards(grpo_spec(rewards=[{"function": "bad_rewards:score"}]))
+    assert str(error.value) == (
+        "rewards.0.function: importing bad_rewards raised ValueError: no API key in the environment"
+    )
+
+
+def test_a_builtin_reading_a_column_the_data_lacks(tmp_path: Path) -> None:
+    spec = grpo_spec(rewards=[{"builtin": "contains", "args": {"target": "x"}}, {"builtin": "exact_match"}])
+    prompts = load_data(spec.data.train, {}, "data.train", spec.data_formats)
+    with pytest.raises(SpecError) as error:
+        check_reward_columns(spec, [("data.train", prompts)])
+    assert str(error.value) == (
+        "rewards.1: exact_match reads column 'answer', which data.train lacks; found ['prompt'] "
+        "(set args.column, or map names with data.columns)"
+    )
+
+
+def scores_of(values: list):
+    def my_score(prompts: list, completions: list, **columns: object) -> list:
+        return values
+
+    return my_score
+
+
+@pytest.mark.parametrize(
+    "values, problem, safe",
+    [
+        ([1.0, math.nan], "returned nan", [1.0, 0.0]),
+        ([float("inf"), 0.0], "returned inf", [0.0, 0.0]),
+        ([1.0], "returned 1 scores for 2 completions; expected one per completion", [0.0, 0.0]),
+        (0.5, "returned float; expected a list of one float (or None) per completion", [0.0, 0.0]),
+        ([1.0, "high"], "returned 'high' (str) for completion 1; expected a float or None", [1.0, 0.0]),
+    ],
+)
+def test_reward_scores_are_checked_and_stop_at_the_steps_end(values: object, problem: str, safe: list) -> None:
+    check = RewardCheck()
+    wrapped = check.wrap(scores_of(values), "rewards.0")
+    assert wrapped.__name__ == "my_score"  # TRL logs rewards/my_score/mean
+    # the step goes on with zeros in place of the bad scores (no NaN loss, no crash inside the trainer)
+    assert wrapped(prompts=["p", "q"], completions=["a", "b"], completion_ids=[[1], [2]]) == safe
+    with pytest.raises(SpecError) as error:
+        check.on_step_end(None, SimpleNamespace(global_step=12), None)
+    assert str(error.value) == f"rewards.0 (my_score): {problem} at step 12"
+    with pytest.raises(SpecError, match=f"^rewards.0 \\(my_score\\): {problem[:10]}"):  # no trainer: at once
+        RewardCheck(stop_at_step_end=False).wrap(scores_of(values), "rewards.0")(prompts=[], completions=["a", "b"])
+
+
+def test_good_scores_pass_untouched_and_async_functions_stay_async() -> None:
+    check = RewardCheck()
+    assert check.wrap(scores_of([1.0, None]), "rewards.0")(prompts=["p", "q"], completions=["a", "b"]) == [1.0, None]
+    check.on_step_end(None, SimpleNamespace(global_step=1), None)
+
+    async def judged(completions: list, **columns: object) -> list:
+        return [math.nan] * len(completions)
+
+    wrapped = check.wrap(judged, "rewards.1")
+    assert inspect.iscoroutinefunction(wrapped) and wrapped.__name__ == "judged"
+
+
+# ---------------------------------------------------------------- ranks: printed once, everyone stops
+
+TWO_RANKS = textwrap.dedent("""
+    import math
+    from datetime import timedelta
+    from types import SimpleNamespace
+    from posttrain.components.messages import SpecError
+    from posttrain.entrypoints import distributed
+    from posttrain.entrypoints.rewards import RewardCheck
+
+    distributed.init_process_group("gloo", timedelta(seconds=60))
+    rank = distributed.env_rank()
+    try:
+        with distributed.all_ranks_agree():
+            if rank == 1:
+                raise SpecError(["data.train: only rank 1 sees this"])
+        print(f"rank {rank} went on")
+    except SpecError as error:
+        print(f"rank {rank} stopped: {error}")
+    check = RewardCheck()
+    check.wrap(lambda completions, **kw: [math.nan if rank == 1 else 1.0], "rewards.0")(completions=["a"])
+    try:
+        check.on_step_end(None, SimpleNamespace(global_step=3), None)
+    except SpecError as error:
+        print(f"rank {rank} stopped: {error}")
+    distributed.destroy_process_group()
+""")
+
+
+def test_a_problem_one_rank_alone_sees_stops_every_rank_with_its_message(tmp_path: Path) -> None:
+    port = str(free_port())
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", TWO_RANKS], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port},
+        )  # fmt: skip
+        for rank in (0, 1)
+    ]
+    outputs = [process.communicate(timeout=120)[0] for process in processes]
+    for rank, output in enumerate(outputs):
+        assert f"rank {rank} stopped: data.train: only rank 1 sees this" in output, output
+        assert f"rank {rank} stopped: rewards.0 (<lambda>): returned nan at step 3" in output, output
+
+
+def test_run_prints_on_rank_0_alone_and_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.chdir(REPO)
+    raw = load_template("sft/tiny.yaml")
+    raw["training"]["output_dir"] = str(tmp_path / "out")
+    raw["model"]["name_or_path"] = str(tmp_path / "no-model")  # the last check before a model loads
+    spec_json = validate(raw).to_json()
+    for rank, printed in (("0", 1), ("1", 0)):
+        monkeypatch.setenv("RANK", rank)
+        with pytest.raises(SystemExit) as exit_info:
+            runtime.run("sft", argv=["--spec-json", spec_json])
+        assert exit_info.value.code == 2
+        assert capsys.readouterr().err.count(f"posttrain: model.name_or_path: no such directory: {tmp_path}") == printed
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------- through torchx (-m e2e)
+
+
+def assert_stopped_once(result: subprocess.CompletedProcess, message: str) -> str:
+    logs = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert logs.count("posttrain: ") == 1 and f"posttrain: {message}" in logs, logs[-4000:]
+    # no rank's traceback ("[1]:Traceback"); torchrun's own ChildFailedError report is the launcher's, not the job's
+    assert not re.search(r"\[\d+\]:(\[rank\d+\]: )?Traceback", logs), logs[-4000:]
+    return logs
+
+
+@pytest.mark.e2e
+def test_e2e_a_corrupt_data_line_stops_before_anything_is_written(tmp_path: Path) -> None:
+    rows = tmp_path / "rows.jsonl"
+    lines = (REPO / "templates/data/sft_chat.jsonl").read_text().splitlines()
+    lines[4] = lines[4][:-1]  # the closing brace of line 5
+    rows.write_text("\n".join(lines) + "\n")
+    output_dir = tmp_path / "out"
+    result = run_template("sft/tiny.yaml", tmp_path, output_dir, overrides=[f"data.train.path={rows}"])
+    assert_stopped_once(result, f"data.train.path: {rows} line 5 is not valid JSON")
+    assert not output_dir.exists() or not any(output_dir.iterdir())
+
+
+@pytest.mark.e2e
+def test_e2e_a_nan_reward_on_one_rank_stops_every_rank_with_its_name_and_step(tmp_path: Path) -> None:
+    module_dir = tmp_path / "user_code"
+    module_dir.mkdir()
+    (module_dir / "flaky_rewards.py").write_text(textwrap.dedent('''
+        import math, os
+
+        calls = 0
+
+        def flaky(completions, **columns):
+            global calls
+            calls += 1
+            if os.environ["RANK"] == "1" and calls == 3:
+                return [math.nan] * len(completions)
+            return [float("blue" in str(c)) for c in completions]
+    '''))
+    result = run_template(
+        "grpo/tiny.yaml", tmp_path, tmp_path / "out", overrides=["rewards=[{function: 'flaky_rewards:flaky'}]"],
+        PYTHONPATH=str(module_dir),
+    )  # fmt: skip
+    logs = assert_stopped_once(result, "rewards.0 (flaky): returned nan at step 3")
+    assert "step 3/" not in logs  # the bad step is never logged
+
+
+@pytest.mark.e2e
+def test_e2e_a_missing_chain_stage_names_the_run_that_writes_it(tmp_path: Path) -> None:
+    output_dir = tmp_path / "out"
+    result = run_template("sft/tiny.yaml", tmp_path, output_dir, overrides=["model.name_or_path=outputs/nope-stage"])
+    assert_stopped_once(result, "model.name_or_path: no such directory: outputs/nope-stage")
+    assert "it is written by an earlier run" in result.stderr and not output_dir.exists()
