@@ -32,6 +32,8 @@ LAUNCHERS = ("torchrun", "deepspeed")
 
 # Environment variable names that hold secrets: never in --env, whose values are printed.
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL", re.IGNORECASE)
+# ... unless the name says its value is where the secret lives (HF_TOKEN_PATH: a mounted file), not the secret
+SECRET_LOCATION = re.compile(r"_(PATH|FILE|DIR)$", re.IGNORECASE)
 
 _DEBUG_ENV: Dict[str, str] = {
     "CUDA_LAUNCH_BLOCKING": "1",
@@ -168,7 +170,7 @@ def build_appdef(
             "scheduler retries the job (--max_retries)"
         )
     for key in env or {}:
-        if SECRET_NAME.search(key):
+        if SECRET_NAME.search(key) and not SECRET_LOCATION.search(key):
             problems.append(
                 f"--env {key}: looks like a secret, and --env values show in --dryrun output and scheduler "
                 f"requests; export {key} in the submitting shell (local_cwd and Slurm jobs inherit it) or use the "

@@ -69,8 +69,8 @@ BAD_INPUTS = [
     ("sft", ["training.max_steps=2.5"], "training.max_steps: expected an integer; got '2.5'"),
     ("sft", ["training.bf16=maybe"], "training.bf16: expected true/false or null; got 'maybe'"),
     ("sft", ["training.lr_scheduler_type=cosin"], "training.lr_scheduler_type: expected one of"),
-    ("sft", ["training.per_device_train_batch_size=0"], "training.per_device_train_batch_size: must be positive; got 0"),
-    ("sft", ["training.learning_rate=-1"], "training.learning_rate: must be positive; got -1.0"),
+    ("sft", ["training.per_device_train_batch_size=0"], "training.per_device_train_batch_size: 0 is out of range; expected per_device_train_batch_size >= 1 (examples per process and step)"),
+    ("sft", ["training.learning_rate=-1"], "training.learning_rate: -1.0 is out of range; expected learning_rate > 0"),
     ("sft", ["training.max_steps=0"], "training.max_steps: must be positive, or -1 to train by epochs; got 0"),
     ("sft", ["model.dtype=bf16"], "model.dtype: input should be 'auto', 'float32', 'bfloat16' or 'float16'; got 'bf16'"),
     ("sft", ["model.trust_remote_code=maybe"], "model.trust_remote_code: input should be a valid boolean"),
@@ -90,7 +90,7 @@ BAD_INPUTS = [
     ("grpo", ["training.num_generations=3"], "training.num_generations: the generation batch (16 = 8 per device x 2 processes x 1 steps) must divide by num_generations (3)"),
     ("grpo", ["rewards.0.builtin=nope"], "rewards.0.builtin: unknown built-in reward 'nope'"),
     ("grpo", ["training.reward_weights=[1.0]"], "training.reward_weights: set by posttrain, not in training; use rewards[].weight"),
-    ("grpo", ["training.vllm_mode=remote"], "training.vllm_mode: expected colocate or server; got 'remote'"),
+    ("grpo", ["training.vllm_mode=remote"], "training.vllm_mode: expected one of 'colocate', 'server'; got 'remote'"),
     ("ppo", ["training.num_mini_batches=3"], "training.num_mini_batches: 3 must divide per_device_train_batch_size (16)"),
     ("ppo", ["model.lora={r: 8}"], "model.lora: posttrain's PPO trains full weights"),
     ("dpo", ["reference_model=org/ref", "model.lora={r: 8}"], "reference_model: not used with model.lora"),
@@ -101,7 +101,7 @@ BAD_INPUTS = [
     ("grpo", ["training.trust_remote_code=true"], "training.trust_remote_code: set by posttrain, not in training; use model.trust_remote_code"),
     ("dpo", ["training.model_init_kwargs={dtype: bfloat16}"], "training.model_init_kwargs: set by posttrain, not in training; posttrain loads the models"),
     ("distill", ["training.teacher_model_name_or_path=x"], "training.teacher_model_name_or_path: set by posttrain, not in training; use teacher_model"),
-    ("distill", ["teacher_model= "], "teacher_model: expected a path or hub id of the teacher; got an empty string"),
+    ("distill", ["teacher_model= "], "teacher_model: expected a path or hub id; got an empty string"),
     ("online_dpo", ["training.reward_model_path=x"], "training.reward_model_path: set by posttrain, not in training; use rewards"),
     ("online_dpo", ["rewards=[]"], "rewards: give at least one reward"),
     ("online_dpo", ["reference_model=org/ref", "model.lora={r: 8}"], "reference_model: not used with model.lora"),
@@ -178,7 +178,7 @@ def test_job_side_input_errors_end_every_rank_before_training(tmp_path: Path, ov
     result = run_template("sft/tiny.yaml", tmp_path, tmp_path / "out", overrides=overrides)
     assert result.returncode != 0
     logs = job_logs(result)
-    assert logs.count(f"posttrain: {message}") == 2, logs[-4000:]  # both ranks, one line each
+    assert logs.count(f"posttrain: {message}") == 1, logs[-4000:]  # rank 0 alone says it; both ranks stop
     assert "training sft on" not in logs
 
 
@@ -368,3 +368,11 @@ def test_remote_code_is_off_unless_the_spec_says_so() -> None:
     from posttrain.components.spec import load_spec
 
     assert load_spec(str(REPO / SFT)).model.trust_remote_code is False
+
+
+def test_env_may_name_where_a_secret_lives_but_not_the_secret() -> None:
+    """HF_TOKEN_PATH points at a mounted file (README: Kubernetes); HF_TOKEN itself is refused."""
+    app = algorithms.sft(spec=f"{REPO}/{SFT}", env={"HF_TOKEN_PATH": "/secrets/hf/token"})
+    assert app.roles[0].env["HF_TOKEN_PATH"] == "/secrets/hf/token"
+    with pytest.raises(SpecError, match="--env HF_TOKEN: looks like a secret"):
+        algorithms.sft(spec=f"{REPO}/{SFT}", env={"HF_TOKEN": "hf_abc"})
