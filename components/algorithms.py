@@ -1,56 +1,20 @@
-"""TorchX components for LLM post-training, one per algorithm.
+"""TorchX components for LLM post-training, one per algorithm (``torchx run posttrain.<algorithm>``).
 
-Each takes a YAML spec (``--spec``) plus ``key.path=value`` overrides,
-validates them, and returns an AppDef that runs
-``python -m posttrain.entrypoints.<algorithm>`` under torchrun (or
-DeepSpeed's launcher, ``--launcher deepspeed``), on any TorchX scheduler::
-
-    torchx run -s local_cwd posttrain.sft --spec templates/sft/tiny.yaml
-    torchx run -s slurm posttrain.sft --spec templates/sft/qwen2.5-0.5b.yaml -j 2x8 -h gpu.h100.8
-
-torchx lists the functions defined in this module as ``posttrain.<name>``
-and needs each as a real function with its own typed signature (it parses
-them); what an algorithm is lives in ``registry.py``. The arguments are the
-same for every component, so their ``Args:`` block is written once, in
-:data:`ARGS`, and :func:`component` appends it to each docstring (torchx reads
-docstrings at run time for ``--help``).
+Each validates a YAML spec (``--spec``) plus ``key.path=value`` overrides and
+returns an AppDef running ``python -m posttrain.entrypoints.<algorithm>``
+under torchrun (or DeepSpeed's launcher) on any TorchX scheduler. torchx
+needs each component as a real function with its own typed signature; what
+an algorithm is lives in ``registry.py``, the shared ``Args:`` block in
+``arguments.py``.
 """
 
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import torchx
 import torchx.specs as specs
 
 from posttrain.components.appdef import build_appdef
-
-# Every component's arguments, as ``torchx run posttrain.<algorithm> --help`` shows them.
-ARGS: Dict[str, str] = {
-    "overrides": "``key.path=value`` changes applied to the spec before validation (e.g. training.learning_rate=1e-5)",
-    "spec": "path to the YAML spec (templates/{algorithm}/*.yaml)",
-    "image": "image (e.g. docker) with posttrain installed; ignored by local_cwd",
-    "name": "job name, ``{{experimentname}}/{{runname}}`` or ``{{runname}}``; defaults to the algorithm",
-    "h": "a registered named resource (e.g. gpu.h100.8); takes precedence over cpu, gpu and memMB",
-    "cpu": "number of cpus per replica",
-    "gpu": "number of gpus per replica",
-    "memMB": "cpu memory in MB per replica",
-    "j": "[{{min_nnodes}}:]{{nnodes}}x{{nproc_per_node}}; with a GPU host (-h), {{nnodes}} alone uses one process per GPU",
-    "env": "environment variables for the job (e.g. WANDB_PROJECT=x); pass secrets here, never in the spec",
-    "max_retries": "scheduler retries of the whole job",
-    "max_restarts": "torchrun restarts of the workers on a node (how a local_cwd job retries)",
-    "rdzv_port": "port on the rank-0 host for the c10d store (multi-node only; one node picks a free port)",
-    "rdzv_backend": "torchrun rendezvous backend (c10d, static, etcd, etcd-v2)",
-    "mounts": "mounts for the job's containers (type=bind,src=/host,dst=/job[,readonly])",
-    "debug": "set PyTorch's distributed debug environment variables",
-    "tee": "streams teed to the console and log files: 0 none, 1 stdout, 2 stderr, 3 both",
-    "launcher": "torchrun, or deepspeed (DeepSpeed's launcher, one per node; fixed -j, no max_restarts)",
-}
-
-
-def component(fn: Callable[..., specs.AppDef]) -> Callable[..., specs.AppDef]:
-    """Appends the shared ``Args:`` block to a component's docstring; the function itself is unchanged."""
-    lines = "\n".join(f"        {arg}: {text.format(algorithm=fn.__name__)}" for arg, text in ARGS.items())
-    fn.__doc__ = f"{(fn.__doc__ or '').rstrip()}\n\n    Args:\n{lines}\n    "
-    return fn
+from posttrain.components.arguments import component
 
 
 @component
@@ -125,7 +89,6 @@ def dpo(
     .. code-block:: shell-session
 
         $ torchx run -s local_cwd posttrain.dpo --spec templates/dpo/tiny.yaml
-        $ torchx run -s local_cwd posttrain.dpo --spec templates/dpo/tiny.yaml -j 1x2 training.max_steps=20
         $ torchx run -s slurm posttrain.dpo --spec templates/dpo/ultrafeedback.yaml -j 2x8 -h gpu.h100.8
     """
     return build_appdef("dpo", **locals())
@@ -164,7 +127,6 @@ def reward(
     .. code-block:: shell-session
 
         $ torchx run -s local_cwd posttrain.reward --spec templates/reward/tiny.yaml
-        $ torchx run -s local_cwd posttrain.reward --spec templates/reward/tiny.yaml -j 1x2 training.max_steps=20
         $ torchx run -s slurm posttrain.reward --spec templates/reward/qwen2.5-0.5b.yaml -j 1x8 -h gpu.h100.8
     """
     return build_appdef("reward", **locals())
@@ -202,7 +164,6 @@ def kto(
     .. code-block:: shell-session
 
         $ torchx run -s local_cwd posttrain.kto --spec templates/kto/tiny.yaml
-        $ torchx run -s local_cwd posttrain.kto --spec templates/kto/tiny.yaml -j 1x2 training.max_steps=20
         $ torchx run -s slurm posttrain.kto --spec templates/kto/qwen2.5-0.5b.yaml -j 1x8 -h gpu.h100.8
     """
     return build_appdef("kto", **locals())
@@ -238,7 +199,6 @@ def orpo(
     .. code-block:: shell-session
 
         $ torchx run -s local_cwd posttrain.orpo --spec templates/orpo/tiny.yaml
-        $ torchx run -s local_cwd posttrain.orpo --spec templates/orpo/tiny.yaml -j 1x2 training.max_steps=20
         $ torchx run -s slurm posttrain.orpo --spec templates/orpo/qwen2.5-0.5b.yaml -j 1x8 -h gpu.h100.8
     """
     return build_appdef("orpo", **locals())
@@ -273,15 +233,13 @@ def grpo(
     ``rewards`` list user functions (``function: module:callable``),
     built-ins (``builtin: exact_match | contains | length_band |
     regex_format``) and reward models (``model: path``), each with a
-    ``weight``. ``training`` holds ``trl.GRPOConfig`` fields (``use_vllm``
-    with ``vllm_mode: colocate | server`` where vLLM is installed); the
-    generation batch is checked against ``-j`` before submission. The job
-    logs ``reward`` and ``rewards/<name>/mean``.
+    ``weight``. ``training`` holds ``trl.GRPOConfig`` fields; the generation
+    batch is checked against ``-j``. The job logs ``reward`` and
+    ``rewards/<name>/mean``.
 
     .. code-block:: shell-session
 
         $ torchx run -s local_cwd posttrain.grpo --spec templates/grpo/tiny.yaml
-        $ torchx run -s local_cwd posttrain.grpo --spec templates/grpo/tiny.yaml -j 1x2 training.max_steps=20
         $ torchx run -s slurm posttrain.grpo --spec templates/grpo/gsm8k.yaml -j 2x8 -h gpu.h100.8
     """
     return build_appdef("grpo", **locals())
@@ -317,7 +275,6 @@ def rloo(
     .. code-block:: shell-session
 
         $ torchx run -s local_cwd posttrain.rloo --spec templates/rloo/tiny.yaml
-        $ torchx run -s local_cwd posttrain.rloo --spec templates/rloo/tiny.yaml -j 1x2 training.max_steps=20
         $ torchx run -s slurm posttrain.rloo --spec templates/rloo/gsm8k.yaml -j 2x8 -h gpu.h100.8
     """
     return build_appdef("rloo", **locals())
@@ -360,7 +317,6 @@ def ppo(
     .. code-block:: shell-session
 
         $ torchx run -s local_cwd posttrain.ppo --spec templates/ppo/tiny.yaml
-        $ torchx run -s local_cwd posttrain.ppo --spec templates/ppo/tiny.yaml -j 1x2 training.max_steps=20
         $ torchx run -s slurm posttrain.ppo --spec templates/ppo/tldr.yaml -j 1x8 -h gpu.h100.8
     """
     return build_appdef("ppo", **locals())
@@ -439,7 +395,6 @@ def online_dpo(
     .. code-block:: shell-session
 
         $ torchx run -s local_cwd posttrain.online_dpo --spec templates/online_dpo/tiny.yaml
-        $ torchx run -s local_cwd posttrain.online_dpo --spec templates/online_dpo/tiny.yaml -j 1x2 training.max_steps=20
         $ torchx run -s slurm posttrain.online_dpo --spec templates/online_dpo/qwen2.5-0.5b.yaml -j 1x8 -h gpu.h100.8
     """
     return build_appdef("online_dpo", **locals())

@@ -12,6 +12,7 @@ from helpers import REPO, TEMPLATES
 from torchx.components.component_test_base import ComponentTestCase
 
 from posttrain.components import algorithms
+from posttrain.components.arguments import ARGS
 from posttrain.components.messages import SpecError
 from posttrain.components.registry import SPEC_CLASSES
 
@@ -180,9 +181,9 @@ def test_every_component_takes_the_same_arguments_each_documented_in_help() -> N
             name: (p.kind, p.default, p.annotation) for name, p in inspect.signature(algorithms.sft).parameters.items()
         }, algorithm
         _, described = get_fn_docstring(component)
-        assert list(parameters) == list(algorithms.ARGS)
+        assert list(parameters) == list(ARGS)
         for name in parameters:
-            assert described[name] == algorithms.ARGS[name].format(algorithm=algorithm), (algorithm, name)
+            assert described[name] == ARGS[name].format(algorithm=algorithm), (algorithm, name)
         assert f"templates/{algorithm}/*.yaml" in described["spec"]
 
 

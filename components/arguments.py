@@ -1,0 +1,40 @@
+"""The arguments every component takes, documented once.
+
+torchx needs each component as a real function with its own signature (they
+stay in ``algorithms.py``) and reads its docstring's ``Args:`` block at run
+time for ``torchx run posttrain.<algorithm> --help``: :func:`component`
+appends the block below to each.
+"""
+
+from typing import Callable, Dict
+
+import torchx.specs as specs
+
+# Every component's arguments, as ``torchx run posttrain.<algorithm> --help`` shows them.
+ARGS: Dict[str, str] = {
+    "overrides": "``key.path=value`` changes applied to the spec before validation (e.g. training.learning_rate=1e-5)",
+    "spec": "path to the YAML spec (templates/{algorithm}/*.yaml)",
+    "image": "image (e.g. docker) with posttrain installed; ignored by local_cwd",
+    "name": "job name, ``{{experimentname}}/{{runname}}`` or ``{{runname}}``; defaults to the algorithm",
+    "h": "a registered named resource (e.g. gpu.h100.8); takes precedence over cpu, gpu and memMB",
+    "cpu": "number of cpus per replica",
+    "gpu": "number of gpus per replica",
+    "memMB": "cpu memory in MB per replica",
+    "j": "[{{min_nnodes}}:]{{nnodes}}x{{nproc_per_node}}; with a GPU host (-h), {{nnodes}} alone uses one process per GPU",
+    "env": "environment variables for the job (e.g. WANDB_PROJECT=x); pass secrets here, never in the spec",
+    "max_retries": "scheduler retries of the whole job",
+    "max_restarts": "torchrun restarts of the workers on a node (how a local_cwd job retries)",
+    "rdzv_port": "port on the rank-0 host for the c10d store (multi-node only; one node picks a free port)",
+    "rdzv_backend": "torchrun rendezvous backend (c10d, static, etcd, etcd-v2)",
+    "mounts": "mounts for the job's containers (type=bind,src=/host,dst=/job[,readonly])",
+    "debug": "set PyTorch's distributed debug environment variables",
+    "tee": "streams teed to the console and log files: 0 none, 1 stdout, 2 stderr, 3 both",
+    "launcher": "torchrun, or deepspeed (DeepSpeed's launcher, one per node; fixed -j, no max_restarts)",
+}
+
+
+def component(fn: Callable[..., specs.AppDef]) -> Callable[..., specs.AppDef]:
+    """Appends the shared ``Args:`` block to a component's docstring; the function itself is unchanged."""
+    lines = "\n".join(f"        {arg}: {text.format(algorithm=fn.__name__)}" for arg, text in ARGS.items())
+    fn.__doc__ = f"{(fn.__doc__ or '').rstrip()}\n\n    Args:\n{lines}\n    "
+    return fn
