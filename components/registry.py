@@ -63,6 +63,9 @@ class ORPOSpec(Spec):
     config_class: ClassVar[str] = "trl.experimental.orpo:ORPOConfig"
     trainer_class: ClassVar[Optional[str]] = "trl.experimental.orpo:ORPOTrainer"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PREFERENCE_FORMATS
+    refused_training_keys: ClassVar[Dict[str, str]] = {
+        "remove_unused_columns": "ORPO's collator needs every column, so TRL's trainer sets it to false whatever it is",
+    }
 
 
 class GRPOSpec(_GroupSpec):

@@ -313,3 +313,32 @@ def test_progress_lines_come_from_rank_0_with_the_step_values_and_time_left(capl
     assert len(caplog.records) == 1
     assert caplog.records[0].getMessage().startswith("step 12/40: loss 1.235, learning_rate 0.001 (")
     assert "s left)" in caplog.records[0].getMessage()
+
+
+# What a trainer changes in its own config when it is built, each one TRL's documented doing (not ours):
+# a field the spec sets that the trainer then ignores or overrides would show up here as a difference.
+TRAINER_CHANGES = {
+    "grpo": {"generation_batch_size", "steps_per_generation"},  # TRL derives them from the batch (documented)
+    "rloo": {"generation_batch_size", "steps_per_generation"},
+    "orpo": {"remove_unused_columns"},  # its collator needs every column: TRL sets it false (refused in the spec)
+}
+
+
+@pytest.mark.parametrize("algorithm", BUILT_BY_THE_REGISTRY + ["ppo"])
+def test_every_key_reaches_the_trainer_as_the_spec_says(tmp_path: Path, algorithm: str) -> None:
+    """The live trainer's config equals the config built from the spec's training plus the package's fields."""
+    import dataclasses
+
+    from posttrain.entrypoints import ppo
+
+    job = tiny_job(tmp_path, algorithm)
+    trainer = ppo.build_trainer(job) if algorithm == "ppo" else runtime.registry_trainer(job)
+    expected = import_object(job.spec.config_class)(**runtime.training_arguments(job.spec, dict(job.spec.training)))
+    differing = {
+        f.name for f in dataclasses.fields(expected)
+        if f.init and getattr(trainer.args, f.name) != getattr(expected, f.name)
+    }  # fmt: skip
+    assert differing <= TRAINER_CHANGES.get(algorithm, set()), differing
+    for key, value in job.spec.training.items():  # and what the spec says is what the trainer has
+        if key not in TRAINER_CHANGES.get(algorithm, set()):
+            assert getattr(trainer.args, key) == getattr(expected, key), key
