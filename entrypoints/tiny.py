@@ -16,7 +16,7 @@ same model, in well under a second, with no download.
 """
 
 import itertools
-from typing import Callable, Dict, Iterator, Tuple, Type
+from typing import Any, Callable, Dict, Iterator, Tuple, Type
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -89,24 +89,19 @@ def build_model(tokenizer: PreTrainedTokenizerFast, model_class: Type[PreTrained
     ``model_class`` picks the head: a causal LM, or sequence classification
     with one label for reward models.
     """
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=None,
-        tie_word_embeddings=True,
-        num_labels=1,
-    )
+    return _seeded_llama(model_class, tokenizer, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
+
+
+def _seeded_llama(model_class: Type[PreTrainedModel], tokenizer: PreTrainedTokenizerFast, **config: Any) -> PreTrainedModel:
+    """The 2-layer Llama both built-ins share, sized to the tokenizer, initialised from seed 0."""
+    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    llama = LlamaConfig(
+        vocab_size=len(tokenizer), max_position_embeddings=512, eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True, num_labels=1, **shape, **config,
+    )  # fmt: skip
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
-        model = model_class(config)
-    return model
+        return model_class(llama)
 
 
 BOS3, EOT3, HEADER_START, HEADER_END = "<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"
@@ -135,24 +130,9 @@ def build_tokenizer_llama3() -> PreTrainedTokenizerFast:
 
 def build_model_llama3(tokenizer: PreTrainedTokenizerFast, model_class: Type[PreTrainedModel]) -> PreTrainedModel:
     """The 2-layer Llama of :func:`build_model`, with attention dropout and an instruct model's sampling defaults."""
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        attention_dropout=0.1,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=None,
-        tie_word_embeddings=True,
-        num_labels=1,
+    model = _seeded_llama(
+        model_class, tokenizer, attention_dropout=0.1, bos_token_id=tokenizer.bos_token_id, pad_token_id=None
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = model_class(config)
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,

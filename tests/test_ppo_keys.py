@@ -8,23 +8,21 @@ against a real trainer, in process on CPU.
 
 import dataclasses
 from pathlib import Path
-from typing import Any, List
+from typing import Any
 
 import pytest
 import torch
-from datasets import Dataset
 from helpers import TEMPLATES, load_template
-from transformers import LlamaForCausalLM, LlamaForSequenceClassification
+from test_ppo_realistic import length
+from test_ppo_realistic import make_trainer as realistic_trainer
 
 from posttrain.components.fields import config_fields
 from posttrain.components.messages import SpecError
 from posttrain.components.registry import PPOSpec
 from posttrain.components.spec import validate
-from posttrain.entrypoints import tiny
 from posttrain.entrypoints.ppo_trainer import PPOConfig, PPOTrainer
 
 FIELDS = set(config_fields(PPOSpec.config_class))
-PROMPTS = [[{"role": "user", "content": text}] for text in ("Say a color.", "Tell me about the sky.")] * 4
 
 
 def problems_of(raw: Any) -> str:
@@ -100,30 +98,9 @@ def test_honoured_keys_validate_and_refused_values_are_named() -> None:
 # ---------------------------------------------------------------- the trainer
 
 
-def length(completions: List[Any], **_: Any) -> List[float]:
-    return [float(len(c[0]["content"])) for c in completions]
-
-
 def make_trainer(tmp_path: Path, **training: Any) -> PPOTrainer:
-    """As in test_ppo_realistic.py: the Llama-3-shaped tiny model, policy, reference and value alike."""
-    tok = tiny.build_tokenizer_llama3()
-    tok.pad_token, tok.padding_side = tok.eos_token, "left"
-    args = PPOConfig(**{
-        "output_dir": str(tmp_path), "use_cpu": True, "report_to": [], "seed": 0, "max_steps": 1,
-        "per_device_train_batch_size": 8, "num_ppo_epochs": 1, "num_mini_batches": 2, "max_completion_length": 12,
-        **training,
-    })  # fmt: skip
-    return PPOTrainer(
-        policy=tiny.build_model_llama3(tok, LlamaForCausalLM),
-        ref_policy=tiny.build_model_llama3(tok, LlamaForCausalLM),
-        value_model=tiny.build_model_llama3(tok, LlamaForSequenceClassification),
-        reward_funcs=[length],
-        reward_processing_classes=[None],
-        reward_weights=[1.0],
-        args=args,
-        train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS]),
-        processing_class=tok,
-    )
+    """test_ppo_realistic's trainer (the Llama-3-shaped tiny model), in two mini-batches."""
+    return realistic_trainer(tmp_path, [length], **{"num_mini_batches": 2, **training})
 
 
 def test_optim_and_the_scheduler_kwargs_reach_the_optimizer_and_the_schedule(tmp_path: Path) -> None:
