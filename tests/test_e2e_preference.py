@@ -19,6 +19,15 @@ def test_dpo_prefers_chosen(tmp_path: Path) -> None:
     assert accuracy >= 0.75
     assert margin_last > 0 and margin_last > margin_first
     assert read_json(output_dir / "run_summary.json")["engine"]["strategy"] == "ddp"
+    # what the run wrote for people: the metrics as logged, and a figure of exactly those
+    from test_metrics import assert_metrics_match_the_trainer, assert_valid_png
+
+    from posttrain.components import plot
+
+    records = assert_metrics_match_the_trainer(output_dir)
+    data = assert_valid_png(output_dir / plot.CURVES_FILE)
+    assert data["runs"] == {output_dir.name: plot.series(records)}
+    assert {"loss", "rewards/margins", "rewards/accuracies"} <= set(data["runs"][output_dir.name])
 
 
 def test_dpo_with_lora_learns_and_saves_the_adapter(tmp_path: Path) -> None:
