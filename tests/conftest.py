@@ -1,6 +1,13 @@
 """Fixtures and markers shared by the test suite."""
 
+import os
+import tempfile
 from pathlib import Path
+
+# No hub access, ever: in-process tests too (huggingface_hub reads these when it is first imported, so here,
+# before any test module imports it). Jobs get their own through helpers.job_env.
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="posttrain-tests-hf-")
 
 import pytest
 from helpers import assert_succeeded, run_template

@@ -201,8 +201,6 @@ def test_job_side_checks_in_process(
     from posttrain.entrypoints.models import load_tokenizer
 
     monkeypatch.chdir(REPO)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     one_row = tmp_path / "one.jsonl"
     one_row.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
     raw = load_template(template)
