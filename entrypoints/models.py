@@ -9,6 +9,7 @@ registry's ``extra_models``; where each one's path comes from is
 :data:`EXTRA_MODELS` here.
 """
 
+import functools
 import importlib
 import os
 import re
@@ -26,11 +27,11 @@ SEQUENCE_CLASSIFICATION = "AutoModelForSequenceClassification"
 
 
 def import_object(path: str) -> Any:
-    """The object an import path ``"module:attr"`` names (the registry's config and trainer classes)."""
+    """The object an import path ``"module:attr"`` (or ``module:Class.attr``) names: configs, trainers, user rewards."""
     module, _, attr = path.partition(":")
     if ".experimental" in module:
         os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # the registry chose it; TRL would warn on import
-    return getattr(importlib.import_module(module), attr)
+    return functools.reduce(getattr, attr.split("."), importlib.import_module(module))
 
 
 def load_tokenizer(name_or_path: str, spec: Spec, padding_side: str) -> Any:

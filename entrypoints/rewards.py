@@ -15,7 +15,6 @@ its place, and at the step's end every rank learns of it and stops together.
 """
 
 import functools
-import importlib
 import inspect
 import math
 import numbers
@@ -29,7 +28,13 @@ from posttrain.components.rewards import BUILTIN_REWARDS, RewardFunction, builti
 from posttrain.components.schema import Spec
 from posttrain.entrypoints import distributed
 from posttrain.entrypoints.data import first_line
-from posttrain.entrypoints.models import SEQUENCE_CLASSIFICATION, check_model_path, load_model, load_tokenizer
+from posttrain.entrypoints.models import (
+    SEQUENCE_CLASSIFICATION,
+    check_model_path,
+    import_object,
+    load_model,
+    load_tokenizer,
+)
 
 
 def has_rewards(spec: Spec) -> bool:
@@ -133,10 +138,9 @@ def resolve_rewards(spec: Spec, check: Optional[RewardCheck] = None) -> List[Uni
 
 def _import_function(path: str, where: str) -> Any:
     """``module:attr`` imported; whatever the user's module raises on import, said in one line."""
-    module_name, _, attr = path.partition(":")
+    module_name = path.partition(":")[0]
     try:
-        module = importlib.import_module(module_name)
-        return functools.reduce(getattr, attr.split("."), module)
+        return import_object(path)
     except (ImportError, AttributeError) as error:
         raise SpecError([f"{where}: cannot import {path} from {Path.cwd()}: {first_line(error)}"]) from None
     except Exception as error:  # noqa: BLE001 -- the user's module failed while it ran: its error, one line
