@@ -25,6 +25,7 @@ class SFTSpec(Spec):
     config_class: ClassVar[str] = "trl:SFTConfig"
     trainer_class: ClassVar[Optional[str]] = "trl:SFTTrainer"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = LANGUAGE_MODELLING_FORMATS
+    fast_paths: ClassVar[Tuple[str, ...]] = ("padding_free", "use_liger_kernel")
 
 
 class DPOSpec(_ReferenceSpec):
@@ -34,6 +35,9 @@ class DPOSpec(_ReferenceSpec):
     config_class: ClassVar[str] = "trl:DPOConfig"
     trainer_class: ClassVar[Optional[str]] = "trl:DPOTrainer"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PREFERENCE_FORMATS
+    refused_training_keys: ClassVar[Dict[str, str]] = {
+        "padding_free": "TRL 1.16's DPOTrainer turns it off with a warning (temporarily unavailable there)",
+    }
 
 
 class RewardSpec(Spec):

@@ -156,6 +156,8 @@ class Spec(_Strict):
     package_owned_training_keys: ClassVar[Dict[str, str]] = {}
     # fields of the config class that the trainer does not honour: refused, with the reason, never ignored
     refused_training_keys: ClassVar[Dict[str, str]] = {}
+    # the job's fast paths this algorithm takes where the user leaves their keys unset (entrypoints/fast_paths.py)
+    fast_paths: ClassVar[Tuple[str, ...]] = ()
 
     @classmethod
     def name(cls) -> str:

@@ -1,7 +1,8 @@
 """``metrics.jsonl`` and ``curves.png``: a run's logged metrics, as they come and as a figure at the end.
 
-Rank 0 appends one JSON line per trainer log (the step, the epoch and every
-logged value, evaluations under their ``eval_`` names), flushed line by line
+Rank 0 appends one JSON line per trainer log (the step, the epoch, the wall
+clock ``time`` and every logged value, evaluations under their ``eval_``
+names), flushed line by line
 so a crashed run still leaves its history. The Trainer's closing summary
 (``train_samples_per_second``, ...) is not a step and is left out. A resumed
 run continues the file: at the start it keeps the lines up to the
@@ -13,6 +14,7 @@ step appears twice. At the end of training it draws ``curves.png`` with
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any, Dict, Optional
 
@@ -53,6 +55,7 @@ class MetricsLog(TrainerCallback):
         if state.epoch is not None:
             entry.setdefault("epoch", state.epoch)  # the Trainer puts it in logs; our PPO trainer does not
         entry["step"] = state.global_step
+        entry["time"] = time.time()  # seconds since the epoch: throughput and start-up read from the file
         with self.path.open("a") as file:  # closed, hence flushed, after every line
             file.write(json.dumps(entry) + "\n")
 

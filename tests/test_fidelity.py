@@ -6,7 +6,7 @@ once as a TRL script written the way TRL's docs show (in its own process,
 with the job's environment: one thread, offline, caches in a temp dir). What
 posttrain adds (the process group, its callbacks, ``use_cpu``, ``ddp_timeout``,
 ``include_num_input_tokens_seen``, ``disable_tqdm``, the tokenizer's padding
-side) must not change a single logged loss: they agree to 1e-5 relative at
+side, SFT's padding-free batches) must not change a single logged loss: they agree to 1e-5 relative at
 every step. Both run on CPU (``CUDA_VISIBLE_DEVICES`` empty), as the plain
 script's ``use_cpu=True`` does.
 """

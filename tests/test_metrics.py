@@ -19,7 +19,11 @@ CLOSING = {"train_runtime": 9.0, "train_samples_per_second": 1.0, "train_steps_p
 
 
 def lines(path: Path) -> List[Dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    """The records, less their wall-clock ``time`` (checked: there, and never going back, where written)."""
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    times = [record.pop("time") for record in records if "time" in record]
+    assert all(isinstance(t, float) for t in times) and times == sorted(times), times
+    return records
 
 
 def state(global_step: int = 0, rank0: bool = True, log_history: List[Dict[str, Any]] = ()) -> TrainerState:

@@ -1,0 +1,70 @@
+"""The command line shared by ``python -m benchmarks.sft`` and ``python -m benchmarks.dpo``."""
+
+import argparse
+import json
+import tempfile
+from pathlib import Path
+from typing import Callable, Dict, Iterator
+
+from benchmarks import harness, workload
+
+# H100/H200 dense bf16 peak, for MFU
+PEAK_TFLOPS = 989.0
+
+
+def main(algorithm: str, rows: Callable[..., Iterator[Dict]], n_rows: int, argv=None) -> None:
+    parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{algorithm}", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="one process, 2 repeats (under 10 minutes on 2 cores)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--nproc", type=int, nargs="+", default=[1, 2], help="processes per run, one case each")
+    parser.add_argument("--gpu", action="store_true", help="a 0.5B model on the GPUs (one process per GPU), with MFU")
+    parser.add_argument("--peak-tflops", type=float, default=PEAK_TFLOPS, help="per-GPU peak, for MFU")
+    parser.add_argument("--override", nargs="*", default=[], help="posttrain spec overrides, key.path=value")
+    parser.add_argument("--plain", nargs="*", default=[], help="plain TRL settings, key=value (YAML values)")
+    parser.add_argument("--work", type=Path, help="where the model and data go (default: a temp dir)")
+    parser.add_argument("--keep", type=Path, help="copy every run's directory here")
+    parser.add_argument("--json", type=Path, help="write every run's figures here")
+    options = parser.parse_args(argv)
+    if options.quick:
+        options.repeats, options.nproc = 2, [1]
+
+    import yaml
+
+    work = options.work or Path(tempfile.mkdtemp(prefix="bench-workload-"))
+    model = workload.build_model_dir(work / ("model-gpu" if options.gpu else "model"), gpu=options.gpu)
+    data = workload.write_rows(work / f"{algorithm}.jsonl", rows(n_rows, seed=0, scale=4 if options.gpu else 1))
+    params = workload.parameter_count(model)
+    training = {
+        "max_steps": options.steps, "per_device_train_batch_size": 8, "learning_rate": 1e-3,
+        "logging_steps": 1, "seed": 0, "save_strategy": "no", "report_to": "none", "bf16": options.gpu,
+    }  # fmt: skip
+    plain_training = {"include_num_input_tokens_seen": "non_padding", "use_cpu": not options.gpu}
+    plain_training.update({k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in options.plain)})
+    device = "GPU" if options.gpu else "CPU"
+    print(f"{algorithm}: model {params / 1e6:.1f}M parameters, {n_rows} rows ({data}), {options.steps} steps, "
+          f"batch 8 per process, {device}", flush=True)  # fmt: skip
+
+    results = {}
+    for nproc in options.nproc:
+        case = harness.Case(algorithm, model, data, training, nproc=nproc, gpus=nproc if options.gpu else 0,
+                            posttrain_overrides=options.override, plain_training=plain_training)  # fmt: skip
+        print(f"{device}, {nproc} process(es):", flush=True)
+        keep = options.keep / f"{nproc}proc" if options.keep else None
+        runs = harness.compare(case, options.repeats, keep=keep)
+        results[nproc] = runs
+        print(harness.table(f"{algorithm}, {device}, -j 1x{nproc}", runs))
+        if options.gpu:
+            for side, side_runs in runs.items():
+                mfu = 6 * params * harness.medians(side_runs)["tokens_per_s"] / (nproc * options.peak_tflops * 1e12)
+                print(f"MFU {side}: {100 * mfu:.1f}%")
+        print()
+    if options.json:
+        options.json.write_text(json.dumps(
+            {n: {side: [vars(run) for run in side_runs] for side, side_runs in runs.items()}
+             for n, runs in results.items()}, indent=1))  # fmt: skip
+    first = results[options.nproc[0]]
+    print(harness.loss_table(first))
+    for nproc, runs in results.items():
+        suffix = "" if len(results) == 1 else f" [-j 1x{nproc}]"
+        print(f"tokens_per_s ratio (posttrain/trl): {harness.ratio(runs):.2f}{suffix}")

@@ -1,0 +1,181 @@
+"""Side by side: posttrain's run of a spec against the plain TRL script, interleaved A B A B.
+
+Each run is a fresh process tree with a fresh output directory and a fresh
+``HF_HOME`` (every run tokenises its data, as a first launch does). From each
+run:
+
+- ``tokens_per_s``: non-padding training tokens (the trainer's own
+  ``num_input_tokens_seen``, all ranks) per second of wall time between the
+  first and the last logged step: training speed, start-up excluded;
+- ``first_step_s``: seconds from launching the command to the first
+  optimizer step's log line;
+- ``peak_rss_mb``: the largest resident set of any process of the run
+  (``wait4``'s ``ru_maxrss`` over the whole process tree);
+- the loss at every logged step.
+
+Medians over the repeats per side; the ratio is posttrain / plain TRL.
+"""
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+PYTHON_BIN = Path(sys.executable).parent
+FIGURES = ("tokens_per_s", "first_step_s", "peak_rss_mb")
+
+
+@dataclass
+class Run:
+    tokens_per_s: float
+    first_step_s: float
+    peak_rss_mb: float
+    losses: Dict[int, float]
+
+    @property
+    def final_loss(self) -> float:
+        """Mean loss over the last 5 logged steps (single steps are noisy)."""
+        last = [self.losses[step] for step in sorted(self.losses)[-5:]]
+        return sum(last) / len(last)
+
+
+@dataclass
+class Case:
+    """One comparison: the algorithm, model, data, shared settings and the number of processes."""
+
+    algorithm: str
+    model: Path
+    data: Path
+    training: Dict
+    nproc: int = 1
+    gpus: int = 0
+    posttrain_overrides: Sequence[str] = ()
+    plain_training: Dict = field(default_factory=dict)  # settings only the plain script needs (use_cpu, ...)
+
+
+def _env(work: Path, gpus: int) -> Dict[str, str]:
+    env = dict(os.environ, HF_HOME=str(work / "hf_home"), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env["PATH"] = f"{PYTHON_BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.pop("TORCHX_CONTEXT_NAME", None)
+    if gpus == 0:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def posttrain_command(case: Case, work: Path, port: int) -> List[str]:
+    spec = {
+        "algorithm": case.algorithm,
+        "model": {"name_or_path": str(case.model)},
+        "data": {"train": {"path": str(case.data)}},
+        "training": {**case.training, "output_dir": str(work / "output")},
+    }
+    spec_path = work / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec))
+    gpu = ["--gpu", str(case.gpus)] if case.gpus else []
+    return [str(PYTHON_BIN / "torchx"), "run", "-s", "local_cwd", f"posttrain.{case.algorithm}",
+            "--spec", str(spec_path), "-j", f"1x{case.nproc}", "--rdzv_port", str(port), *gpu,
+            *case.posttrain_overrides]  # fmt: skip
+
+
+def plain_command(case: Case, work: Path, port: int) -> List[str]:
+    settings = {
+        "algorithm": case.algorithm,
+        "model": str(case.model),
+        "data": str(case.data),
+        "metrics": str(work / "output" / "metrics.jsonl"),
+        "training": {**case.training, **case.plain_training, "output_dir": str(work / "output")},
+    }
+    (work / "output").mkdir(parents=True)
+    settings_path = work / "settings.json"
+    settings_path.write_text(json.dumps(settings))
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(case.nproc),
+            "--master_port", str(port), str(REPO / "benchmarks" / "plain_trl.py"), str(settings_path)]  # fmt: skip
+
+
+def measure(command: List[str], work: Path, gpus: int) -> Run:
+    """Runs ``command`` to the end; its figures from ``work/output/metrics.jsonl`` and the process tree's rusage."""
+    log_path = work / "run.log"
+    started = time.time()
+    with log_path.open("w") as log:
+        process = subprocess.Popen(command, cwd=REPO, env=_env(work, gpus), stdout=log, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(process.pid, 0)
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        tail = log_path.read_text()[-4000:]
+        raise RuntimeError(f"{' '.join(command[:6])} ... exited {process.returncode}; log {log_path}:\n{tail}")
+    records = [json.loads(line) for line in (work / "output" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if "num_input_tokens_seen" in r and "time" in r]
+    if len(steps) < 3:
+        raise RuntimeError(f"{work}: fewer than 3 logged steps with tokens and time")
+    tokens = steps[-1]["num_input_tokens_seen"] - steps[0]["num_input_tokens_seen"]
+    return Run(
+        tokens_per_s=tokens / (steps[-1]["time"] - steps[0]["time"]),
+        first_step_s=steps[0]["time"] - started,
+        peak_rss_mb=usage.ru_maxrss / 1024,
+        losses={r["step"]: r["loss"] for r in records if "loss" in r},
+    )
+
+
+SIDES: Dict[str, Callable[[Case, Path, int], List[str]]] = {"posttrain": posttrain_command, "trl": plain_command}
+
+
+def compare(case: Case, repeats: int, keep: Optional[Path] = None) -> Dict[str, List[Run]]:
+    """Runs both sides ``repeats`` times, interleaved (posttrain, trl, posttrain, trl, ...)."""
+    runs: Dict[str, List[Run]] = {side: [] for side in SIDES}
+    root = Path(tempfile.mkdtemp(prefix=f"bench-{case.algorithm}-"))
+    try:
+        for repeat in range(repeats):
+            for side, command in SIDES.items():
+                work = root / f"{side}-{repeat}"
+                work.mkdir()
+                run = measure(command(case, work, 29400 + repeat), work, case.gpus)
+                runs[side].append(run)
+                print(f"  {side:9} run {repeat + 1}/{repeats}: {run.tokens_per_s:8.0f} tokens/s, first step "
+                      f"{run.first_step_s:5.1f} s, peak RSS {run.peak_rss_mb:6.0f} MB, "
+                      f"final loss {run.final_loss:.4f}", flush=True)  # fmt: skip
+    finally:
+        if keep is None:
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            shutil.copytree(root, keep, dirs_exist_ok=True)
+    return runs
+
+
+def medians(runs: List[Run]) -> Dict[str, float]:
+    figures = {name: statistics.median(getattr(run, name) for run in runs) for name in FIGURES}
+    figures["final_loss"] = statistics.median(run.final_loss for run in runs)
+    return figures
+
+
+def table(title: str, runs: Dict[str, List[Run]]) -> str:
+    """A markdown table of the medians and the ratio posttrain / trl."""
+    ours, theirs = medians(runs["posttrain"]), medians(runs["trl"])
+    lines = [f"**{title}** (medians of {len(runs['trl'])} interleaved runs each)", "",
+             "| figure | posttrain | plain TRL | ratio |", "| --- | ---: | ---: | ---: |"]  # fmt: skip
+    for name in (*FIGURES, "final_loss"):
+        digits = 4 if name == "final_loss" else 1
+        lines.append(f"| {name} | {ours[name]:.{digits}f} | {theirs[name]:.{digits}f} | {ours[name] / theirs[name]:.2f} |")
+    return "\n".join(lines)
+
+
+def loss_table(runs: Dict[str, List[Run]]) -> str:
+    """The loss at each logged step, first run of each side."""
+    ours, theirs = runs["posttrain"][0].losses, runs["trl"][0].losses
+    lines = ["| step | posttrain loss | plain TRL loss |", "| ---: | ---: | ---: |"]
+    lines += [f"| {step} | {ours.get(step, float('nan')):.4f} | {theirs.get(step, float('nan')):.4f} |"
+              for step in sorted(set(ours) | set(theirs))]  # fmt: skip
+    return "\n".join(lines)
+
+
+def ratio(runs: Dict[str, List[Run]], figure: str = "tokens_per_s") -> float:
+    return medians(runs["posttrain"])[figure] / medians(runs["trl"])[figure]

@@ -1,0 +1,46 @@
+"""The plain TRL script the benchmarks compare against, written the way TRL's docs show.
+
+    python -m torch.distributed.run --nproc_per_node 2 benchmarks/plain_trl.py SETTINGS.json
+
+Load the model and the data, configure, train. The one addition is the
+measurement: rank 0 appends every log to ``metrics.jsonl`` with a wall-clock
+``time``, the file and the fields posttrain's runs write.
+"""
+
+import json
+import sys
+import time
+
+from datasets import load_dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+from trl import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
+
+
+class StepLog(TrainerCallback):
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if state.is_world_process_zero and logs and "train_samples_per_second" not in logs:
+            with open(self.path, "a") as file:
+                file.write(json.dumps({**logs, "step": state.global_step, "time": time.time()}) + "\n")
+
+
+def main() -> None:
+    with open(sys.argv[1]) as file:
+        settings = json.load(file)
+    model = AutoModelForCausalLM.from_pretrained(settings["model"], dtype="auto")
+    tokenizer = AutoTokenizer.from_pretrained(settings["model"])
+    dataset = load_dataset("json", data_files=settings["data"], split="train")
+    callbacks = [StepLog(settings["metrics"])]
+    if settings["algorithm"] == "sft":
+        trainer = SFTTrainer(model=model, args=SFTConfig(**settings["training"]), train_dataset=dataset,
+                             processing_class=tokenizer, callbacks=callbacks)  # fmt: skip
+    else:
+        trainer = DPOTrainer(model=model, args=DPOConfig(**settings["training"]), train_dataset=dataset,
+                             processing_class=tokenizer, callbacks=callbacks)  # fmt: skip
+    trainer.train()
+
+
+if __name__ == "__main__":
+    main()

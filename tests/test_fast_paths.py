@@ -1,0 +1,165 @@
+"""Fast paths compute what TRL's defaults compute: per-sequence losses of a padding-free batch equal the padded ones.
+
+The models are shaped like real ones where it matters here: a BOS token, no
+pad token of id 0 (the job pads with EOS), attention dropout (switched off by
+``eval()`` for the comparison, as the numbers must be deterministic), rows of
+very different lengths, and a ``max_length`` that truncates some of them.
+"""
+
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+import torch
+from transformers import LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from trl import SFTConfig, SFTTrainer
+from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+from posttrain.components.messages import SpecError
+from posttrain.components.spec import validate
+from posttrain.entrypoints import fast_paths, runtime, tiny
+
+ATTENTION = ["sdpa", "eager"]
+
+
+def llama(attention: str) -> torch.nn.Module:
+    tokenizer = tiny.build_tokenizer_llama3()
+    model = tiny.build_model_llama3(tokenizer, LlamaForCausalLM)
+    model.config._attn_implementation = attention
+    return model.eval()
+
+
+def qwen2(attention: str) -> torch.nn.Module:
+    config = Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(config)
+    model.config._attn_implementation = attention
+    return model.eval()
+
+
+def rows(n: int = 6) -> List[Dict[str, List[int]]]:
+    generator = torch.Generator().manual_seed(0)
+    lengths = [3, 41, 7, 19, 64, 12][:n]  # a long tail: the padded batch is mostly padding
+    return [{"input_ids": torch.randint(1, 250, (length,), generator=generator).tolist()} for length in lengths]
+
+
+def per_sequence_losses(model: torch.nn.Module, batch: Dict[str, torch.Tensor]) -> List[float]:
+    """The mean token loss of each sequence in ``batch``, padded (one per row) or padding-free (one row)."""
+    inputs = {key: batch[key] for key in ("input_ids", "attention_mask", "position_ids") if key in batch}
+    with torch.no_grad():  # no cache, as SFTTrainer.compute_loss: with one, transformers never looks for packing
+        logits = model(**inputs, use_cache=False).logits
+    labels = batch["labels"]
+    token_losses = torch.nn.functional.cross_entropy(
+        logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100, reduction="none"
+    ).view(labels.shape[0], -1)
+    counted = labels[:, 1:] != -100
+    if "position_ids" not in batch:
+        return [(token_losses[i][counted[i]].mean()).item() for i in range(labels.shape[0])]
+    # padding-free: a sequence starts where the position restarts at 0
+    starts = (batch["position_ids"][0] == 0).nonzero().flatten().tolist() + [labels.shape[1]]
+    return [token_losses[0, a : b - 1][counted[0, a : b - 1]].mean().item() for a, b in zip(starts, starts[1:])]
+
+
+@pytest.mark.parametrize("build", [llama, qwen2], ids=["llama", "qwen2"])
+@pytest.mark.parametrize("attention", ATTENTION)
+def test_padding_free_losses_equal_padded_losses_per_sequence(build, attention: str) -> None:
+    model, examples = build(attention), rows()
+    assert fast_paths.padding_free_reason(model) is None
+    padded = DataCollatorForLanguageModeling(pad_token_id=0)(examples)
+    free = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(examples)
+    assert padded["input_ids"].numel() > 2 * free["input_ids"].numel()  # most of the padded batch was padding
+    alone = [per_sequence_losses(model, DataCollatorForLanguageModeling(pad_token_id=0)([row]))[0] for row in examples]
+    assert per_sequence_losses(model, padded) == pytest.approx(alone, abs=1e-5)
+    assert per_sequence_losses(model, free) == pytest.approx(alone, abs=1e-5)
+    # the check can fail: with a full mask over the row, each sequence sees those before it
+    crossing = dict(free, attention_mask=torch.ones_like(free["input_ids"]))
+    assert max(abs(a - b) for a, b in zip(per_sequence_losses(model, crossing)[1:], alone[1:])) > 1e-3
+
+
+class RemoteCodeLlama(LlamaForCausalLM):
+    """A model class from outside transformers, as trust_remote_code loads them."""
+
+
+def test_padding_free_stays_off_where_attention_could_cross_rows() -> None:
+    model = llama("sdpa")
+    remote = RemoteCodeLlama(model.config)
+    assert "not transformers' own models" in fast_paths.padding_free_reason(remote)
+    model.config._attn_implementation = "paged|sdpa"
+    assert "attn_implementation 'paged|sdpa' is not one of" in fast_paths.padding_free_reason(model)
+
+
+def trainer_spec(tmp_path: Path, **training: object) -> Dict[str, object]:
+    return {"algorithm": "sft", "model": {"name_or_path": tiny.NAME_LLAMA3}, "data": {"train": {"path": "unused.jsonl"}},
+            "training": {"output_dir": str(tmp_path), "max_length": 24, "report_to": "none", **training}}  # fmt: skip
+
+
+def sft_trainer(tmp_path: Path, model: torch.nn.Module, **training: object) -> SFTTrainer:
+    from datasets import Dataset
+
+    spec = validate(trainer_spec(tmp_path, **training))
+    args = SFTConfig(**runtime.training_arguments(spec, dict(spec.training)))
+    words = [" ".join(["apple"] * n) for n in (2, 30, 5, 11)]  # 30 apples: longer than max_length, truncated
+    dataset = Dataset.from_list([{"text": text} for text in words])
+    tokenizer = tiny.build_tokenizer_llama3()
+    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
+    fast_paths.switch_to_padding_free(trainer, spec)
+    return trainer
+
+
+def first_batch(trainer: SFTTrainer) -> Dict[str, torch.Tensor]:
+    return trainer.data_collator([trainer.train_dataset[i] for i in range(len(trainer.train_dataset))])
+
+
+def test_the_sft_trainer_goes_padding_free_with_max_length_still_enforced(tmp_path: Path) -> None:
+    model = llama("sdpa")
+    trainer = sft_trainer(tmp_path, model)
+    assert fast_paths.applied(trainer) == ["padding_free"]
+    free = first_batch(trainer)
+    assert "attention_mask" not in free and free["input_ids"].shape[0] == 1
+    lengths = torch.diff(torch.tensor((free["position_ids"][0] == 0).nonzero().flatten().tolist() + [free["input_ids"].shape[1]]))
+    assert lengths.max().item() == 24  # the long row was truncated to max_length, as with padding
+    # the same rows as TRL's default (padded) collator makes them: the same losses, sequence by sequence
+    trainer.data_collator.padding_free = False
+    padded = first_batch(trainer)
+    assert per_sequence_losses(model, free) == pytest.approx(per_sequence_losses(model, padded), abs=1e-5)
+
+
+@pytest.mark.parametrize("training", [{"padding_free": False}, {"padding_free": True, "max_length": None},
+                                      {"packing": True}])  # fmt: skip
+def test_a_key_the_user_set_is_left_alone(tmp_path: Path, training: Dict[str, object]) -> None:
+    trainer = sft_trainer(tmp_path, llama("sdpa"), **training)
+    expected = training.get("padding_free", False) or training.get("packing", False)
+    assert trainer.data_collator.padding_free is expected
+
+
+def test_on_gpus_padding_free_is_a_default_with_flash_attention_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = llama("sdpa")
+    trainer = sft_trainer(tmp_path, model)
+    trainer.data_collator.padding_free = trainer.padding_free = False
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    fast_paths.switch_to_padding_free(trainer, validate(trainer_spec(tmp_path)))
+    assert fast_paths.applied(trainer) == []  # SDPA on a GPU: a dense mask over the row, 2x slower than padding
+    model.config._attn_implementation = "flash_attention_2"
+    fast_paths.switch_to_padding_free(trainer, validate(trainer_spec(tmp_path)))
+    assert fast_paths.applied(trainer) == ["padding_free"]
+
+
+def test_packing_the_model_cannot_keep_apart_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="training.packing: packed sequences could attend to each other: Remote"):
+        sft_trainer(tmp_path, RemoteCodeLlama(llama("sdpa").config), packing=True)
+    trainer = sft_trainer(tmp_path, RemoteCodeLlama(llama("sdpa").config))  # left to us: off, and said in the log
+    assert fast_paths.applied(trainer) == []
+
+
+def test_liger_is_a_default_on_cuda_only_where_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = validate({"algorithm": "sft", "model": {"name_or_path": tiny.NAME}, "data": {"train": {"path": "x.jsonl"}},
+                     "training": {"output_dir": "out"}})  # fmt: skip
+    installed = {"liger_kernel": object()}
+    monkeypatch.setattr(fast_paths.importlib.util, "find_spec", lambda name: installed.get(name))
+    assert fast_paths.config_defaults(spec, on_cuda=True) == {"use_liger_kernel": True}
+    assert fast_paths.config_defaults(spec, on_cuda=False) == {}
+    off = spec.model_copy(update={"training": {"output_dir": "out", "use_liger_kernel": False}})
+    assert fast_paths.config_defaults(off, on_cuda=True) == {}
+    installed.clear()
+    assert fast_paths.config_defaults(spec, on_cuda=True) == {}
