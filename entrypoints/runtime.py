@@ -47,7 +47,7 @@ from posttrain.components.fields import config_fields
 from posttrain.components.messages import SpecError
 from posttrain.components.schema import Spec
 from posttrain.components.spec import spec_from_json
-from posttrain.entrypoints import distributed
+from posttrain.entrypoints import distributed, fast_paths
 from posttrain.entrypoints.callbacks import FaultInjection, Preemption, ProgressLog, TokenCounter
 from posttrain.entrypoints.checkpoints import SPEC_FILE, already_finished, resolve_resume, write_json_atomic
 from posttrain.entrypoints.data import check_online_data, fit_batch, load_data
@@ -120,7 +120,9 @@ def registry_trainer(job: Job) -> Any:
     models = {"model": job.load_model(), **job.load_extra_models()}
     if has_rewards(spec):
         models["reward_funcs"], models["reward_processing_classes"] = job.load_rewards()
-    return trainer_class(**models, **job.trainer_kwargs)
+    trainer = trainer_class(**models, **job.trainer_kwargs)
+    fast_paths.switch_to_padding_free(trainer, spec)
+    return trainer
 
 
 def run(
@@ -265,6 +267,11 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
     if has_rewards(spec) and "reward_weights" in config_fields(spec.config_class):
         kwargs["reward_weights"] = [reward.weight for reward in spec.rewards]  # else the trainer takes them itself
     kwargs.update(strategy_for(spec.distributed).trainer_arguments(spec.config_class, kwargs))
-    if kwargs.get("use_vllm") and importlib.util.find_spec("vllm") is None:
-        raise SpecError(["training.use_vllm: vLLM is not installed in the job's environment (pip install vllm)"])
+    kwargs.update(fast_paths.config_defaults(spec, on_cuda=not on_cpu))
+    if kwargs.get("use_vllm"):
+        if importlib.util.find_spec("vllm") is None:
+            raise SpecError(["training.use_vllm: vLLM is not installed in the job's environment (pip install vllm)"])
+        from posttrain.entrypoints import vllm_generation
+
+        vllm_generation.prepare(spec, kwargs, on_cpu)  # checks, then adapts TRL's vLLM set-up (dtype, CPU sync)
     return kwargs

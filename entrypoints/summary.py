@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch.distributed as dist
 
 from posttrain.components.schema import Spec
+from posttrain.entrypoints import fast_paths
 from posttrain.entrypoints.callbacks import TokenCounter
 from posttrain.entrypoints.distributed import world_size
 
@@ -31,6 +32,7 @@ def run_summary(
         "world_size": world,
         "nnodes": world // local_world_size,
         "engine": engine(trainer),
+        "fast_paths": fast_paths.applied(trainer),
         "global_steps": trainer.state.global_step,
         "train_runtime_s": runtime,
         "train_tokens": total_tokens or None,
@@ -39,6 +41,7 @@ def run_summary(
         "metrics_last": last,
         "resumed_from": resumed_from,
         "spec": spec.model_dump(mode="json"),
+        "generation": generation(trainer) if spec.generates else None,
     }
 
 
@@ -61,6 +64,22 @@ def engine(trainer: Any) -> Dict[str, Any]:
         "backend": dist.get_backend() if dist.is_initialized() else None,
         "strategy": strategy,
         "zero_stage": plugin.zero_stage if plugin is not None else None,
+    }
+
+
+def generation(trainer: Any) -> Dict[str, Any]:
+    """How completions were generated: the engine, vLLM's mode and weight sync, and (vLLM) this process's tokens/s."""
+    args = trainer.args
+    if not getattr(args, "use_vllm", False):
+        return {"engine": "transformers", "mode": None, "weight_sync": None, "tokens_per_s": None}
+    from posttrain.entrypoints.vllm_generation import STATS
+
+    seconds = STATS["seconds"]
+    return {
+        "engine": "vllm",
+        "mode": args.vllm_mode,
+        "weight_sync": STATS["weight_sync"],
+        "tokens_per_s": STATS["tokens"] / seconds if seconds > 0 else None,
     }
 
 

@@ -13,8 +13,12 @@ same model, in well under a second, with no download.
   EOS, as for Llama 3); attention dropout in the config; and a generation
   config with an instruct model's sampling defaults (temperature, top-p,
   top-k, repetition penalty).
+- ``builtin:tiny-llama3-vllm``: ``tiny-llama3`` with 2 heads of 32 (1 KV
+  head) instead of 4 of 16, the same weights: vLLM's CPU attention needs a
+  head size of 32 or more.
 """
 
+import functools
 import itertools
 from typing import Any, Callable, Dict, Iterator, Tuple, Type
 
@@ -24,6 +28,7 @@ from transformers import GenerationConfig, LlamaConfig, PreTrainedModel, PreTrai
 
 NAME = "builtin:tiny-llama"
 NAME_LLAMA3 = "builtin:tiny-llama3"
+NAME_LLAMA3_VLLM = "builtin:tiny-llama3-vllm"
 
 PAD, EOS, IM_START = "<|pad|>", "<|im_end|>", "<|im_start|>"
 
@@ -93,11 +98,11 @@ def build_model(tokenizer: PreTrainedTokenizerFast, model_class: Type[PreTrained
 
 
 def _seeded_llama(model_class: Type[PreTrainedModel], tokenizer: PreTrainedTokenizerFast, **config: Any) -> PreTrainedModel:
-    """The 2-layer Llama both built-ins share, sized to the tokenizer, initialised from seed 0."""
+    """The 2-layer Llama the built-ins share, sized to the tokenizer, initialised from seed 0; ``config`` wins."""
     shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
     llama = LlamaConfig(
         vocab_size=len(tokenizer), max_position_embeddings=512, eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=True, num_labels=1, **shape, **config,
+        tie_word_embeddings=True, num_labels=1, **{**shape, **config},
     )  # fmt: skip
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
@@ -128,10 +133,12 @@ def build_tokenizer_llama3() -> PreTrainedTokenizerFast:
     )
 
 
-def build_model_llama3(tokenizer: PreTrainedTokenizerFast, model_class: Type[PreTrainedModel]) -> PreTrainedModel:
+def build_model_llama3(
+    tokenizer: PreTrainedTokenizerFast, model_class: Type[PreTrainedModel], **shape: Any
+) -> PreTrainedModel:
     """The 2-layer Llama of :func:`build_model`, with attention dropout and an instruct model's sampling defaults."""
     model = _seeded_llama(
-        model_class, tokenizer, attention_dropout=0.1, bos_token_id=tokenizer.bos_token_id, pad_token_id=None
+        model_class, tokenizer, attention_dropout=0.1, bos_token_id=tokenizer.bos_token_id, pad_token_id=None, **shape
     )
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
@@ -149,4 +156,9 @@ def build_model_llama3(tokenizer: PreTrainedTokenizerFast, model_class: Type[Pre
 BUILTINS: Dict[str, Tuple[Callable[[], PreTrainedTokenizerFast], Callable[..., PreTrainedModel]]] = {
     NAME: (build_tokenizer, build_model),
     NAME_LLAMA3: (build_tokenizer_llama3, build_model_llama3),
+    # the same weight shapes (2 x 32 = 4 x 16; 1 KV head of 32 = 2 of 16), so the same seeded weights
+    NAME_LLAMA3_VLLM: (
+        build_tokenizer_llama3,
+        functools.partial(build_model_llama3, num_attention_heads=2, num_key_value_heads=1),
+    ),
 }

@@ -39,3 +39,4 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "e2e: runs real training jobs through torchx (a minute or more each)")
     config.addinivalue_line("markers", "slurm: needs the Slurm cluster that .ci/run starts")
     config.addinivalue_line("markers", "gpu: needs GPUs; deselected by default, run with pytest -m gpu")
+    config.addinivalue_line("markers", "vllm: needs vLLM (its own environment); deselected by default, run with pytest -m vllm")

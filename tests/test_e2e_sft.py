@@ -11,7 +11,7 @@ pytestmark = pytest.mark.e2e
 
 SUMMARY_KEYS = {
     "algorithm", "world_size", "nnodes", "engine", "global_steps", "train_runtime_s", "train_tokens",
-    "tokens_per_s", "metrics_first", "metrics_last", "resumed_from", "spec",
+    "tokens_per_s", "metrics_first", "metrics_last", "resumed_from", "spec", "fast_paths", "generation",
 }  # fmt: skip
 
 
@@ -30,6 +30,7 @@ def assert_learned(output_dir: Path, world_size: int, nnodes: int) -> None:
     assert summary["algorithm"] == "sft" and summary["global_steps"] == 40
     assert (summary["world_size"], summary["nnodes"]) == (world_size, nnodes)
     assert summary["engine"] == {"backend": "gloo", "strategy": "ddp", "zero_stage": None}
+    assert summary["fast_paths"] == ["padding_free"]  # on by default for SFT (entrypoints/fast_paths.py)
     assert summary["train_tokens"] > 0 and summary["tokens_per_s"] > 0 and summary["train_runtime_s"] > 0
     assert summary["resumed_from"] is None
     assert summary["spec"]["training"]["output_dir"] == str(output_dir)

@@ -1,0 +1,194 @@
+"""vLLM generation for the online trainers (``training.use_vllm``): TRL's own, with what a job needs around it.
+
+TRL 1.16 builds vLLM itself (GRPO and RLOO through
+``trl.generation.vllm_generation``, online DPO in its trainer) and pushes the
+trained weights into it before each generation. :func:`prepare`, called when
+the TRL config is built, checks what cannot work and adapts three things:
+
+- the dtype: TRL passes none, so vLLM would run an fp32 checkpoint in bf16;
+  here vLLM runs in the dtype training computes in;
+- the built-in tiny models have no directory for vLLM to load: one is
+  written to a temporary directory;
+- on CPU, the weight sync: TRL calls ``model.load_weights`` per tensor, but
+  vLLM's CPU layers repack their weights after loading (``layer.weight`` is
+  then an empty Parameter), so the load fails. TRL's sync runs inside vLLM's
+  in-place reload instead (what ``model_runner.reload_weights(...,
+  is_checkpoint_format=True)`` does around ``load_weights``: checkpoint
+  layout restored first, repacked after), and a tied LM head, which loads
+  nothing itself, is repacked from the new embedding. Wrapping TRL's own sync
+  keeps its parameter walk (DeepSpeed, FSDP, PEFT names) and serves GRPO,
+  RLOO and online DPO alike. On GPUs TRL's path is left as it is.
+
+``run_summary.json``'s ``generation`` reads :data:`STATS`.
+"""
+
+import contextlib
+import functools
+import tempfile
+import time
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
+
+from posttrain.components.messages import SpecError
+from posttrain.components.schema import Spec
+
+# vLLM 0.32's CPU attention (CPUAttentionBackend.get_supported_head_sizes); tests/test_vllm.py checks it
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+# where TRL 1.16 builds vLLM (the module imports LLM by name), the class that owns it, its weight-sync method
+_VLLM_GENERATION = ("trl.generation.vllm_generation", "VLLMGeneration", "sync_weights")  # GRPO, RLOO
+_ONLINE_DPO = ("trl.experimental.online_dpo.online_dpo_trainer", "OnlineDPOTrainer", "_move_model_to_vllm")
+
+# this process's generation, for run_summary.json: completion tokens and seconds in vLLM's generate
+STATS: Dict[str, Any] = {"weight_sync": None, "tokens": 0, "seconds": 0.0}
+
+
+def config_problems(training: Mapping[str, Any], on_cpu: bool) -> List[str]:
+    """What cannot work with vLLM on this hardware, one line each."""
+    if not on_cpu:
+        return []
+    found = []
+    if training.get("vllm_mode", "colocate") == "server":
+        found.append("training.vllm_mode: server needs GPUs here (TRL syncs the weights over NCCL); on CPU use colocate")
+    if training.get("vllm_enable_sleep_mode"):
+        found.append("training.vllm_enable_sleep_mode: vLLM's sleep mode needs GPUs; remove it on CPU")
+    return found
+
+
+def head_size_problem(config: Any, on_cpu: bool) -> Optional[str]:
+    """A head size vLLM's CPU attention does not take, said before vLLM fails on it."""
+    head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    if not on_cpu or head_size in CPU_HEAD_SIZES:
+        return None
+    return (f"model.name_or_path: head size {head_size}; vLLM on CPU takes {', '.join(map(str, CPU_HEAD_SIZES))}"
+            " (builtin:tiny-llama3-vllm is a tiny model it takes)")  # fmt: skip
+
+
+def training_dtype(training: Mapping[str, Any], spec: Spec, checkpoint_dtype: Any) -> str:
+    """The dtype training computes in: mixed precision's, else the weights' (``auto``: the checkpoint's, fp32 if none).
+
+    >>> training_dtype({"bf16": True}, None, None)
+    'bfloat16'
+    """
+    if training.get("bf16"):
+        return "bfloat16"
+    if training.get("fp16"):
+        return "float16"
+    if spec.model.dtype != "auto":
+        return spec.model.dtype
+    return str(checkpoint_dtype or "float32").removeprefix("torch.")
+
+
+def prepare(spec: Spec, training: Mapping[str, Any], on_cpu: bool) -> None:
+    """Checks the vLLM settings against the hardware, then adapts TRL's vLLM set-up for this job (see above)."""
+    problems = config_problems(training, on_cpu)
+    if problems:
+        raise SpecError(problems)
+    import importlib
+
+    module_name, class_name, sync_name = _ONLINE_DPO if spec.algorithm == "online_dpo" else _VLLM_GENERATION
+    module = importlib.import_module(module_name)
+    module.LLM = _llm_factory(_unwrapped(module.LLM), spec, training, on_cpu)
+    owner = getattr(module, class_name)
+    sync = _unwrapped(getattr(owner, sync_name))
+    setattr(owner, sync_name, _cpu_sync(sync) if on_cpu else sync)  # on GPUs TRL's own
+    if class_name == "VLLMGeneration":
+        owner.generate = _timed_generate(_unwrapped(owner.generate))
+    server = training.get("vllm_mode", "colocate") == "server"
+    STATS["weight_sync"] = "nccl" if server else "inplace_reload" if on_cpu else "load_weights"
+
+
+def _unwrapped(function: Any) -> Any:
+    """What an earlier :func:`prepare` in this process wrapped (tests prepare several jobs)."""
+    return getattr(function, "__wrapped__", function)
+
+
+def _llm_factory(llm_class: Callable[..., Any], spec: Spec, training: Mapping[str, Any], on_cpu: bool) -> Callable:
+    """vLLM's ``LLM`` as TRL calls it, with a model directory, the training dtype and the CPU head-size check."""
+
+    def make(**kwargs: Any) -> Any:
+        from transformers import AutoConfig
+
+        if not kwargs.get("model"):  # a built-in model: TRL passes its empty name_or_path
+            kwargs["model"] = _builtin_directory(spec)
+        config = AutoConfig.from_pretrained(kwargs["model"], trust_remote_code=kwargs.get("trust_remote_code", False))
+        problem = head_size_problem(config, on_cpu)
+        if problem:
+            raise SpecError([problem])
+        kwargs.setdefault("dtype", training_dtype(training, spec, getattr(config, "dtype", None)))
+        return llm_class(**kwargs)
+
+    make.__wrapped__ = llm_class  # type: ignore[attr-defined]
+    return make
+
+
+def _builtin_directory(spec: Spec) -> str:
+    """The built-in model and tokenizer, written where vLLM can load them (removed when the process ends).
+
+    Every rank writes its own: ``save_pretrained`` writes on rank 0 only, so the
+    config and weights are written directly, tied weights once (as transformers does).
+    """
+    from safetensors.torch import save_file
+
+    from posttrain.entrypoints.models import CAUSAL_LM, load_model, load_tokenizer
+
+    name = spec.model.name_or_path
+    if name not in _BUILTIN_DIRECTORIES:
+        directory = _BUILTIN_DIRECTORIES[name] = tempfile.TemporaryDirectory(prefix="posttrain-vllm-")
+        tokenizer = load_tokenizer(name, spec, padding_side="left")
+        model = load_model(name, spec, tokenizer, CAUSAL_LM)
+        tensors: Dict[str, Any] = {}
+        for key, tensor in model.state_dict().items():
+            if all(tensor.data_ptr() != kept.data_ptr() for kept in tensors.values()):
+                tensors[key] = tensor.contiguous()
+        save_file(tensors, f"{directory.name}/model.safetensors", metadata={"format": "pt"})
+        model.config.save_pretrained(directory.name)
+        tokenizer.save_pretrained(directory.name)
+    return _BUILTIN_DIRECTORIES[name].name
+
+
+_BUILTIN_DIRECTORIES: Dict[str, tempfile.TemporaryDirectory] = {}
+
+
+def _cpu_sync(sync: Callable[..., Any]) -> Callable[..., Any]:
+    """TRL's weight sync, inside vLLM's in-place reload (see the module's docstring)."""
+
+    @functools.wraps(sync)
+    def synced(self: Any, *args: Any, **kwargs: Any) -> Any:
+        llm = getattr(self, "llm", None)  # colocate only; the server mode has none
+        with _reloading(llm) if llm is not None else contextlib.nullcontext():
+            return sync(self, *args, **kwargs)
+
+    return synced
+
+
+@contextlib.contextmanager
+def _reloading(llm: Any) -> Iterator[None]:
+    """Loads inside it go through vLLM's in-place reload: checkpoint layout restored first, repacked after."""
+    from vllm.model_executor.model_loader.reload.layerwise import (
+        finalize_layerwise_reload,
+        initialize_layerwise_reload,
+    )
+
+    runner = llm.llm_engine.model_executor.driver_worker.model_runner
+    model = runner.get_model()
+    initialize_layerwise_reload(model)
+    yield
+    finalize_layerwise_reload(model, runner.vllm_config.model_config)
+    lm_head = getattr(model, "lm_head", None)
+    if lm_head is not None and getattr(runner.vllm_config.model_config.hf_config, "tie_word_embeddings", False):
+        # a tied head loads nothing (the embedding brings its weight), so the reload keeps its stale packed copy
+        lm_head.quant_method.process_weights_after_loading(lm_head)
+
+
+def _timed_generate(generate: Callable[..., Any]) -> Callable[..., Any]:
+    """TRL's ``VLLMGeneration.generate``, counting the completion tokens and the time."""
+
+    @functools.wraps(generate)
+    def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        result = generate(self, *args, **kwargs)
+        STATS["seconds"] += time.perf_counter() - started
+        STATS["tokens"] += sum(len(ids) for ids in result[1])  # (prompt_ids, completion_ids, logprobs, extra)
+        return result
+
+    return timed

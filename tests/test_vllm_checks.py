@@ -1,0 +1,86 @@
+"""vLLM's settings and the checks before vLLM starts: fast, without vLLM (the runs are in test_vllm.py, -m vllm)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from helpers import load_template
+from transformers import LlamaForCausalLM
+
+from posttrain.components.spec import SpecError, validate
+from posttrain.entrypoints import summary, tiny
+from posttrain.entrypoints.vllm_generation import config_problems, head_size_problem, training_dtype
+
+
+def grpo_vllm(**training: object):
+    raw = load_template("grpo/tiny-vllm.yaml")
+    raw["training"].update(training)
+    return validate(raw)
+
+
+@pytest.mark.parametrize(
+    "training, message",
+    [
+        ({"vllm_gpu_memory_utilization": 0}, "training.vllm_gpu_memory_utilization: 0 is out of range; expected 0 < vllm_gpu_memory_utilization <= 1"),
+        ({"vllm_gpu_memory_utilization": 1.5}, "training.vllm_gpu_memory_utilization: 1.5 is out of range"),
+        ({"vllm_tensor_parallel_size": 0}, "training.vllm_tensor_parallel_size: 0 is out of range; expected vllm_tensor_parallel_size >= 1"),
+        ({"vllm_max_model_length": 0}, "training.vllm_max_model_length: 0 is out of range; expected vllm_max_model_length >= 1"),
+        ({"vllm_model_impl": "vllmm"}, "training.vllm_model_impl: "),
+        ({"vllm_mode": "colocated"}, "training.vllm_mode: "),
+    ],
+)  # fmt: skip
+def test_vllm_settings_are_validated_with_the_key(training: dict, message: str) -> None:
+    with pytest.raises(SpecError) as error:
+        grpo_vllm(**training)
+    assert message in str(error.value)
+
+
+def test_the_vllm_template_and_every_value_vllm_takes_validate() -> None:
+    spec = grpo_vllm(vllm_gpu_memory_utilization=1, vllm_max_model_length=None, vllm_model_impl="transformers")
+    assert spec.training["use_vllm"] is True and spec.training["vllm_mode"] == "colocate"
+
+
+def test_on_cpu_server_mode_and_sleep_mode_are_one_line_each_and_gpus_take_both() -> None:
+    training = {"vllm_mode": "server", "vllm_enable_sleep_mode": True}
+    assert config_problems(training, on_cpu=True) == [
+        "training.vllm_mode: server needs GPUs here (TRL syncs the weights over NCCL); on CPU use colocate",
+        "training.vllm_enable_sleep_mode: vLLM's sleep mode needs GPUs; remove it on CPU",
+    ]
+    assert config_problems(training, on_cpu=False) == []
+    assert config_problems({"vllm_mode": "colocate"}, on_cpu=True) == []
+
+
+def test_a_head_size_vllm_on_cpu_does_not_take_is_named_with_a_model_it_takes() -> None:
+    small = SimpleNamespace(hidden_size=64, num_attention_heads=4, head_dim=None)
+    assert head_size_problem(small, on_cpu=True) == (
+        "model.name_or_path: head size 16; vLLM on CPU takes 32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512"
+        " (builtin:tiny-llama3-vllm is a tiny model it takes)"
+    )
+    assert head_size_problem(small, on_cpu=False) is None
+    assert head_size_problem(SimpleNamespace(hidden_size=64, num_attention_heads=2, head_dim=None), on_cpu=True) is None
+    assert head_size_problem(SimpleNamespace(hidden_size=4096, num_attention_heads=32, head_dim=128), True) is None
+
+
+def test_vllm_runs_in_the_dtype_training_computes_in() -> None:
+    spec = grpo_vllm()
+    assert training_dtype({"bf16": False}, spec, None) == "float32"  # vLLM would make an fp32 checkpoint bf16
+    assert training_dtype({}, spec, torch.bfloat16) == "bfloat16"
+    assert training_dtype({"bf16": True}, spec, torch.float32) == "bfloat16"
+    assert training_dtype({"fp16": True}, spec, None) == "float16"
+    raw = load_template("grpo/tiny-vllm.yaml")
+    raw["model"]["dtype"] = "float16"
+    assert training_dtype({}, validate(raw), torch.float32) == "float16"
+
+
+def test_the_vllm_builtin_is_tiny_llama3_with_heads_of_32_and_the_same_weights() -> None:
+    tokenizer = tiny.BUILTINS[tiny.NAME_LLAMA3][0]()
+    plain = tiny.BUILTINS[tiny.NAME_LLAMA3][1](tokenizer, LlamaForCausalLM)
+    wide = tiny.BUILTINS[tiny.NAME_LLAMA3_VLLM][1](tokenizer, LlamaForCausalLM)
+    assert (plain.config.head_dim, wide.config.head_dim) == (16, 32)
+    assert wide.config.num_key_value_heads == 1 and wide.generation_config.top_k == 20
+    assert all(torch.equal(a, b) for a, b in zip(plain.parameters(), wide.parameters()))
+
+
+def test_the_summary_says_how_completions_were_generated_without_vllm() -> None:
+    trainer = SimpleNamespace(args=SimpleNamespace(use_vllm=False))
+    assert summary.generation(trainer) == {"engine": "transformers", "mode": None, "weight_sync": None, "tokens_per_s": None}
