@@ -44,6 +44,10 @@ LISTED: Dict[str, str] = {
         "needs the id of a live Slurm job; tests/test_slurm.py runs torchx status and log on real ones"
     ),
     "docker build ": "needs a Docker daemon and a registry to push to",
+    "python3 -m venv .venv-vllm": "builds the vLLM environment: .ci/run builds it and runs the vLLM tests there",
+    "torchx run -s local_cwd posttrain.grpo --spec templates/grpo/tiny-vllm.yaml": (
+        "needs the vLLM environment: tests/test_vllm.py runs this template there (.ci/run)"
+    ),
 }
 # Set-up steps a `&&` chain may begin with: not run (the environment running this test is what they
 # make); the rest of the chain is planned like any command.
