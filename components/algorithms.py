@@ -1,11 +1,8 @@
 """TorchX components for LLM post-training, one per algorithm (``torchx run posttrain.<algorithm>``).
 
-Each validates a YAML spec (``--spec``) plus ``key.path=value`` overrides and
-returns an AppDef running ``python -m posttrain.entrypoints.<algorithm>``
-under torchrun (or DeepSpeed's launcher) on any TorchX scheduler. torchx
-needs each component as a real function with its own typed signature; what
-an algorithm is lives in ``registry.py``, the shared ``Args:`` block in
-``arguments.py``.
+Each validates a YAML spec plus ``key.path=value`` overrides and returns the AppDef ``appdef.py`` builds.
+torchx needs each component as a real function with its own signature; what an algorithm is lives in
+``registry.py``, the shared ``Args:`` block in ``arguments.py``.
 """
 
 from typing import Dict, List, Optional
@@ -41,10 +38,9 @@ def sft(
     """Supervised fine-tuning (trl.SFTTrainer) of a causal LM on chat or text data.
 
     Use it to teach a base model a format or a task from demonstrations, and as
-    the first stage of an RLHF chain (SFT, then reward model, then PPO). The
-    spec's ``training`` section holds ``trl.SFTConfig`` fields; the job writes
-    the model, ``trainer_state.json`` and ``run_summary.json`` to
-    ``training.output_dir``.
+    the first stage of an RLHF chain (SFT, then reward model, then PPO).
+    ``training`` holds ``trl.SFTConfig`` fields; the job writes the model,
+    ``trainer_state.json`` and ``run_summary.json`` to ``output_dir``.
 
     .. code-block:: shell-session
 
@@ -224,22 +220,26 @@ def grpo(
     debug: bool = False,
     tee: int = 3,
     launcher: str = "torchrun",
+    vllm_h: Optional[str] = None,
+    vllm_gpu: int = 0,
+    vllm_replicas: int = 1,
+    vllm_tp: int = 1,
 ) -> specs.AppDef:
     """Group relative policy optimisation (trl.GRPOTrainer); GSPO with importance_sampling_level: sequence.
 
     Use it to raise a reward on generated completions without a value model:
-    each prompt gets ``num_generations`` completions and each is scored
-    against its group. The data has a ``prompt`` column; the spec's
-    ``rewards`` list user functions (``function: module:callable``),
-    built-ins (``builtin: exact_match | contains | length_band |
-    regex_format``) and reward models (``model: path``), each with a
-    ``weight``. ``training`` holds ``trl.GRPOConfig`` fields; the generation
-    batch is checked against ``-j``. The job logs ``reward`` and
-    ``rewards/<name>/mean``.
+    each prompt gets ``num_generations`` completions, each scored against its
+    group. The data has a ``prompt`` column; ``rewards`` lists user functions
+    (``function: module:callable``), built-ins (``builtin: exact_match |
+    contains | length_band | regex_format``) and reward models (``model:
+    path``), each with a ``weight``. ``training`` holds ``trl.GRPOConfig``
+    fields; with ``use_vllm`` and ``vllm_mode: server`` the job gets a
+    ``vllm`` role (``--vllm_*``). The job logs ``reward``.
 
     .. code-block:: shell-session
 
         $ torchx run -s local_cwd posttrain.grpo --spec templates/grpo/tiny.yaml
+        $ torchx run -s local_cwd posttrain.grpo --spec templates/grpo/tiny-vllm-server.yaml
         $ torchx run -s slurm posttrain.grpo --spec templates/grpo/gsm8k.yaml -j 2x8 -h gpu.h100.8
     """
     return build_appdef("grpo", **locals())
@@ -265,12 +265,15 @@ def rloo(
     debug: bool = False,
     tee: int = 3,
     launcher: str = "torchrun",
+    vllm_h: Optional[str] = None,
+    vllm_gpu: int = 0,
+    vllm_replicas: int = 1,
+    vllm_tp: int = 1,
 ) -> specs.AppDef:
     """REINFORCE leave-one-out (trl.RLOOTrainer): each completion's baseline is the mean of its group's others.
 
-    Use it like GRPO (same ``rewards`` section, ``prompt`` data, vLLM options
-    and generation-batch checks); ``training`` holds ``trl.RLOOConfig``
-    fields. The job logs ``reward``.
+    Use it like GRPO (same ``rewards``, ``prompt`` data, vLLM options and
+    batch checks); ``training`` holds ``trl.RLOOConfig`` fields.
 
     .. code-block:: shell-session
 
@@ -305,14 +308,11 @@ def ppo(
 
     Use it for classic RLHF: an SFT policy, a frozen reference, a value model
     and a reward (a reward model from ``posttrain.reward`` and/or functions),
-    with a KL penalty to the reference (fixed or adaptive), GAE and clipped
-    policy and value losses over several PPO epochs per rollout batch. The
-    data has a ``prompt`` column; ``rewards`` is as for GRPO; ``training``
-    holds posttrain's ``PPOConfig`` (TrainingArguments plus ``num_ppo_epochs``,
-    ``num_mini_batches``, ``kl_coef``, ``kl_estimator``, ``adaptive_kl``,
-    ``cliprange``, ``vf_coef``, ...). ``value_model`` defaults to the reward
-    model. The job logs ``objective/scores``, ``objective/kl``, ``loss/policy``
-    and ``loss/value``, and saves the policy and ``value_model/``.
+    with a KL penalty (fixed or adaptive), GAE and clipped policy and value
+    losses over several PPO epochs per rollout batch. The data has a
+    ``prompt`` column; ``rewards`` is as for GRPO; ``training`` holds
+    posttrain's ``PPOConfig``; ``value_model`` defaults to the reward model.
+    The job saves the policy and ``value_model/``.
 
     .. code-block:: shell-session
 
@@ -345,12 +345,11 @@ def distill(
 ) -> specs.AppDef:
     """On-policy distillation (trl.DistillationTrainer) of a teacher model into the trained model.
 
-    Use it to shrink a model, or to pass a stronger model's behaviour to a
-    smaller one of the same tokenizer: the student generates completions of
-    the ``prompt`` column and learns the teacher's next-token distributions
-    on them (generalised JSD, ``training.beta``). ``teacher_model`` (a path or
-    hub id, at the top level of the spec) is loaded like the model, frozen.
-    ``training`` holds ``trl.DistillationConfig`` fields.
+    Use it to pass a stronger model's behaviour to a smaller one of the same
+    tokenizer: the student generates completions of the ``prompt`` column and
+    learns the teacher's next-token distributions on them (generalised JSD,
+    ``training.beta``). ``teacher_model`` (a path or hub id) is loaded like the
+    model, frozen. ``training`` holds ``trl.DistillationConfig`` fields.
 
     .. code-block:: shell-session
 
@@ -381,16 +380,17 @@ def online_dpo(
     debug: bool = False,
     tee: int = 3,
     launcher: str = "torchrun",
+    vllm_h: Optional[str] = None,
+    vllm_gpu: int = 0,
+    vllm_replicas: int = 1,
+    vllm_tp: int = 1,
 ) -> specs.AppDef:
     """Online DPO (trl.experimental.online_dpo.OnlineDPOTrainer): preference pairs sampled and scored as it trains.
 
-    Use it where you can score answers (reward functions or a reward model)
-    but have no preference data: for each prompt the model samples two
-    completions, ``rewards`` score them (built-ins, your functions or reward
-    models, weighted, as for GRPO), and DPO's loss prefers the better one
-    against a frozen reference (a copy of the model, ``reference_model``, or
-    the adapter-disabled model with ``model.lora``). ``training`` holds
-    ``OnlineDPOConfig`` fields; the job logs ``objective/scores``.
+    Use it where you can score answers but have no preference data: the model
+    samples two completions per prompt, ``rewards`` score them (as for GRPO),
+    and DPO's loss prefers the better one against a frozen reference (as for
+    DPO). ``training`` holds ``OnlineDPOConfig`` fields; vLLM as for GRPO.
 
     .. code-block:: shell-session
 

@@ -21,7 +21,9 @@ from torchx.components.structured_arg import StructuredNameArgument
 from torchx.specs import macros
 
 from posttrain.components.messages import SpecError
+from posttrain.components import vllm_role
 from posttrain.components.spec import load_spec
+from posttrain.components.vllm_role import VllmServer
 
 # The entry point torchx's CLI sets; a component called from it exits with the
 # message alone (no traceback), library callers get the SpecError itself.
@@ -145,12 +147,17 @@ def build_appdef(
     debug: bool,
     tee: int,
     launcher: str,
+    vllm_h: Optional[str] = None,
+    vllm_gpu: int = 0,
+    vllm_replicas: int = 1,
+    vllm_tp: int = 1,
 ) -> specs.AppDef:
-    """Validates the arguments and the spec, then builds the AppDef.
+    """Validates the arguments and the spec, then builds the AppDef (with a ``vllm`` role in vLLM's server mode).
 
     Raises SpecError listing every problem found.
     """
     resource = _resource(h, cpu, gpu, memMB)
+    server = VllmServer(vllm_h, vllm_gpu, vllm_replicas, vllm_tp)
     problems = []
     if tee not in (0, 1, 2, 3):
         problems.append(f"--tee {tee}: expected 0 (none), 1 (stdout), 2 (stderr) or 3 (both)")
@@ -198,6 +205,12 @@ def build_appdef(
                 f"distributed.fsdp: -h {h} has no GPU, and accelerate runs FSDP on GPUs only; "
                 "shard on CPU with distributed.deepspeed"
             )
+    serve = vllm_role.wanted(validated.training)
+    if serve:
+        problems += server.problems(trainer_gpus=resource.gpu)
+    elif not server.is_default:
+        problems.append("--vllm_*: these place the server of training.vllm_mode: server (with use_vllm: true and no "
+                        "vllm_server_base_url/vllm_server_host); this spec runs no such server")  # fmt: skip
     if problems:
         raise SpecError(problems)
 
@@ -207,7 +220,10 @@ def build_appdef(
     else:
         cmd = _torchrun_command(topology, rdzv_port, rdzv_backend, tee, max_restarts)
     # torchx substitutes ${...} macros in args with string.Template: "$$" keeps a "$" of the spec literal
-    cmd += ["-m", module, "--spec-json", validated.to_json().replace("$", "$$")]
+    spec_json = validated.to_json().replace("$", "$$")
+    cmd += ["-m", module, "--spec-json", spec_json]
+    if serve:
+        cmd.insert(0, _noquote(vllm_role.host_assignment(topology.max_nnodes)))
 
     job_name = StructuredNameArgument.parse_from(name=name or "/", m=module)
     role_env = dict(env or {})
@@ -216,24 +232,38 @@ def build_appdef(
     role_env.setdefault("PYTHONUNBUFFERED", "1")
     if debug:
         role_env.update(_DEBUG_ENV)
-    return specs.AppDef(
-        name=job_name.run_name,
-        roles=[
+    roles = [
+        specs.Role(
+            name=algorithm,
+            image=image,
+            min_replicas=topology.min_nnodes,
+            entrypoint="bash",
+            num_replicas=topology.max_nnodes,
+            resource=resource,
+            args=["-c", _args_join(cmd)],
+            env=role_env,
+            port_map={"c10d": rdzv_port},
+            max_retries=max_retries,
+            mounts=_mounts(mounts),
+        )
+    ]
+    if serve:
+        server_cmd = ["python", "-m", vllm_role.MODULE, "--spec-json", spec_json]
+        server_cmd += vllm_role.server_args(server, validated.distributed.timeout_s, max_restarts)
+        roles.append(
             specs.Role(
-                name=algorithm,
+                name=vllm_role.ROLE,
                 image=image,
-                min_replicas=topology.min_nnodes,
                 entrypoint="bash",
-                num_replicas=topology.max_nnodes,
-                resource=resource,
-                args=["-c", _args_join(cmd)],
-                env=role_env,
-                port_map={"c10d": rdzv_port},
+                resource=server.resource(cpu, memMB),
+                args=["-c", _args_join(server_cmd)],
+                env=dict(role_env),
+                port_map={"http": validated.training.get("vllm_server_port", 8000)},
                 max_retries=max_retries,
                 mounts=_mounts(mounts),
             )
-        ],
-    )
+        )
+    return specs.AppDef(name=job_name.run_name, roles=roles)
 
 
 def _rank0_address(topology: Topology, port: int) -> Tuple[str, int]:

@@ -6,6 +6,7 @@ time for ``torchx run posttrain.<algorithm> --help``: :func:`component`
 appends the block below to each.
 """
 
+import inspect
 from typing import Callable, Dict
 
 import torchx.specs as specs
@@ -30,11 +31,18 @@ ARGS: Dict[str, str] = {
     "debug": "set PyTorch's distributed debug environment variables",
     "tee": "streams teed to the console and log files: 0 none, 1 stdout, 2 stderr, 3 both",
     "launcher": "torchrun, or deepspeed (DeepSpeed's launcher, one per node; fixed -j, no max_restarts)",
+    "vllm_h": "training.vllm_mode: server: a named resource for the vllm role (precedence over vllm_gpu)",
+    "vllm_gpu": "training.vllm_mode: server: GPUs of the vllm role (cpu and memMB as the trainers')",
+    "vllm_replicas": "training.vllm_mode: server: vLLM engines behind the server (its --data-parallel-size)",
+    "vllm_tp": "training.vllm_mode: server: tensor-parallel GPUs per engine",
 }
 
 
 def component(fn: Callable[..., specs.AppDef]) -> Callable[..., specs.AppDef]:
-    """Appends the shared ``Args:`` block to a component's docstring; the function itself is unchanged."""
-    lines = "\n".join(f"        {arg}: {text.format(algorithm=fn.__name__)}" for arg, text in ARGS.items())
+    """Appends the shared ``Args:`` block (the arguments it takes) to a component's docstring; the function is unchanged."""
+    taken = inspect.signature(fn).parameters
+    lines = "\n".join(
+        f"        {arg}: {text.format(algorithm=fn.__name__)}" for arg, text in ARGS.items() if arg in taken
+    )
     fn.__doc__ = f"{(fn.__doc__ or '').rstrip()}\n\n    Args:\n{lines}\n    "
     return fn

@@ -47,7 +47,7 @@ from posttrain.components.fields import config_fields
 from posttrain.components.messages import SpecError
 from posttrain.components.schema import Spec
 from posttrain.components.spec import spec_from_json
-from posttrain.entrypoints import distributed, fast_paths
+from posttrain.entrypoints import distributed, fast_paths, vllm_server
 from posttrain.entrypoints.callbacks import FaultInjection, Preemption, ProgressLog, TokenCounter
 from posttrain.entrypoints.checkpoints import SPEC_FILE, already_finished, resolve_resume, write_json_atomic
 from posttrain.entrypoints.data import check_online_data, fit_batch, load_data
@@ -141,7 +141,8 @@ def run(
         spec = spec_from_json(options.spec_json)
         if spec.algorithm != algorithm:
             raise SpecError([f"algorithm: the spec is for {spec.algorithm!r}, this entrypoint runs {algorithm!r}"])
-        _train(algorithm, spec, build_trainer or registry_trainer)
+        with vllm_server.lease(spec):  # a job with a vllm role: rank 0 tells it when training ends
+            _train(algorithm, spec, build_trainer or registry_trainer)
     except SpecError as error:
         # every rank meets the same error (the checks agree across ranks, see distributed.all_ranks_agree): one says it
         if distributed.env_rank() == 0:
@@ -273,5 +274,5 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
             raise SpecError(["training.use_vllm: vLLM is not installed in the job's environment (pip install vllm)"])
         from posttrain.entrypoints import vllm_generation
 
-        vllm_generation.prepare(spec, kwargs, on_cpu)  # checks, then adapts TRL's vLLM set-up (dtype, CPU sync)
+        kwargs.update(vllm_generation.prepare(spec, kwargs, on_cpu))  # checks, then adapts TRL's vLLM set-up
     return kwargs

@@ -19,17 +19,30 @@ the TRL config is built, checks what cannot work and adapts three things:
   keeps its parameter walk (DeepSpeed, FSDP, PEFT names) and serves GRPO,
   RLOO and online DPO alike. On GPUs TRL's path is left as it is.
 
+With ``vllm_mode: server`` the server is the job's ``vllm`` role
+(``vllm_server.py``): the trainers take its host from ``POSTTRAIN_VLLM_HOST``,
+which the component sets from the scheduler's variables. On GPUs the weights
+move over TRL's NCCL path. On CPU (vLLM's transfer engines all need CUDA)
+TRL's ``VLLMClient`` writes the tensors TRL hands it, in TRL's names, as one
+safetensors file in a directory under ``output_dir`` (which the server must
+see) and asks the server's workers to reload from it
+(``vllm_server.CheckpointReload``, through vLLM's dev-mode ``/collective_rpc``).
+
 ``run_summary.json``'s ``generation`` reads :data:`STATS`.
 """
 
 import contextlib
 import functools
+import os
+import shutil
 import tempfile
 import time
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from posttrain.components.messages import SpecError
 from posttrain.components.schema import Spec
+from posttrain.components.vllm_role import HOST_VARIABLE
 
 # vLLM 0.32's CPU attention (CPUAttentionBackend.get_supported_head_sizes); tests/test_vllm.py checks it
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -42,13 +55,14 @@ _ONLINE_DPO = ("trl.experimental.online_dpo.online_dpo_trainer", "OnlineDPOTrain
 STATS: Dict[str, Any] = {"weight_sync": None, "tokens": 0, "seconds": 0.0}
 
 
-def config_problems(training: Mapping[str, Any], on_cpu: bool) -> List[str]:
+def config_problems(algorithm: str, training: Mapping[str, Any], on_cpu: bool) -> List[str]:
     """What cannot work with vLLM on this hardware, one line each."""
     if not on_cpu:
         return []
     found = []
-    if training.get("vllm_mode", "colocate") == "server":
-        found.append("training.vllm_mode: server needs GPUs here (TRL syncs the weights over NCCL); on CPU use colocate")
+    if algorithm == "online_dpo" and training.get("vllm_mode", "colocate") == "server":
+        found.append("training.vllm_mode: online DPO's server mode needs GPUs (TRL asks torch for an accelerator); "
+                     "on CPU use colocate")  # fmt: skip
     if training.get("vllm_enable_sleep_mode"):
         found.append("training.vllm_enable_sleep_mode: vLLM's sleep mode needs GPUs; remove it on CPU")
     return found
@@ -78,9 +92,12 @@ def training_dtype(training: Mapping[str, Any], spec: Spec, checkpoint_dtype: An
     return str(checkpoint_dtype or "float32").removeprefix("torch.")
 
 
-def prepare(spec: Spec, training: Mapping[str, Any], on_cpu: bool) -> None:
-    """Checks the vLLM settings against the hardware, then adapts TRL's vLLM set-up for this job (see above)."""
-    problems = config_problems(training, on_cpu)
+def prepare(spec: Spec, training: Mapping[str, Any], on_cpu: bool) -> Dict[str, Any]:
+    """Checks the vLLM settings against the hardware, then adapts TRL's vLLM set-up for this job (see above).
+
+    Returns the TRL config's keyword arguments the job sets: the ``vllm`` role's host, if it has one.
+    """
+    problems = config_problems(spec.algorithm, training, on_cpu)
     if problems:
         raise SpecError(problems)
     import importlib
@@ -93,8 +110,17 @@ def prepare(spec: Spec, training: Mapping[str, Any], on_cpu: bool) -> None:
     setattr(owner, sync_name, _cpu_sync(sync) if on_cpu else sync)  # on GPUs TRL's own
     if class_name == "VLLMGeneration":
         owner.generate = _timed_generate(_unwrapped(owner.generate))
-    server = training.get("vllm_mode", "colocate") == "server"
-    STATS["weight_sync"] = "nccl" if server else "inplace_reload" if on_cpu else "load_weights"
+    if training.get("vllm_mode", "colocate") != "server":
+        STATS["weight_sync"] = "inplace_reload" if on_cpu else "load_weights"
+        return {}
+    from trl.generation import vllm_client
+
+    vllm_client.VLLMClient.check_server = _role_health_check(_unwrapped(vllm_client.VLLMClient.check_server))
+    if on_cpu:
+        _write_and_reload(vllm_client.VLLMClient, Path(training["output_dir"]))
+    STATS["weight_sync"] = "safetensors_reload" if on_cpu else "nccl"
+    host = os.environ.get(HOST_VARIABLE)
+    return {"vllm_server_host": host} if host else {}
 
 
 def _unwrapped(function: Any) -> Any:
@@ -174,9 +200,13 @@ def _reloading(llm: Any) -> Iterator[None]:
     initialize_layerwise_reload(model)
     yield
     finalize_layerwise_reload(model, runner.vllm_config.model_config)
+    repack_tied_lm_head(model, runner.vllm_config.model_config)
+
+
+def repack_tied_lm_head(model: Any, model_config: Any) -> None:
+    """A tied head loads nothing in a reload (the embedding brings its weight): its packed CPU copy is redone."""
     lm_head = getattr(model, "lm_head", None)
-    if lm_head is not None and getattr(runner.vllm_config.model_config.hf_config, "tie_word_embeddings", False):
-        # a tied head loads nothing (the embedding brings its weight), so the reload keeps its stale packed copy
+    if lm_head is not None and getattr(model_config.hf_config, "tie_word_embeddings", False):
         lm_head.quant_method.process_weights_after_loading(lm_head)
 
 
@@ -192,3 +222,85 @@ def _timed_generate(generate: Callable[..., Any]) -> Callable[..., Any]:
         return result
 
     return timed
+
+
+def _role_health_check(check_server: Callable[..., Any]) -> Callable[..., Any]:
+    """TRL's wait for the server's ``/health``, ending at once if the ``vllm`` role exits; each end is one line."""
+
+    @functools.wraps(check_server)
+    def check(self: Any, total_timeout: float = 0.0, *args: Any, **kwargs: Any) -> Any:
+        import requests
+
+        from posttrain.entrypoints.vllm_server import POLL_S, role_exited
+
+        where = "the vllm role's server" if os.environ.get(HOST_VARIABLE) else "the vLLM server"
+        deadline = time.monotonic() + total_timeout
+        while True:
+            try:
+                if requests.get(f"{self.base_url}/health", timeout=POLL_S).status_code == 200:
+                    return check_server(self, total_timeout, *args, **kwargs)
+            except requests.RequestException:
+                pass
+            if role_exited():
+                raise SpecError([f"vllm role: {where} exited before it answered at {self.base_url}; see its log"])
+            if time.monotonic() > deadline:
+                raise SpecError([f"training.vllm_server_timeout: {where} at {self.base_url} did not answer /health "
+                                 f"within {total_timeout:.0f} s; see its log, or allow it longer"])  # fmt: skip
+            time.sleep(POLL_S)
+
+    return check
+
+
+def _write_and_reload(client_class: Any, output_dir: Path) -> None:
+    """On CPU, TRL's ``VLLMClient`` hands the weights over as a safetensors file the server reloads from.
+
+    TRL calls ``update_named_params`` inside ``weight_update()`` (start, tensors, finish) or alone; the
+    tensors are copied as they come (ZeRO-3 frees, PEFT unmerges them after) and written at the finish.
+    """
+
+    def init_communicator(self: Any, device: Any = 0) -> None:
+        self.get_server_info()  # no communicator; this still fails clearly on a server without dev mode
+
+    def start(self: Any) -> None:
+        self._tensors = {}
+
+    def update_named_params(self: Any, metadata: Any, named_params: Iterator[Tuple[str, Any]]) -> None:
+        alone = not self._updating_weights
+        if alone:
+            start(self)
+        for name, tensor in named_params:
+            self._tensors[name] = tensor.detach().to("cpu", copy=True).contiguous()
+        if alone:
+            finish(self)
+
+    def finish(self: Any) -> None:
+        from safetensors.torch import save_file
+
+        folder = tempfile.mkdtemp(prefix=".vllm-weights-", dir=output_dir)
+        try:
+            save_file(self._tensors, f"{folder}/model.safetensors", metadata={"format": "pt"})
+            request = {"method": "reload_checkpoint", "kwargs": {"weights_path": folder}}
+            self._post(f"{self.base_url}/collective_rpc", json=request)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+            self._tensors = {}
+
+    client_class.init_communicator = init_communicator
+    client_class._start_weight_update = start
+    client_class.update_named_params = update_named_params
+    client_class._finish_weight_update = finish
+
+
+def server_model(spec: Spec) -> Tuple[str, str]:
+    """What the ``vllm`` role serves: the model's directory (the built-in ones written out) and the training dtype."""
+    import torch
+    from transformers import AutoConfig
+
+    model = spec.model.name_or_path
+    if model.startswith("builtin:"):
+        model = _builtin_directory(spec)
+    config = AutoConfig.from_pretrained(model, trust_remote_code=spec.model.trust_remote_code)
+    problem = head_size_problem(config, on_cpu=not torch.cuda.is_available())
+    if problem:
+        raise SpecError([problem])
+    return model, training_dtype(spec.training, spec, getattr(config, "dtype", None))

@@ -174,14 +174,19 @@ def test_every_algorithm_has_a_component_running_its_entrypoint(algorithm: str) 
 def test_every_component_takes_the_same_arguments_each_documented_in_help() -> None:
     from torchx.specs.file_linter import get_fn_docstring
 
+    def signature(component):
+        return {name: (p.kind, p.default, p.annotation) for name, p in inspect.signature(component).parameters.items()}
+
+    server = {"vllm_h": None, "vllm_gpu": 0, "vllm_replicas": 1, "vllm_tp": 1}  # vllm_mode: server's role
     for algorithm in SPEC_CLASSES:
         component = getattr(algorithms, algorithm)
         parameters = inspect.signature(component).parameters
-        assert {name: (p.kind, p.default, p.annotation) for name, p in parameters.items()} == {
-            name: (p.kind, p.default, p.annotation) for name, p in inspect.signature(algorithms.sft).parameters.items()
-        }, algorithm
+        shared = {name: kind for name, kind in signature(component).items() if name not in server}
+        assert shared == signature(algorithms.sft), algorithm
+        served = algorithm in ("grpo", "rloo", "online_dpo")  # TRL's trainers with a vLLM server mode
+        assert {name: parameters[name].default for name in parameters if name in server} == (server if served else {})
         _, described = get_fn_docstring(component)
-        assert list(parameters) == list(ARGS)
+        assert list(parameters) == [name for name in ARGS if served or name not in server]
         for name in parameters:
             assert described[name] == ARGS[name].format(algorithm=algorithm), (algorithm, name)
         assert f"templates/{algorithm}/*.yaml" in described["spec"]

