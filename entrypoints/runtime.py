@@ -47,7 +47,7 @@ from posttrain.components.fields import config_fields
 from posttrain.components.messages import SpecError
 from posttrain.components.schema import Spec
 from posttrain.components.spec import spec_from_json
-from posttrain.entrypoints import distributed, fast_paths, vllm_server
+from posttrain.entrypoints import distributed, fast_paths, vllm_generation, vllm_server
 from posttrain.entrypoints.callbacks import FaultInjection, Preemption, ProgressLog, TokenCounter
 from posttrain.entrypoints.checkpoints import SPEC_FILE, already_finished, resolve_resume, write_json_atomic
 from posttrain.entrypoints.data import check_online_data, fit_batch, load_data
@@ -212,6 +212,7 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
         write_json_atomic(output_dir / SUMMARY_FILE, summary)
         log.info("done: %s", json.dumps({k: summary[k] for k in ("global_steps", "metrics_first", "metrics_last")}))
     strategy.teardown(trainer)
+    vllm_generation.shutdown(trainer)  # while the process group exists: vLLM leaves its groups at shutdown
 
 
 def _check_inputs(spec: Spec, output_dir: Path, world_size: int, reward_check: RewardCheck) -> Optional[_Inputs]:
@@ -272,7 +273,5 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
     if kwargs.get("use_vllm"):
         if importlib.util.find_spec("vllm") is None:
             raise SpecError(["training.use_vllm: vLLM is not installed in the job's environment (pip install vllm)"])
-        from posttrain.entrypoints import vllm_generation
-
         kwargs.update(vllm_generation.prepare(spec, kwargs, on_cpu))  # checks, then adapts TRL's vLLM set-up
     return kwargs

@@ -123,6 +123,17 @@ def prepare(spec: Spec, training: Mapping[str, Any], on_cpu: bool) -> Dict[str, 
     return {"vllm_server_host": host} if host else {}
 
 
+def shutdown(trainer: Any) -> None:
+    """Stops a colocated vLLM engine now, while the process group it joined exists.
+
+    Left to its exit handler, it would leave its groups after the job destroyed
+    the default one ("ValueError: Invalid process group specified" at every exit).
+    """
+    llm = getattr(getattr(trainer, "vllm_generation", None), "llm", None) or getattr(trainer, "llm", None)
+    if llm is not None:
+        llm.llm_engine.engine_core.shutdown()
+
+
 def _unwrapped(function: Any) -> Any:
     """What an earlier :func:`prepare` in this process wrapped (tests prepare several jobs)."""
     return getattr(function, "__wrapped__", function)
