@@ -47,7 +47,9 @@ def lease_port(server_port: int) -> int:
     return server_port + 1
 
 
-def server_command(spec: Spec, model: str, dtype: str, tensor_parallel: int, data_parallel: int, on_cuda: bool) -> List[str]:
+def server_command(
+    spec: Spec, model: str, dtype: str, tensor_parallel: int, data_parallel: int, on_cuda: bool
+) -> List[str]:
     """vLLM's server for the spec's model, as TRL's ``VLLMClient`` expects it (``trl vllm-serve``'s flags)."""
     training = spec.training
     command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
@@ -164,11 +166,13 @@ def lease(spec: Spec) -> Iterator[None]:
                 raise SpecError([f"training.vllm_server_timeout: the vllm role at {host}:{port} did not answer within "
                                  f"{timeout_s:.0f} s ({error}); see its log"]) from None  # fmt: skip
             time.sleep(POLL_S)
-    with held:
-        _HELD[:] = [held]
+    _HELD[:] = [held]
+    try:
         yield
         held.sendall(b"done")
-    _HELD.clear()
+    finally:
+        _HELD.clear()
+        held.close()
 
 
 _HELD: List[socket.socket] = []  # the lease this process holds

@@ -152,6 +152,7 @@ def test_rank0_holds_the_lease_and_says_done_only_at_a_clean_end(tmp_path: Path,
             held, _ = listener.accept()
             raise RuntimeError("a failing step")
         assert held.recv(16) == b""  # dropped: the role waits its grace, then stops
+        assert not vllm_server.role_exited()  # and this process holds no lease any more
         held.close()
         monkeypatch.setenv("RANK", "1")
         with vllm_server.lease(spec):
