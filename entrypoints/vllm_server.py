@@ -84,13 +84,15 @@ class CheckpointReload:
 def serve(command: Sequence[str], port: int, first_contact_s: float, grace_s: float) -> int:
     """Runs vLLM until the trainers are done with it (see the module's docstring); vLLM's exit code if it failed."""
     listener = socket.create_server(("", port), reuse_port=False)
-    server = subprocess.Popen(list(command), env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"})
-    signal.signal(signal.SIGTERM, lambda *_: _stop(server, "SIGTERM", listener))
+    started: List[subprocess.Popen] = []  # the handler is in place before vLLM starts: no orphan from an early SIGTERM
+    signal.signal(signal.SIGTERM, lambda *_: _stop(started, "SIGTERM", listener))
+    started.append(subprocess.Popen(list(command), env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"}))
+    server = started[0]
     reason = _hold_until_done(listener, server, first_contact_s, grace_s)
     if server.poll() is not None:
         log.error("vLLM's server exited with code %s while training ran", server.returncode)
-        return server.returncode or 1
-    _stop(server, reason, listener)
+        return server.returncode if server.returncode > 0 else 1  # killed by a signal (-9): plain failure
+    _stop(started, reason, listener)
     return 0
 
 
@@ -106,11 +108,20 @@ def _hold_until_done(listener: socket.socket, server: subprocess.Popen, first_co
                 return f"no trainer held its lease for {waited:.0f} s"
             continue
         with lease:
+            _keep_alive(lease)
             if _held(lease, server) == b"done":
                 return "training ended"
         waited = grace_s
         deadline = time.monotonic() + waited
     return "vLLM exited"
+
+
+def _keep_alive(lease: socket.socket) -> None:
+    """A trainer host that vanishes (power, network) sends no close: TCP keepalive notices it within about a minute."""
+    lease.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for option, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
+        if hasattr(socket, option):  # Linux names
+            lease.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
 def _held(lease: socket.socket, server: subprocess.Popen) -> bytes:
@@ -130,15 +141,16 @@ def _held(lease: socket.socket, server: subprocess.Popen) -> bytes:
     return said.strip()
 
 
-def _stop(server: subprocess.Popen, reason: str, listener: socket.socket) -> None:
+def _stop(started: List[subprocess.Popen], reason: str, listener: socket.socket) -> None:
     log.warning("stopping vLLM's server: %s", reason)
     listener.close()
-    if server.poll() is None:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
+    for server in started:
+        if server.poll() is None:
+            server.terminate()
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                server.kill()
     if reason == "SIGTERM":
         raise SystemExit(0)
 
@@ -160,6 +172,7 @@ def lease(spec: Spec) -> Iterator[None]:
     while True:
         try:
             held = socket.create_connection((host, port), timeout=POLL_S)
+            _keep_alive(held)  # and a vanished role host shows in role_exited
             break
         except OSError as error:
             if time.monotonic() > deadline:

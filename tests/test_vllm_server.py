@@ -104,10 +104,11 @@ def test_no_trainer_within_the_first_contact_time_ends_the_role() -> None:
     assert not serving.child_running
 
 
-def test_the_servers_own_failure_fails_the_role_with_its_code() -> None:
-    serving = Serving([sys.executable, "-c", "import time, sys; time.sleep(1); sys.exit(3)"])
+@pytest.mark.parametrize("ending, code", [("sys.exit(3)", 3), ("os.kill(os.getpid(), 9)", 1), ("sys.exit(0)", 1)])
+def test_the_servers_own_end_fails_the_role_with_its_code_or_1(ending: str, code: int) -> None:
+    serving = Serving([sys.executable, "-c", f"import os, sys, time; time.sleep(1); {ending}"])
     with serving.connect():
-        assert serving.wait() == 3
+        assert serving.wait() == code
 
 
 def test_sigterm_ends_the_role_with_0_and_stops_the_server(tmp_path: Path) -> None:
