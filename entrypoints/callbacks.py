@@ -143,5 +143,5 @@ def _rank() -> int:
 
 
 def collective_device() -> str:
-    """Where a tensor must live for a collective: NCCL takes CUDA tensors, gloo CPU ones."""
-    return "cuda" if dist.is_initialized() and dist.get_backend() == "nccl" else "cpu"
+    """Where posttrain's own collectives put their tensors: the CPU where the group has gloo, else CUDA (NCCL)."""
+    return "cpu" if not dist.is_initialized() or "gloo" in str(dist.get_backend()) else "cuda"

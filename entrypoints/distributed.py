@@ -28,6 +28,18 @@ def device_backend() -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
+def group_backend() -> str:
+    """The process group's backends: the device's, and gloo beside NCCL for CPU tensors.
+
+    posttrain's own collectives (a flag at every step end, the checks'
+    verdict) then stay on the CPU: no NCCL communicator is created for them
+    (seconds at start-up, and never needed by one process) and no step waits
+    for the GPU to drain before its flag is read. The trainer's gradients and
+    FSDP's CPU offload go to the backend of their tensors' device.
+    """
+    return "cuda:nccl,cpu:gloo" if device_backend() == "nccl" else "gloo"
+
+
 def init_process_group(backend: str, timeout: timedelta) -> bool:
     """Creates the process group (launched by torchrun or DeepSpeed); False if there is none to create.
 

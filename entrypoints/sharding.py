@@ -34,7 +34,7 @@ class Strategy:
 
     def init_process_group(self) -> None:
         """Creates the process group with ``distributed.timeout_s`` (with use_cpu transformers ignores ddp_timeout)."""
-        distributed.init_process_group(distributed.device_backend(), self.timeout)
+        distributed.init_process_group(distributed.group_backend(), self.timeout)
 
     def trainer_arguments(self, config_class: str, training: Dict[str, Any]) -> Dict[str, Any]:
         """The training arguments that turn this strategy on, beside ``training``."""
@@ -85,7 +85,8 @@ class DeepSpeed(Strategy):
         """The process group, then DeepSpeed's communication layer adopting it.
 
         Both exist before the training arguments do: ZeRO-3 partitions the
-        model as it loads.
+        model as it loads. The group has the one backend DeepSpeed's layer is
+        told (its collectives name it), so posttrain's flags use it too.
         """
         backend = distributed.device_backend()
         if distributed.init_process_group(backend, self.timeout):
@@ -117,12 +118,6 @@ class FSDP(Strategy):
                     "plain DDP instead); run on GPUs, or shard on CPU with distributed.deepspeed"
                 ]
             )
-
-    def init_process_group(self) -> None:
-        # gloo beside NCCL for CPU tensors (offload, the gathered final save), as accelerate
-        # gives FSDP when it creates the group itself
-        backend = distributed.device_backend()
-        distributed.init_process_group("cuda:nccl,cpu:gloo" if backend == "nccl" else backend, self.timeout)
 
     def trainer_arguments(self, config_class: str, training: Dict[str, Any]) -> Dict[str, Any]:
         return fsdp_arguments(self.fsdp, config_class, training)

@@ -1,5 +1,7 @@
 """SFT, and distillation from the SFT model, end to end through the real ``torchx run -s local_cwd``: they learn, and say so."""
 
+import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -105,3 +107,22 @@ def test_distill_the_sft_model_into_a_fresh_one(sft_1x2: Path, tmp_path: Path) -
     assert AutoModelForCausalLM.from_pretrained(output_dir).config.vocab_size == AutoModelForCausalLM.from_pretrained(
         sft_1x2
     ).config.vocab_size
+
+
+def test_data_is_prepared_once_per_node_and_a_restart_reuses_it(tmp_path: Path) -> None:
+    # TRL tokenizes on each node's first process first (trl.trainer.utils.global_then_local_main_first); the data
+    # set is file-backed, so the others, and any later run with the same HF_HOME, load datasets' cache instead
+    def cache_lines(attempt: int) -> Counter:
+        output_dir = tmp_path / f"run-{attempt}"
+        result = run_template("sft/tiny.yaml", tmp_path, output_dir, j="1x2", overrides=["training.max_steps=2"],
+                              DATASETS_VERBOSITY="info")  # fmt: skip
+        assert_succeeded(result)
+        found = re.findall(r"\[(\d)\]:(Caching|Loading cached) processed dataset", result.stdout + result.stderr)
+        return Counter(found)
+
+    first = cache_lines(1)
+    assert first[("0", "Caching")] > 0 and first[("1", "Caching")] == 0
+    assert first[("1", "Loading cached")] == first[("0", "Caching")]
+    again = cache_lines(2)
+    prepared = first[("0", "Caching")]
+    assert again == Counter({("0", "Loading cached"): prepared, ("1", "Loading cached"): prepared})

@@ -13,7 +13,8 @@ from trl import SFTConfig
 from posttrain.components.fields import config_fields
 from posttrain.components.registry import SPEC_CLASSES
 from posttrain.components.spec import SpecError, validate
-from posttrain.entrypoints import deepspeed_launcher, runtime, summary, tiny
+from posttrain.entrypoints import deepspeed_launcher, distributed, runtime, summary, tiny
+from posttrain.entrypoints.callbacks import collective_device
 from posttrain.entrypoints.checkpoints import SPEC_FILE, complete_checkpoints, resolve_resume
 from posttrain.entrypoints.data import check_online_data, fit_batch, load_data
 from posttrain.entrypoints.models import EXTRA_MODELS, import_object, load_tokenizer
@@ -211,6 +212,21 @@ def test_a_trainer_that_set_up_another_strategy_is_refused(tmp_path: Path) -> No
         asked = next(iter(sharding))
         with pytest.raises(SpecError, match=f"distributed.{asked}: asked for {asked}, but the trainer set up single"):
             strategy_for(spec_with(tmp_path, distributed=sharding).distributed).check_engine(trainer)
+
+
+def test_on_gpus_the_group_has_gloo_beside_nccl_for_posttrain_flags(tmp_path: Path, monkeypatch) -> None:
+    # posttrain's own flags then create no NCCL communicator (one process never needs one) and sync no GPU
+    made = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(distributed, "init_process_group", lambda backend, timeout: made.append(backend) or False)
+    for sharding in ({}, {"fsdp": {}}, {"deepspeed": {"zero_stage": 2}}):
+        strategy_for(spec_with(tmp_path, distributed=sharding).distributed).init_process_group()
+    # DeepSpeed's communication layer is told one backend, and its group has that one
+    assert made == ["cuda:nccl,cpu:gloo", "cuda:nccl,cpu:gloo", "nccl"]
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    for backend, device in (("cuda:nccl,cpu:gloo", "cpu"), ("nccl", "cuda"), ("gloo", "cpu")):
+        monkeypatch.setattr(torch.distributed, "get_backend", lambda group=None, found=backend: found)
+        assert collective_device() == device
 
 
 def test_online_batches_are_checked_not_shrunk() -> None:
