@@ -1,10 +1,10 @@
-"""The command line shared by ``python -m benchmarks.sft`` and ``python -m benchmarks.dpo``."""
+"""The command line shared by ``python -m benchmarks.sft``, ``benchmarks.dpo`` and ``benchmarks.grpo``."""
 
 import argparse
 import json
 import tempfile
 from pathlib import Path
-from typing import Callable, Dict, Iterator
+from typing import Callable, Dict, Iterator, Optional, Sequence
 
 from benchmarks import harness, workload
 
@@ -12,7 +12,20 @@ from benchmarks import harness, workload
 PEAK_TFLOPS = 989.0
 
 
-def main(algorithm: str, rows: Callable[..., Iterator[Dict]], n_rows: int, argv=None) -> None:
+def main(
+    algorithm: str,
+    rows: Callable[..., Iterator[Dict]],
+    n_rows: int,
+    argv: Optional[Sequence[str]] = None,
+    training: Optional[Dict] = None,
+    rewards: Sequence[Dict] = (),
+    per_step: str = "loss",
+) -> None:
+    """Parses the command line, builds the workload, runs both sides and prints the tables.
+
+    ``training``: the algorithm's own settings beside the shared ones; ``rewards``: posttrain's
+    rewards section; ``per_step``: the logged value compared at every step.
+    """
     parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{algorithm}", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="one process, 2 repeats (under 10 minutes on 2 cores)")
     parser.add_argument("--repeats", type=int, default=3)
@@ -38,6 +51,7 @@ def main(algorithm: str, rows: Callable[..., Iterator[Dict]], n_rows: int, argv=
     training = {
         "max_steps": options.steps, "per_device_train_batch_size": 8, "learning_rate": 1e-3,
         "logging_steps": 1, "seed": 0, "save_strategy": "no", "report_to": "none", "bf16": options.gpu,
+        **(training or {}),
     }  # fmt: skip
     plain_training = {"include_num_input_tokens_seen": "non_padding", "use_cpu": not options.gpu}
     plain_training.update({k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in options.plain)})
@@ -48,7 +62,8 @@ def main(algorithm: str, rows: Callable[..., Iterator[Dict]], n_rows: int, argv=
     results = {}
     for nproc in options.nproc:
         case = harness.Case(algorithm, model, data, training, nproc=nproc, gpus=nproc if options.gpu else 0,
-                            posttrain_overrides=options.override, plain_training=plain_training)  # fmt: skip
+                            posttrain_overrides=options.override, plain_training=plain_training,
+                            rewards=rewards, per_step=per_step)  # fmt: skip
         print(f"{device}, {nproc} process(es):", flush=True)
         keep = options.keep / f"{nproc}proc" if options.keep else None
         runs = harness.compare(case, options.repeats, keep=keep)
@@ -64,7 +79,7 @@ def main(algorithm: str, rows: Callable[..., Iterator[Dict]], n_rows: int, argv=
             {n: {side: [vars(run) for run in side_runs] for side, side_runs in runs.items()}
              for n, runs in results.items()}, indent=1))  # fmt: skip
     first = results[options.nproc[0]]
-    print(harness.loss_table(first))
+    print(harness.step_table(first))
     for nproc, runs in results.items():
         suffix = "" if len(results) == 1 else f" [-j 1x{nproc}]"
         print(f"tokens_per_s ratio (posttrain/trl): {harness.ratio(runs):.2f}{suffix}")

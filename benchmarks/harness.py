@@ -5,13 +5,14 @@ Each run is a fresh process tree with a fresh output directory and a fresh
 run:
 
 - ``tokens_per_s``: non-padding training tokens (the trainer's own
-  ``num_input_tokens_seen``, all ranks) per second of wall time between the
-  first and the last logged step: training speed, start-up excluded;
+  ``num_input_tokens_seen``, all ranks; GRPO counts prompts and completions
+  there) per second of wall time between the first and the last logged step:
+  training speed, start-up excluded;
 - ``first_step_s``: seconds from launching the command to the first
   optimizer step's log line;
 - ``peak_rss_mb``: the largest resident set of any process of the run
   (``wait4``'s ``ru_maxrss`` over the whole process tree);
-- the loss at every logged step.
+- the loss at every logged step (GRPO: the reward, its loss says little).
 
 Medians over the repeats per side; the ratio is posttrain / plain TRL.
 """
@@ -40,12 +41,13 @@ class Run:
     tokens_per_s: float
     first_step_s: float
     peak_rss_mb: float
-    losses: Dict[int, float]
+    per_step: str  # the logged value compared at each step: loss, or reward
+    values: Dict[int, float]  # per_step at each logged step
 
     @property
-    def final_loss(self) -> float:
-        """Mean loss over the last 5 logged steps (single steps are noisy)."""
-        last = [self.losses[step] for step in sorted(self.losses)[-5:]]
+    def final(self) -> float:
+        """Mean of the last 5 logged values (single steps are noisy)."""
+        last = [self.values[step] for step in sorted(self.values)[-5:]]
         return sum(last) / len(last)
 
 
@@ -61,6 +63,8 @@ class Case:
     gpus: int = 0
     posttrain_overrides: Sequence[str] = ()
     plain_training: Dict = field(default_factory=dict)  # settings only the plain script needs (use_cpu, ...)
+    rewards: Sequence[Dict] = ()  # posttrain's rewards section (the plain script names the same function)
+    per_step: str = "loss"
 
 
 def _env(work: Path, gpus: int) -> Dict[str, str]:
@@ -79,6 +83,8 @@ def posttrain_command(case: Case, work: Path, port: int) -> List[str]:
         "data": {"train": {"path": str(case.data)}},
         "training": {**case.training, "output_dir": str(work / "output")},
     }
+    if case.rewards:
+        spec["rewards"] = list(case.rewards)
     spec_path = work / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
     gpu = ["--gpu", str(case.gpus)] if case.gpus else []
@@ -102,7 +108,7 @@ def plain_command(case: Case, work: Path, port: int) -> List[str]:
             "--master_port", str(port), str(REPO / "benchmarks" / "plain_trl.py"), str(settings_path)]  # fmt: skip
 
 
-def measure(command: List[str], work: Path, gpus: int) -> Run:
+def measure(command: List[str], work: Path, gpus: int, per_step: str = "loss") -> Run:
     """Runs ``command`` to the end; its figures from ``work/output/metrics.jsonl`` and the process tree's rusage."""
     log_path = work / "run.log"
     started = time.time()
@@ -122,7 +128,8 @@ def measure(command: List[str], work: Path, gpus: int) -> Run:
         tokens_per_s=tokens / (steps[-1]["time"] - steps[0]["time"]),
         first_step_s=steps[0]["time"] - started,
         peak_rss_mb=usage.ru_maxrss / 1024,
-        losses={r["step"]: r["loss"] for r in records if "loss" in r},
+        per_step=per_step,
+        values={r["step"]: r[per_step] for r in records if per_step in r},
     )
 
 
@@ -138,11 +145,11 @@ def compare(case: Case, repeats: int, keep: Optional[Path] = None) -> Dict[str, 
             for side, command in SIDES.items():
                 work = root / f"{side}-{repeat}"
                 work.mkdir()
-                run = measure(command(case, work, 29400 + repeat), work, case.gpus)
+                run = measure(command(case, work, 29400 + repeat), work, case.gpus, case.per_step)
                 runs[side].append(run)
                 print(f"  {side:9} run {repeat + 1}/{repeats}: {run.tokens_per_s:8.0f} tokens/s, first step "
                       f"{run.first_step_s:5.1f} s, peak RSS {run.peak_rss_mb:6.0f} MB, "
-                      f"final loss {run.final_loss:.4f}", flush=True)  # fmt: skip
+                      f"final {run.per_step} {run.final:.4f}", flush=True)  # fmt: skip
     finally:
         if keep is None:
             shutil.rmtree(root, ignore_errors=True)
@@ -153,7 +160,7 @@ def compare(case: Case, repeats: int, keep: Optional[Path] = None) -> Dict[str, 
 
 def medians(runs: List[Run]) -> Dict[str, float]:
     figures = {name: statistics.median(getattr(run, name) for run in runs) for name in FIGURES}
-    figures["final_loss"] = statistics.median(run.final_loss for run in runs)
+    figures[f"final_{runs[0].per_step}"] = statistics.median(run.final for run in runs)
     return figures
 
 
@@ -162,16 +169,16 @@ def table(title: str, runs: Dict[str, List[Run]]) -> str:
     ours, theirs = medians(runs["posttrain"]), medians(runs["trl"])
     lines = [f"**{title}** (medians of {len(runs['trl'])} interleaved runs each)", "",
              "| figure | posttrain | plain TRL | ratio |", "| --- | ---: | ---: | ---: |"]  # fmt: skip
-    for name in (*FIGURES, "final_loss"):
-        digits = 4 if name == "final_loss" else 1
+    for name in ours:
+        digits = 1 if name in FIGURES else 4
         lines.append(f"| {name} | {ours[name]:.{digits}f} | {theirs[name]:.{digits}f} | {ours[name] / theirs[name]:.2f} |")
     return "\n".join(lines)
 
 
-def loss_table(runs: Dict[str, List[Run]]) -> str:
-    """The loss at each logged step, first run of each side."""
-    ours, theirs = runs["posttrain"][0].losses, runs["trl"][0].losses
-    lines = ["| step | posttrain loss | plain TRL loss |", "| ---: | ---: | ---: |"]
+def step_table(runs: Dict[str, List[Run]]) -> str:
+    """The compared value (loss, or reward) at each logged step, first run of each side."""
+    ours, theirs, name = runs["posttrain"][0].values, runs["trl"][0].values, runs["trl"][0].per_step
+    lines = [f"| step | posttrain {name} | plain TRL {name} |", "| ---: | ---: | ---: |"]
     lines += [f"| {step} | {ours.get(step, float('nan')):.4f} | {theirs.get(step, float('nan')):.4f} |"
               for step in sorted(set(ours) | set(theirs))]  # fmt: skip
     return "\n".join(lines)

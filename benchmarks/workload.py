@@ -11,7 +11,7 @@ same way by both sides (``from_pretrained`` and ``load_dataset("json")``):
 - chat rows whose answers have log-normal lengths (median 60 words, 5 to 300
   on CPU, 4 times longer on GPU): tens to hundreds of tokens with a long tail,
   as instruction data has; preference rows with two answers of independent
-  lengths.
+  lengths; prompts alone for GRPO.
 """
 
 import json
@@ -69,6 +69,13 @@ def preference_rows(n: int, seed: int = 0, scale: int = 1) -> Iterator[Dict]:
             "chosen": [{"role": "assistant", "content": source.text(source.answer_length(scale))}],
             "rejected": [{"role": "assistant", "content": source.text(source.answer_length(scale))}],
         }
+
+
+def prompt_rows(n: int, seed: int = 0, scale: int = 1) -> Iterator[Dict]:
+    """Chat prompts alone, for the algorithms that generate their completions (GRPO)."""
+    source = TextSource(seed)
+    for _ in range(n):
+        yield {"prompt": [{"role": "user", "content": source.text(scale * source.rng.randint(5, 40))}]}
 
 
 def write_rows(path: Path, rows: Iterator[Dict]) -> Path:
