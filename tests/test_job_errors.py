@@ -270,13 +270,14 @@ def test_good_scores_pass_untouched_and_async_functions_stay_async() -> None:
 
 TWO_RANKS = textwrap.dedent("""
     import math
+    import os
     from datetime import timedelta
     from types import SimpleNamespace
     from posttrain.components.messages import SpecError
     from posttrain.entrypoints import distributed
     from posttrain.entrypoints.rewards import RewardCheck
 
-    distributed.init_process_group("gloo", timedelta(seconds=60))
+    distributed.init_process_group(os.environ["BACKEND"], timedelta(seconds=60))
     rank = distributed.env_rank()
     try:
         with distributed.all_ranks_agree():
@@ -295,12 +296,15 @@ TWO_RANKS = textwrap.dedent("""
 """)
 
 
-def test_a_problem_one_rank_alone_sees_stops_every_rank_with_its_message(tmp_path: Path) -> None:
+# "cpu:gloo": a group named by device, as posttrain's on GPUs is ("cuda:nccl,cpu:gloo"), whose flags stay on gloo
+@pytest.mark.parametrize("backend", ["gloo", "cpu:gloo"])
+def test_a_problem_one_rank_alone_sees_stops_every_rank_with_its_message(tmp_path: Path, backend: str) -> None:
     port = str(free_port())
     processes = [
         subprocess.Popen(
             [sys.executable, "-c", TWO_RANKS], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port},
+            env={**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                 "BACKEND": backend},
         )  # fmt: skip
         for rank in (0, 1)
     ]
