@@ -39,6 +39,12 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
 
+# Attention implementations that keep packed sequences apart given restarting position ids: eager, SDPA and flex
+# through the mask transformers builds from them (masking_utils.find_packed_sequence_indices), flash attention
+# through the sequence boundaries TRL's collator passes (cu_seq_lens).
+PACKING_AWARE_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
+
+
 class ModelSpec(_Strict):
     """The model to train: a local path, a hub id, or ``builtin:tiny-llama``."""
 
@@ -213,6 +219,13 @@ class Spec(_Strict):
         for key in ("reference_model", "teacher_model", "value_model"):
             if isinstance(getattr(self, key, None), str) and not getattr(self, key).strip():
                 found.append(f"{key}: expected a path or hub id; got an empty string (remove it for the default)")
+        packed = [key for key in ("packing", "padding_free") if training.get(key) is True]
+        attention = self.model.attn_implementation
+        if packed and attention is not None and attention not in PACKING_AWARE_ATTENTION:
+            found.append(
+                f"training.{packed[0]}: with model.attn_implementation {attention!r} packed sequences could attend "
+                f"to each other; use one of {', '.join(PACKING_AWARE_ATTENTION)}, or set it to false"
+            )
         max_steps = training.get("max_steps")
         if isinstance(max_steps, int) and (max_steps == 0 or max_steps < -1):
             found.append(f"training.max_steps: must be positive, or -1 to train by epochs; got {max_steps}")

@@ -28,14 +28,10 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from posttrain.components.messages import SpecError
-from posttrain.components.schema import Spec
+from posttrain.components.schema import PACKING_AWARE_ATTENTION, Spec
 
 log = logging.getLogger("posttrain")
 
-# Attention implementations that keep packed sequences apart given restarting position ids: eager, SDPA and flex
-# through the mask transformers builds from them (masking_utils.find_packed_sequence_indices), flash attention
-# through the sequence boundaries TRL's collator passes (cu_seq_lens).
-PACKING_AWARE_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
 # Kernels that attend within each sequence of the row (varlen): the only ones where padding-free pays on GPUs.
 # With the others the row gets a dense mask over all of it, which cost 2x on an H100 (BENCHMARKS.md).
 VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")

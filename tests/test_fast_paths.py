@@ -152,6 +152,18 @@ def test_packing_the_model_cannot_keep_apart_is_refused(tmp_path: Path) -> None:
     assert fast_paths.applied(trainer) == []
 
 
+def test_packing_with_an_attention_that_could_cross_rows_is_refused_before_the_job() -> None:
+    def spec(attention: str, **training: object) -> Dict[str, object]:
+        return {"algorithm": "sft", "model": {"name_or_path": tiny.NAME, "attn_implementation": attention},
+                "data": {"train": {"path": "x.jsonl"}}, "training": {"output_dir": "out", **training}}  # fmt: skip
+
+    for key in ("packing", "padding_free"):
+        with pytest.raises(SpecError, match=f"training.{key}: with model.attn_implementation 'paged_attention' packed"):
+            validate(spec("paged_attention", **{key: True}))
+    validate(spec("sdpa", packing=True))
+    validate(spec("paged_attention", packing=False))
+
+
 def test_liger_is_a_default_on_cuda_only_where_installed(monkeypatch: pytest.MonkeyPatch) -> None:
     spec = validate({"algorithm": "sft", "model": {"name_or_path": tiny.NAME}, "data": {"train": {"path": "x.jsonl"}},
                      "training": {"output_dir": "out"}})  # fmt: skip
