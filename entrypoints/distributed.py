@@ -32,8 +32,8 @@ def group_backend() -> str:
     """The process group's backends: the device's, and gloo beside NCCL for CPU tensors.
 
     posttrain's own collectives (a flag at every step end, the checks'
-    verdict) then stay on the CPU: no NCCL communicator is created for them
-    (seconds at start-up, and never needed by one process) and no step waits
+    verdict) then stay on the CPU: they create no NCCL communicator (set up
+    at start-up otherwise, and never needed by one process) and no step waits
     for the GPU to drain before its flag is read. The trainer's gradients and
     FSDP's CPU offload go to the backend of their tensors' device.
     """
