@@ -25,7 +25,7 @@ class SFTSpec(Spec):
     config_class: ClassVar[str] = "trl:SFTConfig"
     trainer_class: ClassVar[Optional[str]] = "trl:SFTTrainer"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = LANGUAGE_MODELLING_FORMATS
-    fast_paths: ClassVar[Tuple[str, ...]] = ("padding_free", "use_liger_kernel")
+    fast_paths: ClassVar[Tuple[str, ...]] = ("padding_free", "use_liger_kernel", "no_activation_checkpointing")
 
 
 class DPOSpec(_ReferenceSpec):

@@ -19,6 +19,11 @@ Measured gains: BENCHMARKS.md.
 - ``use_liger_kernel`` (SFT, on CUDA, when ``liger-kernel`` is installed):
   Liger's fused kernels (RMSNorm, RoPE, SwiGLU, a cross-entropy that never
   materialises the logits). Off-switch: ``training.use_liger_kernel: false``.
+- no activation checkpointing (SFT, on CPU): TRL turns it on to save GPU
+  memory, and the backward then runs every layer's forward again; the same
+  gradients without that, for more memory (activations are kept). Measured
+  for SFT only: DPO and GRPO did not gain. Off-switch:
+  ``training.activation_checkpointing: true``.
 """
 
 import importlib.util
@@ -35,6 +40,9 @@ log = logging.getLogger("posttrain")
 # Kernels that attend within each sequence of the row (varlen): the only ones where padding-free pays on GPUs.
 # With the others the row gets a dense mask over all of it, which cost 2x on an H100 (BENCHMARKS.md).
 VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
+# the keys, old names and new, that turn activation checkpointing on or off or configure it
+CHECKPOINTING_KEYS = {"activation_checkpointing", "gradient_checkpointing",
+                      "activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"}  # fmt: skip
 
 
 def config_defaults(spec: Spec, on_cuda: bool) -> Dict[str, Any]:
@@ -43,6 +51,9 @@ def config_defaults(spec: Spec, on_cuda: bool) -> Dict[str, Any]:
     if "use_liger_kernel" in spec.fast_paths and "use_liger_kernel" not in spec.training:
         if on_cuda and importlib.util.find_spec("liger_kernel") is not None:
             defaults["use_liger_kernel"] = True
+    checkpointing_set = CHECKPOINTING_KEYS & set(spec.training)  # its options too: the user wants it
+    if "no_activation_checkpointing" in spec.fast_paths and not on_cuda and not checkpointing_set:
+        defaults["activation_checkpointing"] = False
     return defaults
 
 
@@ -96,4 +107,7 @@ def applied(trainer: Any) -> List[str]:
         found.append("padding_free")
     if getattr(trainer.args, "use_liger_kernel", False):
         found.append("use_liger_kernel")
+    fsdp_checkpointing = (getattr(trainer.args, "fsdp_config", None) or {}).get("activation_checkpointing")
+    if getattr(trainer.args, "activation_checkpointing", None) is False and not fsdp_checkpointing:
+        found.append("no_activation_checkpointing")
     return found

@@ -32,7 +32,8 @@ def assert_learned(output_dir: Path, world_size: int, nnodes: int) -> None:
     assert summary["algorithm"] == "sft" and summary["global_steps"] == 40
     assert (summary["world_size"], summary["nnodes"]) == (world_size, nnodes)
     assert summary["engine"] == {"backend": "gloo", "strategy": "ddp", "zero_stage": None}
-    assert summary["fast_paths"] == ["padding_free"]  # on by default for SFT (entrypoints/fast_paths.py)
+    # padding-free: on by default for SFT (entrypoints/fast_paths.py); no checkpointing: the template's choice
+    assert summary["fast_paths"] == ["padding_free", "no_activation_checkpointing"]
     assert summary["train_tokens"] > 0 and summary["tokens_per_s"] > 0 and summary["train_runtime_s"] > 0
     assert summary["resumed_from"] is None
     assert summary["spec"]["training"]["output_dir"] == str(output_dir)

@@ -114,7 +114,7 @@ def first_batch(trainer: SFTTrainer) -> Dict[str, torch.Tensor]:
 def test_the_sft_trainer_goes_padding_free_with_max_length_still_enforced(tmp_path: Path) -> None:
     model = llama("sdpa")
     trainer = sft_trainer(tmp_path, model)
-    assert fast_paths.applied(trainer) == ["padding_free"]
+    assert fast_paths.applied(trainer) == ["padding_free", "no_activation_checkpointing"]  # the second: on CPU
     free = first_batch(trainer)
     assert "attention_mask" not in free and free["input_ids"].shape[0] == 1
     lengths = torch.diff(torch.tensor((free["position_ids"][0] == 0).nonzero().flatten().tolist() + [free["input_ids"].shape[1]]))
@@ -139,17 +139,17 @@ def test_on_gpus_padding_free_is_a_default_with_flash_attention_only(tmp_path: P
     trainer.data_collator.padding_free = trainer.padding_free = False
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     fast_paths.switch_to_padding_free(trainer, validate(trainer_spec(tmp_path)))
-    assert fast_paths.applied(trainer) == []  # SDPA on a GPU: a dense mask over the row, 2x slower than padding
+    assert "padding_free" not in fast_paths.applied(trainer)  # SDPA on a GPU: a dense mask over the row, 2x slower than padding
     model.config._attn_implementation = "flash_attention_2"
     fast_paths.switch_to_padding_free(trainer, validate(trainer_spec(tmp_path)))
-    assert fast_paths.applied(trainer) == ["padding_free"]
+    assert "padding_free" in fast_paths.applied(trainer)
 
 
 def test_packing_the_model_cannot_keep_apart_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="training.packing: packed sequences could attend to each other: Remote"):
         sft_trainer(tmp_path, RemoteCodeLlama(llama("sdpa").config), packing=True)
     trainer = sft_trainer(tmp_path, RemoteCodeLlama(llama("sdpa").config))  # left to us: off, and said in the log
-    assert fast_paths.applied(trainer) == []
+    assert "padding_free" not in fast_paths.applied(trainer)
 
 
 def test_packing_with_an_attention_that_could_cross_rows_is_refused_before_the_job() -> None:
@@ -170,8 +170,22 @@ def test_liger_is_a_default_on_cuda_only_where_installed(monkeypatch: pytest.Mon
     installed = {"liger_kernel": object()}
     monkeypatch.setattr(fast_paths.importlib.util, "find_spec", lambda name: installed.get(name))
     assert fast_paths.config_defaults(spec, on_cuda=True) == {"use_liger_kernel": True}
-    assert fast_paths.config_defaults(spec, on_cuda=False) == {}
+    assert "use_liger_kernel" not in fast_paths.config_defaults(spec, on_cuda=False)
     off = spec.model_copy(update={"training": {"output_dir": "out", "use_liger_kernel": False}})
     assert fast_paths.config_defaults(off, on_cuda=True) == {}
     installed.clear()
     assert fast_paths.config_defaults(spec, on_cuda=True) == {}
+
+
+def test_activation_checkpointing_is_off_by_default_for_sft_on_cpu_only() -> None:
+    def spec(algorithm: str, **training: object):
+        return validate({"algorithm": algorithm, "model": {"name_or_path": tiny.NAME},
+                         "data": {"train": {"path": "x.jsonl"}}, "training": {"output_dir": "out", **training}})  # fmt: skip
+
+    assert fast_paths.config_defaults(spec("sft"), on_cuda=False) == {"activation_checkpointing": False}
+    assert fast_paths.config_defaults(spec("sft"), on_cuda=True) == {}
+    for key in ("activation_checkpointing", "gradient_checkpointing"):  # either name, either value: the user's
+        assert fast_paths.config_defaults(spec("sft", **{key: True}), on_cuda=False) == {}
+    options = spec("sft", activation_checkpointing_kwargs={"use_reentrant": False})  # options: the user wants it
+    assert fast_paths.config_defaults(options, on_cuda=False) == {}
+    assert fast_paths.config_defaults(spec("dpo"), on_cuda=False) == {}  # measured slower there (BENCHMARKS.md)

@@ -6,8 +6,8 @@ once as a TRL script written the way TRL's docs show (in its own process,
 with the job's environment: one thread, offline, caches in a temp dir). What
 posttrain adds (the process group, its callbacks, ``use_cpu``, ``ddp_timeout``,
 ``include_num_input_tokens_seen``, ``disable_tqdm``, the tokenizer's padding
-side, SFT's padding-free batches) must not change a single logged loss: they agree to 1e-5 relative at
-every step. Both run on CPU (``CUDA_VISIBLE_DEVICES`` empty), as the plain
+side, SFT's padding-free batches, no activation checkpointing where TRL's
+default recomputes) must not change a single logged loss: they agree to 1e-5 relative at every step. Both run on CPU (``CUDA_VISIBLE_DEVICES`` empty), as the plain
 script's ``use_cpu=True`` does.
 """
 
@@ -76,6 +76,8 @@ def plain_trl(algorithm: str, template: Dict[str, Any], tmp_root: Path) -> List[
         "bf16": False,
         "report_to": "none",
     }
+    # TRL's default where posttrain's fast path differs: activation checkpointing recomputes the same gradients
+    training.pop("activation_checkpointing", None)
     settings = {
         "algorithm": algorithm,
         "data": str(REPO / template["data"]["train"]["path"]),
