@@ -61,10 +61,19 @@ def engine(trainer: Any) -> Dict[str, Any]:
         strategy = "single"
     plugin = accelerator.state.deepspeed_plugin if strategy == "deepspeed" else None
     return {
-        "backend": dist.get_backend() if dist.is_initialized() else None,
+        "backend": gradient_backend(accelerator.device.type),
         "strategy": strategy,
         "zero_stage": plugin.zero_stage if plugin is not None else None,
     }
+
+
+def gradient_backend(device_type: str) -> Optional[str]:
+    """The group's backend for ``device_type`` (the gradients' device): ``nccl`` of ``cuda:nccl,cpu:gloo``."""
+    if not dist.is_initialized():
+        return None
+    name = str(dist.get_backend())
+    per_device = dict(part.split(":", 1) for part in name.split(",") if ":" in part)
+    return per_device.get(device_type, name)
 
 
 def generation(trainer: Any) -> Dict[str, Any]:

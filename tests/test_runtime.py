@@ -227,6 +227,11 @@ def test_on_gpus_the_group_has_gloo_beside_nccl_for_posttrain_flags(tmp_path: Pa
     for backend, device in (("cuda:nccl,cpu:gloo", "cpu"), ("nccl", "cuda"), ("gloo", "cpu")):
         monkeypatch.setattr(torch.distributed, "get_backend", lambda group=None, found=backend: found)
         assert collective_device() == device
+    # run_summary.json's engine names the backend of the gradients' device, as DESIGN.md's contract has it
+    named_by_device = (("cuda:nccl,cpu:gloo", "cuda", "nccl"), ("gloo", "cpu", "gloo"), ("nccl", "cuda", "nccl"))
+    for backend, device, named in named_by_device:
+        monkeypatch.setattr(torch.distributed, "get_backend", lambda group=None, found=backend: found)
+        assert summary.gradient_backend(device) == named
 
 
 def test_online_batches_are_checked_not_shrunk() -> None:
