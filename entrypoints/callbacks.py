@@ -13,6 +13,7 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from posttrain.components.messages import SpecError
+from posttrain.entrypoints.distributed import collective_device
 
 log = logging.getLogger("posttrain")
 
@@ -141,7 +142,3 @@ def _kill_on_next_torch_save() -> None:
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
-
-def collective_device() -> str:
-    """Where posttrain's own collectives put their tensors: the CPU where the group has gloo, else CUDA (NCCL)."""
-    return "cpu" if not dist.is_initialized() or "gloo" in str(dist.get_backend()) else "cuda"

@@ -17,7 +17,6 @@ import torch
 import torch.distributed as dist
 
 from posttrain.components.messages import SpecError
-from posttrain.entrypoints.callbacks import collective_device
 from posttrain.entrypoints.deepspeed_launcher import DONE_DIR_ENV
 
 log = logging.getLogger("posttrain")
@@ -38,6 +37,20 @@ def group_backend() -> str:
     FSDP's CPU offload go to the backend of their tensors' device.
     """
     return "cuda:nccl,cpu:gloo" if device_backend() == "nccl" else "gloo"
+
+
+def backend_for(device_type: str) -> Optional[str]:
+    """The group's backend for tensors on ``device_type`` (of ``cuda:nccl,cpu:gloo``: gloo for the CPU), if any."""
+    if not dist.is_initialized():
+        return None
+    name = str(dist.get_backend())
+    per_device = dict(part.split(":", 1) for part in name.split(",") if ":" in part)
+    return per_device.get(device_type, name)
+
+
+def collective_device() -> str:
+    """Where posttrain's own collectives put their tensors: the CPU where the group has gloo, else CUDA (NCCL)."""
+    return "cpu" if backend_for("cpu") in (None, "gloo") else "cuda"
 
 
 def init_process_group(backend: str, timeout: timedelta) -> bool:

@@ -4,12 +4,10 @@ import os
 import statistics
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-import torch.distributed as dist
-
 from posttrain.components.schema import Spec
 from posttrain.entrypoints import fast_paths
 from posttrain.entrypoints.callbacks import TokenCounter
-from posttrain.entrypoints.distributed import world_size
+from posttrain.entrypoints.distributed import backend_for, world_size
 
 SUMMARY_FILE = "run_summary.json"
 
@@ -61,19 +59,10 @@ def engine(trainer: Any) -> Dict[str, Any]:
         strategy = "single"
     plugin = accelerator.state.deepspeed_plugin if strategy == "deepspeed" else None
     return {
-        "backend": gradient_backend(accelerator.device.type),
+        "backend": backend_for(accelerator.device.type),  # the gradients'
         "strategy": strategy,
         "zero_stage": plugin.zero_stage if plugin is not None else None,
     }
-
-
-def gradient_backend(device_type: str) -> Optional[str]:
-    """The group's backend for ``device_type`` (the gradients' device): ``nccl`` of ``cuda:nccl,cpu:gloo``."""
-    if not dist.is_initialized():
-        return None
-    name = str(dist.get_backend())
-    per_device = dict(part.split(":", 1) for part in name.split(",") if ":" in part)
-    return per_device.get(device_type, name)
 
 
 def generation(trainer: Any) -> Dict[str, Any]:

@@ -14,7 +14,6 @@ from posttrain.components.fields import config_fields
 from posttrain.components.registry import SPEC_CLASSES
 from posttrain.components.spec import SpecError, validate
 from posttrain.entrypoints import deepspeed_launcher, distributed, runtime, summary, tiny
-from posttrain.entrypoints.callbacks import collective_device
 from posttrain.entrypoints.checkpoints import SPEC_FILE, complete_checkpoints, resolve_resume
 from posttrain.entrypoints.data import check_online_data, fit_batch, load_data
 from posttrain.entrypoints.models import EXTRA_MODELS, import_object, load_tokenizer
@@ -226,12 +225,12 @@ def test_on_gpus_the_group_has_gloo_beside_nccl_for_posttrain_flags(tmp_path: Pa
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
     for backend, device in (("cuda:nccl,cpu:gloo", "cpu"), ("nccl", "cuda"), ("gloo", "cpu")):
         monkeypatch.setattr(torch.distributed, "get_backend", lambda group=None, found=backend: found)
-        assert collective_device() == device
+        assert distributed.collective_device() == device
     # run_summary.json's engine names the backend of the gradients' device, as DESIGN.md's contract has it
     named_by_device = (("cuda:nccl,cpu:gloo", "cuda", "nccl"), ("gloo", "cpu", "gloo"), ("nccl", "cuda", "nccl"))
     for backend, device, named in named_by_device:
         monkeypatch.setattr(torch.distributed, "get_backend", lambda group=None, found=backend: found)
-        assert summary.gradient_backend(device) == named
+        assert distributed.backend_for(device) == named
 
 
 def test_online_batches_are_checked_not_shrunk() -> None:
