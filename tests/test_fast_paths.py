@@ -139,17 +139,18 @@ def test_on_gpus_padding_free_is_a_default_with_flash_attention_only(tmp_path: P
     trainer.data_collator.padding_free = trainer.padding_free = False
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     fast_paths.switch_to_padding_free(trainer, validate(trainer_spec(tmp_path)))
-    assert "padding_free" not in fast_paths.applied(trainer)  # SDPA on a GPU: a dense mask over the row, 2x slower than padding
+    # SDPA on a GPU: a dense mask over the row, 2x slower than padding (the trainer itself was built on CPU)
+    assert fast_paths.applied(trainer) == ["no_activation_checkpointing"]
     model.config._attn_implementation = "flash_attention_2"
     fast_paths.switch_to_padding_free(trainer, validate(trainer_spec(tmp_path)))
-    assert "padding_free" in fast_paths.applied(trainer)
+    assert fast_paths.applied(trainer) == ["padding_free", "no_activation_checkpointing"]
 
 
 def test_packing_the_model_cannot_keep_apart_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="training.packing: packed sequences could attend to each other: Remote"):
         sft_trainer(tmp_path, RemoteCodeLlama(llama("sdpa").config), packing=True)
     trainer = sft_trainer(tmp_path, RemoteCodeLlama(llama("sdpa").config))  # left to us: off, and said in the log
-    assert "padding_free" not in fast_paths.applied(trainer)
+    assert fast_paths.applied(trainer) == ["no_activation_checkpointing"]  # the trainer was built on CPU
 
 
 def test_packing_with_an_attention_that_could_cross_rows_is_refused_before_the_job() -> None:
@@ -170,7 +171,7 @@ def test_liger_is_a_default_on_cuda_only_where_installed(monkeypatch: pytest.Mon
     installed = {"liger_kernel": object()}
     monkeypatch.setattr(fast_paths.importlib.util, "find_spec", lambda name: installed.get(name))
     assert fast_paths.config_defaults(spec, on_cuda=True) == {"use_liger_kernel": True}
-    assert "use_liger_kernel" not in fast_paths.config_defaults(spec, on_cuda=False)
+    assert fast_paths.config_defaults(spec, on_cuda=False) == {"activation_checkpointing": False}
     off = spec.model_copy(update={"training": {"output_dir": "out", "use_liger_kernel": False}})
     assert fast_paths.config_defaults(off, on_cuda=True) == {}
     installed.clear()
