@@ -2,9 +2,22 @@
 
 Importing this package imports no torch, trl or transformers, so ``--dryrun``
 and ``torchx builtins`` stay fast and work where only torchx is installed.
+The components and ``SpecError`` load on first use (PEP 562): a job reads its
+spec with the spec modules alone, without the AppDef builder and torchx.
 """
 
-from posttrain.components.algorithms import distill, dpo, grpo, kto, online_dpo, orpo, ppo, reward, rloo, sft
-from posttrain.components.messages import SpecError
+import importlib
+from typing import Any
 
-__all__ = ["SpecError", "distill", "dpo", "grpo", "kto", "online_dpo", "orpo", "ppo", "reward", "rloo", "sft"]
+_EXPORTS = {
+    "SpecError": "posttrain.components.messages",
+    **{name: "posttrain.components.algorithms"
+       for name in ("distill", "dpo", "grpo", "kto", "online_dpo", "orpo", "ppo", "reward", "rloo", "sft")},
+}  # fmt: skip
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

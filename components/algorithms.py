@@ -10,11 +10,10 @@ from typing import Dict, List, Optional
 import torchx
 import torchx.specs as specs
 
-from posttrain.components.appdef import build_appdef
-from posttrain.components.arguments import component
+from posttrain.components import appdef, arguments  # modules: torchx takes every function here for a component
 
 
-@component
+@arguments.component
 def sft(
     *overrides: str,
     spec: str,
@@ -48,10 +47,10 @@ def sft(
         $ torchx run -s local_cwd posttrain.sft --spec templates/sft/tiny.yaml -j 1x2 training.max_steps=20
         $ torchx run -s slurm posttrain.sft --spec templates/sft/qwen2.5-0.5b.yaml -j 2x8 -h gpu.h100.8
     """
-    return build_appdef("sft", **locals())
+    return appdef.build_appdef("sft", **locals())
 
 
-@component
+@arguments.component
 def dpo(
     *overrides: str,
     spec: str,
@@ -87,10 +86,10 @@ def dpo(
         $ torchx run -s local_cwd posttrain.dpo --spec templates/dpo/tiny.yaml
         $ torchx run -s slurm posttrain.dpo --spec templates/dpo/ultrafeedback.yaml -j 2x8 -h gpu.h100.8
     """
-    return build_appdef("dpo", **locals())
+    return appdef.build_appdef("dpo", **locals())
 
 
-@component
+@arguments.component
 def reward(
     *overrides: str,
     spec: str,
@@ -125,10 +124,10 @@ def reward(
         $ torchx run -s local_cwd posttrain.reward --spec templates/reward/tiny.yaml
         $ torchx run -s slurm posttrain.reward --spec templates/reward/qwen2.5-0.5b.yaml -j 1x8 -h gpu.h100.8
     """
-    return build_appdef("reward", **locals())
+    return appdef.build_appdef("reward", **locals())
 
 
-@component
+@arguments.component
 def kto(
     *overrides: str,
     spec: str,
@@ -162,10 +161,10 @@ def kto(
         $ torchx run -s local_cwd posttrain.kto --spec templates/kto/tiny.yaml
         $ torchx run -s slurm posttrain.kto --spec templates/kto/qwen2.5-0.5b.yaml -j 1x8 -h gpu.h100.8
     """
-    return build_appdef("kto", **locals())
+    return appdef.build_appdef("kto", **locals())
 
 
-@component
+@arguments.component
 def orpo(
     *overrides: str,
     spec: str,
@@ -197,10 +196,10 @@ def orpo(
         $ torchx run -s local_cwd posttrain.orpo --spec templates/orpo/tiny.yaml
         $ torchx run -s slurm posttrain.orpo --spec templates/orpo/qwen2.5-0.5b.yaml -j 1x8 -h gpu.h100.8
     """
-    return build_appdef("orpo", **locals())
+    return appdef.build_appdef("orpo", **locals())
 
 
-@component
+@arguments.component
 def grpo(
     *overrides: str,
     spec: str,
@@ -242,10 +241,10 @@ def grpo(
         $ torchx run -s local_cwd posttrain.grpo --spec templates/grpo/tiny-vllm-server.yaml
         $ torchx run -s slurm posttrain.grpo --spec templates/grpo/gsm8k.yaml -j 2x8 -h gpu.h100.8
     """
-    return build_appdef("grpo", **locals())
+    return appdef.build_appdef("grpo", **locals())
 
 
-@component
+@arguments.component
 def rloo(
     *overrides: str,
     spec: str,
@@ -280,10 +279,10 @@ def rloo(
         $ torchx run -s local_cwd posttrain.rloo --spec templates/rloo/tiny.yaml
         $ torchx run -s slurm posttrain.rloo --spec templates/rloo/gsm8k.yaml -j 2x8 -h gpu.h100.8
     """
-    return build_appdef("rloo", **locals())
+    return appdef.build_appdef("rloo", **locals())
 
 
-@component
+@arguments.component
 def ppo(
     *overrides: str,
     spec: str,
@@ -319,10 +318,10 @@ def ppo(
         $ torchx run -s local_cwd posttrain.ppo --spec templates/ppo/tiny.yaml
         $ torchx run -s slurm posttrain.ppo --spec templates/ppo/tldr.yaml -j 1x8 -h gpu.h100.8
     """
-    return build_appdef("ppo", **locals())
+    return appdef.build_appdef("ppo", **locals())
 
 
-@component
+@arguments.component
 def distill(
     *overrides: str,
     spec: str,
@@ -357,10 +356,10 @@ def distill(
         $ torchx run -s local_cwd posttrain.distill --spec templates/distill/tiny.yaml
         $ torchx run -s slurm posttrain.distill --spec templates/distill/qwen2.5-1.5b-to-0.5b.yaml -j 1x8 -h gpu.h100.8
     """
-    return build_appdef("distill", **locals())
+    return appdef.build_appdef("distill", **locals())
 
 
-@component
+@arguments.component
 def online_dpo(
     *overrides: str,
     spec: str,
@@ -397,4 +396,4 @@ def online_dpo(
         $ torchx run -s local_cwd posttrain.online_dpo --spec templates/online_dpo/tiny.yaml
         $ torchx run -s slurm posttrain.online_dpo --spec templates/online_dpo/qwen2.5-0.5b.yaml -j 1x8 -h gpu.h100.8
     """
-    return build_appdef("online_dpo", **locals())
+    return appdef.build_appdef("online_dpo", **locals())
