@@ -9,7 +9,10 @@ run:
   there) per second of wall time between the first and the last logged step:
   training speed, start-up excluded;
 - ``first_step_s``: seconds from launching the command to the first
-  optimizer step's log line;
+  optimizer step's log line, in two parts: ``worker_start_s``, launch to the
+  start of the first training process (the launcher's share: torchx's CLI,
+  torchrun, the rendezvous), and ``worker_to_first_step_s``, the rest (the
+  job's own start-up: imports, data, model, the first step);
 - ``peak_rss_mb``: the largest resident set of any process of the run
   (``wait4``'s ``ru_maxrss`` over the whole process tree);
 - the loss at every logged step (GRPO: the reward, its loss says little).
@@ -24,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,16 +37,22 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 PYTHON_BIN = Path(sys.executable).parent
-FIGURES = ("tokens_per_s", "first_step_s", "peak_rss_mb")
+SECONDS = ("first_step_s", "worker_start_s", "worker_to_first_step_s")
+FIGURES = ("tokens_per_s", *SECONDS, "peak_rss_mb")
 
 
 @dataclass
 class Run:
     tokens_per_s: float
     first_step_s: float
+    worker_start_s: float
     peak_rss_mb: float
     per_step: str  # the logged value compared at each step: loss, or reward
     values: Dict[int, float]  # per_step at each logged step
+
+    @property
+    def worker_to_first_step_s(self) -> float:
+        return self.first_step_s - self.worker_start_s
 
     @property
     def final(self) -> float:
@@ -71,6 +81,9 @@ def _env(work: Path, gpus: int) -> Dict[str, str]:
     env = dict(os.environ, HF_HOME=str(work / "hf_home"), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     env["PATH"] = f"{PYTHON_BIN}{os.pathsep}{env.get('PATH', '')}"
     env.pop("TORCHX_CONTEXT_NAME", None)
+    # posttrain as installed, with its bytecode cached: pip compiles it at install, an editable install at first
+    # import, unless this shell's variable forbids it (then every process compiles it again; site-packages has it)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     if gpus == 0:
         env["CUDA_VISIBLE_DEVICES"] = ""
     return env
@@ -108,13 +121,44 @@ def plain_command(case: Case, work: Path, port: int) -> List[str]:
             "--master_port", str(port), str(REPO / "benchmarks" / "plain_trl.py"), str(settings_path)]  # fmt: skip
 
 
+def _started_ticks(pid: int) -> Optional[int]:
+    """When process ``pid`` started, in clock ticks since boot (the kernel's record); None once it is gone."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except OSError:
+        return None
+
+
+def _watch_worker_start(root: int, finished: threading.Event, delays: List[float]) -> None:
+    """Appends how long after ``root`` started the first training process (a Python child of torchrun) started."""
+    root_ticks = _started_ticks(root)
+    while root_ticks is not None and not finished.is_set():
+        processes = {}
+        for entry in Path("/proc").iterdir():
+            try:
+                processes[int(entry.name)] = (int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]),
+                                              (entry / "cmdline").read_bytes().split(b"\0"))  # fmt: skip
+            except (OSError, ValueError):
+                continue
+        workers = [pid for pid, (parent, argv) in processes.items()
+                   if b"python" in argv[0] and b"torch.distributed.run" in processes.get(parent, (0, []))[1]]  # fmt: skip
+        starts = [ticks for ticks in map(_started_ticks, workers) if ticks is not None]
+        if starts:
+            delays.append((min(starts) - root_ticks) / os.sysconf("SC_CLK_TCK"))
+            return
+        finished.wait(0.05)
+
+
 def measure(command: List[str], work: Path, gpus: int, per_step: str = "loss") -> Run:
-    """Runs ``command`` to the end; its figures from ``work/output/metrics.jsonl`` and the process tree's rusage."""
+    """Runs ``command`` to the end; its figures from ``work/output/metrics.jsonl``, ``/proc`` and the tree's rusage."""
     log_path = work / "run.log"
+    finished, worker_starts = threading.Event(), []
     started = time.time()
     with log_path.open("w") as log:
         process = subprocess.Popen(command, cwd=REPO, env=_env(work, gpus), stdout=log, stderr=subprocess.STDOUT)
+        threading.Thread(target=_watch_worker_start, args=(process.pid, finished, worker_starts), daemon=True).start()
         _, status, usage = os.wait4(process.pid, 0)
+    finished.set()
     process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode != 0:
         tail = log_path.read_text()[-4000:]
@@ -127,6 +171,7 @@ def measure(command: List[str], work: Path, gpus: int, per_step: str = "loss") -
     return Run(
         tokens_per_s=tokens / (steps[-1]["time"] - steps[0]["time"]),
         first_step_s=steps[0]["time"] - started,
+        worker_start_s=worker_starts[0] if worker_starts else float("nan"),
         peak_rss_mb=usage.ru_maxrss / 1024,
         per_step=per_step,
         values={r["step"]: r[per_step] for r in records if per_step in r},
@@ -148,7 +193,7 @@ def compare(case: Case, repeats: int, keep: Optional[Path] = None) -> Dict[str, 
                 run = measure(command(case, work, 29400 + repeat), work, case.gpus, case.per_step)
                 runs[side].append(run)
                 print(f"  {side:9} run {repeat + 1}/{repeats}: {run.tokens_per_s:8.0f} tokens/s, first step "
-                      f"{run.first_step_s:5.1f} s, peak RSS {run.peak_rss_mb:6.0f} MB, "
+                      f"{run.first_step_s:5.1f} s (worker started at {run.worker_start_s:.2f} s), peak RSS {run.peak_rss_mb:6.0f} MB, "
                       f"final {run.per_step} {run.final:.4f}", flush=True)  # fmt: skip
     finally:
         if keep is None:
@@ -170,7 +215,7 @@ def table(title: str, runs: Dict[str, List[Run]]) -> str:
     lines = [f"**{title}** (medians of {len(runs['trl'])} interleaved runs each)", "",
              "| figure | posttrain | plain TRL | ratio |", "| --- | ---: | ---: | ---: |"]  # fmt: skip
     for name in ours:
-        digits = 1 if name in FIGURES else 4
+        digits = 2 if name in SECONDS else 1 if name in FIGURES else 4
         lines.append(f"| {name} | {ours[name]:.{digits}f} | {theirs[name]:.{digits}f} | {ours[name] / theirs[name]:.2f} |")
     return "\n".join(lines)
 
