@@ -193,8 +193,8 @@ def compare(case: Case, repeats: int, keep: Optional[Path] = None) -> Dict[str, 
                 run = measure(command(case, work, 29400 + repeat), work, case.gpus, case.per_step)
                 runs[side].append(run)
                 print(f"  {side:9} run {repeat + 1}/{repeats}: {run.tokens_per_s:8.0f} tokens/s, first step "
-                      f"{run.first_step_s:5.1f} s (worker started at {run.worker_start_s:.2f} s), peak RSS {run.peak_rss_mb:6.0f} MB, "
-                      f"final {run.per_step} {run.final:.4f}", flush=True)  # fmt: skip
+                      f"{run.first_step_s:5.1f} s (worker started at {run.worker_start_s:.2f} s), "
+                      f"peak RSS {run.peak_rss_mb:6.0f} MB, final {run.per_step} {run.final:.4f}", flush=True)  # fmt: skip
     finally:
         if keep is None:
             shutil.rmtree(root, ignore_errors=True)
