@@ -3,7 +3,7 @@
 Importing this package imports no torch, trl or transformers, so ``--dryrun``
 and ``torchx builtins`` stay fast and work where only torchx is installed.
 The components and ``SpecError`` load on first use (PEP 562): a job reads its
-spec with the spec modules alone, without the AppDef builder and torchx.
+spec with the spec modules alone, without the AppDef builder.
 """
 
 import importlib

@@ -10,7 +10,8 @@ from typing import Dict, List, Optional
 import torchx
 import torchx.specs as specs
 
-from posttrain.components import appdef, arguments  # modules: torchx takes every function here for a component
+# modules, not their functions: torchx lints every function in this module as a component, on every run
+from posttrain.components import appdef, arguments
 
 
 @arguments.component

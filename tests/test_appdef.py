@@ -205,3 +205,19 @@ def test_importing_the_client_side_imports_no_heavy_package() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_torchx_finds_only_the_components_in_the_component_module() -> None:
+    # torchx reads and lints every function of the module its entry point names, on every `torchx run`
+    functions = {name for name, _ in inspect.getmembers(algorithms, inspect.isfunction)}
+    assert functions == set(SPEC_CLASSES)
+
+
+def test_a_job_reads_its_spec_without_the_appdef_builder() -> None:
+    code = (
+        "import sys, posttrain.components.spec; "
+        "print('posttrain.components.appdef' in sys.modules, 'posttrain.components.algorithms' in sys.modules); "
+        "from posttrain.components import SpecError, sft; print(SpecError.__name__, sft.__name__)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
+    assert result.stdout.split() == ["False", "False", "SpecError", "sft"]
