@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Dict, List
 
 from benchmarks.harness import PYTHON_BIN, REPO, _env
+from posttrain.components.registry import SPEC_CLASSES
 
-ALGORITHMS = ("sft", "dpo", "reward", "kto", "orpo", "grpo", "rloo", "ppo", "distill", "online_dpo")
 BASELINE = [sys.executable, "-c", "import torchx.specs"]
 
 
@@ -37,7 +37,7 @@ def main(argv=None) -> None:
     env = _env(Path(tempfile.mkdtemp(prefix="bench-dryrun-")), gpus=0)
     print("| component | dryrun (s) | import torchx.specs (s) | overhead (s) |\n| --- | ---: | ---: | ---: |")
     worst = 0.0
-    for algorithm in ALGORITHMS:
+    for algorithm in SPEC_CLASSES:
         dryrun = [str(PYTHON_BIN / "torchx"), "run", "--dryrun", "-s", "local_cwd", f"posttrain.{algorithm}",
                   "--spec", f"templates/{algorithm}/tiny.yaml"]  # fmt: skip
         seconds(dryrun, env), seconds(BASELINE, env)  # warm the page cache and the bytecode

@@ -121,28 +121,27 @@ def plain_command(case: Case, work: Path, port: int) -> List[str]:
             "--master_port", str(port), str(REPO / "benchmarks" / "plain_trl.py"), str(settings_path)]  # fmt: skip
 
 
-def _started_ticks(pid: int) -> Optional[int]:
-    """When process ``pid`` started, in clock ticks since boot (the kernel's record); None once it is gone."""
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    except OSError:
-        return None
+def _stat(pid: int) -> List[str]:
+    """The fields of ``/proc/PID/stat`` after the command name: [1] the parent, [19] the start in ticks since boot."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
 def _watch_worker_start(root: int, finished: threading.Event, delays: List[float]) -> None:
     """Appends how long after ``root`` started the first training process (a Python child of torchrun) started."""
-    root_ticks = _started_ticks(root)
-    while root_ticks is not None and not finished.is_set():
-        processes = {}
+    try:
+        root_ticks = int(_stat(root)[19])
+    except OSError:  # already gone
+        return
+    while not finished.is_set():
+        processes = {}  # pid: (parent, start ticks, argv)
         for entry in Path("/proc").iterdir():
             try:
-                processes[int(entry.name)] = (int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]),
-                                              (entry / "cmdline").read_bytes().split(b"\0"))  # fmt: skip
+                fields, argv = _stat(int(entry.name)), (entry / "cmdline").read_bytes().split(b"\0")
+                processes[int(entry.name)] = (int(fields[1]), int(fields[19]), argv)
             except (OSError, ValueError):
                 continue
-        workers = [pid for pid, (parent, argv) in processes.items()
-                   if b"python" in argv[0] and b"torch.distributed.run" in processes.get(parent, (0, []))[1]]  # fmt: skip
-        starts = [ticks for ticks in map(_started_ticks, workers) if ticks is not None]
+        starts = [start for parent, start, argv in processes.values()
+                  if b"python" in argv[0] and b"torch.distributed.run" in processes.get(parent, (0, 0, []))[2]]  # fmt: skip
         if starts:
             delays.append((min(starts) - root_ticks) / os.sysconf("SC_CLK_TCK"))
             return
