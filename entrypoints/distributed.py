@@ -9,6 +9,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Iterator, List, Optional
@@ -136,9 +137,25 @@ def all_ranks_agree() -> Iterator[None]:
         raise SpecError(first.split("\n")) from None
 
 
+# How long a rank lets gloo's worker threads finish before the interpreter exits (see destroy_process_group)
+GLOO_DRAIN_S = 0.1
+
+
 def destroy_process_group() -> None:
+    """Destroys the group, then lets gloo's worker threads finish what they still hold.
+
+    A gloo worker thread frees a finished collective's tensors only after
+    the caller has moved on, and freeing a tensor Python also knows takes the
+    GIL. If the interpreter is finalizing by then, the thread exits in the
+    middle of C++ and the rank aborts after all its work is done
+    ("terminate called without an active exception"; a core dump shows the
+    thread in ``~AsyncAllgatherWork``, the main thread in ``Py_FinalizeEx``).
+    The group object outlives ``destroy_process_group`` (DDP holds it), so its
+    threads are not joined there: the sleep hands them the GIL instead.
+    """
     if dist.is_initialized():
         dist.destroy_process_group()
+        time.sleep(GLOO_DRAIN_S)
 
 
 def check_shared_output(output_dir: Path) -> None:
