@@ -3,9 +3,10 @@
     python -m torch.distributed.run --nproc_per_node 2 benchmarks/plain_trl.py SETTINGS.json
 
 Load the model and the data, configure, train, and destroy the process group
-as PyTorch asks. The one addition is the measurement: rank 0 appends every
-log to ``metrics.jsonl`` with a wall-clock ``time``, the file and the fields
-posttrain's runs write.
+as PyTorch asks. Two additions: the measurement (rank 0 appends every log to
+``metrics.jsonl`` with a wall-clock ``time``, the file and the fields
+posttrain's runs write), and a pause after the group is gone that keeps a
+rank from aborting at exit (it comes after every figure is taken).
 """
 
 import json
@@ -50,8 +51,11 @@ def main() -> None:
         trainer = GRPOTrainer(model=model, reward_funcs=reward_len, args=GRPOConfig(**settings["training"]),
                               train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks)  # fmt: skip
     trainer.train()
-    if dist.is_initialized():  # as PyTorch asks; without it a gloo rank sometimes aborts at exit (SIGABRT)
+    if dist.is_initialized():  # as PyTorch asks
         dist.destroy_process_group()
+        # gloo's threads free their last tensors before the interpreter exits, else a rank sometimes aborts there
+        # (SIGABRT after training): what posttrain's distributed.destroy_process_group does, and says why
+        time.sleep(0.1)
 
 
 if __name__ == "__main__":
