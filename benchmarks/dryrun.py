@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-from benchmarks.harness import PYTHON_BIN, REPO, _env
+from benchmarks.harness import PYTHON_BIN, REPO, run_env
 from posttrain.components.registry import SPEC_CLASSES
 
 BASELINE = [sys.executable, "-c", "import torchx.specs"]
@@ -34,7 +34,7 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.dryrun", description=__doc__)
     parser.add_argument("--repeats", type=int, default=7)
     options = parser.parse_args(argv)
-    env = _env(Path(tempfile.mkdtemp(prefix="bench-dryrun-")), gpus=0)
+    env = run_env(Path(tempfile.mkdtemp(prefix="bench-dryrun-")), gpus=0)
     print("| component | dryrun (s) | import torchx.specs (s) | overhead (s) |\n| --- | ---: | ---: | ---: |")
     worst = 0.0
     for algorithm in SPEC_CLASSES:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from benchmarks import workload
-from benchmarks.harness import PYTHON_BIN, REPO, _env
+from benchmarks.harness import PYTHON_BIN, REPO, run_env
 
 TEMPLATE = "templates/grpo/tiny-vllm-server.yaml"
 MODES: Dict[str, List[str]] = {
@@ -44,7 +44,7 @@ def run(mode: str, work: Path, nproc: int, port: int, overrides: List[str]) -> D
                f"training.vllm_server_port={port + 1}", *overrides, *MODES[mode]]  # fmt: skip
     started = time.time()
     with (work / "run.log").open("w") as log:
-        result = subprocess.run(command, cwd=REPO, env=_env(work, gpus=0), stdout=log, stderr=subprocess.STDOUT)
+        result = subprocess.run(command, cwd=REPO, env=run_env(work, gpus=0), stdout=log, stderr=subprocess.STDOUT)
     if result.returncode != 0:
         raise RuntimeError(f"{mode}: exit {result.returncode}; log {work / 'run.log'}")
     records = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]

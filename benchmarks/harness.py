@@ -77,7 +77,8 @@ class Case:
     per_step: str = "loss"
 
 
-def _env(work: Path, gpus: int) -> Dict[str, str]:
+def run_env(work: Path, gpus: int) -> Dict[str, str]:
+    """The environment of every benchmarked command: offline, its own ``HF_HOME`` under ``work``, GPUs or none."""
     env = dict(os.environ, HF_HOME=str(work / "hf_home"), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     env["PATH"] = f"{PYTHON_BIN}{os.pathsep}{env.get('PATH', '')}"
     env.pop("TORCHX_CONTEXT_NAME", None)
@@ -154,7 +155,7 @@ def measure(command: List[str], work: Path, gpus: int, per_step: str = "loss") -
     finished, worker_starts = threading.Event(), []
     started = time.time()
     with log_path.open("w") as log:
-        process = subprocess.Popen(command, cwd=REPO, env=_env(work, gpus), stdout=log, stderr=subprocess.STDOUT)
+        process = subprocess.Popen(command, cwd=REPO, env=run_env(work, gpus), stdout=log, stderr=subprocess.STDOUT)
         threading.Thread(target=_watch_worker_start, args=(process.pid, finished, worker_starts), daemon=True).start()
         _, status, usage = os.wait4(process.pid, 0)
     finished.set()

@@ -11,6 +11,7 @@ import torchx.specs as specs
 from helpers import REPO, TEMPLATES
 from torchx.components.component_test_base import ComponentTestCase
 
+import posttrain.components
 from posttrain.components import algorithms
 from posttrain.components.arguments import ARGS
 from posttrain.components.messages import SpecError
@@ -211,6 +212,8 @@ def test_torchx_finds_only_the_components_in_the_component_module() -> None:
     # torchx reads and lints every function of the module its entry point names, on every `torchx run`
     functions = {name for name, _ in inspect.getmembers(algorithms, inspect.isfunction)}
     assert functions == set(SPEC_CLASSES)
+    # and the package exports each of them (its lazy table names them again)
+    assert set(posttrain.components.__all__) == {*SPEC_CLASSES, "SpecError"}
 
 
 def test_a_job_reads_its_spec_without_the_appdef_builder() -> None:
