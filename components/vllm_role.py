@@ -12,11 +12,12 @@ A spec that names its own server (``vllm_server_base_url`` or
 """
 
 import dataclasses
-from typing import List, Mapping, Optional
-
-import torchx.specs as specs
+from typing import TYPE_CHECKING, List, Mapping, Optional
 
 from posttrain.components.messages import SpecError
+
+if TYPE_CHECKING:
+    import torchx.specs as specs
 
 ROLE = "vllm"
 MODULE = "posttrain.entrypoints.vllm_server"
@@ -52,7 +53,10 @@ class VllmServer:
                          f"give the vllm role GPUs (--vllm_gpu {self.replicas * self.tp} or --vllm_h)")  # fmt: skip
         return found
 
-    def resource(self, cpu: int, memMB: int) -> specs.Resource:
+    def resource(self, cpu: int, memMB: int) -> "specs.Resource":
+        # imported here: the training processes read HOST_VARIABLE from this module, and they need no torchx
+        import torchx.specs as specs
+
         if self.h is not None:
             try:
                 return specs.named_resources[self.h]
