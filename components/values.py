@@ -78,7 +78,8 @@ def rules() -> Tuple[Dict[str, Any], ...]:
     except metadata.PackageNotFoundError:  # a client without trl validates with the newest table
         wanted = ""
     path = tables.get(wanted) or tables[max(tables, key=lambda name: tuple(int(p) for p in name[4:].split(".")))]
-    return tuple(yaml.safe_load(path.read_text()))
+    # libyaml's loader where PyYAML has it: 1 ms against 10 ms for this table, on the client and in every process
+    return tuple(yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))  # noqa: S506
 
 
 def rows_for(config_class: str, fields: Mapping[str, Any]) -> List[Dict[str, Any]]:
