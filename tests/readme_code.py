@@ -262,12 +262,6 @@ def plan_torchx(command: Command, argv: List[str], changes: List[str]) -> Plan:
             at = named[0] + 2 if named else 2
             torchx_args = [*torchx_args[:at], "--dryrun", *torchx_args[at:]]
             changes.append(f"--dryrun: {reason}")
-    if scheduler == "kubernetes" and option(torchx_args, "--workspace") is None:
-        torchx_args = [*torchx_args[:2], "--workspace", "", *torchx_args[2:]]
-        changes.append(
-            "--workspace '': torchx's default workspace builds an image of the directory with Docker even "
-            "under --dryrun, and this machine has no Docker daemon"
-        )
     return Plan(command, "run", tuple([*torchx_args, argv[component], *component_args]), changes=tuple(changes))
 
 
