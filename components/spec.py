@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Type
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from posttrain.components.fields import LORA_CONFIG, FieldType, config_fields
-from posttrain.components.messages import SpecError, known_paths, translate, unknown_in, unknown_mapping_keys
+from posttrain.components.fields import LORA_CONFIG, FieldType, config_fields, field_type
+from posttrain.components.messages import SpecError, known_paths, model_in, translate, unknown_in, unknown_mapping_keys
 from posttrain.components.overrides import apply_overrides
 from posttrain.components.registry import SPEC_CLASSES
 from posttrain.components.schema import Spec
@@ -73,17 +73,32 @@ _EXPONENT_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 def _read_yaml_exponents(raw: Dict[str, Any]) -> None:
     """Numbers written ``1e-5`` in a YAML file are numbers where a field takes a number and not text."""
     cls = SPEC_CLASSES.get(raw.get("algorithm"))  # type: ignore[arg-type]
+    _read_model_exponents(raw, cls or Spec)  # posttrain's own fields: rewards[].weight, ...
     sections = [(raw.get("training"), cls.config_class if cls else None)]
     if isinstance(raw.get("model"), dict):
         sections.append((raw["model"].get("lora"), LORA_CONFIG))
     for values, config_class in sections:
-        if not isinstance(values, dict) or config_class is None:
-            continue
-        fields = config_fields(config_class)
-        for key, value in values.items():
-            kinds = fields[key].kinds if key in fields else ()
-            if isinstance(value, str) and "float" in kinds and "str" not in kinds and _EXPONENT_NUMBER.match(value):
-                values[key] = float(value)
+        if isinstance(values, dict) and config_class is not None:
+            _to_floats(values, config_fields(config_class))
+
+
+def _read_model_exponents(values: Any, model: Type[BaseModel]) -> None:
+    """``_to_floats`` for a schema section, and the sections (or lists of them) nested in it."""
+    if not isinstance(values, dict):
+        return
+    _to_floats(values, {key: field_type(field.annotation) for key, field in model.model_fields.items()})
+    for key, field in model.model_fields.items():
+        nested = model_in(field.annotation)
+        if key in values and nested is not None:
+            for item in values[key] if isinstance(values[key], list) else [values[key]]:
+                _read_model_exponents(item, nested)
+
+
+def _to_floats(values: Dict[str, Any], fields: Mapping[str, FieldType]) -> None:
+    for key, value in values.items():
+        kinds = fields[key].kinds if key in fields else ()
+        if isinstance(value, str) and "float" in kinds and "str" not in kinds and _EXPONENT_NUMBER.match(value):
+            values[key] = float(value)
 
 
 def spec_from_json(text: str) -> Spec:

@@ -123,6 +123,16 @@ def test_exponents_written_in_a_yaml_file_are_numbers(tmp_path: Path) -> None:
     assert training["learning_rate"] == 3e-3 and training["adam_epsilon"] == 1e-6
 
 
+def test_exponents_in_posttrain_sections_are_numbers_too(tmp_path: Path) -> None:
+    # a reward's weight: posttrain's own field, in a list of sections
+    text = (REPO / "templates/grpo/tiny.yaml").read_text()
+    assert "  - builtin: contains\n" in text
+    text = text.replace("  - builtin: contains\n", "  - builtin: contains\n    weight: 5e-1\n", 1)
+    (tmp_path / "spec.yaml").write_text(text)
+    spec = load_spec(str(tmp_path / "spec.yaml"))
+    assert spec.rewards[0].weight == 0.5
+
+
 @pytest.mark.parametrize(
     "edit, message",
     [
