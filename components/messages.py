@@ -17,11 +17,14 @@ class SpecError(ValueError):
     """A spec, an override or a component argument is invalid.
 
     ``problems`` lists every problem found, one line each; ``str(error)`` is
-    them joined by newlines.
+    them joined by newlines. In the job, ``this_rank_only`` marks a problem
+    one rank may meet without the others (a model that fails to load on one
+    node): that rank says it, where rank 0 says the ones every rank shares.
     """
 
-    def __init__(self, problems: Sequence[str]) -> None:
+    def __init__(self, problems: Sequence[str], *, this_rank_only: bool = False) -> None:
         self.problems = list(problems)
+        self.this_rank_only = this_rank_only
         super().__init__("\n".join(self.problems))
 
 

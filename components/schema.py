@@ -174,6 +174,11 @@ class Spec(_Strict):
     def owned_training_keys(cls) -> Dict[str, str]:
         return {**PACKAGE_OWNED_TRAINING_KEYS, **cls.package_owned_training_keys}
 
+    @property
+    def min_per_device_batch(self) -> int:
+        """The fewest examples per device and step the trainer accepts (the job never shrinks a batch below it)."""
+        return 1
+
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, no whitespace. ``from_json`` inverts it."""
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))

@@ -88,14 +88,18 @@ def already_finished(output_dir: Path, checkpoint: Path, max_steps: int) -> bool
     """Whether the run ended at ``checkpoint`` and wrote its final outputs.
 
     Resuming from a checkpoint at ``max_steps`` would make the Trainer take
-    one step too many, so a finished run is left as it is.
+    one step too many, so a finished run is left as it is. A run of epochs
+    (``max_steps`` unset) ends at the step count its trainer state recorded:
+    resume already refused a checkpoint of another spec.
     """
     try:
-        step = json.loads((checkpoint / "trainer_state.json").read_text())["global_step"]
+        state = json.loads((checkpoint / "trainer_state.json").read_text())
+        step = state["global_step"]
         summary = json.loads((output_dir / SUMMARY_FILE).read_text())
     except (OSError, ValueError, KeyError):
         return False
-    return 0 < max_steps <= step and summary.get("global_steps") == step
+    last = max_steps if max_steps > 0 else state.get("max_steps", 0)
+    return 0 < last <= step and summary.get("global_steps") == step
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -36,7 +36,7 @@ def load_data(
         dataset = _load_file(path, where, datasets)
     else:
         path = None
-        dataset = datasets.load_dataset(source.name, source.config, split=source.split)
+        dataset = _load_hub(source, where, datasets)
     renames = {found: expected for found, expected in columns.items() if found in dataset.column_names}
     missing = sorted(set(columns) - set(renames))
     if missing:
@@ -78,6 +78,15 @@ def _load_file(path: Path, where: str, datasets: Any) -> Any:
         raise SpecError([f"{where}.path: cannot read {path}: {first_line(reason)}"]) from None
     finally:
         datasets.logging.set_verbosity(verbosity)
+
+
+def _load_hub(source: DataSource, where: str, datasets: Any) -> Any:
+    """A hub data set's split; an unknown name, config or split, or an unreachable hub, said in one line."""
+    try:
+        return datasets.load_dataset(source.name, source.config, split=source.split)
+    except (OSError, ValueError, datasets.exceptions.DatasetsError) as error:
+        named = f"{source.name!r}" + (f" (config {source.config!r})" if source.config else "")
+        raise SpecError([f"{where}.name: cannot load split {source.split!r} of {named}: {first_line(error)}"]) from None
 
 
 def first_line(error: BaseException) -> str:
@@ -246,21 +255,25 @@ def check_pairs(dataset: Any, where: str) -> None:
         )  # fmt: skip
 
 
-def fit_batch(training: Dict[str, Any], config_class: str, rows: int, world_size: int) -> Dict[str, Any]:
+def fit_batch(
+    training: Dict[str, Any], config_class: str, rows: int, world_size: int, min_per_device: int = 1
+) -> Dict[str, Any]:
     """Shrinks the per-device batch (then accumulation) so one global batch fits the data.
 
     ``world × per_device × accumulation`` rows larger than the data set make
-    an empty data loader, which hangs distributed training.
+    an empty data loader, which hangs distributed training. The batch stays at
+    ``min_per_device`` or more (the spec's ``min_per_device_batch``).
     """
     per_device = config_value(config_class, training, "per_device_train_batch_size")
     accumulation = config_value(config_class, training, "gradient_accumulation_steps")
     if world_size * per_device * accumulation <= rows:
         return dict(training)
-    if world_size > rows:
+    if world_size * min_per_device > rows:
+        examples = "one example" if min_per_device == 1 else f"{min_per_device} examples (the trainer's least)"
         raise SpecError(
-            [f"data.train: {rows} rows cannot give each of the {world_size} processes one example; use more data"]
+            [f"data.train: {rows} rows cannot give each of the {world_size} processes {examples}; use more data"]
         )
-    new_per_device = max(1, rows // (world_size * accumulation))
+    new_per_device = max(min_per_device, rows // (world_size * accumulation))
     new_accumulation = min(accumulation, max(1, rows // (world_size * new_per_device)))
     if env_rank() == 0:  # every rank shrinks alike; one says so
         log.warning(

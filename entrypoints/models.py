@@ -159,8 +159,8 @@ def _from_pretrained(auto_class: Any, name_or_path: str, **kwargs: Any) -> Any:
     check_model_path(name_or_path)
     try:
         return auto_class.from_pretrained(name_or_path, **kwargs)
-    except OSError as error:
-        raise SpecError([f"model: cannot load {name_or_path!r}: {error}"]) from None
+    except OSError as error:  # after the checks the ranks agree on: a download or a disk can fail on one node
+        raise SpecError([f"model: cannot load {name_or_path!r}: {error}"], this_rank_only=True) from None
 
 
 def check_model_paths(spec: Spec) -> None:

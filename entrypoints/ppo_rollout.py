@@ -5,7 +5,9 @@ Steps 1 to 3 of an iteration of :class:`~posttrain.entrypoints.ppo_trainer.PPOTr
 returns. Nothing here changes a weight.
 """
 
+import asyncio
 import contextlib
+import inspect
 import math
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -137,6 +139,8 @@ class Rollouts:
         for reward in self.reward_functions:
             if callable(reward):
                 scored = reward(prompts=prompts, completions=completions, **columns)
+                if inspect.isawaitable(scored):  # an async reward (as TRL's trainers take them): awaited here
+                    scored = asyncio.run(scored)
                 per_reward.append(torch.tensor([math.nan if s is None else float(s) for s in scored]))
             else:
                 per_reward.append(self._model_scores(reward, prompts, completions))

@@ -42,6 +42,15 @@ def has_rewards(spec: Spec) -> bool:
     return "rewards" in type(spec).model_fields
 
 
+def is_async(function: Any) -> bool:
+    """Whether calling ``function`` gives a coroutine: an async function, or an object whose ``__call__`` is async.
+
+    TRL tells them the same way (``trl.trainer.utils.is_async_callable``); ``inspect.iscoroutinefunction`` alone
+    reads an async callable object as synchronous.
+    """
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(getattr(function, "__call__", None))
+
+
 class RewardCheck(TrainerCallback):
     """Checks every reward function's scores; stops all ranks together at the end of a step where one was bad.
 
@@ -57,7 +66,7 @@ class RewardCheck(TrainerCallback):
         name = getattr(function, "__name__", type(function).__name__)
         label = f"{where} ({name})"
 
-        if inspect.iscoroutinefunction(function):  # TRL awaits async reward functions
+        if is_async(function):  # TRL awaits async reward functions
 
             @functools.wraps(function)
             async def checked_async(*args: Any, **kwargs: Any) -> List[Any]:

@@ -22,7 +22,8 @@ the rest, in an order that fails early and cheaply:
 
 Input errors (a missing file, a corrupt line, wrong columns, a data set too
 small, a NaN reward) end every rank with exit code 2 and one
-``posttrain: <problem>`` line, printed by rank 0 alone, without a traceback;
+``posttrain: <problem>`` line, printed by rank 0 alone, without a traceback
+(a model that fails to load on one node only: by the ranks that met it);
 anything else keeps its traceback.
 
 What happens where: ``distributed.py`` (the process group), ``sharding.py``
@@ -144,8 +145,9 @@ def run(
         with vllm_server.lease(spec):  # a job with a vllm role: rank 0 tells it when training ends
             _train(algorithm, spec, build_trainer or registry_trainer)
     except SpecError as error:
-        # every rank meets the same error (the checks agree across ranks, see distributed.all_ranks_agree): one says it
-        if distributed.env_rank() == 0:
+        # every rank meets the same error (the checks agree across ranks, see distributed.all_ranks_agree): one says
+        # it; an error this rank may have met alone is said by this rank (else the job would end without a word)
+        if distributed.env_rank() == 0 or error.this_rank_only:
             print(f"posttrain: {error}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     finally:
@@ -176,12 +178,13 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
     reward_check = RewardCheck()
     with distributed.all_ranks_agree():  # also the barrier: every rank has read the old spec file (resume) by now
         inputs = _check_inputs(spec, output_dir, world_size, reward_check)
-    if inputs is None:
-        return
     # nothing is written to output_dir before every check passed
     if distributed.is_rank0():
         output_dir.mkdir(parents=True, exist_ok=True)
+    # before a finished run ends: nodes that do not share output_dir would not agree that it finished
     distributed.check_shared_output(output_dir)
+    if inputs is None:
+        return
     if distributed.is_rank0():
         write_json_atomic(output_dir / SPEC_FILE, spec.model_dump(mode="json"))
 
@@ -226,7 +229,7 @@ def _check_inputs(spec: Spec, output_dir: Path, world_size: int, reward_check: R
         datasets.append(("data.eval", load_data(spec.data.eval, spec.data.columns, "data.eval", spec.data_formats)))
     # a generating algorithm's batch is tied to num_generations or mini-batches: checked, never shrunk
     training = dict(spec.training) if spec.generates else fit_batch(
-        spec.training, spec.config_class, len(train_dataset), world_size
+        spec.training, spec.config_class, len(train_dataset), world_size, spec.min_per_device_batch
     )
     resume_from = resolve_resume(spec, output_dir)
     if resume_from is not None and already_finished(output_dir, Path(resume_from), training.get("max_steps", -1)):

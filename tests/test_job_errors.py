@@ -1,21 +1,18 @@
 """The job fails fast and clearly: one ``posttrain: <problem>`` line per problem, from rank 0 alone, exit 2.
 
-In process, one test per message (data, models, rewards, the TRL config,
-ranks agreeing); three real ``torchx run`` launches (``-m e2e``): a corrupt
+In process, one test per message (data, models, the TRL config, ranks
+agreeing; rewards: ``test_reward_checks.py``); three real ``torchx run`` launches (``-m e2e``): a corrupt
 data line, a reward returning NaN on one rank, a missing chain stage.
 """
 
-import inspect
 import json
 import logging
-import math
 import os
 import re
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Iterator, List
 
 import pytest
@@ -28,7 +25,6 @@ from posttrain.components.spec import validate
 from posttrain.entrypoints import data, runtime
 from posttrain.entrypoints.data import load_data
 from posttrain.entrypoints.models import check_model_path, check_model_paths, is_local_path
-from posttrain.entrypoints.rewards import RewardCheck, check_reward_columns, resolve_rewards
 
 LM = SPEC_CLASSES["sft"].data_formats
 PREFERENCE = SPEC_CLASSES["dpo"].data_formats
@@ -72,6 +68,17 @@ def test_a_corrupt_json_line_is_named_with_its_line_and_column(tmp_path: Path) -
     broken.write_text('[\n  {"text": "a"}\n  {"text": "b"}\n]\n')
     message = f"data.train.path: {broken} line 3 is not valid JSON (Expecting ',' delimiter, column 3)"
     assert load_error(broken) == message
+
+
+def test_a_hub_data_set_that_cannot_load_is_one_line(tmp_path: Path) -> None:
+    where = "data.train.name: cannot load split"
+    with pytest.raises(SpecError) as unreachable:
+        load_data(DataSource(name="nobody/nothing"), {}, "data.train", SPEC_CLASSES["sft"].data_formats)
+    assert str(unreachable.value) == f"{where} 'train' of 'nobody/nothing': Couldn't reach 'nobody/nothing' on the Hub (OfflineModeIsEnabled)"  # fmt: skip
+    (tmp_path / "rows.jsonl").write_text('{"text": "a"}\n')  # load_dataset reads a directory as it reads a hub repo
+    with pytest.raises(SpecError) as no_split:
+        load_data(DataSource(name=str(tmp_path), split="tset"), {}, "data.train", SPEC_CLASSES["sft"].data_formats)
+    assert str(no_split.value).startswith(f"{where} 'tset' of '{tmp_path}': Unknown split \"tset\"")
 
 
 def test_a_file_that_is_not_utf8_says_where(tmp_path: Path) -> None:
@@ -196,76 +203,6 @@ def test_a_directory_that_is_not_a_model_lists_what_it_lacks(tmp_path: Path) -> 
     check_model_path(str(model))
 
 
-# ---------------------------------------------------------------- rewards
-
-
-def grpo_spec(**changes: object):
-    return validate({**load_template("grpo/tiny.yaml"), **changes})
-
-
-def test_any_error_importing_a_reward_module_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "bad_rewards.py").write_text("raise ValueError('no API key in the environment\\nsecond line')\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(SpecError) as error:
-        resolve_rewards(grpo_spec(rewards=[{"function": "bad_rewards:score"}]))
-    assert str(error.value) == (
-        "rewards.0.function: importing bad_rewards raised ValueError: no API key in the environment"
-    )
-
-
-def test_a_builtin_reading_a_column_the_data_lacks(tmp_path: Path) -> None:
-    spec = grpo_spec(rewards=[{"builtin": "contains", "args": {"target": "x"}}, {"builtin": "exact_match"}])
-    prompts = load_data(spec.data.train, {}, "data.train", spec.data_formats)
-    with pytest.raises(SpecError) as error:
-        check_reward_columns(spec, [("data.train", prompts)])
-    assert str(error.value) == (
-        "rewards.1: exact_match reads column 'answer', which data.train lacks; found ['prompt'] "
-        "(set args.column, or map names with data.columns)"
-    )
-
-
-def scores_of(values: list):
-    def my_score(prompts: list, completions: list, **columns: object) -> list:
-        return values
-
-    return my_score
-
-
-@pytest.mark.parametrize(
-    "values, problem, safe",
-    [
-        ([1.0, math.nan], "returned nan", [1.0, 0.0]),
-        ([float("inf"), 0.0], "returned inf", [0.0, 0.0]),
-        ([1.0], "returned 1 scores for 2 completions; expected one per completion", [0.0, 0.0]),
-        (0.5, "returned float; expected a list of one float (or None) per completion", [0.0, 0.0]),
-        ([1.0, "high"], "returned 'high' (str) for completion 1; expected a float or None", [1.0, 0.0]),
-    ],
-)
-def test_reward_scores_are_checked_and_stop_at_the_steps_end(values: object, problem: str, safe: list) -> None:
-    check = RewardCheck()
-    wrapped = check.wrap(scores_of(values), "rewards.0")
-    assert wrapped.__name__ == "my_score"  # TRL logs rewards/my_score/mean
-    # the step goes on with zeros in place of the bad scores (no NaN loss, no crash inside the trainer)
-    assert wrapped(prompts=["p", "q"], completions=["a", "b"], completion_ids=[[1], [2]]) == safe
-    with pytest.raises(SpecError) as error:
-        check.on_step_end(None, SimpleNamespace(global_step=12), None)
-    assert str(error.value) == f"rewards.0 (my_score): {problem} at step 12"
-    with pytest.raises(SpecError, match=f"^rewards.0 \\(my_score\\): {problem[:10]}"):  # no trainer: at once
-        RewardCheck(stop_at_step_end=False).wrap(scores_of(values), "rewards.0")(prompts=[], completions=["a", "b"])
-
-
-def test_good_scores_pass_untouched_and_async_functions_stay_async() -> None:
-    check = RewardCheck()
-    assert check.wrap(scores_of([1.0, None]), "rewards.0")(prompts=["p", "q"], completions=["a", "b"]) == [1.0, None]
-    check.on_step_end(None, SimpleNamespace(global_step=1), None)
-
-    async def judged(completions: list, **columns: object) -> list:
-        return [math.nan] * len(completions)
-
-    wrapped = check.wrap(judged, "rewards.1")
-    assert inspect.iscoroutinefunction(wrapped) and wrapped.__name__ == "judged"
-
-
 # ---------------------------------------------------------------- ranks: printed once, everyone stops
 
 TWO_RANKS = textwrap.dedent("""
@@ -329,6 +266,35 @@ def test_run_prints_on_rank_0_alone_and_writes_nothing(
         assert exit_info.value.code == 2
         assert capsys.readouterr().err.count(f"posttrain: model.name_or_path: no such directory: {tmp_path}") == printed
     assert not (tmp_path / "out").exists()
+
+
+def test_a_model_that_fails_to_load_on_one_rank_is_said_by_that_rank(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    # models load after the checks the ranks agree on: a download or a full disk on one node alone must not end
+    # the job without a word (rank 0 may have loaded fine)
+    import transformers
+
+    from posttrain.entrypoints import tiny
+
+    monkeypatch.chdir(REPO)
+    tokenizer = tiny.build_tokenizer()
+    tiny.build_model(tokenizer, transformers.LlamaForCausalLM).save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    raw = load_template("sft/tiny.yaml")
+    raw["training"]["output_dir"] = str(tmp_path / "out")
+    raw["model"]["name_or_path"] = str(tmp_path / "model")
+
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", disk_full)
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(SystemExit) as exit_info:
+        runtime.run("sft", argv=["--spec-json", validate(raw).to_json()])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count(f"posttrain: model: cannot load '{tmp_path / 'model'}': [Errno 28] No space left on device") == 1
 
 
 # ---------------------------------------------------------------- through torchx (-m e2e)

@@ -22,6 +22,7 @@ from posttrain.entrypoints import tiny
 from posttrain.entrypoints.models import check_same_tokenizer
 from posttrain.entrypoints.ppo_math import response_logprobs
 from posttrain.entrypoints.ppo_trainer import PPOConfig, PPOTrainer
+from posttrain.entrypoints.rewards import RewardCheck
 
 PROMPTS = [[{"role": "user", "content": text}] for text in ("Say a color.", "Tell me about the sky.")] * 4
 
@@ -99,6 +100,15 @@ def test_rewards_see_each_response_up_to_its_eos_without_padding(tmp_path: Path,
     expected = [tok.decode(answers[i % 2]) for i in range(7)]
     assert seen[:7] == expected and seen[:2] == [" blue sky", " red"]
     assert "!" not in "".join(seen), "padding decoded as token id 0"
+
+
+def test_an_async_reward_is_awaited(tmp_path: Path) -> None:
+    async def judged(completions: List[Any], **_: Any) -> List[float]:  # TRL's trainers take these too
+        return [float(len(c[0]["content"])) for c in completions]
+
+    check = RewardCheck(stop_at_step_end=False)
+    scores = rollout(make_trainer(tmp_path, [check.wrap(judged, "rewards.0")]))["scores"]
+    assert scores.shape == (8,) and bool((scores > 0).any())
 
 
 @pytest.mark.parametrize("bf16", [False, True])

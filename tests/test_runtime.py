@@ -1,7 +1,6 @@
-"""The job-side runtime: data checks, batch fitting, resume, summary maths, sharding, the tiny model."""
+"""The job-side runtime: data checks, batch fitting, summary maths, sharding, the tiny model."""
 
 import doctest
-import json
 from pathlib import Path
 
 import pytest
@@ -14,7 +13,6 @@ from posttrain.components.fields import config_fields
 from posttrain.components.registry import SPEC_CLASSES
 from posttrain.components.spec import SpecError, validate
 from posttrain.entrypoints import deepspeed_launcher, distributed, runtime, summary, tiny
-from posttrain.entrypoints.checkpoints import SPEC_FILE, complete_checkpoints, resolve_resume
 from posttrain.entrypoints.data import check_online_data, fit_batch, load_data
 from posttrain.entrypoints.models import EXTRA_MODELS, import_object, load_tokenizer
 from posttrain.entrypoints.rewards import has_rewards, resolve_rewards
@@ -95,58 +93,11 @@ def test_fit_batch_shrinks_to_the_data_or_fails() -> None:
     assert fit_batch({}, SFT_CONFIG, 10, 2)["per_device_train_batch_size"] == 5  # SFTConfig's default is 8
     with pytest.raises(SpecError, match="3 rows cannot give each of the 4 processes one example"):
         fit_batch(training, SFT_CONFIG, 3, 4)
-
-
-def write_checkpoint(output_dir: Path, step: int, complete: bool = True) -> Path:
-    path = output_dir / f"checkpoint-{step}"
-    path.mkdir(parents=True)
-    (path / "trainer_state.json").write_text(json.dumps({"global_step": step}) if complete else '{"global_')
-    return path
-
-
-def test_only_complete_checkpoints_count(tmp_path: Path) -> None:
-    write_checkpoint(tmp_path, 10)
-    write_checkpoint(tmp_path, 30, complete=False)
-    write_checkpoint(tmp_path, 20)
-    (tmp_path / "checkpoint-40").mkdir()
-    assert [p.name for p in complete_checkpoints(tmp_path)] == ["checkpoint-10", "checkpoint-20"]
-
-
-def test_resume_auto_picks_the_newest_checkpoint_of_the_same_spec(tmp_path: Path) -> None:
-    spec = spec_with(tmp_path)
-    output_dir = Path(spec.training["output_dir"])
-    assert resolve_resume(spec, output_dir) is None
-    write_checkpoint(output_dir, 5)
-    newest = write_checkpoint(output_dir, 10)
-    (output_dir / SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json")))
-    assert resolve_resume(spec, output_dir) == str(newest)
-    assert resolve_resume(spec_with(tmp_path, resume=str(output_dir / "checkpoint-5")), output_dir).endswith("-5")
-
-
-def test_resume_auto_refuses_a_checkpoint_of_another_spec(tmp_path: Path) -> None:
-    spec = spec_with(tmp_path)
-    output_dir = Path(spec.training["output_dir"])
-    write_checkpoint(output_dir, 10)
-    saved = spec.model_dump(mode="json")
-    saved["training"]["learning_rate"] = 0.5
-    (output_dir / SPEC_FILE).write_text(json.dumps(saved))
-    with pytest.raises(SpecError) as error:
-        resolve_resume(spec, output_dir)
-    assert "written by a different spec (training.learning_rate: 0.5 -> 0.003)" in str(error.value)
-
-
-def test_resume_never_refuses_to_mix_runs_and_a_bad_path_is_named(tmp_path: Path) -> None:
-    spec = spec_with(tmp_path, resume="never")
-    output_dir = Path(spec.training["output_dir"])
-    assert resolve_resume(spec, output_dir) is None
-    write_checkpoint(output_dir, 10)
-    with pytest.raises(SpecError, match="resume: never, but .* already holds checkpoints"):
-        resolve_resume(spec, output_dir)
-    with pytest.raises(SpecError, match="resume: '.*nowhere' is neither auto, never nor an existing checkpoint directory"):
-        resolve_resume(spec_with(tmp_path, resume=str(tmp_path / "nowhere")), output_dir)
-    (tmp_path / "half").mkdir()
-    with pytest.raises(SpecError, match="is not a complete checkpoint"):
-        resolve_resume(spec_with(tmp_path, resume=str(tmp_path / "half")), output_dir)
+    # KTO's KL term needs two examples per device: the batch never shrinks below the spec's least
+    kto = SPEC_CLASSES["kto"].config_class
+    assert fit_batch(training, kto, 5, 2, min_per_device=2)["per_device_train_batch_size"] == 2
+    with pytest.raises(SpecError, match="3 rows cannot give each of the 2 processes 2 examples"):
+        fit_batch(training, kto, 3, 2, min_per_device=2)
 
 
 def test_training_arguments_on_cpu_are_owned_by_the_package(tmp_path: Path) -> None:
@@ -280,6 +231,24 @@ def test_the_registry_builds_every_trainer_with_its_models(tmp_path: Path, algor
     if "reward_weights" in config_fields(spec.config_class):
         assert job.args.reward_weights == [reward.weight for reward in spec.rewards]
     assert any(isinstance(callback, TensorBoardCallback) for callback in trainer.callback_handler.callbacks)
+
+
+def test_kto_batch_rules_are_the_trainers_own(tmp_path: Path) -> None:
+    """The spec refuses what KTOTrainer refuses once the models are loaded, and no more."""
+    loose = {"per_device_train_batch_size": 1, "train_sampling_strategy": "random"}
+    job = tiny_job(tmp_path, "kto", training={**load_template("kto/tiny.yaml")["training"], **loose,
+                                              "loss_type": "apo_zero_unpaired", "output_dir": str(tmp_path)})  # fmt: skip
+    assert job.spec.min_per_device_batch == 1
+    runtime.registry_trainer(job)  # no KL term: TRL takes both
+    with pytest.raises(SpecError) as refused:
+        validate({**load_template("kto/tiny.yaml"), "training": {**job.spec.training, "loss_type": "kto"}})
+    assert [p.split(":")[0] for p in refused.value.problems] == [f"training.{key}" for key in loose]
+    for key, value in loose.items():  # and TRL, given either one, refuses to build the trainer
+        kwargs = runtime.training_arguments(job.spec, dict(job.spec.training))
+        kwargs.update(loss_type="kto", per_device_train_batch_size=2, train_sampling_strategy="sequential")
+        args = import_object(job.spec.config_class)(**{**kwargs, key: value})
+        with pytest.raises(ValueError, match="batch size must be > 1|requires `train_sampling_strategy='sequential'`"):
+            runtime.registry_trainer(runtime.Job(**{**vars(job), "args": args}))
 
 
 def test_reward_models_load_through_the_jobs_loader_with_their_tokenizers(tmp_path: Path) -> None:
