@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Dict, List, Literal, Mapping, Optional, Tuple
 
 from pydantic import BaseModel, ConfigDict
 
-from posttrain.components.fields import config_value
+from posttrain.components.fields import config_fields, config_value
 from posttrain.components.rewards import check_builtin
 
 # Keys of TRL's config classes that the package sets itself: where to go instead.
@@ -234,6 +234,20 @@ class Spec(_Strict):
         max_steps = training.get("max_steps")
         if isinstance(max_steps, int) and (max_steps == 0 or max_steps < -1):
             found.append(f"training.max_steps: must be positive, or -1 to train by epochs; got {max_steps}")
+        found += self._trainer_problems()
+        return found
+
+    def _trainer_problems(self) -> List[str]:
+        """Settings the trainer refuses only once the models are loaded, across ``training`` and other sections."""
+        found = []
+        fields = config_fields(self.config_class)
+        evaluation = config_value(self.config_class, self.training, "eval_strategy") if "eval_strategy" in fields else "no"
+        if evaluation not in (None, "no") and self.data.eval is None:
+            found.append(f"training.eval_strategy: {evaluation} evaluates on data.eval, which the spec does not give; "
+                         "add data.eval, or set eval_strategy: no")  # fmt: skip
+        if self.model.lora is not None and self.training.get("sync_ref_model") is True:
+            found.append("training.sync_ref_model: with model.lora the reference is the policy without its adapter, "
+                         "so there is no reference model to sync; remove it, or train without LoRA")  # fmt: skip
         return found
 
 

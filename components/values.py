@@ -20,6 +20,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import yaml
 
+from posttrain.components.fields import config_value
+
 RULES_DIR = Path(__file__).with_name("value_rules")
 
 _RANGE = re.compile(
@@ -104,3 +106,37 @@ def range_problems(config_class: str, fields: Mapping[str, Any], training: Mappi
                 found.append(f"training.{key}: {problem} ({row['reason']})")
                 break
     return found
+
+
+def combination_problems(config_class: str, fields: Mapping[str, Any], training: Mapping[str, Any]) -> List[str]:
+    """``training`` values that the rows with ``when`` and ``requires`` refuse together (unset: TRL's defaults)."""
+    found = []
+    for row in rows_for(config_class, fields):
+        if "requires" not in row:
+            continue
+        when = {key: config_value(config_class, training, key) for key in row["when"]}
+        if not all(_holds(when[key], wanted) for key, wanted in row["when"].items()):
+            continue
+        key, required = row["field"], row["requires"]
+        value = config_value(config_class, training, key)
+        if isinstance(required, str):
+            wrong, expected = Range.parse(required).problem(key, value) is not None, required.replace("x", key)
+        else:
+            wrong, expected = not _holds(value, required), " or ".join(_shown(choice) for choice in required)
+        if wrong:
+            given = "" if key in training else " (TRL's default)"
+            condition = ", ".join(f"{name}: {_shown(when[name])}" for name in row["when"])
+            found.append(f"training.{key}: {_shown(value)}{given} cannot go with {condition}; expected {expected} "
+                         f"({row['reason']})")  # fmt: skip
+    return found
+
+
+def _holds(value: Any, wanted: Any) -> bool:
+    """Whether ``value`` (or, for a list, one of its items) is ``wanted`` (or one of them, for a list)."""
+    values, choices = (item if isinstance(item, list) else [item] for item in (value, wanted))
+    return any(v is c or (v == c and type(v) is type(c)) for v in values for c in choices)
+
+
+def _shown(value: Any) -> str:
+    """A value as YAML writes it: true, null, 0.0, exo_pair, [a, b]."""
+    return yaml.safe_dump(value, default_flow_style=True).removesuffix("\n...\n").strip()

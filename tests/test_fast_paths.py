@@ -158,9 +158,10 @@ def test_packing_with_an_attention_that_could_cross_rows_is_refused_before_the_j
         return {"algorithm": "sft", "model": {"name_or_path": tiny.NAME, "attn_implementation": attention},
                 "data": {"train": {"path": "x.jsonl"}}, "training": {"output_dir": "out", **training}}  # fmt: skip
 
-    for key in ("packing", "padding_free"):
+    for switch in ({"packing": True}, {"padding_free": True, "max_length": None}):  # padding-free: no truncation
+        key = next(iter(switch))
         with pytest.raises(SpecError, match=f"training.{key}: with model.attn_implementation 'paged_attention' packed"):
-            validate(spec("paged_attention", **{key: True}))
+            validate(spec("paged_attention", **switch))
     validate(spec("sdpa", packing=True))
     validate(spec("paged_attention", packing=False))
 

@@ -1,6 +1,7 @@
 """The job-side runtime: data checks, batch fitting, summary maths, sharding, the tiny model."""
 
 import doctest
+import re
 from pathlib import Path
 
 import pytest
@@ -249,6 +250,39 @@ def test_kto_batch_rules_are_the_trainers_own(tmp_path: Path) -> None:
         args = import_object(job.spec.config_class)(**{**kwargs, key: value})
         with pytest.raises(ValueError, match="batch size must be > 1|requires `train_sampling_strategy='sequential'`"):
             runtime.registry_trainer(runtime.Job(**{**vars(job), "args": args}))
+
+
+# what the spec refuses together (value_rules' requires rows; Spec._trainer_problems), with the message of TRL's
+# trainer refusing it once the models are loaded
+TRAINER_REFUSALS = [
+    ("sft", {"eval_strategy": "steps"}, "you didn't pass an `eval_dataset`"),
+    ("dpo", {"sync_ref_model": True, "lora": {"r": 8}}, "sync_ref_model=True` while using a PEFT model"),
+    ("grpo", {"sync_ref_model": True, "beta": 0.0}, "sync_ref_model=True` while `beta=0.0`"),
+    ("rloo", {"sync_ref_model": True, "beta": 0.0}, "sync_ref_model=True` while `beta=0.0`"),
+    ("dpo", {"sync_ref_model": True, "precompute_ref_log_probs": True}, "cannot use `sync_ref_model=True` together"),
+    ("kto", {"sync_ref_model": True, "precompute_ref_log_probs": True}, "cannot use `sync_ref_model=True` together"),
+    ("dpo", {"loss_type": "exo_pair", "label_smoothing": 0.0}, "Label smoothing must be greater than 0.0"),
+    ("dpo", {"loss_type": "apo_zero", "f_divergence_type": "js_divergence"}, "is only supported for the following"),
+    ("dpo", {"loss_type": "aot", "use_weighting": True}, "WPO-style weighting is not implemented"),
+    ("sft", {"padding_free": True, "max_length": 64}, "padding_free=True` without packing"),
+]
+
+
+@pytest.mark.parametrize(
+    "algorithm, together, trl_says", TRAINER_REFUSALS, ids=[f"{a}-{next(iter(t))}" for a, t, _ in TRAINER_REFUSALS]
+)
+def test_what_the_spec_refuses_together_the_trainer_refuses(
+    tmp_path: Path, algorithm: str, together: dict, trl_says: str
+) -> None:
+    lora = together.pop("lora", None)
+    with_lora = {"model": {"name_or_path": tiny.NAME, "lora": lora}, "reference_model": None} if lora else {}
+    job = tiny_job(tmp_path, algorithm, **with_lora)
+    with pytest.raises(SpecError, match="cannot go with|evaluates on data.eval|no reference model to sync"):
+        validate({**job.spec.model_dump(), "training": {**job.spec.training, **together}})
+    kwargs = {**runtime.training_arguments(job.spec, dict(job.spec.training)), **together}
+    args = import_object(job.spec.config_class)(**kwargs)
+    with pytest.raises((ValueError, NotImplementedError), match=re.escape(trl_says)):
+        runtime.registry_trainer(runtime.Job(**{**vars(job), "args": args}))  # once the models are loaded
 
 
 def test_reward_models_load_through_the_jobs_loader_with_their_tokenizers(tmp_path: Path) -> None:

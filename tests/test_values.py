@@ -30,9 +30,15 @@ def test_every_row_names_fields_the_installed_trl_has() -> None:
         assert having, f"{row['field']}: no config class has it any more"
         if "configs" in row:
             assert having == named, f"{row['field']}: missing from {set(named) - set(having)}"
-        assert row["reason"].strip() and set(row) <= {"field", "configs", "range", "choices", "also", "reason"}
+        kinds = {"field", "configs", "range", "choices", "also", "when", "requires", "reason"}
+        assert row["reason"].strip() and set(row) <= kinds
+        assert ("when" in row) == ("requires" in row)
+        for config in having:  # a combination's other fields too
+            assert set(row.get("when", {})) <= set(config_fields(config)), f"{row['field']}: when {row['when']}"
         if "range" in row:
             Range.parse(row["range"])
+        if isinstance(row.get("requires"), str):
+            Range.parse(row["requires"])
 
 
 def test_the_table_follows_the_installed_trl_version() -> None:
@@ -76,6 +82,11 @@ BAD_VALUES = [
     ("grpo", {"importance_sampling_level": "seq"}, "training.importance_sampling_level: expected one of 'token', 'sequence'"),
     ("grpo", {"scale_rewards": "all"}, "training.scale_rewards: expected one of 'group', 'batch', 'none' or true/false"),
     ("kto", {"loss_type": "sigmoid"}, "training.loss_type: expected one of 'kto', 'apo_zero_unpaired'"),
+    # combinations (the first key is the one named; tests/test_runtime.py builds TRL's trainers with them)
+    ("grpo", {"beta": 0.0, "sync_ref_model": True}, "training.beta: 0.0 cannot go with sync_ref_model: true; expected beta > 0"),
+    ("dpo", {"label_smoothing": 0.0, "loss_type": ["sigmoid", "exo_pair"]}, "training.label_smoothing: 0.0 cannot go with loss_type: [sigmoid, exo_pair]; expected label_smoothing > 0"),
+    ("dpo", {"f_divergence_type": "js_divergence", "loss_type": "apo_zero"}, "training.f_divergence_type: js_divergence cannot go with loss_type: apo_zero; expected reverse_kl"),
+    ("sft", {"max_length": 64, "padding_free": True}, "training.max_length: 64 cannot go with padding_free: true, packing: false; expected null"),
 ]  # fmt: skip
 
 
@@ -100,6 +111,11 @@ VALID_VALUES = [
     ("distill", {"beta": 0.5}),
     ("sft", {"loss_type": "dft"}),
     ("kto", {"loss_type": "apo_zero_unpaired"}),
+    ("grpo", {"sync_ref_model": True, "beta": 0.04}),
+    ("dpo", {"loss_type": "exo_pair", "label_smoothing": 1e-3}),
+    ("dpo", {"loss_type": "ipo", "f_divergence_type": "js_divergence"}),
+    ("sft", {"padding_free": True, "max_length": None}),
+    ("sft", {"padding_free": True, "packing": True, "max_length": 64}),
 ]
 
 
@@ -113,6 +129,15 @@ def test_values_trl_accepts_are_accepted_by_the_validator_and_by_trl(
     kwargs = {**spec.training, "output_dir": str(tmp_path), "use_cpu": True, "report_to": "none"}
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import_object(spec.config_class)(**kwargs)  # TRL's own __post_init__ checks
+
+
+def test_a_combination_names_the_default_it_meets() -> None:
+    with pytest.raises(SpecError) as error:
+        validate(spec_with("dpo", loss_type="exo_pair"))
+    assert error.value.problems == [
+        "training.label_smoothing: 0.0 (TRL's default) cannot go with loss_type: exo_pair; expected label_smoothing "
+        "> 0 (EXO needs it above 0; its paper uses 1e-3)"
+    ]
 
 
 def test_exponents_written_in_a_yaml_file_are_numbers(tmp_path: Path) -> None:
