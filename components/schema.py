@@ -238,16 +238,35 @@ class Spec(_Strict):
         return found
 
     def _trainer_problems(self) -> List[str]:
-        """Settings the trainer refuses only once the models are loaded, across ``training`` and other sections."""
-        found = []
-        fields = config_fields(self.config_class)
-        evaluation = config_value(self.config_class, self.training, "eval_strategy") if "eval_strategy" in fields else "no"
-        if evaluation not in (None, "no") and self.data.eval is None:
-            found.append(f"training.eval_strategy: {evaluation} evaluates on data.eval, which the spec does not give; "
-                         "add data.eval, or set eval_strategy: no")  # fmt: skip
-        if self.model.lora is not None and self.training.get("sync_ref_model") is True:
+        """Settings the trainer refuses only once the models are loaded, across ``training`` and other sections.
+
+        The ones within ``training`` alone are rows of the value table (``requires``).
+        """
+        found, training = [], self.training
+        if "eval_strategy" in config_fields(self.config_class):
+            evaluation = config_value(self.config_class, training, "eval_strategy")
+            if evaluation not in (None, "no") and self.data.eval is None:
+                found.append(f"training.eval_strategy: {evaluation} evaluates on data.eval, which the spec does not "
+                             "give; add data.eval, or set eval_strategy: no")  # fmt: skip
+        if self.model.lora is not None and training.get("sync_ref_model") is True:
             found.append("training.sync_ref_model: with model.lora the reference is the policy without its adapter, "
                          "so there is no reference model to sync; remove it, or train without LoRA")  # fmt: skip
+        if training.get("save_strategy") == "best" and training.get("metric_for_best_model") is None:
+            found.append("training.save_strategy: best keeps the checkpoint with the best metric_for_best_model, "
+                         "which is unset; set it (e.g. eval_loss)")  # fmt: skip
+        sharded = [key for key in ("deepspeed", "fsdp") if getattr(self.distributed, key) is not None]
+        only_model = training.get("save_only_model") is True
+        if sharded and only_model and training.get("load_best_model_at_end") is True:
+            found.append(f"training.save_only_model: with distributed.{sharded[0]} the best model cannot be "
+                         "loaded at the end from checkpoints without their sharded state; drop it or "
+                         "load_best_model_at_end")  # fmt: skip
+        elif self.distributed.fsdp is not None and only_model:
+            found.append("training.save_only_model: distributed.fsdp saves sharded checkpoints, the optimizer's state "
+                         "with the model's; remove it")  # fmt: skip
+        ds = self.distributed.deepspeed
+        if ds is not None and ds.zero_stage == 3 and training.get("auto_find_batch_size") is True:
+            found.append("training.auto_find_batch_size: transformers does not support it with ZeRO-3; remove it, "
+                         "or use zero_stage 1 or 2")  # fmt: skip
         return found
 
 

@@ -170,15 +170,23 @@ def test_all_problems_are_reported_together() -> None:
         ({"model": {"dtype": "float16"}, "training": {"bf16": True}}, "model.dtype: float16 contradicts training.bf16"),
         ({"data": {"train": {"path": "a.jsonl", "name": "hub/set"}}}, "data.train: give exactly one of path"),
         ({"data": {"train": {"split": "train"}}}, "data.train: give exactly one of path"),
+        # what transformers' Trainer refuses only once the models are loaded
+        ({"training": {"save_strategy": "best"}}, "training.save_strategy: best keeps the checkpoint with the best"),
+        ({"distributed": {"deepspeed": {"zero_stage": 3}}, "training": {"auto_find_batch_size": True}},
+         "training.auto_find_batch_size: transformers does not support it with ZeRO-3"),
+        ({"distributed": {"fsdp": {}}, "training": {"save_only_model": True}},
+         "training.save_only_model: distributed.fsdp saves sharded checkpoints"),
+        ({"distributed": {"deepspeed": {"zero_stage": 2}}, "training": {"save_only_model": True, "load_best_model_at_end": True}},
+         "training.save_only_model: with distributed.deepspeed the best model cannot be loaded"),
     ],
-)
+)  # fmt: skip
 def test_impossible_combinations(change: Dict[str, Any], expected: str) -> None:
     raw = tiny_sft()
     for section, values in change.items():
         if section == "data":
             raw["data"] = {"train": values["train"]}
         else:
-            raw[section].update(values)
+            raw.setdefault(section, {}).update(values)
     assert expected in problems_of(raw)
 
 
