@@ -43,6 +43,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 from posttrain.components.messages import SpecError
 from posttrain.components.schema import Spec
 from posttrain.components.vllm_role import HOST_VARIABLE
+from posttrain.entrypoints.data import first_line
 
 # vLLM 0.32's CPU attention (CPUAttentionBackend.get_supported_head_sizes); tests/test_vllm.py checks it
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -77,13 +78,17 @@ def head_size_problem(config: Any, on_cpu: bool) -> Optional[str]:
             " (builtin:tiny-llama3-vllm is a tiny model it takes)")  # fmt: skip
 
 
-def training_dtype(training: Mapping[str, Any], spec: Spec, checkpoint_dtype: Any) -> str:
+def training_dtype(training: Mapping[str, Any], spec: Spec, checkpoint_dtype: Any, on_cpu: bool) -> str:
     """The dtype training computes in: mixed precision's, else the weights' (``auto``: the checkpoint's, fp32 if none).
 
-    >>> training_dtype({"bf16": True}, None, None)
+    ``bf16`` unset is TRL's default on GPUs, bf16 unless fp16 (posttrain turns it off on CPU:
+    ``runtime.training_arguments``).
+
+    >>> training_dtype({}, None, None, on_cpu=False)
     'bfloat16'
     """
-    if training.get("bf16"):
+    bf16 = training.get("bf16")
+    if bf16 or (bf16 is None and not on_cpu and not training.get("fp16")):
         return "bfloat16"
     if training.get("fp16"):
         return "float16"
@@ -151,7 +156,7 @@ def _llm_factory(llm_class: Callable[..., Any], spec: Spec, training: Mapping[st
         problem = head_size_problem(config, on_cpu)
         if problem:
             raise SpecError([problem])
-        kwargs.setdefault("dtype", training_dtype(training, spec, getattr(config, "dtype", None)))
+        kwargs.setdefault("dtype", training_dtype(training, spec, getattr(config, "dtype", None), on_cpu))
         return llm_class(**kwargs)
 
     make.__wrapped__ = llm_class  # type: ignore[attr-defined]
@@ -291,7 +296,12 @@ def _write_and_reload(client_class: Any, output_dir: Path) -> None:
         try:
             save_file(self._tensors, f"{folder}/model.safetensors", metadata={"format": "pt"})
             request = {"method": "reload_checkpoint", "kwargs": {"weights_path": folder}}
-            self._post(f"{self.base_url}/collective_rpc", json=request)
+            try:
+                self._post(f"{self.base_url}/collective_rpc", json=request)
+            except Exception as error:  # noqa: BLE001 -- TRL's client raises a bare Exception for a failed request
+                raise SpecError([f"vllm role: the server at {self.base_url} could not reload the weights from "
+                                 f"{folder} ({first_line(error)}); it reads them from training.output_dir, which it "
+                                 "must see (shared storage), and its log says more"]) from None  # fmt: skip
         finally:
             shutil.rmtree(folder, ignore_errors=True)
             self._tensors = {}
@@ -311,7 +321,8 @@ def server_model(spec: Spec) -> Tuple[str, str]:
     if model.startswith("builtin:"):
         model = _builtin_directory(spec)
     config = AutoConfig.from_pretrained(model, trust_remote_code=spec.model.trust_remote_code)
-    problem = head_size_problem(config, on_cpu=not torch.cuda.is_available())
+    on_cpu = not torch.cuda.is_available()
+    problem = head_size_problem(config, on_cpu)
     if problem:
         raise SpecError([problem])
-    return model, training_dtype(spec.training, spec, getattr(config, "dtype", None))
+    return model, training_dtype(spec.training, spec, getattr(config, "dtype", None), on_cpu)

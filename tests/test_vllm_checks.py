@@ -1,5 +1,6 @@
 """vLLM's settings and the checks before vLLM starts: fast, without vLLM (the runs are in test_vllm.py, -m vllm)."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -8,7 +9,7 @@ from helpers import load_template
 from transformers import LlamaForCausalLM
 
 from posttrain.components.spec import SpecError, validate
-from posttrain.entrypoints import summary, tiny
+from posttrain.entrypoints import summary, tiny, vllm_generation
 from posttrain.entrypoints.vllm_generation import config_problems, head_size_problem, training_dtype
 
 
@@ -67,13 +68,17 @@ def test_a_head_size_vllm_on_cpu_does_not_take_is_named_with_a_model_it_takes() 
 
 def test_vllm_runs_in_the_dtype_training_computes_in() -> None:
     spec = grpo_vllm()
-    assert training_dtype({"bf16": False}, spec, None) == "float32"  # vLLM would make an fp32 checkpoint bf16
-    assert training_dtype({}, spec, torch.bfloat16) == "bfloat16"
-    assert training_dtype({"bf16": True}, spec, torch.float32) == "bfloat16"
-    assert training_dtype({"fp16": True}, spec, None) == "float16"
+    for on_cpu in (True, False):
+        assert training_dtype({"bf16": False}, spec, None, on_cpu) == "float32"  # vLLM would make fp32 weights bf16
+        assert training_dtype({"bf16": True}, spec, torch.float32, on_cpu) == "bfloat16"
+        assert training_dtype({"fp16": True}, spec, None, on_cpu) == "float16"
+    # bf16 unset: TRL's default on GPUs is bf16 mixed precision, whatever the weights; off on CPU (posttrain's)
+    assert training_dtype({}, spec, torch.float32, on_cpu=False) == "bfloat16"
+    assert training_dtype({}, spec, torch.bfloat16, on_cpu=True) == "bfloat16"
+    assert training_dtype({}, spec, torch.float32, on_cpu=True) == "float32"
     raw = load_template("grpo/tiny-vllm.yaml")
     raw["model"]["dtype"] = "float16"
-    assert training_dtype({}, validate(raw), torch.float32) == "float16"
+    assert training_dtype({}, validate(raw), torch.float32, on_cpu=True) == "float16"
 
 
 def test_the_vllm_builtin_is_tiny_llama3_with_heads_of_32_and_the_same_weights() -> None:
@@ -88,3 +93,21 @@ def test_the_vllm_builtin_is_tiny_llama3_with_heads_of_32_and_the_same_weights()
 def test_the_summary_says_how_completions_were_generated_without_vllm() -> None:
     trainer = SimpleNamespace(args=SimpleNamespace(use_vllm=False))
     assert summary.generation(trainer) == {"engine": "transformers", "mode": None, "weight_sync": None, "tokens_per_s": None}
+
+
+def test_a_weight_reload_the_server_cannot_do_is_one_line(tmp_path: Path) -> None:
+    # on CPU the trainers write the weights under output_dir and the server reloads them: a server that does not
+    # see output_dir fails there, and TRL's client raises a bare Exception after its retries
+    class Client:
+        base_url, _updating_weights = "http://host:8000", False
+
+        def _post(self, url: str, json: dict) -> None:
+            raise Exception("Request failed: 500, reload_checkpoint: no such file")
+
+    vllm_generation._write_and_reload(Client, tmp_path)
+    with pytest.raises(SpecError) as error:
+        Client().update_named_params(None, iter([("w", torch.zeros(2))]))
+    message = str(error.value)
+    assert message.startswith(f"vllm role: the server at http://host:8000 could not reload the weights from {tmp_path}")
+    assert "(Request failed: 500, reload_checkpoint: no such file); it reads them from training.output_dir" in message
+    assert not list(tmp_path.iterdir())  # the file written for it is gone
