@@ -59,29 +59,6 @@ class KTOSpec(_ReferenceSpec):
     trainer_class: ClassVar[Optional[str]] = "trl:KTOTrainer"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = (("prompt", "completion", "label"),)
 
-    @property
-    def _estimates_kl(self) -> bool:
-        # every loss but apo_zero_unpaired estimates the KL term from the other examples of a device's batch,
-        # taken in a fixed order: TRL's trainer refuses a batch of one, or any other order, once models are loaded
-        return config_value(self.config_class, self.training, "loss_type") != "apo_zero_unpaired"
-
-    @property
-    def min_per_device_batch(self) -> int:
-        return 2 if self._estimates_kl else 1
-
-    def problems(self, world_size: Optional[int]) -> List[str]:
-        found = super().problems(world_size)
-        if not self._estimates_kl:
-            return found
-        loss = config_value(self.config_class, self.training, "loss_type")
-        why = f"loss_type {loss!r} estimates its KL term from the other examples of a device's batch, in order"
-        if config_value(self.config_class, self.training, "per_device_train_batch_size") < 2:
-            found.append(f"training.per_device_train_batch_size: {why}; use 2 or more (or loss_type: apo_zero_unpaired)")
-        strategy = config_value(self.config_class, self.training, "train_sampling_strategy")
-        if strategy != "sequential":
-            found.append(f"training.train_sampling_strategy: {why}; use sequential, not {strategy!r}")
-        return found
-
 
 class ORPOSpec(Spec):
     """Odds-ratio preference optimisation (no reference) with ``trl.experimental.orpo.ORPOTrainer``."""

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict
 
 from posttrain.components.fields import config_fields, config_value
 from posttrain.components.rewards import check_builtin
+from posttrain.components.values import least_per_device_batch
 
 # Keys of TRL's config classes that the package sets itself: where to go instead.
 PACKAGE_OWNED_TRAINING_KEYS: Dict[str, str] = {
@@ -177,7 +178,7 @@ class Spec(_Strict):
     @property
     def min_per_device_batch(self) -> int:
         """The fewest examples per device and step the trainer accepts (the job never shrinks a batch below it)."""
-        return 1
+        return least_per_device_batch(self.config_class, self.training)
 
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, no whitespace. ``from_json`` inverts it."""

@@ -16,11 +16,11 @@ import functools
 import re
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import yaml
 
-from posttrain.components.fields import config_value
+from posttrain.components.fields import config_fields, config_value
 
 RULES_DIR = Path(__file__).with_name("value_rules")
 
@@ -111,12 +111,7 @@ def range_problems(config_class: str, fields: Mapping[str, Any], training: Mappi
 def combination_problems(config_class: str, fields: Mapping[str, Any], training: Mapping[str, Any]) -> List[str]:
     """``training`` values that the rows with ``when`` and ``requires`` refuse together (unset: TRL's defaults)."""
     found = []
-    for row in rows_for(config_class, fields):
-        if "requires" not in row:
-            continue
-        when = {key: config_value(config_class, training, key) for key in row["when"]}
-        if not all(_holds(when[key], wanted) for key, wanted in row["when"].items()):
-            continue
+    for row, when in _combinations(config_class, fields, training):
         key, required = row["field"], row["requires"]
         value = config_value(config_class, training, key)
         if isinstance(required, str):
@@ -129,6 +124,28 @@ def combination_problems(config_class: str, fields: Mapping[str, Any], training:
             found.append(f"training.{key}: {_shown(value)}{given} cannot go with {condition}; expected {expected} "
                          f"({row['reason']})")  # fmt: skip
     return found
+
+
+def least_per_device_batch(config_class: str, training: Mapping[str, Any]) -> int:
+    """The fewest examples per device the ``requires`` rows allow (KTO's KL term: 2); the job never shrinks below."""
+    least = 1
+    for row, _ in _combinations(config_class, config_fields(config_class), training):
+        if row["field"] == "per_device_train_batch_size" and isinstance(row["requires"], str):
+            bound = Range.parse(row["requires"])
+            if bound.low is not None:
+                least = max(least, int(bound.low) + (0 if bound.low_inclusive else 1))
+    return least
+
+
+def _combinations(
+    config_class: str, fields: Mapping[str, Any], training: Mapping[str, Any]
+) -> Iterator[Tuple[Dict[str, Any], Dict[str, Any]]]:
+    """The ``requires`` rows whose ``when`` holds for ``training``, each with the ``when`` fields' values."""
+    for row in rows_for(config_class, fields):
+        if "requires" in row:
+            when = {key: config_value(config_class, training, key) for key in row["when"]}
+            if all(_holds(when[key], wanted) for key, wanted in row["when"].items()):
+                yield row, when
 
 
 def _holds(value: Any, wanted: Any) -> bool:

@@ -239,7 +239,7 @@ def test_kto_batch_rules_are_the_trainers_own(tmp_path: Path) -> None:
     loose = {"per_device_train_batch_size": 1, "train_sampling_strategy": "random"}
     job = tiny_job(tmp_path, "kto", training={**load_template("kto/tiny.yaml")["training"], **loose,
                                               "loss_type": "apo_zero_unpaired", "output_dir": str(tmp_path)})  # fmt: skip
-    assert job.spec.min_per_device_batch == 1
+    assert job.spec.min_per_device_batch == 1 and validate(load_template("kto/tiny.yaml")).min_per_device_batch == 2
     runtime.registry_trainer(job)  # no KL term: TRL takes both
     with pytest.raises(SpecError) as refused:
         validate({**load_template("kto/tiny.yaml"), "training": {**job.spec.training, "loss_type": "kto"}})
