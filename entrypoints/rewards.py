@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from transformers import TrainerCallback
+from trl.trainer.utils import is_async_callable
 
 from posttrain.components.messages import SpecError
 from posttrain.components.rewards import BUILTIN_REWARDS, RewardFunction, builtin_reward
@@ -42,15 +43,6 @@ def has_rewards(spec: Spec) -> bool:
     return "rewards" in type(spec).model_fields
 
 
-def is_async(function: Any) -> bool:
-    """Whether calling ``function`` gives a coroutine: an async function, or an object whose ``__call__`` is async.
-
-    TRL tells them the same way (``trl.trainer.utils.is_async_callable``); ``inspect.iscoroutinefunction`` alone
-    reads an async callable object as synchronous.
-    """
-    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(getattr(function, "__call__", None))
-
-
 class RewardCheck(TrainerCallback):
     """Checks every reward function's scores; stops all ranks together at the end of a step where one was bad.
 
@@ -66,7 +58,7 @@ class RewardCheck(TrainerCallback):
         name = getattr(function, "__name__", type(function).__name__)
         label = f"{where} ({name})"
 
-        if is_async(function):  # TRL awaits async reward functions
+        if is_async_callable(function):  # TRL awaits async reward functions (and objects with an async __call__)
 
             @functools.wraps(function)
             async def checked_async(*args: Any, **kwargs: Any) -> List[Any]:

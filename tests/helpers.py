@@ -104,3 +104,13 @@ def ends(output_dir: Path, key: str) -> tuple:
     assert summary["metrics_first"][key] == pytest.approx(first)
     assert summary["metrics_last"][key] == pytest.approx(last)
     return first, last
+
+
+def sft_spec(tmp_path: Path, **changes: Any) -> Any:
+    """The tiny SFT template validated, writing under ``tmp_path``, with top-level sections replaced by ``changes``."""
+    from posttrain.components.spec import validate
+
+    raw = load_template("sft/tiny.yaml")
+    raw["training"]["output_dir"] = str(tmp_path / "out")
+    raw.update(changes)
+    return validate(raw)

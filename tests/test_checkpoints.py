@@ -4,9 +4,9 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import load_template
+from helpers import sft_spec
 
-from posttrain.components.spec import SpecError, validate
+from posttrain.components.spec import SpecError
 from posttrain.entrypoints.checkpoints import (
     SPEC_FILE,
     already_finished,
@@ -14,13 +14,6 @@ from posttrain.entrypoints.checkpoints import (
     resolve_resume,
 )
 from posttrain.entrypoints.summary import SUMMARY_FILE
-
-
-def spec_with(tmp_path: Path, **changes: object):
-    raw = load_template("sft/tiny.yaml")
-    raw["training"]["output_dir"] = str(tmp_path / "out")
-    raw.update(changes)
-    return validate(raw)
 
 
 def write_checkpoint(output_dir: Path, step: int, complete: bool = True, max_steps: int = 0) -> Path:
@@ -40,18 +33,18 @@ def test_only_complete_checkpoints_count(tmp_path: Path) -> None:
 
 
 def test_resume_auto_picks_the_newest_checkpoint_of_the_same_spec(tmp_path: Path) -> None:
-    spec = spec_with(tmp_path)
+    spec = sft_spec(tmp_path)
     output_dir = Path(spec.training["output_dir"])
     assert resolve_resume(spec, output_dir) is None
     write_checkpoint(output_dir, 5)
     newest = write_checkpoint(output_dir, 10)
     (output_dir / SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json")))
     assert resolve_resume(spec, output_dir) == str(newest)
-    assert resolve_resume(spec_with(tmp_path, resume=str(output_dir / "checkpoint-5")), output_dir).endswith("-5")
+    assert resolve_resume(sft_spec(tmp_path, resume=str(output_dir / "checkpoint-5")), output_dir).endswith("-5")
 
 
 def test_resume_auto_refuses_a_checkpoint_of_another_spec(tmp_path: Path) -> None:
-    spec = spec_with(tmp_path)
+    spec = sft_spec(tmp_path)
     output_dir = Path(spec.training["output_dir"])
     write_checkpoint(output_dir, 10)
     saved = spec.model_dump(mode="json")
@@ -63,17 +56,17 @@ def test_resume_auto_refuses_a_checkpoint_of_another_spec(tmp_path: Path) -> Non
 
 
 def test_resume_never_refuses_to_mix_runs_and_a_bad_path_is_named(tmp_path: Path) -> None:
-    spec = spec_with(tmp_path, resume="never")
+    spec = sft_spec(tmp_path, resume="never")
     output_dir = Path(spec.training["output_dir"])
     assert resolve_resume(spec, output_dir) is None
     write_checkpoint(output_dir, 10)
     with pytest.raises(SpecError, match="resume: never, but .* already holds checkpoints"):
         resolve_resume(spec, output_dir)
     with pytest.raises(SpecError, match="resume: '.*nowhere' is neither auto, never nor an existing checkpoint directory"):
-        resolve_resume(spec_with(tmp_path, resume=str(tmp_path / "nowhere")), output_dir)
+        resolve_resume(sft_spec(tmp_path, resume=str(tmp_path / "nowhere")), output_dir)
     (tmp_path / "half").mkdir()
     with pytest.raises(SpecError, match="is not a complete checkpoint"):
-        resolve_resume(spec_with(tmp_path, resume=str(tmp_path / "half")), output_dir)
+        resolve_resume(sft_spec(tmp_path, resume=str(tmp_path / "half")), output_dir)
 
 
 def test_a_run_is_finished_at_its_last_step_of_max_steps_or_of_its_epochs(tmp_path: Path) -> None:

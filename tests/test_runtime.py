@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TEMPLATES, load_template
+from helpers import TEMPLATES, load_template, sft_spec
 from transformers import LlamaForCausalLM, LlamaForSequenceClassification
 from trl import SFTConfig
 
@@ -27,13 +27,6 @@ SFT_CONFIG = SPEC_CLASSES["sft"].config_class
 def _hf_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_home" / "datasets"))
-
-
-def spec_with(tmp_path: Path, **changes: object):
-    raw = load_template("sft/tiny.yaml")
-    raw["training"]["output_dir"] = str(tmp_path / "out")
-    raw.update(changes)
-    return validate(raw)
 
 
 def test_runtime_doctests() -> None:
@@ -102,7 +95,7 @@ def test_fit_batch_shrinks_to_the_data_or_fails() -> None:
 
 
 def test_training_arguments_on_cpu_are_owned_by_the_package(tmp_path: Path) -> None:
-    spec = spec_with(tmp_path)
+    spec = sft_spec(tmp_path)
     kwargs = runtime.training_arguments(spec, {k: v for k, v in spec.training.items() if k != "bf16"})
     assert kwargs["use_cpu"] is True and kwargs["bf16"] is False
     assert kwargs["ddp_timeout"] == spec.distributed.timeout_s
@@ -117,7 +110,7 @@ def test_templates_point_at_shipped_data() -> None:
 
 
 def test_deepspeed_config_leaves_batch_and_precision_to_the_trainer(tmp_path: Path) -> None:
-    spec = spec_with(tmp_path, distributed={"deepspeed": {"zero_stage": 3, "offload_optimizer": True, "offload_params": True}})
+    spec = sft_spec(tmp_path, distributed={"deepspeed": {"zero_stage": 3, "offload_optimizer": True, "offload_params": True}})
     config = deepspeed_config(spec.distributed.deepspeed)
     assert config["train_micro_batch_size_per_gpu"] == "auto" and config["bf16"] == {"enabled": "auto"}
     zero = config["zero_optimization"]
@@ -125,7 +118,7 @@ def test_deepspeed_config_leaves_batch_and_precision_to_the_trainer(tmp_path: Pa
     assert zero["stage3_gather_16bit_weights_on_model_save"] is True
     kwargs = runtime.training_arguments(spec, dict(spec.training))
     assert kwargs["deepspeed"] == config
-    own = spec_with(tmp_path, distributed={"deepspeed": {"config": str(tmp_path / "missing.json")}})
+    own = sft_spec(tmp_path, distributed={"deepspeed": {"config": str(tmp_path / "missing.json")}})
     with pytest.raises(SpecError, match="distributed.deepspeed.config: no such file"):
         deepspeed_config(own.distributed.deepspeed)
 
@@ -134,7 +127,7 @@ def test_fsdp_arguments_turn_on_fsdp2_through_the_hf_integration(tmp_path: Path)
     from accelerate.utils import FullyShardedDataParallelPlugin
 
     fsdp = {"cpu_offload": True, "reshard_after_forward": False, "wrap_layers": ["LlamaDecoderLayer"]}
-    spec = spec_with(tmp_path, distributed={"fsdp": fsdp})
+    spec = sft_spec(tmp_path, distributed={"fsdp": fsdp})
     training = {k: v for k, v in spec.training.items() if k != "activation_checkpointing"}
     args = SFTConfig(**runtime.training_arguments(spec, training))
     plugin_args = args.fsdp_plugin_args
@@ -151,7 +144,7 @@ def test_fsdp_arguments_turn_on_fsdp2_through_the_hf_integration(tmp_path: Path)
 def test_a_trainer_that_set_up_another_strategy_is_refused(tmp_path: Path) -> None:
     from trl import SFTTrainer
 
-    plain = spec_with(tmp_path)
+    plain = sft_spec(tmp_path)
     args = SFTConfig(**runtime.training_arguments(plain, dict(plain.training)))
     tokenizer = load_tokenizer(plain.model.name_or_path, plain, "right")
     data = load_data(plain.data.train, {}, "data.train", SFT_FORMATS)
@@ -162,7 +155,7 @@ def test_a_trainer_that_set_up_another_strategy_is_refused(tmp_path: Path) -> No
     for sharding in ({"fsdp": {}}, {"deepspeed": {"zero_stage": 3}}):
         asked = next(iter(sharding))
         with pytest.raises(SpecError, match=f"distributed.{asked}: asked for {asked}, but the trainer set up single"):
-            strategy_for(spec_with(tmp_path, distributed=sharding).distributed).check_engine(trainer)
+            strategy_for(sft_spec(tmp_path, distributed=sharding).distributed).check_engine(trainer)
 
 
 def test_on_gpus_the_group_has_gloo_beside_nccl_for_posttrain_flags(tmp_path: Path, monkeypatch) -> None:
@@ -171,7 +164,7 @@ def test_on_gpus_the_group_has_gloo_beside_nccl_for_posttrain_flags(tmp_path: Pa
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(distributed, "init_process_group", lambda backend, timeout: made.append(backend) or False)
     for sharding in ({}, {"fsdp": {}}, {"deepspeed": {"zero_stage": 2}}):
-        strategy_for(spec_with(tmp_path, distributed=sharding).distributed).init_process_group()
+        strategy_for(sft_spec(tmp_path, distributed=sharding).distributed).init_process_group()
     # DeepSpeed's communication layer is told one backend, and its group has that one
     assert made == ["cuda:nccl,cpu:gloo", "cuda:nccl,cpu:gloo", "nccl"]
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
