@@ -27,6 +27,29 @@ class SFTSpec(Spec):
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = LANGUAGE_MODELLING_FORMATS
     fast_paths: ClassVar[Tuple[str, ...]] = ("padding_free", "use_liger_kernel", "no_activation_checkpointing")
 
+    def problems(self, world_size: Optional[int]) -> List[str]:
+        return super().problems(world_size) + self._selective_checkpointing_problems()
+
+    def _selective_checkpointing_problems(self) -> List[str]:
+        """What SFTTrainer refuses of its selective activation checkpointing once the model is loaded."""
+        training = self.training
+        options = [key for key in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs")
+                   if isinstance(training.get(key), dict) and training[key].get("selective")]  # fmt: skip
+        if not options:
+            return []
+        key, switch = options[0], [k for k in ("activation_checkpointing", "gradient_checkpointing") if k in training]
+        if switch and training[switch[0]] is False:
+            return [f"training.{key}: selective: true cannot go with {switch[0]}: false; selective checkpointing "
+                    "is a kind of activation checkpointing: turn it on, or drop selective"]  # fmt: skip
+        if training[key].get("use_reentrant"):
+            return [f"training.{key}: selective: true cannot go with use_reentrant: true; selective checkpointing "
+                    "is non-reentrant: set use_reentrant: false, or leave it unset"]  # fmt: skip
+        deepspeed = self.distributed.deepspeed
+        if self.model.lora is not None and deepspeed is not None and deepspeed.zero_stage == 3:
+            return [f"training.{key}: selective: true cannot go with model.lora under ZeRO-3, which needs reentrant "
+                    "checkpointing; drop selective, or use zero_stage 1 or 2"]  # fmt: skip
+        return []
+
 
 class DPOSpec(_ReferenceSpec):
     """Direct preference optimisation with ``trl.DPOTrainer``."""

@@ -44,6 +44,8 @@ class _Strict(BaseModel):
 # through the mask transformers builds from them (masking_utils.find_packed_sequence_indices), flash attention
 # through the sequence boundaries TRL's collator passes (cu_seq_lens).
 PACKING_AWARE_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
+# TRL's trainers that fuse the LM head with the loss themselves: they refuse Liger's fused linear cross-entropy
+FUSED_LM_HEAD_TRAINERS = ("trl:SFTTrainer", "trl:DPOTrainer", "trl:KTOTrainer", "trl:GRPOTrainer", "trl:RLOOTrainer")
 
 
 class ModelSpec(_Strict):
@@ -264,6 +266,13 @@ class Spec(_Strict):
         elif self.distributed.fsdp is not None and only_model:
             found.append("training.save_only_model: distributed.fsdp saves sharded checkpoints, the optimizer's state "
                          "with the model's; remove it")  # fmt: skip
+        liger = training.get("use_liger_kernel", "use_liger_kernel" in self.fast_paths)  # SFT: on by default on GPUs
+        options = training.get("liger_kernel_config")
+        fused = isinstance(options, dict) and options.get("fused_linear_cross_entropy")
+        if fused and liger is True and self.trainer_class in FUSED_LM_HEAD_TRAINERS:
+            default = "" if "use_liger_kernel" in training else " (on by default on GPUs)"
+            found.append("training.liger_kernel_config: fused_linear_cross_entropy: true cannot go with Liger kernels"
+                         f"{default} in {self.trainer_class}, which fuses the LM head with the loss itself; drop it")  # fmt: skip
         ds = self.distributed.deepspeed
         if ds is not None and ds.zero_stage == 3 and training.get("auto_find_batch_size") is True:
             found.append("training.auto_find_batch_size: transformers does not support it with ZeRO-3; remove it, "

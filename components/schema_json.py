@@ -14,7 +14,7 @@ The templates point the YAML language server at them with their first line::
     # yaml-language-server: $schema=../../components/schemas/sft.schema.json
 
 The schema checks what fields alone can say (keys, types, choices, the value
-ranges of ``value_rules/``, ``training.output_dir`` required); rules across fields (``bf16`` with
+ranges and mapping keys of ``value_rules/``, ``training.output_dir`` required); rules across fields (``bf16`` with
 ``fp16``, the generation batch, one reward source) are still the validator's.
 """
 
@@ -105,7 +105,11 @@ def table_schema(class_name: str, *, exclude: Sequence[str] = ()) -> Dict[str, A
     """An object whose properties are one config class's fields, with their defaults and ranges; nothing else."""
     entries = json.loads(TABLE_PATH.read_text())[class_name]  # the raw table: it says which defaults exist
     fields = config_fields(class_name)
-    ranges = {row["field"]: Range.parse(row["range"]) for row in rows_for(class_name, fields) if "range" in row}
+    rows = rows_for(class_name, fields)
+    ranges = {row["field"]: Range.parse(row["range"]) for row in rows if "range" in row}
+    keys: Dict[str, List[str]] = {}
+    for row in rows:
+        keys.setdefault(row["field"], []).extend(row.get("keys", []))
     properties = {}
     for name, field in fields.items():
         if name in exclude:
@@ -117,6 +121,8 @@ def table_schema(class_name: str, *, exclude: Sequence[str] = ()) -> Dict[str, A
                 prop["minimum" if bounds.low_inclusive else "exclusiveMinimum"] = bounds.low
             if bounds.high is not None:
                 prop["maximum" if bounds.high_inclusive else "exclusiveMaximum"] = bounds.high
+        if keys.get(name):  # the keys a mapping may hold (propertyNames constrains objects only)
+            prop["propertyNames"] = {"enum": keys[name]}
         if "default" in entries[name]:
             prop["default"] = entries[name]["default"]
         properties[name] = prop

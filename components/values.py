@@ -3,8 +3,9 @@
 Types come from TRL's annotations (``config_fields.json``); what the types
 cannot say is in ``value_rules/trl-<major>.<minor>.yaml``, one row per rule
 with its reason: ranges written where TRL has none, the value lists TRL
-documents, and the kinds TRL accepts beyond its annotation (it converts them
-itself). Choices in TRL's own field metadata are read from TRL when the
+documents, the kinds TRL accepts beyond its annotation (it converts them
+itself), the keys a mapping value may hold, and the combinations TRL's trainers
+refuse. Choices in TRL's own field metadata are read from TRL when the
 field table is generated. Messages name the key, the value and what is
 allowed::
 
@@ -21,6 +22,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 import yaml
 
 from posttrain.components.fields import config_fields, config_value
+from posttrain.components.messages import unknown_message
 
 RULES_DIR = Path(__file__).with_name("value_rules")
 
@@ -123,6 +125,24 @@ def combination_problems(config_class: str, fields: Mapping[str, Any], training:
             condition = ", ".join(f"{name}: {_shown(when[name])}" for name in row["when"])
             found.append(f"training.{key}: {_shown(value)}{given} cannot go with {condition}; expected {expected} "
                          f"({row['reason']})")  # fmt: skip
+    return found
+
+
+def key_problems(config_class: str, fields: Mapping[str, Any], training: Mapping[str, Any]) -> List[str]:
+    """Keys of mapping values that no ``keys`` row for their field allows (a field's rows add up)."""
+    allowed: Dict[str, List[str]] = {}
+    reasons: Dict[str, str] = {}
+    for row in rows_for(config_class, fields):
+        if "keys" in row:
+            allowed.setdefault(row["field"], []).extend(row["keys"])
+            reasons.setdefault(row["field"], row["reason"])  # the field's first row says why the keys are these
+    found = []
+    for field, keys in allowed.items():
+        value = training.get(field)
+        for key in value if isinstance(value, dict) else ():
+            if key not in keys:
+                prefix = f"training.{field}."
+                found.append(f"{unknown_message(prefix + str(key), set(keys), prefix, [])} ({reasons[field]})")
     return found
 
 

@@ -267,6 +267,11 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
     kwargs["ddp_timeout"] = spec.distributed.timeout_s
     if on_cpu and "bf16" not in kwargs and not kwargs.get("fp16"):
         kwargs["bf16"] = False  # TRL defaults to bf16 mixed precision, meant for GPUs
+    offloaded = [key for key in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs")
+                 if isinstance(kwargs.get(key), dict) and kwargs[key].get("offload")]  # fmt: skip
+    if on_cpu and offloaded:  # transformers would fail in the first step: pinned memory needs an accelerator
+        raise SpecError([f"training.{offloaded[0]}: offload: true moves saved activations off the GPU into "
+                         "pinned host memory; this job runs on CPU, where they are in host memory already: drop it"])
     kwargs.setdefault("include_num_input_tokens_seen", "non_padding")
     kwargs.setdefault("disable_tqdm", not sys.stdout.isatty())  # a bar on a terminal; lines elsewhere (ProgressLog)
     if has_rewards(spec) and "reward_weights" in config_fields(spec.config_class):

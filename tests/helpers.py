@@ -114,3 +114,23 @@ def sft_spec(tmp_path: Path, **changes: Any) -> Any:
     raw["training"]["output_dir"] = str(tmp_path / "out")
     raw.update(changes)
     return validate(raw)
+
+
+def tiny_job(tmp_path: Path, algorithm: str, **changes: Any) -> Any:
+    """The job ``run`` would build from the algorithm's tiny template, every extra model the template's built-in one."""
+    from posttrain.components.registry import SPEC_CLASSES
+    from posttrain.components.spec import validate
+    from posttrain.entrypoints import runtime
+    from posttrain.entrypoints.data import load_data
+    from posttrain.entrypoints.models import import_object, load_tokenizer
+    from posttrain.entrypoints.rewards import resolve_rewards
+
+    raw = load_template(f"{algorithm}/tiny.yaml")
+    raw["training"]["output_dir"] = str(tmp_path / "out")
+    raw.update({field: raw["model"]["name_or_path"] for field in SPEC_CLASSES[algorithm].extra_models})
+    raw.update(changes)
+    spec = validate(raw)
+    args = import_object(spec.config_class)(**runtime.training_arguments(spec, dict(spec.training)))
+    tokenizer = load_tokenizer(spec.model.name_or_path, spec, "left" if spec.generates else "right")
+    data = load_data(spec.data.train, spec.data.columns, "data.train", spec.data_formats)
+    return runtime.Job(spec, args, tokenizer, data, None, callbacks=[], rewards=resolve_rewards(spec))

@@ -149,3 +149,15 @@ def test_activation_checkpointing_runs_in_eval_mode_and_changes_no_number(tmp_pa
     for name, parameter in model.named_parameters():
         torch.testing.assert_close(parameter, trained[name], rtol=1e-5, atol=1e-6, msg=name)
     assert checkpointed.state.log_history[0]["loss"] == pytest.approx(plain.state.log_history[0]["loss"], rel=1e-5)
+
+
+def test_every_n_layers_checkpoints_every_nth_layer_of_both_models(tmp_path: Path) -> None:
+    options = {"every_n_layers": 2, "use_reentrant": False}  # the value table takes it for PPO
+    trainer = make_trainer(tmp_path, activation_checkpointing=True, activation_checkpointing_kwargs=options)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    for part in ("policy", "value_model"):
+        layers = getattr(model, part).model.layers
+        flags = [layer.gradient_checkpointing for layer in layers]
+        assert len(flags) >= 2 and flags == [i % 2 == 0 for i in range(len(flags))]
+    trainer.train()
+    assert trainer.state.global_step == 1

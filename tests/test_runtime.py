@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TEMPLATES, load_template, sft_spec
+from helpers import TEMPLATES, load_template, sft_spec, tiny_job
 from transformers import LlamaForCausalLM, LlamaForSequenceClassification
 from trl import SFTConfig
 
@@ -194,19 +194,6 @@ def test_online_batches_are_checked_not_shrunk() -> None:
 BUILT_BY_THE_REGISTRY = sorted(name for name, cls in SPEC_CLASSES.items() if cls.trainer_class is not None)
 
 
-def tiny_job(tmp_path: Path, algorithm: str, **changes: object) -> runtime.Job:
-    """The job ``run`` would build from the algorithm's tiny template, every extra model the template's built-in one."""
-    raw = load_template(f"{algorithm}/tiny.yaml")
-    raw["training"]["output_dir"] = str(tmp_path / "out")
-    raw.update({field: raw["model"]["name_or_path"] for field in SPEC_CLASSES[algorithm].extra_models})
-    raw.update(changes)
-    spec = validate(raw)
-    args = import_object(spec.config_class)(**runtime.training_arguments(spec, dict(spec.training)))
-    tokenizer = load_tokenizer(spec.model.name_or_path, spec, "left" if spec.generates else "right")
-    data = load_data(spec.data.train, spec.data.columns, "data.train", spec.data_formats)
-    return runtime.Job(spec, args, tokenizer, data, None, callbacks=[], rewards=resolve_rewards(spec))
-
-
 @pytest.mark.parametrize("algorithm", BUILT_BY_THE_REGISTRY)
 def test_the_registry_builds_every_trainer_with_its_models(tmp_path: Path, algorithm: str) -> None:
     from transformers.integrations import TensorBoardCallback
@@ -258,6 +245,10 @@ TRAINER_REFUSALS = [
     ("dpo", {"loss_type": "apo_zero", "f_divergence_type": "js_divergence"}, "is only supported for the following"),
     ("dpo", {"loss_type": "aot", "use_weighting": True}, "WPO-style weighting is not implemented"),
     ("sft", {"padding_free": True, "max_length": 64}, "padding_free=True` without packing"),
+    ("sft", {"activation_checkpointing_kwargs": {"selective": True}, "activation_checkpointing": False},
+     "{'selective': True}` requires `gradient_checkpointing=True`"),
+    ("sft", {"activation_checkpointing_kwargs": {"selective": True, "use_reentrant": True},
+             "activation_checkpointing": True}, "{'selective': True}` requires non-reentrant gradient checkpointing"),
 ]
 
 

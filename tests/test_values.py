@@ -30,7 +30,7 @@ def test_every_row_names_fields_the_installed_trl_has() -> None:
         assert having, f"{row['field']}: no config class has it any more"
         if "configs" in row:
             assert having == named, f"{row['field']}: missing from {set(named) - set(having)}"
-        kinds = {"field", "configs", "range", "choices", "also", "when", "requires", "reason"}
+        kinds = {"field", "configs", "range", "choices", "also", "when", "requires", "keys", "reason"}
         assert row["reason"].strip() and set(row) <= kinds
         assert ("when" in row) == ("requires" in row)
         for config in having:  # a combination's other fields too
@@ -87,6 +87,14 @@ BAD_VALUES = [
     ("dpo", {"label_smoothing": 0.0, "loss_type": ["sigmoid", "exo_pair"]}, "training.label_smoothing: 0.0 cannot go with loss_type: [sigmoid, exo_pair]; expected label_smoothing > 0"),
     ("dpo", {"f_divergence_type": "js_divergence", "loss_type": "apo_zero"}, "training.f_divergence_type: js_divergence cannot go with loss_type: apo_zero; expected reverse_kl"),
     ("sft", {"max_length": 64, "padding_free": True}, "training.max_length: 64 cannot go with padding_free: true, packing: false; expected null"),
+    # the keys of a mapping (tests/test_checkpointing_options.py trains with them)
+    ("dpo", {"activation_checkpointing_kwargs": {"selective": True}}, "training.activation_checkpointing_kwargs.selective: unknown key; valid keys here: debug, determinism_check, early_stop, preserve_rng_state, use_reentrant (torch.utils.checkpoint's options; also every_n_layers and offload for sft"),
+    ("grpo", {"gradient_checkpointing_kwargs": {"every_n_layers": 2}}, "training.gradient_checkpointing_kwargs.every_n_layers: unknown key"),
+    ("sft", {"activation_checkpointing_kwargs": {"use_reentrent": False}}, "training.activation_checkpointing_kwargs.use_reentrent: unknown key; did you mean training.activation_checkpointing_kwargs.use_reentrant?"),
+    # Liger's fused cross-entropy in a trainer that fuses the LM head itself (SFT: Liger on by default on GPUs)
+    ("sft", {"liger_kernel_config": {"fused_linear_cross_entropy": True}}, "training.liger_kernel_config: fused_linear_cross_entropy: true cannot go with Liger kernels (on by default on GPUs) in trl:SFTTrainer"),
+    ("grpo", {"liger_kernel_config": {"fused_linear_cross_entropy": True}, "use_liger_kernel": True}, "training.liger_kernel_config: fused_linear_cross_entropy: true cannot go with Liger kernels in trl:GRPOTrainer"),
+    ("sft", {"activation_checkpointing_kwargs": {"selective": True}, "activation_checkpointing": False}, "training.activation_checkpointing_kwargs: selective: true cannot go with activation_checkpointing: false"),
 ]  # fmt: skip
 
 
@@ -116,6 +124,12 @@ VALID_VALUES = [
     ("dpo", {"loss_type": "ipo", "f_divergence_type": "js_divergence"}),
     ("sft", {"padding_free": True, "max_length": None}),
     ("sft", {"padding_free": True, "packing": True, "max_length": 64}),
+    ("sft", {"activation_checkpointing": True,
+             "activation_checkpointing_kwargs": {"selective": True, "every_n_layers": 2}}),
+    ("reward", {"gradient_checkpointing_kwargs": {"every_n_layers": 2, "offload": False}}),
+    ("ppo", {"activation_checkpointing_kwargs": {"every_n_layers": 2, "use_reentrant": False}}),
+    ("dpo", {"activation_checkpointing_kwargs": {"use_reentrant": False, "preserve_rng_state": False}}),
+    ("grpo", {"liger_kernel_config": {"fused_linear_cross_entropy": True}}),  # Liger off: TRL never reads it
 ]
 
 
