@@ -26,6 +26,10 @@ class SFTSpec(Spec):
     trainer_class: ClassVar[Optional[str]] = "trl:SFTTrainer"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = LANGUAGE_MODELLING_FORMATS
     fast_paths: ClassVar[Tuple[str, ...]] = ("padding_free", "use_liger_kernel", "no_activation_checkpointing")
+    refused_training_keys: ClassVar[Dict[str, str]] = {
+        # TRL reads one key of it, skip_prepare_dataset, which only works on rows tokenized already (input_ids)
+        "dataset_kwargs": "the data is text, messages or prompt and completion, which the trainer must tokenize",
+    }
 
     def problems(self, world_size: Optional[int]) -> List[str]:
         return super().problems(world_size) + self._selective_checkpointing_problems()

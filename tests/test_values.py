@@ -91,6 +91,8 @@ BAD_VALUES = [
     ("dpo", {"activation_checkpointing_kwargs": {"selective": True}}, "training.activation_checkpointing_kwargs.selective: unknown key; valid keys here: debug, determinism_check, early_stop, preserve_rng_state, use_reentrant (torch.utils.checkpoint's options; also every_n_layers and offload for sft"),
     ("grpo", {"gradient_checkpointing_kwargs": {"every_n_layers": 2}}, "training.gradient_checkpointing_kwargs.every_n_layers: unknown key"),
     ("sft", {"activation_checkpointing_kwargs": {"use_reentrent": False}}, "training.activation_checkpointing_kwargs.use_reentrent: unknown key; did you mean training.activation_checkpointing_kwargs.use_reentrant?"),
+    ("dpo", {"accelerator_config": {"split_batch": True}}, "training.accelerator_config.split_batch: unknown key; did you mean training.accelerator_config.split_batches? (the fields of transformers' AcceleratorConfig)"),
+    ("sft", {"dataset_kwargs": {"skip_prepare_dataset": True}}, "training.dataset_kwargs: not supported by posttrain.sft; the data is text, messages or prompt and completion"),
     # Liger's fused cross-entropy in a trainer that fuses the LM head itself (SFT: Liger on by default on GPUs)
     ("sft", {"liger_kernel_config": {"fused_linear_cross_entropy": True}}, "training.liger_kernel_config: fused_linear_cross_entropy: true cannot go with Liger kernels (on by default on GPUs) in trl:SFTTrainer"),
     ("grpo", {"liger_kernel_config": {"fused_linear_cross_entropy": True}, "use_liger_kernel": True}, "training.liger_kernel_config: fused_linear_cross_entropy: true cannot go with Liger kernels in trl:GRPOTrainer"),
@@ -245,3 +247,25 @@ def test_unknown_keys_list_the_nearest_few_valid_keys_not_all() -> None:
 
 def test_the_shipped_table_loads_as_yaml() -> None:
     assert yaml.safe_load((values.RULES_DIR / "trl-1.16.yaml").read_text()) == list(rules())
+
+
+def test_the_mapping_keys_are_those_the_installed_packages_take() -> None:
+    """Fails when torch's checkpoint, transformers' checkpointing helper or AcceleratorConfig change their options."""
+    import dataclasses
+    import inspect
+
+    import torch.utils.checkpoint
+    from transformers import PreTrainedModel
+    from transformers.trainer_pt_utils import AcceleratorConfig
+
+    keys = {(row["field"], tuple(row.get("configs", ()))): row["keys"] for row in rules() if "keys" in row}
+    torch_options = set(inspect.signature(torch.utils.checkpoint.checkpoint).parameters) - {"function", "args", "kwargs"}
+    helper_options = set(inspect.signature(PreTrainedModel.activation_checkpointing_enable).parameters)
+    for field in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"):
+        # context_fn takes a function, which YAML cannot give; preserve_rng_state is read from **kwargs
+        assert set(keys[field, ()]) == torch_options - {"context_fn"} | {"preserve_rng_state"}
+        trainer_keys = [k for (name, configs), k in keys.items() if name == field and "trl:RewardConfig" in configs]
+        assert trainer_keys == [["every_n_layers", "offload"]] and {"every_n_layers", "offload"} <= helper_options
+    assert keys["accelerator_config", ()] == [field.name for field in dataclasses.fields(AcceleratorConfig)]
+    with pytest.raises(TypeError, match="unexpected keyword argument 'split_batch'"):  # what the job met before
+        AcceleratorConfig(split_batch=True)
