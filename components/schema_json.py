@@ -121,8 +121,8 @@ def table_schema(class_name: str, *, exclude: Sequence[str] = ()) -> Dict[str, A
                 prop["minimum" if bounds.low_inclusive else "exclusiveMinimum"] = bounds.low
             if bounds.high is not None:
                 prop["maximum" if bounds.high_inclusive else "exclusiveMaximum"] = bounds.high
-        if keys.get(name):  # the keys a mapping may hold (propertyNames constrains objects only)
-            prop["propertyNames"] = {"enum": keys[name]}
+        if keys.get(name):  # the keys a mapping may hold under any condition; propertyNames constrains objects only
+            prop["propertyNames"] = {"enum": sorted(set(keys[name]))}
         if "default" in entries[name]:
             prop["default"] = entries[name]["default"]
         properties[name] = prop

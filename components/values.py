@@ -113,7 +113,7 @@ def range_problems(config_class: str, fields: Mapping[str, Any], training: Mappi
 def combination_problems(config_class: str, fields: Mapping[str, Any], training: Mapping[str, Any]) -> List[str]:
     """``training`` values that the rows with ``when`` and ``requires`` refuse together (unset: TRL's defaults)."""
     found = []
-    for row, when in _combinations(config_class, fields, training):
+    for row, when in _holding(config_class, fields, training, "requires"):
         key, required = row["field"], row["requires"]
         value = config_value(config_class, training, key)
         if isinstance(required, str):
@@ -122,34 +122,46 @@ def combination_problems(config_class: str, fields: Mapping[str, Any], training:
             wrong, expected = not _holds(value, required), " or ".join(_shown(choice) for choice in required)
         if wrong:
             given = "" if key in training else " (TRL's default)"
-            condition = ", ".join(f"{name}: {_shown(when[name])}" for name in row["when"])
-            found.append(f"training.{key}: {_shown(value)}{given} cannot go with {condition}; expected {expected} "
-                         f"({row['reason']})")  # fmt: skip
+            found.append(f"training.{key}: {_shown(value)}{given} cannot go with {_condition(row, when)}; expected "
+                         f"{expected} ({row['reason']})")  # fmt: skip
     return found
 
 
 def key_problems(config_class: str, fields: Mapping[str, Any], training: Mapping[str, Any]) -> List[str]:
-    """Keys of mapping values that no ``keys`` row for their field allows (a field's rows add up)."""
-    allowed: Dict[str, List[str]] = {}
-    reasons: Dict[str, str] = {}
-    for row in rows_for(config_class, fields):
-        if "keys" in row:
-            allowed.setdefault(row["field"], []).extend(row["keys"])
-            reasons.setdefault(row["field"], row["reason"])  # the field's first row says why the keys are these
+    """Keys of mapping values that the ``keys`` rows holding for ``training`` do not allow (a field's rows add up;
+    the first says why), and the keys a row ``needs`` (exactly one of them). A JSON string is left to TRL."""
+    holding: Dict[str, List[Tuple[Dict[str, Any], Dict[str, Any]]]] = {}
+    for row, when in _holding(config_class, fields, training, "keys"):
+        holding.setdefault(row["field"], []).append((row, when))
     found = []
-    for field, keys in allowed.items():
-        value = training.get(field)
-        for key in value if isinstance(value, dict) else ():
-            if key not in keys:
-                prefix = f"training.{field}."
-                found.append(f"{unknown_message(prefix + str(key), set(keys), prefix, [])} ({reasons[field]})")
+    for field, rows in holding.items():
+        value = {} if training.get(field) is None else training[field]
+        if not isinstance(value, dict):
+            continue
+        allowed, (first, first_when) = [key for row, _ in rows for key in row["keys"]], rows[0]
+        prefix = f"training.{field}."
+        for key in value:
+            if key in allowed:
+                continue
+            if allowed:
+                unknown = unknown_message(prefix + str(key), set(allowed), prefix, [])
+            else:
+                unknown = f"{prefix}{key}: unknown key; none are taken with {_condition(first, first_when)}"
+            found.append(f"{unknown} ({first['reason']})")
+        for row, when in rows:
+            needs = row.get("needs", [])
+            given = [key for key in needs if key in value]
+            if needs and len(given) != 1:
+                what = needs[0] if len(needs) == 1 else "exactly one of " + ", ".join(needs)
+                got = f"; got {', '.join(given)}" if given else ""
+                found.append(f"training.{field}: needs {what} with {_condition(row, when)}{got} ({row['reason']})")
     return found
 
 
 def least_per_device_batch(config_class: str, training: Mapping[str, Any]) -> int:
     """The fewest examples per device the ``requires`` rows allow (KTO's KL term: 2); the job never shrinks below."""
     least = 1
-    for row, _ in _combinations(config_class, config_fields(config_class), training):
+    for row, _ in _holding(config_class, config_fields(config_class), training, "requires"):
         if row["field"] == "per_device_train_batch_size" and isinstance(row["requires"], str):
             bound = Range.parse(row["requires"])
             if bound.low is not None:
@@ -157,15 +169,22 @@ def least_per_device_batch(config_class: str, training: Mapping[str, Any]) -> in
     return least
 
 
-def _combinations(
-    config_class: str, fields: Mapping[str, Any], training: Mapping[str, Any]
+def _holding(
+    config_class: str, fields: Mapping[str, Any], training: Mapping[str, Any], kind: str
 ) -> Iterator[Tuple[Dict[str, Any], Dict[str, Any]]]:
-    """The ``requires`` rows whose ``when`` holds for ``training``, each with the ``when`` fields' values."""
+    """The rows of a kind (``requires``, ``keys``) whose ``when`` holds for ``training``, each with the ``when``
+    fields' values (unset: TRL's defaults); a row without ``when`` always holds."""
     for row in rows_for(config_class, fields):
-        if "requires" in row:
-            when = {key: config_value(config_class, training, key) for key in row["when"]}
-            if all(_holds(when[key], wanted) for key, wanted in row["when"].items()):
+        if kind in row:
+            wanted = row.get("when", {})
+            when = {key: config_value(config_class, training, key) for key in wanted}
+            if all(_holds(when[key], value) for key, value in wanted.items()):
                 yield row, when
+
+
+def _condition(row: Dict[str, Any], when: Dict[str, Any]) -> str:
+    """A row's ``when`` as it holds: ``loss_type: exo_pair, padding_free: true``."""
+    return ", ".join(f"{name}: {_shown(when[name])}" for name in row.get("when", {}))
 
 
 def _holds(value: Any, wanted: Any) -> bool:

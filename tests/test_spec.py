@@ -215,6 +215,7 @@ def test_overrides_convert_by_the_type_of_the_field() -> None:
             "training.bf16=false",
             "training.report_to=[tensorboard, wandb]",
             "training.run_name=it's a \"quoted\" name; $(echo hi) `x` ü",
+            "training.lr_scheduler_type=cosine_with_min_lr",
             "training.lr_scheduler_kwargs={min_lr: 0.1}",
             "model.revision=0123",
             "model.lora.target_modules=[q_proj, v_proj]",

@@ -30,9 +30,10 @@ def test_every_row_names_fields_the_installed_trl_has() -> None:
         assert having, f"{row['field']}: no config class has it any more"
         if "configs" in row:
             assert having == named, f"{row['field']}: missing from {set(named) - set(having)}"
-        kinds = {"field", "configs", "range", "choices", "also", "when", "requires", "keys", "reason"}
+        kinds = {"field", "configs", "range", "choices", "also", "when", "requires", "keys", "needs", "reason"}
         assert row["reason"].strip() and set(row) <= kinds
-        assert ("when" in row) == ("requires" in row)
+        assert ("requires" in row) <= ("when" in row) <= ("requires" in row or "keys" in row)
+        assert set(row.get("needs", [])) <= set(row.get("keys", []))
         for config in having:  # a combination's other fields too
             assert set(row.get("when", {})) <= set(config_fields(config)), f"{row['field']}: when {row['when']}"
         if "range" in row:
@@ -91,6 +92,9 @@ BAD_VALUES = [
     ("dpo", {"activation_checkpointing_kwargs": {"selective": True}}, "training.activation_checkpointing_kwargs.selective: unknown key; valid keys here: debug, determinism_check, early_stop, preserve_rng_state, use_reentrant (torch.utils.checkpoint's options; also every_n_layers and offload for sft"),
     ("grpo", {"gradient_checkpointing_kwargs": {"every_n_layers": 2}}, "training.gradient_checkpointing_kwargs.every_n_layers: unknown key"),
     ("sft", {"activation_checkpointing_kwargs": {"use_reentrent": False}}, "training.activation_checkpointing_kwargs.use_reentrent: unknown key; did you mean training.activation_checkpointing_kwargs.use_reentrant?"),
+    ("sft", {"lr_scheduler_kwargs": {"min_lr_rate": 0.1}, "lr_scheduler_type": "cosine"}, "training.lr_scheduler_kwargs.min_lr_rate: unknown key; valid keys here: last_epoch, num_cycles (the options of transformers' cosine schedules)"),
+    ("sft", {"lr_scheduler_kwargs": {"num_cycles": 2}}, "training.lr_scheduler_kwargs.num_cycles: unknown key; none are taken with lr_scheduler_type: constant (transformers passes no options"),
+    ("grpo", {"lr_scheduler_kwargs": {"min_lr": 0.0, "min_lr_rate": 0.1}, "lr_scheduler_type": "cosine_with_min_lr"}, "training.lr_scheduler_kwargs: needs exactly one of min_lr, min_lr_rate with lr_scheduler_type: cosine_with_min_lr; got min_lr, min_lr_rate"),
     ("dpo", {"accelerator_config": {"split_batch": True}}, "training.accelerator_config.split_batch: unknown key; did you mean training.accelerator_config.split_batches? (the fields of transformers' AcceleratorConfig)"),
     ("sft", {"dataset_kwargs": {"skip_prepare_dataset": True}}, "training.dataset_kwargs: not supported by posttrain.sft; the data is text, messages or prompt and completion"),
     # Liger's fused cross-entropy in a trainer that fuses the LM head itself (SFT: Liger on by default on GPUs)
@@ -130,6 +134,8 @@ VALID_VALUES = [
              "activation_checkpointing_kwargs": {"selective": True, "every_n_layers": 2}}),
     ("reward", {"gradient_checkpointing_kwargs": {"every_n_layers": 2, "offload": False}}),
     ("ppo", {"activation_checkpointing_kwargs": {"every_n_layers": 2, "use_reentrant": False}}),
+    ("sft", {"lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": {"min_lr_rate": 0.1}}),
+    ("dpo", {"lr_scheduler_type": "warmup_stable_decay", "lr_scheduler_kwargs": {"num_decay_steps": 5}}),
     ("dpo", {"activation_checkpointing_kwargs": {"use_reentrant": False, "preserve_rng_state": False}}),
     ("grpo", {"liger_kernel_config": {"fused_linear_cross_entropy": True}}),  # Liger off: TRL never reads it
 ]
@@ -259,7 +265,8 @@ def test_the_mapping_keys_are_those_the_installed_packages_take() -> None:
     from transformers.trainer_pt_utils import AcceleratorConfig
 
     keys = {(row["field"], tuple(row.get("configs", ()))): row["keys"] for row in rules() if "keys" in row}
-    torch_options = set(inspect.signature(torch.utils.checkpoint.checkpoint).parameters) - {"function", "args", "kwargs"}
+    torch_options = set(inspect.signature(torch.utils.checkpoint.checkpoint).parameters) - {"function", "args",
+                                                                                              "kwargs"}  # fmt: skip
     helper_options = set(inspect.signature(PreTrainedModel.activation_checkpointing_enable).parameters)
     for field in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"):
         # context_fn takes a function, which YAML cannot give; preserve_rng_state is read from **kwargs
@@ -269,3 +276,30 @@ def test_the_mapping_keys_are_those_the_installed_packages_take() -> None:
     assert keys["accelerator_config", ()] == [field.name for field in dataclasses.fields(AcceleratorConfig)]
     with pytest.raises(TypeError, match="unexpected keyword argument 'split_batch'"):  # what the job met before
         AcceleratorConfig(split_batch=True)
+
+
+def test_the_schedule_options_are_those_transformers_hands_each_schedule() -> None:
+    """Fails when transformers' schedules change their options; shows what it does with the ones refused."""
+    import inspect
+
+    import torch
+    from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION, get_scheduler
+
+    rows = [row for row in rules() if row["field"] == "lr_scheduler_kwargs"]
+    given_by_transformers = {"optimizer", "num_warmup_steps", "num_training_steps"}
+    for row in rows:
+        schedules = row["when"]["lr_scheduler_type"]
+        for schedule in schedules if isinstance(schedules, list) else [schedules]:
+            parameters = set(inspect.signature(TYPE_TO_SCHEDULER_FUNCTION[schedule]).parameters)
+            expected = set() if schedule.startswith("constant") else parameters - given_by_transformers
+            assert set(row["keys"]) == expected, schedule
+    with pytest.raises(SpecError, match="lr_scheduler_kwargs: needs num_decay_steps with lr_scheduler_type: warmup"):
+        validate(spec_with("dpo", lr_scheduler_type="warmup_stable_decay"))  # no lr_scheduler_kwargs at all
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    with pytest.raises(TypeError, match="min_lr_rate"):
+        get_scheduler("linear", optimizer, 0, 10, {"min_lr_rate": 0.1})
+    with pytest.raises(ValueError, match="One of min_lr or min_lr_rate should be set"):
+        get_scheduler("cosine_with_min_lr", optimizer, 0, 10, {})
+    with pytest.raises(TypeError, match="num_decay_steps"):
+        get_scheduler("warmup_stable_decay", optimizer, 0, 10, {})
+    get_scheduler("constant_with_warmup", optimizer, 0, 10, {"num_cycles": 3})  # dropped without a word
