@@ -265,8 +265,8 @@ def test_the_mapping_keys_are_those_the_installed_packages_take() -> None:
     from transformers.trainer_pt_utils import AcceleratorConfig
 
     keys = {(row["field"], tuple(row.get("configs", ()))): row["keys"] for row in rules() if "keys" in row}
-    torch_options = set(inspect.signature(torch.utils.checkpoint.checkpoint).parameters) - {"function", "args",
-                                                                                              "kwargs"}  # fmt: skip
+    passed = {"function", "args", "kwargs"}
+    torch_options = set(inspect.signature(torch.utils.checkpoint.checkpoint).parameters) - passed
     helper_options = set(inspect.signature(PreTrainedModel.activation_checkpointing_enable).parameters)
     for field in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"):
         # context_fn takes a function, which YAML cannot give; preserve_rng_state is read from **kwargs
@@ -287,12 +287,17 @@ def test_the_schedule_options_are_those_transformers_hands_each_schedule() -> No
 
     rows = [row for row in rules() if row["field"] == "lr_scheduler_kwargs"]
     given_by_transformers = {"optimizer", "num_warmup_steps", "num_training_steps"}
+    covered = set()
     for row in rows:
         schedules = row["when"]["lr_scheduler_type"]
         for schedule in schedules if isinstance(schedules, list) else [schedules]:
             parameters = set(inspect.signature(TYPE_TO_SCHEDULER_FUNCTION[schedule]).parameters)
             expected = set() if schedule.startswith("constant") else parameters - given_by_transformers
             assert set(row["keys"]) == expected, schedule
+            covered.add(schedule)
+    for schedule, function in TYPE_TO_SCHEDULER_FUNCTION.items():  # the rest take any keyword (plateau, greedy)
+        kinds = {p.kind for p in inspect.signature(function).parameters.values()}
+        assert schedule.value in covered or inspect.Parameter.VAR_KEYWORD in kinds, schedule.value
     with pytest.raises(SpecError, match="lr_scheduler_kwargs: needs num_decay_steps with lr_scheduler_type: warmup"):
         validate(spec_with("dpo", lr_scheduler_type="warmup_stable_decay"))  # no lr_scheduler_kwargs at all
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
