@@ -21,6 +21,7 @@ import torch
 from posttrain.components.messages import SpecError
 from posttrain.components.schema import Spec
 from posttrain.entrypoints.checkpoints import complete_checkpoints
+from posttrain.entrypoints.data import first_line
 
 CAUSAL_LM = "AutoModelForCausalLM"
 SEQUENCE_CLASSIFICATION = "AutoModelForSequenceClassification"
@@ -72,6 +73,8 @@ def load_model(name_or_path: str, spec: Spec, tokenizer: Any, model_class: str) 
     if name_or_path in tiny.BUILTINS:
         head = transformers.LlamaForSequenceClassification if scores else transformers.LlamaForCausalLM
         built = tiny.BUILTINS[name_or_path][1](tokenizer, head)
+        if model.attn_implementation is not None:
+            built.set_attn_implementation(model.attn_implementation)
         return built.to(getattr(torch, model.dtype)) if model.dtype != "auto" else built
     kwargs: Dict[str, Any] = {
         "revision": model.revision,
@@ -161,6 +164,39 @@ def _from_pretrained(auto_class: Any, name_or_path: str, **kwargs: Any) -> Any:
         return auto_class.from_pretrained(name_or_path, **kwargs)
     except OSError as error:  # after the checks the ranks agree on: a download or a disk can fail on one node
         raise SpecError([f"model: cannot load {name_or_path!r}: {error}"], this_rank_only=True) from None
+
+
+def check_attention(spec: Spec) -> None:
+    """``model.attn_implementation`` checked as transformers checks it when it builds the model.
+
+    The model is built on the meta device, without weights (0.2 s for a 70B
+    shape), so a missing package (flash-attn, kernels) is one line before any
+    model loads rather than a traceback from each rank once they load.
+    """
+    import transformers
+
+    from posttrain.entrypoints import tiny
+
+    model, implementation = spec.model, spec.model.attn_implementation
+    if implementation is None:
+        return
+    try:
+        if model.name_or_path in tiny.BUILTINS:  # Llamas: any shape answers for them
+            config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1)
+        else:
+            config = transformers.AutoConfig.from_pretrained(
+                model.name_or_path, revision=model.revision, trust_remote_code=model.trust_remote_code
+            )
+    except OSError:  # a hub id out of reach: loading the model says so
+        return
+    try:
+        with torch.device("meta"):
+            getattr(transformers, spec.model_class).from_config(
+                config, attn_implementation=implementation, trust_remote_code=model.trust_remote_code
+            )
+    except (ImportError, ValueError) as error:
+        if isinstance(error, ImportError) or "attention" in str(error).lower():
+            raise SpecError([f"model.attn_implementation: {implementation}: {first_line(error)}"]) from None
 
 
 def check_model_paths(spec: Spec) -> None:

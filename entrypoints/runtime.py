@@ -51,9 +51,10 @@ from posttrain.components.spec import spec_from_json
 from posttrain.entrypoints import distributed, fast_paths, vllm_generation, vllm_server
 from posttrain.entrypoints.callbacks import FaultInjection, Preemption, ProgressLog, TokenCounter
 from posttrain.entrypoints.checkpoints import SPEC_FILE, already_finished, resolve_resume, write_json_atomic
-from posttrain.entrypoints.data import check_online_data, fit_batch, load_data
+from posttrain.entrypoints.data import check_online_data, first_line, fit_batch, load_data
 from posttrain.entrypoints.metrics import MetricsLog
 from posttrain.entrypoints.models import (
+    check_attention,
     check_model_paths,
     import_object,
     load_extra_model,
@@ -239,7 +240,9 @@ def _check_inputs(spec: Spec, output_dir: Path, world_size: int, reward_check: R
     check_reward_columns(spec, datasets)
     args = build_config(spec, training)
     check_online_data(type(spec), args, len(train_dataset), world_size)
+    check_packages(args)
     check_model_paths(spec)
+    check_attention(spec)
     tokenizer = load_tokenizer(spec.model.name_or_path, spec, padding_side="left" if spec.generates else "right")
     eval_dataset = datasets[1][1] if len(datasets) > 1 else None
     return _Inputs(train_dataset, eval_dataset, resume_from, rewards, args, tokenizer)
@@ -257,6 +260,24 @@ def build_config(spec: Spec, training: Dict[str, Any]) -> Any:
         parts = [line.strip().removeprefix("- ") for line in str(error).splitlines() if line.strip()]
         message = "; ".join(parts) or type(error).__name__
         raise SpecError([f"training: {message if len(message) <= 300 else message[:297] + '...'}"]) from None
+
+
+def check_packages(args: Any) -> None:
+    """The packages ``optim`` and ``report_to`` need, looked up as the trainer will, before any model loads."""
+    from transformers import Trainer
+    from transformers.integrations import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
+
+    try:
+        Trainer.get_optimizer_cls_and_kwargs(args)  # the optimizer's class: its package imported
+    except (ImportError, ValueError) as error:  # other ValueErrors need the model (GaLore's target modules)
+        if isinstance(error, ImportError) or "install" in str(error):
+            raise SpecError([f"training.optim: {args.optim.value}: {first_line(error)}"]) from None
+    available = get_available_reporting_integrations()
+    for name in [name for name in args.report_to if name not in available]:
+        try:  # the callback raises before doing anything when its package is missing
+            INTEGRATION_TO_CALLBACK[name]()
+        except (ImportError, RuntimeError) as error:
+            raise SpecError([f"training.report_to: {name}: {first_line(error)}"]) from None
 
 
 def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:

@@ -5,6 +5,7 @@ agreeing; rewards: ``test_reward_checks.py``); three real ``torchx run`` launche
 data line, a reward returning NaN on one rank, a missing chain stage.
 """
 
+import importlib.util
 import json
 import logging
 import os
@@ -24,7 +25,15 @@ from posttrain.components.schema import DataSource
 from posttrain.components.spec import validate
 from posttrain.entrypoints import data, runtime
 from posttrain.entrypoints.data import load_data
-from posttrain.entrypoints.models import check_model_path, check_model_paths, is_local_path
+from posttrain.entrypoints.models import (
+    CAUSAL_LM,
+    check_attention,
+    check_model_path,
+    check_model_paths,
+    is_local_path,
+    load_model,
+    load_tokenizer,
+)
 
 LM = SPEC_CLASSES["sft"].data_formats
 PREFERENCE = SPEC_CLASSES["dpo"].data_formats
@@ -154,7 +163,47 @@ def test_the_trl_configs_own_checks_become_one_training_line(tmp_path: Path) -> 
     )
 
 
+# what the job's environment lacks (the test says so first: it is about a package that is not installed)
+MISSING_PACKAGES = [
+    ({"optim": "adamw_bnb_8bit"}, "bitsandbytes",
+     "training.optim: adamw_bnb_8bit: You need to install `bitsandbytes` in order to use bitsandbytes optimizers"),
+    ({"report_to": "wandb"}, "wandb", "training.report_to: wandb: WandbCallback requires wandb to be installed"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("training, package, message", MISSING_PACKAGES, ids=[p for _, p, _ in MISSING_PACKAGES])
+def test_a_package_the_training_section_needs_is_named_before_any_model_loads(
+    tmp_path: Path, training: dict, package: str, message: str
+) -> None:
+    assert importlib.util.find_spec(package) is None
+    raw = load_template("sft/tiny.yaml")
+    raw["training"].update(output_dir=str(tmp_path / "out"), **training)
+    spec = validate(raw)
+    with pytest.raises(SpecError, match=re.escape(message)):
+        runtime.check_packages(runtime.build_config(spec, dict(spec.training)))
+    raw["training"].update(optim="adamw_torch", report_to="tensorboard")  # installed: nothing to say
+    runtime.check_packages(runtime.build_config(validate(raw), dict(raw["training"])))
+
+
 # ---------------------------------------------------------------- models
+
+
+def test_the_attention_implementation_is_checked_before_any_model_loads_and_honoured(tmp_path: Path) -> None:
+    assert importlib.util.find_spec("flash_attn") is None
+    raw = load_template("sft/tiny.yaml")
+    raw["model"]["attn_implementation"] = "flash_attention_2"
+    toggled = "model.attn_implementation: flash_attention_2: FlashAttention2 has been toggled on, but it cannot be used"
+    with pytest.raises(SpecError, match=re.escape(toggled)):
+        check_attention(validate(raw))  # a built-in
+    spec = validate({**raw, "model": {"name_or_path": raw["model"]["name_or_path"]}})
+    tokenizer = load_tokenizer(spec.model.name_or_path, spec, "right")
+    load_model(spec.model.name_or_path, spec, tokenizer, CAUSAL_LM).save_pretrained(tmp_path / "saved")
+    with pytest.raises(SpecError, match=re.escape(toggled)):
+        check_attention(validate({**raw, "model": {"name_or_path": str(tmp_path / "saved"),
+                                                   "attn_implementation": "flash_attention_2"}}))  # fmt: skip
+    eager = validate({**raw, "model": {**raw["model"], "attn_implementation": "eager"}})
+    check_attention(eager)
+    assert load_model(eager.model.name_or_path, eager, tokenizer, CAUSAL_LM).config._attn_implementation == "eager"
 
 
 def test_local_paths_and_hub_ids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
