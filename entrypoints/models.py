@@ -9,6 +9,7 @@ registry's ``extra_models``; where each one's path comes from is
 :data:`EXTRA_MODELS` here.
 """
 
+import dataclasses
 import functools
 import importlib
 import os
@@ -166,19 +167,20 @@ def _from_pretrained(auto_class: Any, name_or_path: str, **kwargs: Any) -> Any:
         raise SpecError([f"model: cannot load {name_or_path!r}: {error}"], this_rank_only=True) from None
 
 
-def check_attention(spec: Spec) -> None:
-    """``model.attn_implementation`` checked as transformers checks it when it builds the model.
+def check_model_options(spec: Spec) -> None:
+    """``model.attn_implementation`` and ``model.lora``, checked as transformers and PEFT check them.
 
     The model is built on the meta device, without weights (0.2 s for a 70B
-    shape), so a missing package (flash-attn, kernels) is one line before any
-    model loads rather than a traceback from each rank once they load.
+    shape), and given its adapter there: a missing package (flash-attn,
+    kernels) or a LoRA target the model lacks is one line before any model
+    loads rather than a traceback from every rank once they have.
     """
     import transformers
 
     from posttrain.entrypoints import tiny
 
     model, implementation = spec.model, spec.model.attn_implementation
-    if implementation is None:
+    if implementation is None and model.lora is None:
         return
     try:
         if model.name_or_path in tiny.BUILTINS:  # Llamas: any shape answers for them
@@ -189,14 +191,24 @@ def check_attention(spec: Spec) -> None:
             )
     except OSError:  # a hub id out of reach: loading the model says so
         return
+    options = {} if implementation is None else {"attn_implementation": implementation}
     try:
         with torch.device("meta"):
-            getattr(transformers, spec.model_class).from_config(
-                config, attn_implementation=implementation, trust_remote_code=model.trust_remote_code
+            built = getattr(transformers, spec.model_class).from_config(
+                config, trust_remote_code=model.trust_remote_code, **options
             )
     except (ImportError, ValueError) as error:
-        if isinstance(error, ImportError) or "attention" in str(error).lower():
+        if implementation is not None and (isinstance(error, ImportError) or "attention" in str(error).lower()):
             raise SpecError([f"model.attn_implementation: {implementation}: {first_line(error)}"]) from None
+        return  # anything else: loading the model says it
+    config_of_lora = lora_config(spec)
+    if config_of_lora is not None:
+        from peft import get_peft_model
+
+        try:  # the targets matched as PEFT matches them; no initialisation (it would compute on the meta device)
+            get_peft_model(built, dataclasses.replace(config_of_lora, init_lora_weights=False))
+        except ValueError as error:  # PEFT's NoMatchingPeftModuleError among them
+            raise SpecError([f"model.lora: {first_line(error)}"]) from None
 
 
 def check_model_paths(spec: Spec) -> None:

@@ -54,7 +54,7 @@ from posttrain.entrypoints.checkpoints import SPEC_FILE, already_finished, resol
 from posttrain.entrypoints.data import check_online_data, first_line, fit_batch, load_data
 from posttrain.entrypoints.metrics import MetricsLog
 from posttrain.entrypoints.models import (
-    check_attention,
+    check_model_options,
     check_model_paths,
     import_object,
     load_extra_model,
@@ -242,7 +242,7 @@ def _check_inputs(spec: Spec, output_dir: Path, world_size: int, reward_check: R
     check_online_data(type(spec), args, len(train_dataset), world_size)
     check_packages(args)
     check_model_paths(spec)
-    check_attention(spec)
+    check_model_options(spec)
     tokenizer = load_tokenizer(spec.model.name_or_path, spec, padding_side="left" if spec.generates else "right")
     eval_dataset = datasets[1][1] if len(datasets) > 1 else None
     return _Inputs(train_dataset, eval_dataset, resume_from, rewards, args, tokenizer)
@@ -288,6 +288,9 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
     kwargs["ddp_timeout"] = spec.distributed.timeout_s
     if on_cpu and "bf16" not in kwargs and not kwargs.get("fp16"):
         kwargs["bf16"] = False  # TRL defaults to bf16 mixed precision, meant for GPUs
+    if on_cpu and kwargs.get("fp16"):  # accelerate keeps float32 on CPU: no autocast, not a word
+        raise SpecError(["training.fp16: float16 mixed precision runs on GPUs only; this job runs on CPU, where it "
+                         "would train in float32: drop it, or use bf16: true"])  # fmt: skip
     offloaded = [key for key in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs")
                  if isinstance(kwargs.get(key), dict) and kwargs[key].get("offload")]  # fmt: skip
     if on_cpu and offloaded:  # transformers would fail in the first step: pinned memory needs an accelerator

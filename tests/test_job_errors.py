@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Iterator, List
 
 import pytest
-from helpers import REPO, free_port, load_template, run_template
+from helpers import REPO, free_port, load_template, run_template, tiny_job
 
 from posttrain.components.messages import SpecError
 from posttrain.components.registry import SPEC_CLASSES
@@ -27,9 +27,10 @@ from posttrain.entrypoints import data, runtime
 from posttrain.entrypoints.data import load_data
 from posttrain.entrypoints.models import (
     CAUSAL_LM,
-    check_attention,
+    check_model_options,
     check_model_path,
     check_model_paths,
+    import_object,
     is_local_path,
     load_model,
     load_tokenizer,
@@ -185,7 +186,30 @@ def test_a_package_the_training_section_needs_is_named_before_any_model_loads(
     runtime.check_packages(runtime.build_config(validate(raw), dict(raw["training"])))
 
 
+def test_fp16_on_cpu_is_refused_rather_than_trained_in_float32(tmp_path: Path) -> None:
+    raw = load_template("sft/tiny.yaml")
+    raw["training"].update(output_dir=str(tmp_path / "out"), fp16=True)
+    spec = validate(raw)  # the client refuses it only where -h names a machine without GPUs
+    with pytest.raises(SpecError, match="training.fp16: float16 mixed precision runs on GPUs only; this job runs on CPU"):
+        runtime.training_arguments(spec, dict(spec.training))
+    job = tiny_job(tmp_path, "sft")  # what accelerate does with it on CPU: no autocast, float32
+    args = import_object(spec.config_class)(**{**runtime.training_arguments(job.spec, dict(job.spec.training)),
+                                                "fp16": True})  # fmt: skip
+    accelerator = runtime.registry_trainer(runtime.Job(**{**vars(job), "args": args})).accelerator
+    assert accelerator.mixed_precision == "fp16" and accelerator.native_amp is False
+
+
 # ---------------------------------------------------------------- models
+
+
+def test_a_lora_target_the_model_lacks_is_named_before_any_model_loads() -> None:
+    raw = load_template("sft/tiny.yaml")
+    raw["model"]["lora"] = {"r": 8, "target_modules": ["q_projj"]}
+    missing = "model.lora: Target modules {'q_projj'} not found in the base model"
+    with pytest.raises(SpecError, match=re.escape(missing)):
+        check_model_options(validate(raw))  # PEFT's own matching, on a model built on the meta device
+    raw["model"]["lora"] = {"r": 8, "target_modules": ["q_proj", "v_proj"], "use_dora": True}
+    check_model_options(validate(raw))
 
 
 def test_the_attention_implementation_is_checked_before_any_model_loads_and_honoured(tmp_path: Path) -> None:
@@ -194,15 +218,15 @@ def test_the_attention_implementation_is_checked_before_any_model_loads_and_hono
     raw["model"]["attn_implementation"] = "flash_attention_2"
     toggled = "model.attn_implementation: flash_attention_2: FlashAttention2 has been toggled on, but it cannot be used"
     with pytest.raises(SpecError, match=re.escape(toggled)):
-        check_attention(validate(raw))  # a built-in
+        check_model_options(validate(raw))  # a built-in
     spec = validate({**raw, "model": {"name_or_path": raw["model"]["name_or_path"]}})
     tokenizer = load_tokenizer(spec.model.name_or_path, spec, "right")
     load_model(spec.model.name_or_path, spec, tokenizer, CAUSAL_LM).save_pretrained(tmp_path / "saved")
     with pytest.raises(SpecError, match=re.escape(toggled)):
-        check_attention(validate({**raw, "model": {"name_or_path": str(tmp_path / "saved"),
+        check_model_options(validate({**raw, "model": {"name_or_path": str(tmp_path / "saved"),
                                                    "attn_implementation": "flash_attention_2"}}))  # fmt: skip
     eager = validate({**raw, "model": {**raw["model"], "attn_implementation": "eager"}})
-    check_attention(eager)
+    check_model_options(eager)
     assert load_model(eager.model.name_or_path, eager, tokenizer, CAUSAL_LM).config._attn_implementation == "eager"
 
 
