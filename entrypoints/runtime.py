@@ -240,7 +240,7 @@ def _check_inputs(spec: Spec, output_dir: Path, world_size: int, reward_check: R
     check_reward_columns(spec, datasets)
     args = build_config(spec, training)
     check_online_data(type(spec), args, len(train_dataset), world_size)
-    check_packages(args)
+    check_environment(args)
     check_model_paths(spec)
     check_model_options(spec)
     tokenizer = load_tokenizer(spec.model.name_or_path, spec, padding_side="left" if spec.generates else "right")
@@ -262,8 +262,10 @@ def build_config(spec: Spec, training: Dict[str, Any]) -> Any:
         raise SpecError([f"training: {message if len(message) <= 300 else message[:297] + '...'}"]) from None
 
 
-def check_packages(args: Any) -> None:
-    """The packages ``optim`` and ``report_to`` need, looked up as the trainer will, before any model loads."""
+def check_environment(args: Any) -> None:
+    """What the config needs of the job's environment, before any model loads: the packages ``optim`` and
+    ``report_to`` need (looked up as the trainer will), and the Hub for ``push_to_hub``."""
+    import huggingface_hub
     from transformers import Trainer
     from transformers.integrations import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
 
@@ -278,6 +280,12 @@ def check_packages(args: Any) -> None:
             INTEGRATION_TO_CALLBACK[name]()
         except (ImportError, RuntimeError) as error:
             raise SpecError([f"training.report_to: {name}: {first_line(error)}"]) from None
+    if args.push_to_hub and huggingface_hub.constants.HF_HUB_OFFLINE:
+        raise SpecError(["training.push_to_hub: HF_HUB_OFFLINE is set in the job's environment; unset it, or drop "
+                         "push_to_hub and upload output_dir when the run is done"])  # fmt: skip
+    if args.push_to_hub and args.hub_token is None and huggingface_hub.get_token() is None:
+        raise SpecError(["training.push_to_hub: the job's environment has no Hugging Face token; pass one (--env "
+                         "HF_TOKEN=...), or log in where the job runs (hf auth login)"])  # fmt: skip
 
 
 def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:

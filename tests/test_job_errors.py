@@ -181,9 +181,28 @@ def test_a_package_the_training_section_needs_is_named_before_any_model_loads(
     raw["training"].update(output_dir=str(tmp_path / "out"), **training)
     spec = validate(raw)
     with pytest.raises(SpecError, match=re.escape(message)):
-        runtime.check_packages(runtime.build_config(spec, dict(spec.training)))
+        runtime.check_environment(runtime.build_config(spec, dict(spec.training)))
     raw["training"].update(optim="adamw_torch", report_to="tensorboard")  # installed: nothing to say
-    runtime.check_packages(runtime.build_config(validate(raw), dict(raw["training"])))
+    runtime.check_environment(runtime.build_config(validate(raw), dict(raw["training"])))
+
+
+def test_push_to_hub_needs_the_hub_and_a_token_in_the_jobs_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub
+
+    raw = load_template("sft/tiny.yaml")
+    raw["training"].update(output_dir=str(tmp_path / "out"), push_to_hub=True)
+    args = runtime.build_config(validate(raw), dict(raw["training"]))
+    with pytest.raises(SpecError, match="training.push_to_hub: HF_HUB_OFFLINE is set"):
+        runtime.check_environment(args)  # this file's fixture sets it
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    assert huggingface_hub.get_token() is None  # HF_HOME is this test's own: no token saved there
+    with pytest.raises(SpecError, match="training.push_to_hub: the job's environment has no Hugging Face token"):
+        runtime.check_environment(args)
+    monkeypatch.setenv("HF_TOKEN", "hf_test")
+    runtime.check_environment(args)
 
 
 def test_fp16_on_cpu_is_refused_rather_than_trained_in_float32(tmp_path: Path) -> None:
