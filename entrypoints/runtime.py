@@ -12,8 +12,10 @@ the rest, in an order that fails early and cheaply:
    check its columns and values, fit the batch to its size, resolve
    ``resume`` (a checkpoint of a different spec is an error), import reward
    functions, build the TRL config (``use_cpu`` from the hardware; its own
-   checks' ValueErrors become ``training:`` lines), check every local model
-   directory, load the tokenizer;
+   checks' ValueErrors become ``training:`` lines), look up what it needs
+   of the environment (the optimizer's and loggers' packages, a Hub token),
+   check every local model directory, build the model on the meta device
+   (its attention implementation, its LoRA targets), load the tokenizer;
 4. only then write into ``output_dir`` (``posttrain_spec.json``), and build
    the trainer with its models;
 5. train, every reward function's scores checked at each step's end on all
@@ -294,11 +296,11 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
     kwargs = dict(training)
     kwargs["use_cpu"] = on_cpu
     kwargs["ddp_timeout"] = spec.distributed.timeout_s
-    if on_cpu and "bf16" not in kwargs and not kwargs.get("fp16"):
-        kwargs["bf16"] = False  # TRL defaults to bf16 mixed precision, meant for GPUs
     if on_cpu and kwargs.get("fp16"):  # accelerate keeps float32 on CPU: no autocast, not a word
         raise SpecError(["training.fp16: float16 mixed precision runs on GPUs only; this job runs on CPU, where it "
                          "would train in float32: drop it, or use bf16: true"])  # fmt: skip
+    if on_cpu and "bf16" not in kwargs:
+        kwargs["bf16"] = False  # TRL defaults to bf16 mixed precision, meant for GPUs
     offloaded = [key for key in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs")
                  if isinstance(kwargs.get(key), dict) and kwargs[key].get("offload")]  # fmt: skip
     if on_cpu and offloaded:  # transformers would fail in the first step: pinned memory needs an accelerator
