@@ -11,7 +11,14 @@ tests.
 from typing import ClassVar, Dict, List, Literal, Optional, Tuple, Type
 
 from posttrain.components.fields import config_value
-from posttrain.components.schema import Spec, _GroupSpec, _OnlineSpec, _ReferenceSpec
+from posttrain.components.schema import (
+    CHECKPOINTING_OPTIONS,
+    CHECKPOINTING_SWITCHES,
+    Spec,
+    _GroupSpec,
+    _OnlineSpec,
+    _ReferenceSpec,
+)
 
 PREFERENCE_FORMATS: Tuple[Tuple[str, ...], ...] = (("prompt", "chosen", "rejected"), ("chosen", "rejected"))
 LANGUAGE_MODELLING_FORMATS: Tuple[Tuple[str, ...], ...] = (("messages",), ("text",), ("prompt", "completion"))
@@ -37,11 +44,11 @@ class SFTSpec(Spec):
     def _selective_checkpointing_problems(self) -> List[str]:
         """What SFTTrainer refuses of its selective activation checkpointing once the model is loaded."""
         training = self.training
-        options = [key for key in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs")
+        options = [key for key in CHECKPOINTING_OPTIONS
                    if isinstance(training.get(key), dict) and training[key].get("selective")]  # fmt: skip
         if not options:
             return []
-        key, switch = options[0], [k for k in ("activation_checkpointing", "gradient_checkpointing") if k in training]
+        key, switch = options[0], [k for k in CHECKPOINTING_SWITCHES if k in training]
         if switch and training[switch[0]] is False:
             return [f"training.{key}: selective: true cannot go with {switch[0]}: false; selective checkpointing "
                     "is a kind of activation checkpointing: turn it on, or drop selective"]  # fmt: skip

@@ -44,6 +44,9 @@ class _Strict(BaseModel):
 # through the mask transformers builds from them (masking_utils.find_packed_sequence_indices), flash attention
 # through the sequence boundaries TRL's collator passes (cu_seq_lens).
 PACKING_AWARE_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3")
+# activation checkpointing's switch and its options, each by its name in transformers 5 and by its old one
+CHECKPOINTING_SWITCHES = ("activation_checkpointing", "gradient_checkpointing")
+CHECKPOINTING_OPTIONS = ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs")
 # TRL's trainers that fuse the LM head with the loss themselves: they refuse Liger's fused linear cross-entropy
 FUSED_LM_HEAD_TRAINERS = ("trl:SFTTrainer", "trl:DPOTrainer", "trl:KTOTrainer", "trl:GRPOTrainer", "trl:RLOOTrainer")
 

@@ -33,7 +33,7 @@ from typing import Any, Dict, List, Optional
 import torch
 
 from posttrain.components.messages import SpecError
-from posttrain.components.schema import PACKING_AWARE_ATTENTION, Spec
+from posttrain.components.schema import CHECKPOINTING_OPTIONS, CHECKPOINTING_SWITCHES, PACKING_AWARE_ATTENTION, Spec
 
 log = logging.getLogger("posttrain")
 
@@ -41,8 +41,7 @@ log = logging.getLogger("posttrain")
 # With the others the row gets a dense mask over all of it, which cost 2x on an H100 (BENCHMARKS.md).
 VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3")
 # the keys, old names and new, that turn activation checkpointing on or off or configure it
-CHECKPOINTING_KEYS = {"activation_checkpointing", "gradient_checkpointing",
-                      "activation_checkpointing_kwargs", "gradient_checkpointing_kwargs"}  # fmt: skip
+CHECKPOINTING_KEYS = {*CHECKPOINTING_SWITCHES, *CHECKPOINTING_OPTIONS}
 
 
 def config_defaults(spec: Spec, on_cuda: bool) -> Dict[str, Any]:

@@ -48,7 +48,7 @@ from transformers import PrinterCallback
 
 from posttrain.components.fields import config_fields
 from posttrain.components.messages import SpecError
-from posttrain.components.schema import Spec
+from posttrain.components.schema import CHECKPOINTING_OPTIONS, Spec
 from posttrain.components.spec import spec_from_json
 from posttrain.entrypoints import distributed, fast_paths, vllm_generation, vllm_server
 from posttrain.entrypoints.callbacks import FaultInjection, Preemption, ProgressLog, TokenCounter
@@ -301,7 +301,7 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
                          "would train in float32: drop it, or use bf16: true"])  # fmt: skip
     if on_cpu and "bf16" not in kwargs:
         kwargs["bf16"] = False  # TRL defaults to bf16 mixed precision, meant for GPUs
-    offloaded = [key for key in ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs")
+    offloaded = [key for key in CHECKPOINTING_OPTIONS
                  if isinstance(kwargs.get(key), dict) and kwargs[key].get("offload")]  # fmt: skip
     if on_cpu and offloaded:  # transformers would fail in the first step: pinned memory needs an accelerator
         raise SpecError([f"training.{offloaded[0]}: offload: true moves saved activations off the GPU into "
