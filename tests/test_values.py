@@ -96,6 +96,11 @@ BAD_VALUES = [
     ("sft", {"lr_scheduler_kwargs": {"num_cycles": 2}}, "training.lr_scheduler_kwargs.num_cycles: unknown key; none are taken with lr_scheduler_type: constant (transformers passes no options"),
     ("grpo", {"lr_scheduler_kwargs": {"min_lr": 0.0, "min_lr_rate": 0.1}, "lr_scheduler_type": "cosine_with_min_lr"}, "training.lr_scheduler_kwargs: needs exactly one of min_lr, min_lr_rate with lr_scheduler_type: cosine_with_min_lr; got min_lr, min_lr_rate"),
     ("dpo", {"accelerator_config": {"split_batch": True}}, "training.accelerator_config.split_batch: unknown key; did you mean training.accelerator_config.split_batches? (the fields of transformers' AcceleratorConfig)"),
+    # generation_kwargs: the keys of what generates (transformers' GenerationConfig, vLLM's SamplingParams or requests)
+    ("grpo", {"generation_kwargs": {"temprature": 0.5}}, "training.generation_kwargs.temprature: unknown key; did you mean training.generation_kwargs.temperature? (without vLLM they go to transformers' GenerationConfig, which keeps any other key, and generate ignores it)"),
+    ("rloo", {"generation_kwargs": {"max_tokens": 8}}, "training.generation_kwargs.max_tokens: unknown key; did you mean training.generation_kwargs.max_new_tokens?"),
+    ("grpo", {"generation_kwargs": {"max_new_tokens": 8}, "use_vllm": True}, "training.generation_kwargs.max_new_tokens: unknown key; did you mean training.generation_kwargs.max_tokens? (colocated vLLM makes its SamplingParams of them"),
+    ("distill", {"generation_kwargs": {"do_sample": True}, "use_vllm": True, "vllm_mode": "server"}, "training.generation_kwargs.do_sample: unknown key; the nearest of the 52 valid keys here"),
     ("sft", {"dataset_kwargs": {"skip_prepare_dataset": True}}, "training.dataset_kwargs: not supported by posttrain.sft; the data is text, messages or prompt and completion"),
     # Liger's fused cross-entropy in a trainer that fuses the LM head itself (SFT: Liger on by default on GPUs)
     ("sft", {"liger_kernel_config": {"fused_linear_cross_entropy": True}}, "training.liger_kernel_config: fused_linear_cross_entropy: true cannot go with Liger kernels (on by default on GPUs) in trl:SFTTrainer"),
@@ -138,6 +143,9 @@ VALID_VALUES = [
     ("dpo", {"lr_scheduler_type": "warmup_stable_decay", "lr_scheduler_kwargs": {"num_decay_steps": 5}}),
     ("dpo", {"activation_checkpointing_kwargs": {"use_reentrant": False, "preserve_rng_state": False}}),
     ("grpo", {"liger_kernel_config": {"fused_linear_cross_entropy": True}}),  # Liger off: TRL never reads it
+    ("grpo", {"generation_kwargs": {"top_k": 5, "min_new_tokens": 2}}),
+    ("online_dpo", {"generation_kwargs": {"max_tokens": 8, "seed": 1}, "use_vllm": True}),
+    ("rloo", {"generation_kwargs": {"max_tokens": 8, "vllm_xargs": {"a": 1}}, "use_vllm": True, "vllm_mode": "server"}),
 ]
 
 
@@ -276,6 +284,18 @@ def test_the_mapping_keys_are_those_the_installed_packages_take() -> None:
     assert keys["accelerator_config", ()] == [field.name for field in dataclasses.fields(AcceleratorConfig)]
     with pytest.raises(TypeError, match="unexpected keyword argument 'split_batch'"):  # what the job met before
         AcceleratorConfig(split_batch=True)
+
+
+def test_generation_keys_without_vllm_are_generation_configs_fields() -> None:
+    """Fails when transformers' GenerationConfig changes its fields (vLLM's: tests/test_vllm.py)."""
+    from transformers import GenerationConfig
+
+    (row,) = [row for row in rules() if row["field"] == "generation_kwargs" and row["when"] == {"use_vllm": False}]
+    fields = {key for key in vars(GenerationConfig()) if not key.startswith("_")} - {"transformers_version"}
+    assert set(row["keys"]) == fields
+    typo = GenerationConfig(temprature=0.01, do_sample=True)  # what TRL built before: kept, then ignored
+    typo.validate()
+    assert typo.temprature == 0.01 and typo.temperature is None
 
 
 def test_the_schedule_options_are_those_transformers_hands_each_schedule() -> None:

@@ -55,6 +55,25 @@ def test_head_sizes_are_vllms_own() -> None:
     assert list(CPU_HEAD_SIZES) == CPUAttentionBackend.get_supported_head_sizes()
 
 
+def test_generation_keys_with_vllm_are_those_the_installed_vllm_takes() -> None:
+    """The value table's generation_kwargs keys hold every key of this vLLM's SamplingParams (colocated) and of its
+    completion and chat requests (server); shows what vLLM does with another key in each."""
+    from vllm import SamplingParams
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    from posttrain.components.values import rules
+
+    keys = {row["when"].get("vllm_mode"): set(row["keys"]) for row in rules() if row["field"] == "generation_kwargs"}
+    public = lambda names: {name for name in names if not name.startswith("_")}  # noqa: E731
+    assert public(SamplingParams.__struct_fields__) <= keys["colocate"]
+    assert public(CompletionRequest.model_fields) & public(ChatCompletionRequest.model_fields) <= keys["server"]
+    with pytest.raises(TypeError, match="temprature"):  # colocated: at the first generation, before the check
+        SamplingParams(temprature=0.5)
+    request = CompletionRequest(model="m", prompt="2 plus 3 is", temprature=0.5)  # the server: taken, then ignored
+    assert request.temperature is None and request.model_extra == {"temprature": 0.5}
+
+
 def test_after_training_vllm_generates_with_the_trained_weights(tmp_path: Path) -> None:
     """Log-probs of a fixed text from the synced vLLM equal a fresh vLLM's on the saved model, bit for bit."""
     from transformers import AutoModelForCausalLM
