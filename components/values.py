@@ -83,7 +83,17 @@ def rules() -> Tuple[Dict[str, Any], ...]:
         wanted = ""
     path = tables.get(wanted) or tables[max(tables, key=lambda name: tuple(int(p) for p in name[4:].split(".")))]
     # libyaml's loader where PyYAML has it: 1 ms against 10 ms for this table, on the client and in every process
-    return tuple(yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))  # noqa: S506
+    table = yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506
+    return tuple(row for entry in table for row in _per_field(entry))
+
+
+def _per_field(entry: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """A table entry as rows of one ``field`` each: an entry naming ``fields`` (a field and its old name) gives one
+    row per field."""
+    if "fields" not in entry:
+        return [entry]
+    rule = {key: value for key, value in entry.items() if key != "fields"}
+    return [{**rule, "field": field} for field in entry["fields"]]
 
 
 def rows_for(config_class: str, fields: Mapping[str, Any]) -> List[Dict[str, Any]]:
