@@ -14,7 +14,7 @@ The templates point the YAML language server at them with their first line::
     # yaml-language-server: $schema=../../components/schemas/sft.schema.json
 
 The schema checks what fields alone can say (keys, types, choices, the value
-ranges and mapping keys of ``value_rules/``, ``training.output_dir`` required); rules across fields (``bf16`` with
+ranges, text forms and mapping keys of ``value_rules/``, ``training.output_dir`` required); rules across fields (``bf16`` with
 ``fp16``, the generation batch, one reward source) are still the validator's.
 """
 
@@ -107,6 +107,7 @@ def table_schema(class_name: str, *, exclude: Sequence[str] = ()) -> Dict[str, A
     fields = config_fields(class_name)
     rows = rows_for(class_name, fields)
     ranges = {row["field"]: Range.parse(row["range"]) for row in rows if "range" in row}
+    patterns = {row["field"]: row["pattern"] for row in rows if "pattern" in row}
     keys: Dict[str, List[str]] = {}
     for row in rows:
         keys.setdefault(row["field"], []).extend(row.get("keys", []))
@@ -121,6 +122,8 @@ def table_schema(class_name: str, *, exclude: Sequence[str] = ()) -> Dict[str, A
                 prop["minimum" if bounds.low_inclusive else "exclusiveMinimum"] = bounds.low
             if bounds.high is not None:
                 prop["maximum" if bounds.high_inclusive else "exclusiveMaximum"] = bounds.high
+        if name in patterns:  # constrains text only, so null stays allowed
+            prop["pattern"] = patterns[name]
         if keys.get(name):  # the keys a mapping may hold under any condition; propertyNames constrains objects only
             prop["propertyNames"] = {"enum": sorted(set(keys[name]))}
         if "default" in entries[name]:

@@ -20,7 +20,7 @@ from posttrain.components.messages import SpecError, known_paths, model_in, tran
 from posttrain.components.overrides import apply_overrides
 from posttrain.components.registry import SPEC_CLASSES
 from posttrain.components.schema import Spec
-from posttrain.components.values import combination_problems, key_problems, range_problems
+from posttrain.components.values import combination_problems, key_problems, pattern_problems, range_problems
 
 
 def load_spec(
@@ -127,6 +127,7 @@ def validate(raw: Mapping[str, Any], *, algorithm: Optional[str] = None, world_s
         fields = config_fields(cls.config_class)
         problems += _check_table(training, fields, "training")
         problems += range_problems(cls.config_class, fields, training)
+        problems += pattern_problems(cls.config_class, fields, training)
         problems += key_problems(cls.config_class, fields, training)
         problems += [] if problems else combination_problems(cls.config_class, fields, training)
     if isinstance(model, dict) and isinstance(model.get("lora"), dict):

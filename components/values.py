@@ -4,8 +4,8 @@ Types come from TRL's annotations (``config_fields.json``); what the types
 cannot say is in ``value_rules/trl-<major>.<minor>.yaml``, one row per rule
 with its reason: ranges written where TRL has none, the value lists TRL
 documents, the kinds TRL accepts beyond its annotation (it converts them
-itself), the keys a mapping value may hold, and the combinations TRL's trainers
-refuse. Choices in TRL's own field metadata are read from TRL when the
+itself), the form of a text value, the keys a mapping value may hold, and the
+combinations TRL's trainers refuse. Choices in TRL's own field metadata are read from TRL when the
 field table is generated. Messages name the key, the value and what is
 allowed::
 
@@ -117,6 +117,17 @@ def range_problems(config_class: str, fields: Mapping[str, Any], training: Mappi
             if problem:
                 found.append(f"training.{key}: {problem} ({row['reason']})")
                 break
+    return found
+
+
+def pattern_problems(config_class: str, fields: Mapping[str, Any], training: Mapping[str, Any]) -> List[str]:
+    """Text ``training`` values that do not match their row's ``pattern`` (non-text values are the type check's)."""
+    found = []
+    for row in rows_for(config_class, fields):
+        key = row["field"]
+        value = training.get(key)
+        if "pattern" in row and isinstance(value, str) and not re.fullmatch(row["pattern"], value):
+            found.append(f"training.{key}: {value} is not {row['expected']} ({row['reason']})")
     return found
 
 

@@ -5,6 +5,7 @@ allowed; each value TRL accepts passes the validator and TRL's own config.
 """
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Dict
 
@@ -30,10 +31,12 @@ def test_every_row_names_fields_the_installed_trl_has() -> None:
         assert having, f"{row['field']}: no config class has it any more"
         if "configs" in row:
             assert having == named, f"{row['field']}: missing from {set(named) - set(having)}"
-        kinds = {"field", "configs", "range", "choices", "also", "when", "requires", "keys", "needs", "reason"}
+        kinds = {"field", "configs", "range", "choices", "also", "when", "requires", "keys", "needs", "pattern",
+                 "expected", "reason"}
         assert row["reason"].strip() and set(row) <= kinds
         assert ("requires" in row) <= ("when" in row) <= ("requires" in row or "keys" in row)
         assert set(row.get("needs", [])) <= set(row.get("keys", []))
+        assert ("pattern" in row) == ("expected" in row)
         for config in having:  # a combination's other fields too
             assert set(row.get("when", {})) <= set(config_fields(config)), f"{row['field']}: when {row['when']}"
         if "range" in row:
@@ -88,6 +91,8 @@ BAD_VALUES = [
     ("dpo", {"label_smoothing": 0.0, "loss_type": ["sigmoid", "exo_pair"]}, "training.label_smoothing: 0.0 cannot go with loss_type: [sigmoid, exo_pair]; expected label_smoothing > 0"),
     ("dpo", {"f_divergence_type": "js_divergence", "loss_type": "apo_zero"}, "training.f_divergence_type: js_divergence cannot go with loss_type: apo_zero; expected reverse_kl"),
     ("sft", {"max_length": 64, "padding_free": True}, "training.max_length: 64 cannot go with padding_free: true, packing: false; expected null"),
+    ("dpo", {"optim_args": "betas=(0.9,0.95)", "optim": "sgd"}, "training.optim_args: betas=(0.9,0.95) is not key=value pairs separated by commas (transformers splits the text at each comma"),
+    ("sft", {"optim_args": "eps=1e-6"}, "training.optim_args: eps=1e-6 cannot go with optim: adamw_torch_fused; expected null (transformers reads no optim_args for this optimizer"),
     # the keys of a mapping (tests/test_checkpointing_options.py trains with them)
     ("dpo", {"activation_checkpointing_kwargs": {"selective": True}}, "training.activation_checkpointing_kwargs.selective: unknown key; valid keys here: debug, determinism_check, early_stop, preserve_rng_state, use_reentrant (torch.utils.checkpoint's options; also every_n_layers and offload for sft"),
     ("grpo", {"gradient_checkpointing_kwargs": {"every_n_layers": 2}}, "training.gradient_checkpointing_kwargs.every_n_layers: unknown key"),
@@ -144,6 +149,7 @@ VALID_VALUES = [
     ("dpo", {"activation_checkpointing_kwargs": {"use_reentrant": False, "preserve_rng_state": False}}),
     ("grpo", {"liger_kernel_config": {"fused_linear_cross_entropy": True}}),  # Liger off: TRL never reads it
     ("grpo", {"generation_kwargs": {"top_k": 5, "min_new_tokens": 2}}),
+    ("dpo", {"optim": "sgd", "optim_args": "momentum=0.9,nesterov=true"}),
     ("online_dpo", {"generation_kwargs": {"max_tokens": 8, "seed": 1}, "use_vllm": True}),
     ("rloo", {"generation_kwargs": {"max_tokens": 8, "vllm_xargs": {"a": 1}}, "use_vllm": True, "vllm_mode": "server"}),
 ]
@@ -289,6 +295,29 @@ def test_the_mapping_keys_are_those_the_installed_packages_take() -> None:
     assert keys["accelerator_config", ()] == [field.name for field in dataclasses.fields(AcceleratorConfig)]
     with pytest.raises(TypeError, match="unexpected keyword argument 'split_batch'"):  # what the job met before
         AcceleratorConfig(split_batch=True)
+
+
+def test_optim_args_are_refused_where_transformers_cannot_parse_or_never_reads_them(tmp_path: Path) -> None:
+    """Fails when transformers' optimizers start or stop reading optim_args, or parse them otherwise; shows what it
+    did with them."""
+    import inspect
+
+    from transformers import Trainer, TrainingArguments
+    from transformers.trainer_optimizer import _OPTIMIZER_HANDLERS, _parse_optim_args
+
+    (row,) = [row for row in rules() if row["field"] == "optim_args" and "when" in row]
+    never_read = [name.value for name, handler in _OPTIMIZER_HANDLERS.items() if "optim_args" not in inspect.getsource(handler)]
+    assert sorted(row["when"]["optim"]) == sorted(never_read)
+    args = TrainingArguments(str(tmp_path), optim="adamw_torch", optim_args="eps=1e-6", use_cpu=True)
+    _, kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
+    assert kwargs["eps"] == args.adam_epsilon != 1e-6  # dropped without a word
+    (pattern,) = [row["pattern"] for row in rules() if "pattern" in row]
+    for text in ("momentum=0.9", "momentum=0.9, nesterov=true", "betas=(0.9,0.95)", "momentum", "a=1,,b=2"):
+        try:
+            parsed = _parse_optim_args(text)
+        except ValueError:
+            parsed = None  # what the job met when the optimizer was made
+        assert (re.fullmatch(pattern, text) is not None) == (parsed is not None), text
 
 
 def test_generation_keys_without_vllm_are_generation_configs_fields() -> None:
