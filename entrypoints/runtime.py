@@ -266,7 +266,7 @@ def build_config(spec: Spec, training: Dict[str, Any]) -> Any:
 
 def check_environment(args: Any) -> None:
     """What the config needs of the job's environment, before any model loads: the packages ``optim`` and
-    ``report_to`` need (looked up as the trainer will), and the Hub for ``push_to_hub``."""
+    ``report_to`` need (looked up as the trainer will), and for ``push_to_hub`` the Hub, reached with the token."""
     import huggingface_hub
     from transformers import Trainer
     from transformers.integrations import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
@@ -288,6 +288,12 @@ def check_environment(args: Any) -> None:
     if args.push_to_hub and args.hub_token is None and huggingface_hub.get_token() is None:
         raise SpecError(["training.push_to_hub: the job's environment has no Hugging Face token; pass one (--env "
                          "HF_TOKEN=...), or log in where the job runs (hf auth login)"])  # fmt: skip
+    if args.push_to_hub and distributed.is_rank0():  # the trainer reaches the Hub from rank 0 alone
+        try:
+            huggingface_hub.HfApi().whoami(token=args.hub_token)
+        except Exception as error:  # no route, a refused token: the Hub client's exceptions vary with its version
+            raise SpecError([f"training.push_to_hub: the Hugging Face Hub ({huggingface_hub.constants.ENDPOINT}) "
+                             f"refused the job's token or cannot be reached from the job: {first_line(error)}"]) from None  # fmt: skip
 
 
 def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:

@@ -5,6 +5,8 @@ agreeing; rewards: ``test_reward_checks.py``); three real ``torchx run`` launche
 data line, a reward returning NaN on one rank, a missing chain stage.
 """
 
+import contextlib
+import http.server
 import importlib.util
 import json
 import logging
@@ -13,6 +15,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Iterator, List
 
@@ -202,7 +205,42 @@ def test_push_to_hub_needs_the_hub_and_a_token_in_the_jobs_environment(
     with pytest.raises(SpecError, match="training.push_to_hub: the job's environment has no Hugging Face token"):
         runtime.check_environment(args)
     monkeypatch.setenv("HF_TOKEN", "hf_test")
-    runtime.check_environment(args)
+    with pytest.raises(SpecError, match=r"training.push_to_hub: the Hugging Face Hub \(https://huggingface.co\) "
+                                        r"refused the job's token or cannot be reached from the job: "):
+        runtime.check_environment(args)  # no network here: the trainer's constructor failed, after the models loaded
+    with hub_answering_whoami(accepted="hf_test") as endpoint:
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", endpoint)
+        runtime.check_environment(args)
+        monkeypatch.setenv("HF_TOKEN", "hf_expired")
+        with pytest.raises(SpecError, match=r"refused the job's token or cannot be reached from the job: Invalid user token"):
+            runtime.check_environment(args)
+
+
+@contextlib.contextmanager
+def hub_answering_whoami(accepted: str) -> Iterator[str]:
+    """An HTTP server on localhost that answers the Hub's whoami: 200 for the ``accepted`` token, else 401."""
+
+    class Whoami(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            ok = self.path == "/api/whoami-v2" and self.headers.get("authorization") == f"Bearer {accepted}"
+            body = json.dumps({"name": "posttrain-test"} if ok else {"error": "Invalid credentials"}).encode()
+            self.send_response(200 if ok else 401)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Whoami)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_fp16_on_cpu_is_refused_rather_than_trained_in_float32(tmp_path: Path) -> None:
