@@ -29,10 +29,12 @@ from benchmarks import workload
 from benchmarks.harness import PYTHON_BIN, REPO, run_env
 
 TEMPLATE = "templates/grpo/tiny-vllm-server.yaml"
+# each mode sets only what it reads (the spec refuses options that do nothing; ~ removes the template's)
+VLLM_OPTIONS = ["~training.vllm_mode", "~training.vllm_gpu_memory_utilization", "~training.vllm_max_model_length"]
 MODES: Dict[str, List[str]] = {
-    "generate": ["training.use_vllm=false"],
+    "generate": ["training.use_vllm=false", *VLLM_OPTIONS],
     "colocate": ["training.vllm_mode=colocate"],
-    "server": ["training.vllm_mode=server"],
+    "server": ["training.vllm_mode=server", "training.vllm_server_port={server_port}"],
 }
 FIGURES = ("steps_per_s", "first_step_s", "gen_tokens_per_s", "reward")
 
@@ -40,8 +42,8 @@ FIGURES = ("steps_per_s", "first_step_s", "gen_tokens_per_s", "reward")
 def run(mode: str, work: Path, nproc: int, port: int, overrides: List[str]) -> Dict[str, float]:
     output = work / "output"
     command = [str(PYTHON_BIN / "torchx"), "run", "-s", "local_cwd", "posttrain.grpo", "--spec", TEMPLATE,
-               "-j", f"1x{nproc}", "--rdzv_port", str(port), f"training.output_dir={output}",
-               f"training.vllm_server_port={port + 1}", *overrides, *MODES[mode]]  # fmt: skip
+               "-j", f"1x{nproc}", "--rdzv_port", str(port), f"training.output_dir={output}", *overrides,
+               *(override.format(server_port=port + 1) for override in MODES[mode])]  # fmt: skip
     started = time.time()
     with (work / "run.log").open("w") as log:
         result = subprocess.run(command, cwd=REPO, env=run_env(work, gpus=0), stdout=log, stderr=subprocess.STDOUT)

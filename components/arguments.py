@@ -13,7 +13,8 @@ import torchx.specs as specs
 
 # Every component's arguments, as ``torchx run posttrain.<algorithm> --help`` shows them.
 ARGS: Dict[str, str] = {
-    "overrides": "``key.path=value`` changes applied to the spec before validation (e.g. training.learning_rate=1e-5)",
+    "overrides": "``key.path=value`` changes applied to the spec before validation (e.g. training.learning_rate=1e-5); "
+    "``~key.path`` removes a key",
     "spec": "path to the YAML spec (templates/{algorithm}/*.yaml)",
     "image": "image (e.g. docker) with posttrain installed; ignored by local_cwd",
     "name": "job name, ``{{experimentname}}/{{runname}}`` or ``{{runname}}``; defaults to the algorithm",

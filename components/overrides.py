@@ -2,7 +2,8 @@
 
 Each value is converted by the type of the field it lands on (``1e-5`` is a
 float for ``training.learning_rate``; a string field keeps the raw text);
-missing sections are created.
+missing sections are created. ``~key.path`` removes a key (Hydra's syntax):
+the field then takes its default, as if the spec never set it.
 """
 
 import json
@@ -31,6 +32,9 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str], algorithm:
             raise SpecError(
                 [f"override {override!r}: options such as {override.split('=')[0]} go before the key.path=value overrides"]
             )
+        if override.startswith("~"):
+            _remove_path(result, override[1:].strip().split("."), override)
+            continue
         key, sep, text = override.partition("=")
         key = key.strip()
         if not sep or not key:
@@ -74,6 +78,17 @@ def _set_path(root: Dict[str, Any], parts: List[str], value: Any, override: str)
         node[_list_index(node, parts[-1], parts, override)] = value
     else:
         node[parts[-1]] = value
+
+
+def _remove_path(root: Dict[str, Any], parts: List[str], override: str) -> None:
+    node: Any = root
+    for depth, part in enumerate(parts):
+        if not isinstance(node, dict) or part not in node:
+            where = ".".join(parts[: depth + 1])
+            raise SpecError([f"override {override!r}: the spec has no {where} to remove (~key.path removes a key)"])
+        if depth < len(parts) - 1:
+            node = node[part]
+    del node[parts[-1]]
 
 
 def _list_index(node: List[Any], part: str, parts: List[str], override: str) -> int:

@@ -20,7 +20,13 @@ from posttrain.components.messages import SpecError, known_paths, model_in, tran
 from posttrain.components.overrides import apply_overrides
 from posttrain.components.registry import SPEC_CLASSES
 from posttrain.components.schema import Spec
-from posttrain.components.values import combination_problems, key_problems, pattern_problems, range_problems
+from posttrain.components.values import (
+    combination_problems,
+    key_problems,
+    pattern_problems,
+    range_problems,
+    unused_problems,
+)
 
 
 def load_spec(
@@ -130,6 +136,7 @@ def validate(raw: Mapping[str, Any], *, algorithm: Optional[str] = None, world_s
         problems += pattern_problems(cls.config_class, fields, training)
         problems += key_problems(cls.config_class, fields, training)
         problems += [] if problems else combination_problems(cls.config_class, fields, training)
+        problems += [] if problems else unused_problems(cls.config_class, fields, training)
     if isinstance(model, dict) and isinstance(model.get("lora"), dict):
         problems += _check_table(model["lora"], config_fields(LORA_CONFIG), "model.lora")
     if spec is not None and not problems:

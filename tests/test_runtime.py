@@ -269,6 +269,20 @@ def test_what_the_spec_refuses_together_the_trainer_refuses(
         runtime.registry_trainer(runtime.Job(**{**vars(job), "args": args}))  # once the models are loaded
 
 
+@pytest.mark.parametrize("algorithm", ["grpo", "online_dpo"])
+def test_vllms_options_without_use_vllm_do_nothing_in_the_trainer(tmp_path: Path, algorithm: str) -> None:
+    """What the spec refuses as doing nothing: the trainer builds without vLLM, never reaching for the server named."""
+    from transformers import GenerationConfig
+
+    job = tiny_job(tmp_path, algorithm)
+    unused = {"vllm_mode": "server", "vllm_server_base_url": "http://127.0.0.1:9", "vllm_gpu_memory_utilization": 0.9}
+    with pytest.raises(SpecError, match="training.vllm_mode: server does nothing with use_vllm: false"):
+        validate({**job.spec.model_dump(), "training": {**job.spec.training, **unused}})
+    kwargs = {**runtime.training_arguments(job.spec, dict(job.spec.training)), **unused}
+    trainer = runtime.registry_trainer(runtime.Job(**{**vars(job), "args": import_object(job.spec.config_class)(**kwargs)}))
+    assert not trainer.use_vllm and isinstance(trainer.generation_config, GenerationConfig)
+
+
 def test_reward_models_load_through_the_jobs_loader_with_their_tokenizers(tmp_path: Path) -> None:
     rewards = [{"builtin": "contains", "args": {"target": "blue"}}, {"model": tiny.NAME, "weight": 0.5}]
     job = tiny_job(tmp_path, "grpo", rewards=rewards)

@@ -243,6 +243,17 @@ def test_an_override_value_keeps_equals_signs_and_spaces() -> None:
     assert result["training"]["run_name"] == " a=b c "
 
 
+def test_a_removed_key_takes_its_default() -> None:
+    raw = load_template("grpo/tiny-vllm-server.yaml")
+    raw["training"]["output_dir"] = "out"
+    with pytest.raises(SpecError, match="training.vllm_mode: server does nothing with use_vllm: false"):
+        validate(apply_overrides(raw, ["training.use_vllm=false"]))
+    without = ["training.use_vllm=false", "~training.vllm_mode", "~training.vllm_gpu_memory_utilization",
+               "~training.vllm_max_model_length"]  # fmt: skip
+    spec = validate(apply_overrides(raw, without))
+    assert "vllm_mode" not in spec.training and raw["training"]["vllm_mode"] == "server"  # a copy changed
+
+
 @pytest.mark.parametrize(
     "override, expected",
     [
@@ -251,6 +262,8 @@ def test_an_override_value_keeps_equals_signs_and_spaces() -> None:
         ("training..max_steps=3", "empty key segment"),
         ("training.max_steps.x=3", "training.max_steps is a value, not a section"),
         ("-j=2x1", "go before the key.path=value overrides"),
+        ("~training.use_vllm", "the spec has no training.use_vllm to remove"),
+        ("~training.max_steps.x", "the spec has no training.max_steps.x to remove"),
     ],
 )
 def test_malformed_overrides(override: str, expected: str) -> None:

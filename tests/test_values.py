@@ -32,9 +32,10 @@ def test_every_row_names_fields_the_installed_trl_has() -> None:
         if "configs" in row:
             assert having == named, f"{row['field']}: missing from {set(named) - set(having)}"
         kinds = {"field", "configs", "range", "choices", "also", "when", "requires", "keys", "needs", "pattern",
-                 "expected", "reason"}
+                 "expected", "unused", "reason"}
         assert row["reason"].strip() and set(row) <= kinds
-        assert ("requires" in row) <= ("when" in row) <= ("requires" in row or "keys" in row)
+        conditional = "requires" in row or "unused" in row
+        assert conditional <= ("when" in row) <= (conditional or "keys" in row)
         assert set(row.get("needs", [])) <= set(row.get("keys", []))
         assert ("pattern" in row) == ("expected" in row)
         for config in having:  # a combination's other fields too
@@ -90,9 +91,9 @@ BAD_VALUES = [
     ("grpo", {"beta": 0.0, "sync_ref_model": True}, "training.beta: 0.0 cannot go with sync_ref_model: true; expected beta > 0"),
     ("dpo", {"label_smoothing": 0.0, "loss_type": ["sigmoid", "exo_pair"]}, "training.label_smoothing: 0.0 cannot go with loss_type: [sigmoid, exo_pair]; expected label_smoothing > 0"),
     ("dpo", {"f_divergence_type": "js_divergence", "loss_type": "apo_zero"}, "training.f_divergence_type: js_divergence cannot go with loss_type: apo_zero; expected reverse_kl"),
-    ("sft", {"max_length": 64, "padding_free": True}, "training.max_length: 64 cannot go with padding_free: true, packing: false; expected null"),
+    ("sft", {"max_length": 64, "padding_free": True}, "training.max_length: 64 cannot go with padding_free: true, packing: false (TRL's default); expected null"),
     ("dpo", {"optim_args": "betas=(0.9,0.95)", "optim": "sgd"}, "training.optim_args: betas=(0.9,0.95) is not key=value pairs separated by commas (transformers splits the text at each comma"),
-    ("sft", {"optim_args": "eps=1e-6"}, "training.optim_args: eps=1e-6 cannot go with optim: adamw_torch_fused; expected null (transformers reads no optim_args for this optimizer"),
+    ("sft", {"optim_args": "eps=1e-6"}, "training.optim_args: eps=1e-6 cannot go with optim: adamw_torch_fused (TRL's default); expected null (transformers reads no optim_args for this optimizer"),
     # the keys of a mapping (tests/test_checkpointing_options.py trains with them)
     ("dpo", {"activation_checkpointing_kwargs": {"selective": True}}, "training.activation_checkpointing_kwargs.selective: unknown key; valid keys here: debug, determinism_check, early_stop, preserve_rng_state, use_reentrant (torch.utils.checkpoint's options; also every_n_layers and offload for sft"),
     ("grpo", {"gradient_checkpointing_kwargs": {"every_n_layers": 2}}, "training.gradient_checkpointing_kwargs.every_n_layers: unknown key"),
@@ -107,6 +108,10 @@ BAD_VALUES = [
     ("grpo", {"generation_kwargs": {"max_new_tokens": 8}, "use_vllm": True}, "training.generation_kwargs.max_new_tokens: unknown key; did you mean training.generation_kwargs.max_tokens? (colocated vLLM makes its SamplingParams of them"),
     ("distill", {"generation_kwargs": {"do_sample": True}, "use_vllm": True, "vllm_mode": "server"}, "training.generation_kwargs.do_sample: unknown key; the nearest of the 52 valid keys here"),
     ("sft", {"dataset_kwargs": {"skip_prepare_dataset": True}}, "training.dataset_kwargs: not supported by posttrain.sft; the data is text, messages or prompt and completion"),
+    # values that do nothing with others (tests/test_runtime.py builds the trainer with them)
+    ("grpo", {"vllm_mode": "server"}, "training.vllm_mode: server does nothing with use_vllm: false (TRL's default); set use_vllm: true, or drop it (TRL generates with transformers' generate then"),
+    ("rloo", {"vllm_server_base_url": "http://vllm:8000", "use_vllm": True}, "training.vllm_server_base_url: http://vllm:8000 does nothing with use_vllm: true, vllm_mode: colocate (TRL's default); set vllm_mode: server, or drop it"),
+    ("online_dpo", {"vllm_tensor_parallel_size": 2, "use_vllm": True, "vllm_mode": "server"}, "training.vllm_tensor_parallel_size: 2 does nothing with use_vllm: true, vllm_mode: server; set vllm_mode: colocate, or drop it"),
     # Liger's fused cross-entropy in a trainer that fuses the LM head itself (SFT: Liger on by default on GPUs)
     ("sft", {"liger_kernel_config": {"fused_linear_cross_entropy": True}}, "training.liger_kernel_config: fused_linear_cross_entropy: true cannot go with Liger kernels (on by default on GPUs) in trl:SFTTrainer"),
     ("grpo", {"liger_kernel_config": {"fused_linear_cross_entropy": True}, "use_liger_kernel": True}, "training.liger_kernel_config: fused_linear_cross_entropy: true cannot go with Liger kernels in trl:GRPOTrainer"),
@@ -150,6 +155,8 @@ VALID_VALUES = [
     ("grpo", {"liger_kernel_config": {"fused_linear_cross_entropy": True}}),  # Liger off: TRL never reads it
     ("grpo", {"generation_kwargs": {"top_k": 5, "min_new_tokens": 2}}),
     ("dpo", {"optim": "sgd", "optim_args": "momentum=0.9,nesterov=true"}),
+    ("grpo", {"use_vllm": True, "vllm_mode": "server", "vllm_gpu_memory_utilization": 0.5, "vllm_server_port": 8001}),
+    ("distill", {"use_vllm": True, "vllm_tensor_parallel_size": 1, "vllm_enable_sleep_mode": True}),
     ("online_dpo", {"generation_kwargs": {"max_tokens": 8, "seed": 1}, "use_vllm": True}),
     ("rloo", {"generation_kwargs": {"max_tokens": 8, "vllm_xargs": {"a": 1}}, "use_vllm": True, "vllm_mode": "server"}),
 ]

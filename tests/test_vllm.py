@@ -219,8 +219,8 @@ def test_grpo_with_vllm_on_gpus_raises_the_reward(tmp_path: Path, mode: str) -> 
     assert gpus >= (2 if mode == "server" else 1), "run with pytest -m 'gpu and vllm' on a machine with GPUs"
     output_dir = tmp_path / "out"
     extra_args = ["--gpu", "1"] + (["--vllm_gpu", "1"] if mode == "server" else [])
-    overrides = [f"training.vllm_mode={mode}", "training.vllm_gpu_memory_utilization=0.3",
-                 f"training.vllm_server_port={free_port()}"]  # fmt: skip
+    overrides = [f"training.vllm_mode={mode}", "training.vllm_gpu_memory_utilization=0.3"]
+    overrides += [f"training.vllm_server_port={free_port()}"] if mode == "server" else []
     result = torchx(["run", "-s", "local_cwd", "-cfg", "auto_set_cuda_visible_devices=True", "posttrain.grpo",
                      "--spec", "templates/grpo/tiny-vllm-server.yaml", "-j", "1x1", "--rdzv_port", str(free_port()),
                      *extra_args, f"training.output_dir={output_dir}", *overrides], tmp_path, timeout=900)  # fmt: skip
