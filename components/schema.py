@@ -254,6 +254,10 @@ class Spec(_Strict):
             if evaluation not in (None, "no") and self.data.eval is None:
                 found.append(f"training.eval_strategy: {evaluation} evaluates on data.eval, which the spec does not "
                              "give; add data.eval, or set eval_strategy: no")  # fmt: skip
+            if evaluation == "no" and self.data.eval is not None:
+                given = "" if "eval_strategy" in training else " (TRL's default)"
+                found.append(f"data.eval: the trainer never evaluates with eval_strategy: no{given}; set "
+                             "eval_strategy: steps (every eval_steps) or epoch, or drop data.eval")  # fmt: skip
         if self.model.lora is not None and training.get("sync_ref_model") is True:
             found.append("training.sync_ref_model: with model.lora the reference is the policy without its adapter, "
                          "so there is no reference model to sync; remove it, or train without LoRA")  # fmt: skip

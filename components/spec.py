@@ -136,11 +136,12 @@ def validate(raw: Mapping[str, Any], *, algorithm: Optional[str] = None, world_s
         problems += pattern_problems(cls.config_class, fields, training)
         problems += key_problems(cls.config_class, fields, training)
         problems += [] if problems else combination_problems(cls.config_class, fields, training)
-        problems += [] if problems else unused_problems(cls.config_class, fields, training)
     if isinstance(model, dict) and isinstance(model.get("lora"), dict):
         problems += _check_table(model["lora"], config_fields(LORA_CONFIG), "model.lora")
     if spec is not None and not problems:
         problems += spec.problems(world_size)
+    if spec is not None and not problems:  # values that would do nothing: last, once the spec is sound
+        problems += unused_problems(cls.config_class, config_fields(cls.config_class), spec.training)
     if problems:
         raise SpecError(problems)
     assert spec is not None

@@ -5,8 +5,9 @@ cannot say is in ``value_rules/trl-<major>.<minor>.yaml``, one row per rule
 with its reason: ranges written where TRL has none, the value lists TRL
 documents, the kinds TRL accepts beyond its annotation (it converts them
 itself), the form of a text value, the keys a mapping value may hold, the
-combinations TRL's trainers refuse, and the values that do nothing with others. Choices in TRL's own field metadata are read from TRL when the
-field table is generated. Messages name the key, the value and what is
+combinations TRL's trainers refuse, and the values that do nothing with others.
+Choices in TRL's own field metadata are read from TRL when the field table is
+generated. Messages name the key, the value and what is
 allowed::
 
     training.top_p: 1.5 is out of range; expected 0 < top_p <= 1 (a probability mass; 1 keeps every token)
@@ -143,8 +144,9 @@ def combination_problems(config_class: str, fields: Mapping[str, Any], training:
             wrong, expected = not _holds(value, required), " or ".join(_shown(choice) for choice in required)
         if wrong:
             given = "" if key in training else " (TRL's default)"
-            found.append(f"training.{key}: {_shown(value)}{given} cannot go with {_condition(row, when, training)}; expected "
-                         f"{expected} ({row['reason']})")  # fmt: skip
+            condition = _condition(when, training)
+            found.append(f"training.{key}: {_shown(value)}{given} cannot go with {condition}; expected {expected} "
+                         f"({row['reason']})")  # fmt: skip
     return found
 
 
@@ -167,7 +169,8 @@ def key_problems(config_class: str, fields: Mapping[str, Any], training: Mapping
             if allowed:
                 unknown = unknown_message(prefix + str(key), set(allowed), prefix, [])
             else:
-                unknown = f"{prefix}{key}: unknown key; none are taken with {_condition(first, first_when, training)}"
+                condition = _condition(first_when, training)
+                unknown = f"{prefix}{key}: unknown key; none are taken with {condition}"
             found.append(f"{unknown} ({first['reason']})")
         for row, when in rows:
             needs = row.get("needs", [])
@@ -175,7 +178,8 @@ def key_problems(config_class: str, fields: Mapping[str, Any], training: Mapping
             if needs and len(given) != 1:
                 what = needs[0] if len(needs) == 1 else "exactly one of " + ", ".join(needs)
                 got = f"; got {', '.join(given)}" if given else ""
-                found.append(f"training.{field}: needs {what} with {_condition(row, when, training)}{got} ({row['reason']})")
+                condition = _condition(when, training)
+                found.append(f"training.{field}: needs {what} with {condition}{got} ({row['reason']})")
     return found
 
 
@@ -185,8 +189,9 @@ def unused_problems(config_class: str, fields: Mapping[str, Any], training: Mapp
     for row, when in _holding(config_class, fields, training, "unused"):
         key = row["field"]
         if training.get(key) is not None:
-            found.append(f"training.{key}: {_shown(training[key])} does nothing with {_condition(row, when, training)}; "
-                         f"{row['unused']}, or drop it ({row['reason']})")  # fmt: skip
+            condition = _condition(when, training)
+            found.append(f"training.{key}: {_shown(training[key])} does nothing with {condition}; {row['unused']}, "
+                         f"or drop it ({row['reason']})")  # fmt: skip
     return found
 
 
@@ -204,8 +209,8 @@ def least_per_device_batch(config_class: str, training: Mapping[str, Any]) -> in
 def _holding(
     config_class: str, fields: Mapping[str, Any], training: Mapping[str, Any], kind: str
 ) -> Iterator[Tuple[Dict[str, Any], Dict[str, Any]]]:
-    """The rows of a kind (``requires``, ``keys``, ``unused``) whose ``when`` holds for ``training``, each with the ``when``
-    fields' values (unset: TRL's defaults); a row without ``when`` always holds."""
+    """The rows of a kind (``requires``, ``keys``, ``unused``) whose ``when`` holds for ``training``, each with the
+    ``when`` fields' values (unset: TRL's defaults); a row without ``when`` always holds."""
     for row in rows_for(config_class, fields):
         if kind in row:
             wanted = row.get("when", {})
@@ -214,11 +219,10 @@ def _holding(
                 yield row, when
 
 
-def _condition(row: Dict[str, Any], when: Dict[str, Any], training: Mapping[str, Any]) -> str:
-    """A row's ``when`` as it holds: ``loss_type: exo_pair, use_vllm: false (TRL's default)``."""
-    return ", ".join(
-        f"{name}: {_shown(when[name])}" + ("" if name in training else " (TRL's default)") for name in row.get("when", {})
-    )
+def _condition(when: Dict[str, Any], training: Mapping[str, Any]) -> str:
+    """A row's ``when`` fields as they hold: ``loss_type: exo_pair, use_vllm: false (TRL's default)``."""
+    shown = [f"{name}: {_shown(when[name])}" + ("" if name in training else " (TRL's default)") for name in when]
+    return ", ".join(shown)
 
 
 def _holds(value: Any, wanted: Any) -> bool:

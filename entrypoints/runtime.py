@@ -292,8 +292,9 @@ def check_environment(args: Any) -> None:
         try:
             huggingface_hub.HfApi().whoami(token=args.hub_token)
         except Exception as error:  # no route, a refused token: the Hub client's exceptions vary with its version
-            raise SpecError([f"training.push_to_hub: the Hugging Face Hub ({huggingface_hub.constants.ENDPOINT}) "
-                             f"refused the job's token or cannot be reached from the job: {first_line(error)}"]) from None  # fmt: skip
+            hub = huggingface_hub.constants.ENDPOINT
+            raise SpecError([f"training.push_to_hub: the Hugging Face Hub ({hub}) refused the job's token or cannot be "
+                             f"reached from the job: {first_line(error)}"]) from None  # fmt: skip
 
 
 def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:

@@ -190,6 +190,15 @@ def test_impossible_combinations(change: Dict[str, Any], expected: str) -> None:
     assert expected in problems_of(raw)
 
 
+def test_eval_data_the_trainer_never_evaluates_on_is_refused() -> None:
+    raw = tiny_sft()
+    raw["data"]["eval"] = raw["data"]["train"]
+    assert problems_of(raw) == ("data.eval: the trainer never evaluates with eval_strategy: no (TRL's default); set "
+                                "eval_strategy: steps (every eval_steps) or epoch, or drop data.eval")  # fmt: skip
+    raw["training"].update(eval_strategy="steps", eval_steps=10)
+    assert validate(raw).data.eval is not None
+
+
 def test_missing_sections_and_output_dir_are_required() -> None:
     assert "model: required" in problems_of({"algorithm": "sft", "data": {"train": {"path": "x"}}, "training": {}})
     raw = tiny_sft()

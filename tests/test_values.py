@@ -112,6 +112,9 @@ BAD_VALUES = [
     ("grpo", {"vllm_mode": "server"}, "training.vllm_mode: server does nothing with use_vllm: false (TRL's default); set use_vllm: true, or drop it (TRL generates with transformers' generate then"),
     ("rloo", {"vllm_server_base_url": "http://vllm:8000", "use_vllm": True}, "training.vllm_server_base_url: http://vllm:8000 does nothing with use_vllm: true, vllm_mode: colocate (TRL's default); set vllm_mode: server, or drop it"),
     ("online_dpo", {"vllm_tensor_parallel_size": 2, "use_vllm": True, "vllm_mode": "server"}, "training.vllm_tensor_parallel_size: 2 does nothing with use_vllm: true, vllm_mode: server; set vllm_mode: colocate, or drop it"),
+    ("sft", {"eval_steps": 5}, "training.eval_steps: 5 does nothing with eval_strategy: 'no' (TRL's default); set eval_strategy: steps, or drop it"),
+    ("dpo", {"save_steps": 20, "save_strategy": "epoch"}, "training.save_steps: 20 does nothing with save_strategy: epoch; set save_strategy: steps"),
+    ("sft", {"logging_steps": 1, "logging_strategy": "epoch"}, "training.logging_steps: 1 does nothing with logging_strategy: epoch; set logging_strategy: steps"),
     # Liger's fused cross-entropy in a trainer that fuses the LM head itself (SFT: Liger on by default on GPUs)
     ("sft", {"liger_kernel_config": {"fused_linear_cross_entropy": True}}, "training.liger_kernel_config: fused_linear_cross_entropy: true cannot go with Liger kernels (on by default on GPUs) in trl:SFTTrainer"),
     ("grpo", {"liger_kernel_config": {"fused_linear_cross_entropy": True}, "use_liger_kernel": True}, "training.liger_kernel_config: fused_linear_cross_entropy: true cannot go with Liger kernels in trl:GRPOTrainer"),
@@ -157,6 +160,7 @@ VALID_VALUES = [
     ("dpo", {"optim": "sgd", "optim_args": "momentum=0.9,nesterov=true"}),
     ("grpo", {"use_vllm": True, "vllm_mode": "server", "vllm_gpu_memory_utilization": 0.5, "vllm_server_port": 8001}),
     ("distill", {"use_vllm": True, "vllm_tensor_parallel_size": 1, "vllm_enable_sleep_mode": True}),
+    ("sft", {"eval_strategy": "no", "eval_steps": None}),  # null: not given
     ("online_dpo", {"generation_kwargs": {"max_tokens": 8, "seed": 1}, "use_vllm": True}),
     ("rloo", {"generation_kwargs": {"max_tokens": 8, "vllm_xargs": {"a": 1}}, "use_vllm": True, "vllm_mode": "server"}),
 ]
