@@ -53,7 +53,7 @@ def load_spec(
         raise SpecError([f"--spec: {path} is not valid YAML: {e}"]) from None
     if not isinstance(raw, dict):
         raise SpecError([f"--spec: {path} must hold a mapping of sections (model, data, training, ...)"])
-    _read_yaml_exponents(raw)
+    _read_yaml_1_1(raw)
     return validate(apply_overrides(raw, overrides, algorithm), algorithm=algorithm, world_size=world_size)
 
 
@@ -74,37 +74,46 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 # YAML 1.1 reads 1e-5 (no dot) as a string; 1.0e-5 is a float
 _EXPONENT_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+# YAML 1.1 reads no and off (as false) as False, yes and on as True
+_BOOLEAN_WORDS = {False: ("no", "off"), True: ("yes", "on")}
 
 
-def _read_yaml_exponents(raw: Dict[str, Any]) -> None:
-    """Numbers written ``1e-5`` in a YAML file are numbers where a field takes a number and not text."""
+def _read_yaml_1_1(raw: Dict[str, Any]) -> None:
+    """What YAML 1.1 read otherwise than written, as the field takes it: ``1e-5`` is a number where a field takes a
+    number and not text; ``no`` is the choice ``'no'`` where a field takes choices and not a boolean
+    (``eval_strategy: no``)."""
     cls = SPEC_CLASSES.get(raw.get("algorithm"))  # type: ignore[arg-type]
-    _read_model_exponents(raw, cls or Spec)  # posttrain's own fields: rewards[].weight, ...
+    _read_model_sections(raw, cls or Spec)  # posttrain's own fields: rewards[].weight, ...
     sections = [(raw.get("training"), cls.config_class if cls else None)]
     if isinstance(raw.get("model"), dict):
         sections.append((raw["model"].get("lora"), LORA_CONFIG))
     for values, config_class in sections:
         if isinstance(values, dict) and config_class is not None:
-            _to_floats(values, config_fields(config_class))
+            _as_written(values, config_fields(config_class))
 
 
-def _read_model_exponents(values: Any, model: Type[BaseModel]) -> None:
-    """``_to_floats`` for a schema section, and the sections (or lists of them) nested in it."""
+def _read_model_sections(values: Any, model: Type[BaseModel]) -> None:
+    """``_as_written`` for a schema section, and the sections (or lists of them) nested in it."""
     if not isinstance(values, dict):
         return
-    _to_floats(values, {key: field_type(field.annotation) for key, field in model.model_fields.items()})
+    _as_written(values, {key: field_type(field.annotation) for key, field in model.model_fields.items()})
     for key, field in model.model_fields.items():
         nested = model_in(field.annotation)
         if key in values and nested is not None:
             for item in values[key] if isinstance(values[key], list) else [values[key]]:
-                _read_model_exponents(item, nested)
+                _read_model_sections(item, nested)
 
 
-def _to_floats(values: Dict[str, Any], fields: Mapping[str, FieldType]) -> None:
+def _as_written(values: Dict[str, Any], fields: Mapping[str, FieldType]) -> None:
     for key, value in values.items():
-        kinds = fields[key].kinds if key in fields else ()
+        field = fields.get(key)
+        kinds = field.kinds if field is not None else ()
         if isinstance(value, str) and "float" in kinds and "str" not in kinds and _EXPONENT_NUMBER.match(value):
             values[key] = float(value)
+        elif isinstance(value, bool) and field is not None and field.choices and "bool" not in kinds:
+            words = [choice for choice in field.choices if choice in _BOOLEAN_WORDS[value]]
+            if len(words) == 1:
+                values[key] = words[0]
 
 
 def spec_from_json(text: str) -> Spec:

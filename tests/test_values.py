@@ -195,6 +195,18 @@ def test_exponents_written_in_a_yaml_file_are_numbers(tmp_path: Path) -> None:
     assert training["learning_rate"] == 3e-3 and training["adam_epsilon"] == 1e-6
 
 
+def test_no_written_in_a_yaml_file_is_the_choice_no(tmp_path: Path) -> None:
+    """YAML 1.1 reads no as false: for a field that takes choices and not a boolean it is the choice 'no'."""
+    text = (REPO / "templates/sft/tiny.yaml").read_text().replace("  save_steps: 20\n", "")
+    assert yaml.safe_load("eval_strategy: no") == {"eval_strategy": False}
+    (tmp_path / "spec.yaml").write_text(text + "  eval_strategy: no\n  save_strategy: no\n  logging_first_step: no\n")
+    training = load_spec(str(tmp_path / "spec.yaml")).training
+    assert (training["eval_strategy"], training["save_strategy"], training["logging_first_step"]) == ("no", "no", False)
+    (tmp_path / "spec.yaml").write_text(text + "  eval_strategy: yes\n")  # no choice is spelt yes
+    with pytest.raises(SpecError, match="training.eval_strategy: expected one of 'no', 'steps', 'epoch'; got True"):
+        load_spec(str(tmp_path / "spec.yaml"))
+
+
 def test_exponents_in_posttrain_sections_are_numbers_too(tmp_path: Path) -> None:
     # a reward's weight: posttrain's own field, in a list of sections
     text = (REPO / "templates/grpo/tiny.yaml").read_text()
