@@ -249,7 +249,7 @@ class Spec(_Strict):
         The ones within ``training`` alone are rows of the value table (``requires``).
         """
         found, training = [], self.training
-        if "eval_strategy" in config_fields(self.config_class):
+        if "eval_strategy" in config_fields(self.config_class) and "eval_strategy" not in self.refused_training_keys:
             evaluation = config_value(self.config_class, training, "eval_strategy")
             if evaluation not in (None, "no") and self.data.eval is None:
                 found.append(f"training.eval_strategy: {evaluation} evaluates on data.eval, which the spec does not "

@@ -320,6 +320,33 @@ def test_the_mapping_keys_are_those_the_installed_packages_take() -> None:
         AcceleratorConfig(split_batch=True)
 
 
+def test_warmup_is_refused_with_the_schedules_transformers_makes_without_it() -> None:
+    """Fails when transformers' schedules start or stop taking warmup; shows what it did with warmup_steps."""
+    import torch
+    from transformers.optimization import TYPE_TO_SCHEDULER_FUNCTION, get_scheduler
+
+    (row,) = [row for row in rules() if row["field"] == "warmup_steps" and "requires" in row]
+
+    def first_rates(schedule: str, warmup: int) -> list:
+        optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        kwargs = {"num_decay_steps": 5} if schedule == "warmup_stable_decay" else {}
+        kwargs.update({"min_lr": 0.0} if "min_lr" in schedule else {})
+        scheduler = get_scheduler(schedule, optimizer, warmup, 10, kwargs)
+        rates = []
+        for _ in range(3):
+            rates.append(optimizer.param_groups[0]["lr"])
+            optimizer.step()
+            scheduler.step(*([1.0] if schedule in ("reduce_lr_on_plateau", "greedy") else []))  # a metric
+        return rates
+
+    for schedule in [s.value for s in TYPE_TO_SCHEDULER_FUNCTION]:
+        dropped = first_rates(schedule, warmup=5) == first_rates(schedule, warmup=0)
+        assert dropped == (schedule in row["when"]["lr_scheduler_type"]), schedule
+    with pytest.raises(SpecError, match="training.warmup_steps: 5 cannot go with lr_scheduler_type: constant; expected 0"):
+        validate(spec_with("sft", warmup_steps=5))
+    validate(spec_with("sft", warmup_steps=5, lr_scheduler_type="constant_with_warmup"))
+
+
 def test_optim_args_are_refused_where_transformers_cannot_parse_or_never_reads_them(tmp_path: Path) -> None:
     """Fails when transformers' optimizers start or stop reading optim_args, or parse them otherwise; shows what it
     did with them."""
