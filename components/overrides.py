@@ -33,7 +33,7 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str], algorithm:
                 [f"override {override!r}: options such as {override.split('=')[0]} go before the key.path=value overrides"]
             )
         if override.startswith("~"):
-            _remove_path(result, override[1:].strip().split("."), override)
+            _remove_path(result, override[1:].strip(), override)
             continue
         key, sep, text = override.partition("=")
         key = key.strip()
@@ -80,14 +80,25 @@ def _set_path(root: Dict[str, Any], parts: List[str], value: Any, override: str)
         node[parts[-1]] = value
 
 
-def _remove_path(root: Dict[str, Any], parts: List[str], override: str) -> None:
+def _remove_path(root: Dict[str, Any], key: str, override: str) -> None:
+    if not key or "=" in key:
+        raise SpecError([f"override {override!r}: expected ~key.path, which removes a key (e.g. ~training.vllm_mode)"])
+    parts = key.split(".")
+    if any(not part for part in parts):
+        raise SpecError([f"override {override!r}: empty key segment in {key!r}"])
     node: Any = root
-    for depth, part in enumerate(parts):
-        if not isinstance(node, dict) or part not in node:
-            where = ".".join(parts[: depth + 1])
-            raise SpecError([f"override {override!r}: the spec has no {where} to remove (~key.path removes a key)"])
-        if depth < len(parts) - 1:
+    for depth, part in enumerate(parts[:-1]):
+        if isinstance(node, list):  # an item of a list of sections: rewards.0.weight
+            node = node[_list_index(node, part, parts[: depth + 1], override)]
+        elif isinstance(node, dict) and part in node:
             node = node[part]
+        else:
+            raise SpecError([f"override {override!r}: the spec has no {'.'.join(parts[: depth + 1])} to remove"])
+    if isinstance(node, list):
+        raise SpecError([f"override {override!r}: {'.'.join(parts[:-1])} is a list; ~ removes keys of sections, "
+                         "not items (override the list instead)"])  # fmt: skip
+    if not isinstance(node, dict) or parts[-1] not in node:
+        raise SpecError([f"override {override!r}: the spec has no {key} to remove"])
     del node[parts[-1]]
 
 

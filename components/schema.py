@@ -244,9 +244,10 @@ class Spec(_Strict):
         return found
 
     def _trainer_problems(self) -> List[str]:
-        """Settings the trainer refuses only once the models are loaded, across ``training`` and other sections.
+        """Settings the trainer refuses only once the models are loaded, or leaves unused (``data.eval``), across
+        ``training`` and other sections.
 
-        The ones within ``training`` alone are rows of the value table (``requires``).
+        The ones within ``training`` alone are rows of the value table (``requires``, ``unused``).
         """
         found, training = [], self.training
         if "eval_strategy" in config_fields(self.config_class) and "eval_strategy" not in self.refused_training_keys:
@@ -254,10 +255,11 @@ class Spec(_Strict):
             if evaluation not in (None, "no") and self.data.eval is None:
                 found.append(f"training.eval_strategy: {evaluation} evaluates on data.eval, which the spec does not "
                              "give; add data.eval, or set eval_strategy: no")  # fmt: skip
-            if evaluation == "no" and self.data.eval is not None:
+            if evaluation == "no" and self.data.eval is not None and training.get("eval_on_start") is not True:
                 given = "" if "eval_strategy" in training else " (TRL's default)"
                 found.append(f"data.eval: the trainer never evaluates with eval_strategy: no{given}; set "
-                             "eval_strategy: steps (every eval_steps) or epoch, or drop data.eval")  # fmt: skip
+                             "eval_strategy: steps (every eval_steps) or epoch, or eval_on_start: true, or drop "
+                             "data.eval")  # fmt: skip
         if self.model.lora is not None and training.get("sync_ref_model") is True:
             found.append("training.sync_ref_model: with model.lora the reference is the policy without its adapter, "
                          "so there is no reference model to sync; remove it, or train without LoRA")  # fmt: skip

@@ -14,8 +14,9 @@ The templates point the YAML language server at them with their first line::
     # yaml-language-server: $schema=../../components/schemas/sft.schema.json
 
 The schema checks what fields alone can say (keys, types, choices, the value
-ranges, text forms and mapping keys of ``value_rules/``, ``training.output_dir`` required); rules across fields (``bf16`` with
-``fp16``, the generation batch, one reward source) are still the validator's.
+ranges, text forms and mapping keys of ``value_rules/``, ``training.output_dir``
+required); rules across fields (``bf16`` with ``fp16``, the generation batch,
+one reward source, values that do nothing with others) are still the validator's.
 """
 
 import argparse

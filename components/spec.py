@@ -74,7 +74,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 # YAML 1.1 reads 1e-5 (no dot) as a string; 1.0e-5 is a float
 _EXPONENT_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
-# YAML 1.1 reads no and off (as false) as False, yes and on as True
+# the words YAML 1.1 reads as booleans besides true and false
 _BOOLEAN_WORDS = {False: ("no", "off"), True: ("yes", "on")}
 
 

@@ -89,8 +89,8 @@ def rules() -> Tuple[Dict[str, Any], ...]:
 
 
 def _per_field(entry: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """A table entry as rows of one ``field`` each: an entry naming ``fields`` (a field and its old name) gives one
-    row per field."""
+    """A table entry as rows of one ``field`` each: an entry naming ``fields`` (several fields under one rule, such
+    as a field and its old name) gives one row per field."""
     if "fields" not in entry:
         return [entry]
     rule = {key: value for key, value in entry.items() if key != "fields"}
@@ -226,9 +226,14 @@ def _condition(when: Dict[str, Any], training: Mapping[str, Any]) -> str:
 
 
 def _holds(value: Any, wanted: Any) -> bool:
-    """Whether ``value`` (or, for a list, one of its items) is ``wanted`` (or one of them, for a list)."""
+    """Whether ``value`` (or, for a list, one of its items) is ``wanted`` (or one of them, for a list): equal and
+    of one kind (``0`` is ``0.0``; ``true`` is not ``1``)."""
     values, choices = (item if isinstance(item, list) else [item] for item in (value, wanted))
-    return any(v is c or (v == c and type(v) is type(c)) for v in values for c in choices)
+    return any(v is c or (v == c and _kind(v) == _kind(c)) for v in values for c in choices)
+
+
+def _kind(value: Any) -> Any:
+    return "number" if isinstance(value, (int, float)) and not isinstance(value, bool) else type(value)
 
 
 def _shown(value: Any) -> str:

@@ -289,10 +289,14 @@ def check_environment(args: Any) -> None:
         raise SpecError(["training.push_to_hub: the job's environment has no Hugging Face token; pass one (--env "
                          "HF_TOKEN=...), or log in where the job runs (hf auth login)"])  # fmt: skip
     if args.push_to_hub and distributed.is_rank0():  # the trainer reaches the Hub from rank 0 alone
-        try:
-            huggingface_hub.HfApi().whoami(token=args.hub_token)
+        hub = huggingface_hub.constants.ENDPOINT
+        try:  # HfApi.whoami's request has no timeout: where packets are dropped it would wait minutes
+            response = huggingface_hub.utils.get_session().get(
+                f"{hub}/api/whoami-v2", headers=huggingface_hub.utils.build_hf_headers(token=args.hub_token),
+                timeout=huggingface_hub.constants.DEFAULT_REQUEST_TIMEOUT,
+            )  # fmt: skip
+            huggingface_hub.utils.hf_raise_for_status(response)
         except Exception as error:  # no route, a refused token: the Hub client's exceptions vary with its version
-            hub = huggingface_hub.constants.ENDPOINT
             raise SpecError([f"training.push_to_hub: the Hugging Face Hub ({hub}) refused the job's token or cannot be "
                              f"reached from the job: {first_line(error)}"]) from None  # fmt: skip
 

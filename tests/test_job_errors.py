@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 from typing import Iterator, List
 
@@ -213,16 +214,23 @@ def test_push_to_hub_needs_the_hub_and_a_token_in_the_jobs_environment(
         monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", endpoint)
         runtime.check_environment(args)
         monkeypatch.setenv("HF_TOKEN", "hf_expired")
-        with pytest.raises(SpecError, match=r"refused the job's token or cannot be reached from the job: Invalid user token"):
+        with pytest.raises(SpecError, match=r"refused the job's token or cannot be reached from the job: .*401"):
+            runtime.check_environment(args)
+        monkeypatch.setenv("HF_TOKEN", "hf_stalled")  # a Hub that never answers: the job waits a bounded time
+        monkeypatch.setattr(huggingface_hub.constants, "DEFAULT_REQUEST_TIMEOUT", 0.5)
+        with pytest.raises(SpecError, match=r"refused the job's token or cannot be reached from the job: .*timed out"):
             runtime.check_environment(args)
 
 
 @contextlib.contextmanager
 def hub_answering_whoami(accepted: str) -> Iterator[str]:
-    """An HTTP server on localhost that answers the Hub's whoami: 200 for the ``accepted`` token, else 401."""
+    """An HTTP server on localhost that answers the Hub's whoami: 200 for the ``accepted`` token, else 401 (for
+    hf_stalled, after 3 s)."""
 
     class Whoami(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+            if self.headers.get("authorization") == "Bearer hf_stalled":
+                time.sleep(3)
             ok = self.path == "/api/whoami-v2" and self.headers.get("authorization") == f"Bearer {accepted}"
             body = json.dumps({"name": "posttrain-test"} if ok else {"error": "Invalid credentials"}).encode()
             self.send_response(200 if ok else 401)
@@ -235,6 +243,7 @@ def hub_answering_whoami(accepted: str) -> Iterator[str]:
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Whoami)
+    server.block_on_close = False  # closing does not wait for the stalled answer
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

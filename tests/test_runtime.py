@@ -279,7 +279,8 @@ def test_vllms_options_without_use_vllm_do_nothing_in_the_trainer(tmp_path: Path
     with pytest.raises(SpecError, match="training.vllm_mode: server does nothing with use_vllm: false"):
         validate({**job.spec.model_dump(), "training": {**job.spec.training, **unused}})
     kwargs = {**runtime.training_arguments(job.spec, dict(job.spec.training)), **unused}
-    trainer = runtime.registry_trainer(runtime.Job(**{**vars(job), "args": import_object(job.spec.config_class)(**kwargs)}))
+    args = import_object(job.spec.config_class)(**kwargs)
+    trainer = runtime.registry_trainer(runtime.Job(**{**vars(job), "args": args}))
     assert not trainer.use_vllm and isinstance(trainer.generation_config, GenerationConfig)
 
 

@@ -194,7 +194,11 @@ def test_eval_data_the_trainer_never_evaluates_on_is_refused() -> None:
     raw = tiny_sft()
     raw["data"]["eval"] = raw["data"]["train"]
     assert problems_of(raw) == ("data.eval: the trainer never evaluates with eval_strategy: no (TRL's default); set "
-                                "eval_strategy: steps (every eval_steps) or epoch, or drop data.eval")  # fmt: skip
+                                "eval_strategy: steps (every eval_steps) or epoch, or eval_on_start: true, or drop "
+                                "data.eval")  # fmt: skip
+    raw["training"]["eval_on_start"] = True  # transformers evaluates once before training, whatever the strategy
+    validate(raw)
+    del raw["training"]["eval_on_start"]
     raw["training"].update(eval_strategy="steps", eval_steps=10)
     assert validate(raw).data.eval is not None
 
@@ -273,6 +277,11 @@ def test_a_removed_key_takes_its_default() -> None:
         ("-j=2x1", "go before the key.path=value overrides"),
         ("~training.use_vllm", "the spec has no training.use_vllm to remove"),
         ("~training.max_steps.x", "the spec has no training.max_steps.x to remove"),
+        ("~training..max_steps", "empty key segment"),
+        ("~", "expected ~key.path, which removes a key"),
+        ("~training.max_steps=3", "expected ~key.path, which removes a key"),
+        ("~data.train.path.0", "the spec has no data.train.path.0 to remove"),
+        ("~data.train.path.x.y", "the spec has no data.train.path.x to remove"),
     ],
 )
 def test_malformed_overrides(override: str, expected: str) -> None:

@@ -93,7 +93,7 @@ BAD_VALUES = [
     ("dpo", {"f_divergence_type": "js_divergence", "loss_type": "apo_zero"}, "training.f_divergence_type: js_divergence cannot go with loss_type: apo_zero; expected reverse_kl"),
     ("sft", {"max_length": 64, "padding_free": True}, "training.max_length: 64 cannot go with padding_free: true, packing: false (TRL's default); expected null"),
     ("dpo", {"optim_args": "betas=(0.9,0.95)", "optim": "sgd"}, "training.optim_args: betas=(0.9,0.95) is not key=value pairs separated by commas (transformers splits the text at each comma"),
-    ("sft", {"optim_args": "eps=1e-6"}, "training.optim_args: eps=1e-6 cannot go with optim: adamw_torch_fused (TRL's default); expected null (transformers reads no optim_args for this optimizer"),
+    ("sft", {"optim_args": "eps=1e-6"}, "training.optim_args: eps=1e-6 cannot go with optim: adamw_torch_fused (TRL's default); expected null or '' (transformers reads no optim_args for this optimizer"),
     # the keys of a mapping (tests/test_checkpointing_options.py trains with them)
     ("dpo", {"activation_checkpointing_kwargs": {"selective": True}}, "training.activation_checkpointing_kwargs.selective: unknown key; valid keys here: debug, determinism_check, early_stop, preserve_rng_state, use_reentrant (torch.utils.checkpoint's options; also every_n_layers and offload for sft"),
     ("grpo", {"gradient_checkpointing_kwargs": {"every_n_layers": 2}}, "training.gradient_checkpointing_kwargs.every_n_layers: unknown key"),
@@ -114,7 +114,7 @@ BAD_VALUES = [
     ("online_dpo", {"vllm_tensor_parallel_size": 2, "use_vllm": True, "vllm_mode": "server"}, "training.vllm_tensor_parallel_size: 2 does nothing with use_vllm: true, vllm_mode: server; set vllm_mode: colocate, or drop it"),
     ("sft", {"eval_steps": 5}, "training.eval_steps: 5 does nothing with eval_strategy: 'no' (TRL's default); set eval_strategy: steps, or drop it"),
     ("dpo", {"save_steps": 20, "save_strategy": "epoch"}, "training.save_steps: 20 does nothing with save_strategy: epoch; set save_strategy: steps"),
-    ("sft", {"logging_steps": 1, "logging_strategy": "epoch"}, "training.logging_steps: 1 does nothing with logging_strategy: epoch; set logging_strategy: steps"),
+    ("sft", {"logging_steps": 1, "logging_strategy": "epoch"}, "training.logging_steps: 1 does nothing with logging_strategy: epoch, eval_strategy: 'no' (TRL's default); set logging_strategy: steps"),
     # Liger's fused cross-entropy in a trainer that fuses the LM head itself (SFT: Liger on by default on GPUs)
     ("sft", {"liger_kernel_config": {"fused_linear_cross_entropy": True}}, "training.liger_kernel_config: fused_linear_cross_entropy: true cannot go with Liger kernels (on by default on GPUs) in trl:SFTTrainer"),
     ("grpo", {"liger_kernel_config": {"fused_linear_cross_entropy": True}, "use_liger_kernel": True}, "training.liger_kernel_config: fused_linear_cross_entropy: true cannot go with Liger kernels in trl:GRPOTrainer"),
@@ -161,6 +161,7 @@ VALID_VALUES = [
     ("grpo", {"use_vllm": True, "vllm_mode": "server", "vllm_gpu_memory_utilization": 0.5, "vllm_server_port": 8001}),
     ("distill", {"use_vllm": True, "vllm_tensor_parallel_size": 1, "vllm_enable_sleep_mode": True}),
     ("sft", {"eval_strategy": "no", "eval_steps": None}),  # null: not given
+    ("sft", {"optim_args": ""}),  # no arguments, as transformers reads it
     ("online_dpo", {"generation_kwargs": {"max_tokens": 8, "seed": 1}, "use_vllm": True}),
     ("rloo", {"generation_kwargs": {"max_tokens": 8, "vllm_xargs": {"a": 1}}, "use_vllm": True, "vllm_mode": "server"}),
 ]
@@ -290,6 +291,7 @@ def test_unknown_keys_list_the_nearest_few_valid_keys_not_all() -> None:
 
 def test_the_shipped_table_loads_as_yaml() -> None:
     entries = yaml.safe_load((values.RULES_DIR / "trl-1.16.yaml").read_text())  # PyYAML's own loader
+    assert all(("field" in entry) != ("fields" in entry) for entry in entries)
     assert [row for entry in entries for row in values._per_field(entry)] == list(rules())
     old_name = [row for row in rules() if row["field"] == "gradient_checkpointing_kwargs"]
     assert [{**row, "field": "activation_checkpointing_kwargs"} for row in old_name] == [
@@ -342,9 +344,11 @@ def test_warmup_is_refused_with_the_schedules_transformers_makes_without_it() ->
     for schedule in [s.value for s in TYPE_TO_SCHEDULER_FUNCTION]:
         dropped = first_rates(schedule, warmup=5) == first_rates(schedule, warmup=0)
         assert dropped == (schedule in row["when"]["lr_scheduler_type"]), schedule
-    with pytest.raises(SpecError, match="training.warmup_steps: 5 cannot go with lr_scheduler_type: constant; expected 0"):
+    with pytest.raises(SpecError, match="training.warmup_steps: 5 cannot go with lr_scheduler_type: constant; "
+                                        "expected 0"):
         validate(spec_with("sft", warmup_steps=5))
     validate(spec_with("sft", warmup_steps=5, lr_scheduler_type="constant_with_warmup"))
+    validate(spec_with("sft", warmup_steps=0.0))  # 0.0, as an override writes it, is no warmup too
 
 
 def test_optim_args_are_refused_where_transformers_cannot_parse_or_never_reads_them(tmp_path: Path) -> None:
@@ -356,13 +360,14 @@ def test_optim_args_are_refused_where_transformers_cannot_parse_or_never_reads_t
     from transformers.trainer_optimizer import _OPTIMIZER_HANDLERS, _parse_optim_args
 
     (row,) = [row for row in rules() if row["field"] == "optim_args" and "when" in row]
-    never_read = [name.value for name, handler in _OPTIMIZER_HANDLERS.items() if "optim_args" not in inspect.getsource(handler)]
+    handlers = _OPTIMIZER_HANDLERS.items()
+    never_read = [name.value for name, handler in handlers if "optim_args" not in inspect.getsource(handler)]
     assert sorted(row["when"]["optim"]) == sorted(never_read)
     args = TrainingArguments(str(tmp_path), optim="adamw_torch", optim_args="eps=1e-6", use_cpu=True)
     _, kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
     assert kwargs["eps"] == args.adam_epsilon != 1e-6  # dropped without a word
     (pattern,) = [row["pattern"] for row in rules() if "pattern" in row]
-    for text in ("momentum=0.9", "momentum=0.9, nesterov=true", "betas=(0.9,0.95)", "momentum", "a=1,,b=2"):
+    for text in ("momentum=0.9", "momentum=0.9, nesterov=true", "", "betas=(0.9,0.95)", "momentum", "a=1,,b=2"):
         try:
             parsed = _parse_optim_args(text)
         except ValueError:
