@@ -249,8 +249,8 @@ class Spec(_Strict):
 
         The ones within ``training`` alone are rows of the value table (``requires``, ``unused``).
         """
-        found, training = [], self.training
-        if "eval_strategy" in config_fields(self.config_class) and "eval_strategy" not in self.refused_training_keys:
+        found, training, refused = [], self.training, self.refused_training_keys
+        if "eval_strategy" in config_fields(self.config_class) and "eval_strategy" not in refused:
             evaluation = config_value(self.config_class, training, "eval_strategy")
             if evaluation not in (None, "no") and self.data.eval is None:
                 found.append(f"training.eval_strategy: {evaluation} evaluates on data.eval, which the spec does not "
@@ -260,6 +260,9 @@ class Spec(_Strict):
                 found.append(f"data.eval: the trainer never evaluates with eval_strategy: no{given}; set "
                              "eval_strategy: steps (every eval_steps) or epoch, or eval_on_start: true, or drop "
                              "data.eval")  # fmt: skip
+        if training.get("eval_on_start") is True and self.data.eval is None and "eval_on_start" not in refused:
+            found.append("training.eval_on_start: true evaluates on data.eval before training, which the spec does "
+                         "not give; add data.eval, or drop eval_on_start")  # fmt: skip
         if self.model.lora is not None and training.get("sync_ref_model") is True:
             found.append("training.sync_ref_model: with model.lora the reference is the policy without its adapter, "
                          "so there is no reference model to sync; remove it, or train without LoRA")  # fmt: skip

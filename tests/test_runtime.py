@@ -269,6 +269,17 @@ def test_what_the_spec_refuses_together_the_trainer_refuses(
         runtime.registry_trainer(runtime.Job(**{**vars(job), "args": args}))  # once the models are loaded
 
 
+def test_eval_on_start_without_eval_data_is_refused_before_train_raises(tmp_path: Path) -> None:
+    job = tiny_job(tmp_path, "sft")
+    with pytest.raises(SpecError, match="training.eval_on_start: true evaluates on data.eval before training"):
+        validate({**job.spec.model_dump(), "training": {**job.spec.training, "eval_on_start": True}})
+    kwargs = {**runtime.training_arguments(job.spec, dict(job.spec.training)), "eval_on_start": True}
+    args = import_object(job.spec.config_class)(**kwargs)
+    trainer = runtime.registry_trainer(runtime.Job(**{**vars(job), "args": args}))  # builds: no check until train()
+    with pytest.raises(ValueError, match="evaluation requires an eval_dataset"):
+        trainer.train()
+
+
 @pytest.mark.parametrize("algorithm", ["grpo", "online_dpo"])
 def test_vllms_options_without_use_vllm_do_nothing_in_the_trainer(tmp_path: Path, algorithm: str) -> None:
     """What the spec refuses as doing nothing: the trainer builds without vLLM, never reaching for the server named."""

@@ -198,6 +198,9 @@ def test_eval_data_the_trainer_never_evaluates_on_is_refused() -> None:
                                 "data.eval")  # fmt: skip
     raw["training"]["eval_on_start"] = True  # transformers evaluates once before training, whatever the strategy
     validate(raw)
+    assert problems_of({**raw, "data": {"train": raw["data"]["train"]}}) == (
+        "training.eval_on_start: true evaluates on data.eval before training, which the spec does not give; add "
+        "data.eval, or drop eval_on_start")  # fmt: skip
     del raw["training"]["eval_on_start"]
     raw["training"].update(eval_strategy="steps", eval_steps=10)
     assert validate(raw).data.eval is not None
