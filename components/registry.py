@@ -33,6 +33,7 @@ class SFTSpec(Spec):
     trainer_class: ClassVar[Optional[str]] = "trl:SFTTrainer"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = LANGUAGE_MODELLING_FORMATS
     fast_paths: ClassVar[Tuple[str, ...]] = ("padding_free", "use_liger_kernel", "no_activation_checkpointing")
+    rows_hold_input_ids: ClassVar[bool] = True
     refused_training_keys: ClassVar[Dict[str, str]] = {
         # TRL reads one key of it, skip_prepare_dataset, which only works on rows tokenized already (input_ids)
         "dataset_kwargs": "the data is text, messages or prompt and completion, which the trainer must tokenize",
@@ -161,6 +162,10 @@ class OnlineDPOSpec(_ReferenceSpec, _OnlineSpec):
     package_owned_training_keys: ClassVar[Dict[str, str]] = {
         **_OnlineSpec.package_owned_training_keys,
         "reward_model_path": "use rewards: [{model: <path or hub id>}]",
+    }
+    refused_training_keys: ClassVar[Dict[str, str]] = {
+        "remove_unused_columns": "online DPO's rows are prompts, which the model's forward does not take: true "
+        "removes every column and training fails as it starts (false is TRL's default)",
     }
 
 

@@ -160,6 +160,8 @@ class Spec(_Strict):
     generates: ClassVar[bool] = False
     # compares num_generations completions of each prompt (GRPO, RLOO)
     groups: ClassVar[bool] = False
+    # TRL's tokenised rows hold input_ids, which transformers' length-grouping samplers measure (SFT's do)
+    rows_hold_input_ids: ClassVar[bool] = False
     # PEFT task type of the trained model under model.lora
     lora_task: ClassVar[str] = "CAUSAL_LM"
     # models besides the policy, as the spec field naming each -> the trainer's keyword for it
@@ -305,10 +307,8 @@ class _ReferenceSpec(Spec):
     def problems(self, world_size: Optional[int]) -> List[str]:
         found = super().problems(world_size)
         if self.reference_model is not None and self.model.lora is not None:
-            found.append(
-                "reference_model: not used with model.lora (the reference is the policy with its adapter "
-                "disabled); remove one of them"
-            )
+            found.append("reference_model: not used with model.lora (the reference is the policy with its adapter "
+                         "disabled); remove one of them")  # fmt: skip
         return found
 
 

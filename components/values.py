@@ -184,14 +184,15 @@ def key_problems(config_class: str, fields: Mapping[str, Any], training: Mapping
 
 
 def unused_problems(config_class: str, fields: Mapping[str, Any], training: Mapping[str, Any]) -> List[str]:
-    """``training`` values given (not null) where they do nothing: the ``unused`` rows whose ``when`` holds."""
+    """``training`` values given (not null) where they do nothing: the ``unused`` rows whose ``when`` holds (a row
+    without ``when``: the config's trainer never reads the field)."""
     found = []
     for row, when in _holding(config_class, fields, training, "unused"):
         key = row["field"]
         if training.get(key) is not None:
-            condition = _condition(when, training)
-            found.append(f"training.{key}: {_shown(training[key])} does nothing with {condition}; {row['unused']}, "
-                         f"or drop it ({row['reason']})")  # fmt: skip
+            condition = f" with {_condition(when, training)}" if when else ""
+            hint = f"{row['unused']}, or drop it" if row["unused"] else "drop it"
+            found.append(f"training.{key}: {_shown(training[key])} does nothing{condition}; {hint} ({row['reason']})")
     return found
 
 

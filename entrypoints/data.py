@@ -310,3 +310,22 @@ def check_online_data(algorithm: Type[Spec], args: Any, rows: int, world_size: i
                 "or lower per_device_train_batch_size or the number of processes"
             ]
         )
+
+
+def check_length_column(spec: Spec, args: Any, datasets: Sequence[Tuple[str, Any]]) -> None:
+    """The lengths that length-grouped sampling reads: transformers measures each row's input_ids, which only some
+    trainers' tokenised rows hold; the others' data gives them in ``length_column_name`` (the evaluation's too,
+    with group_by_length), else the first batch fails with a ValueError."""
+    strategy = args.train_sampling_strategy
+    if spec.rows_hold_input_ids or strategy not in ("group_by_length", "batch_rebalance"):
+        return
+    column = args.length_column_name
+    for where, dataset in datasets if strategy == "group_by_length" else datasets[:1]:
+        if column not in dataset.column_names:
+            raise SpecError(
+                [
+                    f"{where}: train_sampling_strategy: {strategy} reads each row's length (in tokens) from column "
+                    f"{column!r}, which {where} does not have; add it (training.length_column_name names it), or "
+                    "set train_sampling_strategy: random"
+                ]
+            )

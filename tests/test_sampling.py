@@ -1,0 +1,105 @@
+"""The order of the training rows: what the spec and the job refuse of the sampling options, next to what the
+trainers do with them."""
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from helpers import tiny_job
+from transformers.trainer_pt_utils import LengthGroupedSampler
+
+from posttrain.components.spec import SpecError, validate
+from posttrain.entrypoints import runtime
+from posttrain.entrypoints.data import check_length_column
+from posttrain.entrypoints.models import import_object
+
+
+def trainer_with(job: Any, train_dataset: Any = None, **training: Any) -> Any:
+    """The trainer the job builds, with ``training`` set on its config beyond what the spec allows."""
+    kwargs = {**runtime.training_arguments(job.spec, dict(job.spec.training)), **training}
+    args = import_object(job.spec.config_class)(**kwargs)
+    dataset = job.train_dataset if train_dataset is None else train_dataset
+    return runtime.registry_trainer(runtime.Job(**{**vars(job), "args": args, "train_dataset": dataset}))
+
+
+def refusal(job: Any, **training: Any) -> str:
+    with pytest.raises(SpecError) as error:
+        validate({**job.spec.model_dump(), "training": {**job.spec.training, **training}})
+    return str(error.value)
+
+
+def order(trainer: Any) -> list:
+    torch.manual_seed(0)
+    return list(trainer._get_train_sampler())
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "rloo", "distill"])
+def test_trainers_with_a_repeat_sampler_never_read_the_sampling_options(tmp_path: Path, algorithm: str) -> None:
+    job = tiny_job(tmp_path, algorithm)
+    for key, value in (("train_sampling_strategy", "sequential"), ("length_column_name", "n")):
+        assert f"training.{key}: {value} does nothing; drop it (the trainer draws its prompts with TRL's " in refusal(
+            job, **{key: value}
+        )
+    default = trainer_with(job)
+    grouped = trainer_with(job, train_sampling_strategy="group_by_length", length_column_name="nowhere")
+    assert type(grouped._get_train_sampler()).__name__ == "RepeatSampler"
+    assert order(grouped) == order(default)
+
+
+def test_the_length_column_is_read_only_to_group_rows_by_length(tmp_path: Path) -> None:
+    job = tiny_job(tmp_path, "sft")
+    assert refusal(job, length_column_name="n").startswith(
+        "training.length_column_name: n does nothing with train_sampling_strategy: random (TRL's default); set "
+        "train_sampling_strategy: group_by_length or batch_rebalance, or drop it"
+    )
+    assert order(trainer_with(job, length_column_name="nowhere")) == order(trainer_with(job))
+    validate({**job.spec.model_dump(), "training": {**job.spec.training, "train_sampling_strategy": "group_by_length"}})
+    check_length_column(job.spec, trainer_with(job, train_sampling_strategy="group_by_length").args, [])  # input_ids
+
+
+def test_length_grouping_needs_the_lengths_where_the_rows_hold_no_input_ids(tmp_path: Path) -> None:
+    job = tiny_job(tmp_path, "dpo")
+    lengths = [5 + index % 7 for index in range(len(job.train_dataset))]
+    with_lengths = job.train_dataset.add_column("length", lengths)
+    # the trainer removes the column as unused unless told not to
+    assert refusal(job, train_sampling_strategy="group_by_length") == (
+        "training.remove_unused_columns: true (TRL's default) cannot go with train_sampling_strategy: "
+        "group_by_length; expected false (the sampler reads each row's length from the data's length_column_name "
+        "column, which the trainer removes as unused otherwise: its tokenised rows hold no input_ids to measure)"
+    )
+    no_input_ids = re.escape("Can only automatically infer lengths for datasets whose items are dictionaries with an")
+    for strategy in ("group_by_length", "batch_rebalance"):
+        with pytest.raises(ValueError, match=no_input_ids):
+            trainer_with(job, with_lengths, train_sampling_strategy=strategy).get_train_dataloader()
+    # kept, the lengths must be in the data: the job says so before any model loads
+    kept = {"train_sampling_strategy": "group_by_length", "remove_unused_columns": False}
+    validate({**job.spec.model_dump(), "training": {**job.spec.training, **kept}})
+    trainer = trainer_with(job, **kept)
+    with pytest.raises(SpecError, match="data.train: train_sampling_strategy: group_by_length reads each row's length"):
+        check_length_column(job.spec, trainer.args, [("data.train", job.train_dataset)])
+    with pytest.raises(ValueError, match=no_input_ids):
+        trainer.get_train_dataloader()
+    trainer = trainer_with(job, with_lengths, **kept)
+    check_length_column(job.spec, trainer.args, [("data.train", with_lengths)])
+    sampler = trainer._get_train_sampler()
+    assert isinstance(sampler, LengthGroupedSampler) and sampler.lengths == lengths
+    # group_by_length orders the evaluation by length too; batch_rebalance only the training
+    with pytest.raises(SpecError, match="data.eval: train_sampling_strategy: group_by_length reads each row's length"):
+        check_length_column(job.spec, trainer.args, [("data.train", with_lengths), ("data.eval", job.train_dataset)])
+    with pytest.raises(ValueError, match=no_input_ids):
+        trainer.get_eval_dataloader(job.train_dataset)
+    rebalanced = trainer_with(job, with_lengths, train_sampling_strategy="batch_rebalance", remove_unused_columns=False)
+    check_length_column(job.spec, rebalanced.args, [("data.train", with_lengths), ("data.eval", job.train_dataset)])
+    rebalanced.get_eval_dataloader(job.train_dataset)
+
+
+def test_online_dpo_keeps_its_prompt_columns(tmp_path: Path) -> None:
+    job = tiny_job(tmp_path, "online_dpo")
+    assert "training.remove_unused_columns: not supported by posttrain.online_dpo; online DPO's rows are prompts" in (
+        refusal(job, remove_unused_columns=True)
+    )
+    with pytest.raises(ValueError, match="No columns in the dataset match the model's forward method signature"):
+        trainer_with(job, remove_unused_columns=True).get_train_dataloader()
+    next(iter(trainer_with(job).get_train_dataloader()))  # TRL's default, false
