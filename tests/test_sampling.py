@@ -31,30 +31,40 @@ def refusal(job: Any, **training: Any) -> str:
 
 
 def order(trainer: Any) -> list:
+    """The first batches of the trainer's data loader (accelerate's, which reads data_seed), as text."""
     torch.manual_seed(0)
-    return list(trainer._get_train_sampler())
+    return [repr(batch) for batch, _ in zip(trainer.get_train_dataloader(), range(3))]
 
 
 @pytest.mark.parametrize("algorithm", ["grpo", "rloo", "distill"])
 def test_trainers_with_a_repeat_sampler_never_read_the_sampling_options(tmp_path: Path, algorithm: str) -> None:
     job = tiny_job(tmp_path, algorithm)
-    for key, value in (("train_sampling_strategy", "sequential"), ("length_column_name", "n")):
+    for key, value in (("train_sampling_strategy", "sequential"), ("length_column_name", "n"), ("data_seed", 1)):
         assert f"training.{key}: {value} does nothing; drop it (the trainer draws its prompts with TRL's " in refusal(
             job, **{key: value}
         )
     default = trainer_with(job)
-    grouped = trainer_with(job, train_sampling_strategy="group_by_length", length_column_name="nowhere")
-    assert type(grouped._get_train_sampler()).__name__ == "RepeatSampler"
-    assert order(grouped) == order(default)
+    options = {"train_sampling_strategy": "group_by_length", "length_column_name": "nowhere", "data_seed": 123}
+    assert type(trainer_with(job, **options)._get_train_sampler()).__name__ == "RepeatSampler"
+    assert order(trainer_with(job, **options)) == order(default)
+    assert order(trainer_with(job, seed=1)) != order(default)  # what orders the prompts
 
 
-def test_the_length_column_is_read_only_to_group_rows_by_length(tmp_path: Path) -> None:
+def test_length_column_and_data_seed_count_only_where_the_order_uses_them(tmp_path: Path) -> None:
     job = tiny_job(tmp_path, "sft")
     assert refusal(job, length_column_name="n").startswith(
         "training.length_column_name: n does nothing with train_sampling_strategy: random (TRL's default); set "
         "train_sampling_strategy: group_by_length or batch_rebalance, or drop it"
     )
     assert order(trainer_with(job, length_column_name="nowhere")) == order(trainer_with(job))
+    # data_seed seeds the random order only
+    assert refusal(job, train_sampling_strategy="sequential", data_seed=1).startswith(
+        "training.data_seed: 1 does nothing with train_sampling_strategy: sequential; set train_sampling_strategy: "
+        "random or group_by_length, or drop it"
+    )
+    for strategy, counts in (("sequential", False), ("batch_rebalance", False), ("random", True)):
+        seeded = order(trainer_with(job, train_sampling_strategy=strategy, data_seed=123))
+        assert (seeded != order(trainer_with(job, train_sampling_strategy=strategy))) == counts, strategy
     validate({**job.spec.model_dump(), "training": {**job.spec.training, "train_sampling_strategy": "group_by_length"}})
     check_length_column(job.spec, trainer_with(job, train_sampling_strategy="group_by_length").args, [])  # input_ids
 
