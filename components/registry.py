@@ -38,6 +38,9 @@ class SFTSpec(Spec):
         # TRL reads one key of it, skip_prepare_dataset, which only works on rows tokenized already (input_ids)
         "dataset_kwargs": "the data is text, messages or prompt and completion, which the trainer must tokenize",
     }
+    package_owned_training_keys: ClassVar[Dict[str, str]] = {
+        "dataset_text_field": "the data's text column is text: map yours with data.columns (e.g. {content: text})",
+    }
 
     def problems(self, world_size: Optional[int]) -> List[str]:
         return super().problems(world_size) + self._selective_checkpointing_problems()
@@ -147,6 +150,10 @@ class DistillSpec(Spec):
     }
 
 
+# TRL 1.16's OnlineDPOTrainer leaves evaluation to transformers' Trainer, which runs the model on the prompt rows
+NO_ONLINE_DPO_EVALUATION = "online DPO cannot evaluate: TRL's trainer runs the model's forward on prompts, which fails"
+
+
 class OnlineDPOSpec(_ReferenceSpec, _OnlineSpec):
     """Online DPO with ``trl.experimental.online_dpo.OnlineDPOTrainer``.
 
@@ -166,7 +173,14 @@ class OnlineDPOSpec(_ReferenceSpec, _OnlineSpec):
     refused_training_keys: ClassVar[Dict[str, str]] = {
         "remove_unused_columns": "online DPO's rows are prompts, which the model's forward does not take: true "
         "removes every column and training fails as it starts (false is TRL's default)",
+        **dict.fromkeys(("eval_strategy", "eval_on_start"), NO_ONLINE_DPO_EVALUATION),
     }
+
+    def problems(self, world_size: Optional[int]) -> List[str]:
+        found = super().problems(world_size)
+        if self.data.eval is not None:
+            found.append(f"data.eval: {NO_ONLINE_DPO_EVALUATION}; remove data.eval")
+        return found
 
 
 class PPOSpec(_OnlineSpec):

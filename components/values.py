@@ -138,8 +138,9 @@ def combination_problems(config_class: str, fields: Mapping[str, Any], training:
     for row, when in _holding(config_class, fields, training, "requires"):
         key, required = row["field"], row["requires"]
         value = config_value(config_class, training, key)
-        if isinstance(required, str):
-            wrong, expected = Range.parse(required).problem(key, value) is not None, required.replace("x", key)
+        if isinstance(required, str):  # a range: null is out of it
+            wrong = value is None or Range.parse(required).problem(key, value) is not None
+            expected = required.replace("x", key)
         else:
             wrong, expected = not _holds(value, required), " or ".join(_shown(choice) for choice in required)
         if wrong:
@@ -210,13 +211,15 @@ def least_per_device_batch(config_class: str, training: Mapping[str, Any]) -> in
 def _holding(
     config_class: str, fields: Mapping[str, Any], training: Mapping[str, Any], kind: str
 ) -> Iterator[Tuple[Dict[str, Any], Dict[str, Any]]]:
-    """The rows of a kind (``requires``, ``keys``, ``unused``) whose ``when`` holds for ``training``, each with the
-    ``when`` fields' values (unset: TRL's defaults); a row without ``when`` always holds."""
+    """The rows of a kind (``requires``, ``keys``, ``unused``) whose ``when`` holds for ``training`` and whose
+    ``unless`` does not, each with those fields' values (unset: TRL's defaults); a row with neither always holds."""
     for row in rows_for(config_class, fields):
         if kind in row:
-            wanted = row.get("when", {})
-            when = {key: config_value(config_class, training, key) for key in wanted}
-            if all(_holds(when[key], value) for key, value in wanted.items()):
+            wanted, unwanted = row.get("when", {}), row.get("unless", {})
+            when = {key: config_value(config_class, training, key) for key in [*wanted, *unwanted]}
+            if all(_holds(when[key], value) for key, value in wanted.items()) and not any(
+                _holds(when[key], value) for key, value in unwanted.items()
+            ):
                 yield row, when
 
 

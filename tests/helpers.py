@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
+import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,3 +135,23 @@ def tiny_job(tmp_path: Path, algorithm: str, **changes: Any) -> Any:
     tokenizer = load_tokenizer(spec.model.name_or_path, spec, "left" if spec.generates else "right")
     data = load_data(spec.data.train, spec.data.columns, "data.train", spec.data_formats)
     return runtime.Job(spec, args, tokenizer, data, None, callbacks=[], rewards=resolve_rewards(spec))
+
+
+def trainer_with(job: Any, train_dataset: Any = None, **training: Any) -> Any:
+    """The trainer the job builds, with ``training`` set on its config beyond what the spec allows."""
+    from posttrain.entrypoints import runtime
+    from posttrain.entrypoints.models import import_object
+
+    kwargs = {**runtime.training_arguments(job.spec, dict(job.spec.training)), **training}
+    args = import_object(job.spec.config_class)(**kwargs)
+    dataset = job.train_dataset if train_dataset is None else train_dataset
+    return runtime.registry_trainer(runtime.Job(**{**vars(job), "args": args, "train_dataset": dataset}))
+
+
+def refusal(job: Any, **training: Any) -> str:
+    """What the spec says of the job's spec with ``training`` added."""
+    from posttrain.components.spec import SpecError, validate
+
+    with pytest.raises(SpecError) as error:
+        validate({**job.spec.model_dump(), "training": {**job.spec.training, **training}})
+    return str(error.value)

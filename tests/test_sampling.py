@@ -8,27 +8,14 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import REPO, load_template, tiny_job
+from helpers import REPO, load_template, refusal, tiny_job, trainer_with
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from posttrain.components.spec import SpecError, validate
 from posttrain.entrypoints import runtime
 from posttrain.entrypoints.data import check_length_column
-from posttrain.entrypoints.models import import_object
 
 
-def trainer_with(job: Any, train_dataset: Any = None, **training: Any) -> Any:
-    """The trainer the job builds, with ``training`` set on its config beyond what the spec allows."""
-    kwargs = {**runtime.training_arguments(job.spec, dict(job.spec.training)), **training}
-    args = import_object(job.spec.config_class)(**kwargs)
-    dataset = job.train_dataset if train_dataset is None else train_dataset
-    return runtime.registry_trainer(runtime.Job(**{**vars(job), "args": args, "train_dataset": dataset}))
-
-
-def refusal(job: Any, **training: Any) -> str:
-    with pytest.raises(SpecError) as error:
-        validate({**job.spec.model_dump(), "training": {**job.spec.training, **training}})
-    return str(error.value)
 
 
 def order(trainer: Any) -> list:

@@ -31,11 +31,13 @@ def test_every_row_names_fields_the_installed_trl_has() -> None:
         assert having, f"{row['field']}: no config class has it any more"
         if "configs" in row:
             assert having == named, f"{row['field']}: missing from {set(named) - set(having)}"
-        kinds = {"field", "configs", "range", "choices", "also", "when", "requires", "keys", "needs", "pattern",
-                 "expected", "unused", "reason"}
+        kinds = {"field", "configs", "range", "choices", "also", "when", "unless", "requires", "keys", "needs",
+                 "pattern", "expected", "unused", "reason"}
         assert row["reason"].strip() and set(row) <= kinds
-        assert ("requires" in row) <= ("when" in row) <= ("requires" in row or "unused" in row or "keys" in row)
-        assert "unused" not in row or "when" in row or "configs" in row  # never read: by the trainers it names
+        conditional = "when" in row or "unless" in row
+        assert ("requires" in row) <= conditional <= ("requires" in row or "unused" in row or "keys" in row)
+        assert "unless" not in row or "keys" not in row
+        assert "unused" not in row or conditional or "configs" in row  # never read: by the trainers it names
         assert set(row.get("needs", [])) <= set(row.get("keys", []))
         assert ("pattern" in row) == ("expected" in row)
         for config in having:  # a combination's other fields too

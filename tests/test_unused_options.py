@@ -1,0 +1,85 @@
+"""Options a trainer reads only with another (or never): the spec refuses each, and training with all of them
+at once gives the losses training without them gives."""
+
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+from helpers import refusal, tiny_job, trainer_with
+
+from posttrain.components.spec import validate
+
+TIMINGS = ("runtime", "per_second", "time")
+
+# what each trainer ignores with the tiny templates' settings (TRL's defaults)
+IGNORED: Dict[str, Dict[str, Any]] = {
+    "dpo": {"label_smoothing": 0.1, "discopop_tau": 0.5, "f_alpha_divergence_coef": 0.3, "ref_model_sync_steps": 1,
+            "ref_model_mixup_alpha": 0.5, "precompute_ref_batch_size": 2, "label_smoothing_factor": 0.1},
+    "kto": {"ref_model_sync_steps": 1, "ref_model_mixup_alpha": 0.5, "precompute_ref_batch_size": 2,
+            "label_smoothing_factor": 0.1},
+    "grpo": {"num_completions_to_print": 1, "log_unique_prompts": True, "log_multimodal": False,
+             "entropy_target": 0.5, "entropy_coef_min": 0.1, "entropy_coef_max": 0.5, "entropy_coef_delta": 0.1,
+             "use_bias_correction_kl": False, "ref_model_sync_steps": 1, "label_smoothing_factor": 0.1},
+    "rloo": {"ref_model_sync_steps": 1, "num_completions_to_print": 1, "label_smoothing_factor": 0.1},
+    "orpo": {"max_completion_length": 4, "label_smoothing_factor": 0.1},
+    "reward": {"label_smoothing_factor": 0.1},
+    "distill": {"label_smoothing_factor": 0.1, "log_unique_prompts": True},
+    "online_dpo": {"label_smoothing_factor": 0.1},
+    "sft": {"packing_strategy": "wrapped"},
+}  # fmt: skip
+
+
+def logged(job: Any, **training: Any) -> List[Dict[str, float]]:
+    """The figures two training steps log (timings left out)."""
+    trainer = trainer_with(job, max_steps=2, logging_steps=1, save_strategy="no", **training)
+    trainer.train()
+    return [{k: v for k, v in entry.items() if not any(t in k for t in TIMINGS)} for entry in trainer.state.log_history]
+
+
+@pytest.mark.parametrize("algorithm", sorted(IGNORED))
+def test_options_the_trainer_ignores_are_refused_and_change_nothing(tmp_path: Path, algorithm: str) -> None:
+    job = tiny_job(tmp_path, algorithm)
+    for key, value in IGNORED[algorithm].items():
+        assert f"training.{key}: " in refusal(job, **{key: value}) and "does nothing" in refusal(job, **{key: value})
+    assert logged(job, **IGNORED[algorithm]) == logged(job)
+
+
+@pytest.mark.parametrize(
+    "algorithm, counts, switch",
+    [
+        ("dpo", {"label_smoothing": 0.1}, {"loss_type": ["robust"]}),
+        ("sft", {"label_smoothing_factor": 0.1}, {}),  # SFT's nll loss (its default) smooths
+    ],
+)
+def test_the_same_options_count_where_their_switch_is_on(
+    tmp_path: Path, algorithm: str, counts: Dict[str, Any], switch: Dict[str, Any]
+) -> None:
+    """The comparison above sees a change where there is one."""
+    job = tiny_job(tmp_path, algorithm)
+    validate({**job.spec.model_dump(), "training": {**job.spec.training, **switch, **counts}})
+    assert logged(job, **switch, **counts) != logged(job, **switch)
+
+
+def test_packing_without_max_length_is_refused_before_the_trainer_raises(tmp_path: Path) -> None:
+    job = tiny_job(tmp_path, "sft")
+    assert refusal(job, packing=True, max_length=None).startswith(
+        "training.max_length: null cannot go with packing: true; expected max_length >= 1"
+    )
+    with pytest.raises(ValueError, match="When packing is enabled, `max_length` can't be `None`"):
+        trainer_with(job, packing=True, max_length=None)
+
+
+def test_online_dpo_refuses_evaluation_which_its_trainer_fails(tmp_path: Path) -> None:
+    job = tiny_job(tmp_path, "online_dpo")
+    raw = {**job.spec.model_dump(), "data": {**job.spec.data.model_dump(), "eval": job.spec.data.train.model_dump()}}
+    with pytest.raises(Exception, match="data.eval: online DPO cannot evaluate"):
+        validate(raw)
+    assert "training.eval_strategy: not supported by posttrain.online_dpo" in refusal(job, eval_strategy="steps")
+    trainer = trainer_with(job)
+    with pytest.raises(ValueError, match="You must specify exactly one of input_ids or inputs_embeds"):
+        trainer.evaluate(job.train_dataset)
+
+
+def test_sfts_text_column_is_mapped_with_data_columns(tmp_path: Path) -> None:
+    job = tiny_job(tmp_path, "sft")
+    assert "map yours with data.columns" in refusal(job, dataset_text_field="content")
