@@ -329,3 +329,21 @@ def check_length_column(spec: Spec, args: Any, datasets: Sequence[Tuple[str, Any
                     "set train_sampling_strategy: random"
                 ]
             )
+
+
+def check_loss_masks(args: Any, datasets: Sequence[Tuple[str, Any]]) -> None:
+    """SFT's loss masks find the rows they mask: the completion's mask needs prompt and completion (TRL trains on
+    every token of other rows, without a word), the assistant's needs chat messages (TRL raises, models loaded)."""
+    for where, dataset in datasets:
+        columns, first = dataset.column_names, dataset[0]
+        if getattr(args, "completion_only_loss", None) is True and not {"prompt", "completion"} <= set(columns):
+            raise SpecError(
+                [f"training.completion_only_loss: true masks the prompt of prompt/completion rows, and {where} has "
+                 f"{', '.join(columns)}: every token would count; for chat messages set assistant_only_loss: true"]
+            )  # fmt: skip
+        chat = [column for column in ("messages", "prompt", "completion") if column in first]
+        if getattr(args, "assistant_only_loss", False) and not (chat and all(_is_chat(first[c]) for c in chat)):
+            raise SpecError(
+                [f"training.assistant_only_loss: true masks all but the assistant's turns of chat messages, and {where} "
+                 "has plain text; drop it, or give messages (or prompt and completion as messages)"]
+            )  # fmt: skip

@@ -53,7 +53,14 @@ from posttrain.components.spec import spec_from_json
 from posttrain.entrypoints import distributed, fast_paths, vllm_generation, vllm_server
 from posttrain.entrypoints.callbacks import FaultInjection, Preemption, ProgressLog, TokenCounter
 from posttrain.entrypoints.checkpoints import SPEC_FILE, already_finished, resolve_resume, write_json_atomic
-from posttrain.entrypoints.data import check_length_column, check_online_data, first_line, fit_batch, load_data
+from posttrain.entrypoints.data import (
+    check_length_column,
+    check_loss_masks,
+    check_online_data,
+    first_line,
+    fit_batch,
+    load_data,
+)
 from posttrain.entrypoints.metrics import MetricsLog
 from posttrain.entrypoints.models import (
     check_model_options,
@@ -243,6 +250,7 @@ def _check_inputs(spec: Spec, output_dir: Path, world_size: int, reward_check: R
     args = build_config(spec, training)
     check_online_data(type(spec), args, len(train_dataset), world_size)
     check_length_column(spec, args, datasets)
+    check_loss_masks(args, datasets)
     check_environment(args)
     check_model_paths(spec)
     check_model_options(spec)

@@ -5,9 +5,11 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
+import torch
 from helpers import refusal, tiny_job, trainer_with
 
-from posttrain.components.spec import validate
+from posttrain.components.spec import SpecError, validate
+from posttrain.entrypoints.data import check_loss_masks
 
 TIMINGS = ("runtime", "per_second", "time")
 
@@ -83,3 +85,27 @@ def test_online_dpo_refuses_evaluation_which_its_trainer_fails(tmp_path: Path) -
 def test_sfts_text_column_is_mapped_with_data_columns(tmp_path: Path) -> None:
     job = tiny_job(tmp_path, "sft")
     assert "map yours with data.columns" in refusal(job, dataset_text_field="content")
+
+
+
+def test_sfts_loss_masks_need_their_kind_of_rows(tmp_path: Path) -> None:
+    from datasets import Dataset
+
+    job = tiny_job(tmp_path, "sft")  # chat messages
+    messages = job.train_dataset
+    text = Dataset.from_list([{"text": "Blue is the colour of the sky."}] * 16)
+    # completion_only_loss on messages: TRL trains on every token, as without it, and says nothing
+    masked = trainer_with(job, completion_only_loss=True)
+    torch.manual_seed(0)
+    batch = next(iter(masked.get_train_dataloader()))
+    torch.manual_seed(0)
+    assert torch.equal(batch["labels"], next(iter(trainer_with(job).get_train_dataloader()))["labels"])
+    with pytest.raises(SpecError, match="training.completion_only_loss: true masks the prompt of prompt/completion"):
+        check_loss_masks(masked.args, [("data.train", messages)])
+    # assistant_only_loss on text: TRL raises once the model is loaded
+    assistant = trainer_with(job, assistant_only_loss=True).args
+    check_loss_masks(assistant, [("data.train", messages)])
+    with pytest.raises(SpecError, match="training.assistant_only_loss: true masks all but the assistant's turns"):
+        check_loss_masks(assistant, [("data.train", text)])
+    with pytest.raises(ValueError, match="the dataset is not conversational"):
+        trainer_with(job, text, assistant_only_loss=True)
