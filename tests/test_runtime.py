@@ -269,6 +269,19 @@ def test_what_the_spec_refuses_together_the_trainer_refuses(
         runtime.registry_trainer(runtime.Job(**{**vars(job), "args": args}))  # once the models are loaded
 
 
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"])
+def test_every_loss_grpo_has_is_taken_and_trains(tmp_path: Path, loss_type: str) -> None:
+    job = tiny_job(tmp_path, "grpo")
+    level = {"luspo": "sequence"}.get(loss_type, "token")  # TRL warns of luspo's token level: the paper's is sequence
+    training = {**job.spec.training, "loss_type": loss_type, "importance_sampling_level": level, "max_steps": 2}
+    spec = validate({**job.spec.model_dump(), "training": training})
+    args = import_object(spec.config_class)(**runtime.training_arguments(spec, dict(spec.training)))
+    trainer = runtime.registry_trainer(runtime.Job(**{**vars(job), "spec": spec, "args": args}))
+    trainer.train()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
+
+
 def test_eval_on_start_without_eval_data_is_refused_before_train_raises(tmp_path: Path) -> None:
     job = tiny_job(tmp_path, "sft")
     with pytest.raises(SpecError, match="training.eval_on_start: true evaluates on data.eval before training"):

@@ -21,7 +21,8 @@ IGNORED: Dict[str, Dict[str, Any]] = {
             "label_smoothing_factor": 0.1},
     "grpo": {"num_completions_to_print": 1, "log_unique_prompts": True, "log_multimodal": False,
              "entropy_target": 0.5, "entropy_coef_min": 0.1, "entropy_coef_max": 0.5, "entropy_coef_delta": 0.1,
-             "use_bias_correction_kl": False, "ref_model_sync_steps": 1, "label_smoothing_factor": 0.1},
+             "use_bias_correction_kl": False, "ref_model_sync_steps": 1, "label_smoothing_factor": 0.1,
+             "sapo_temperature_pos": 2.0, "vespo_k_pos": 1.0},
     "rloo": {"ref_model_sync_steps": 1, "num_completions_to_print": 1, "label_smoothing_factor": 0.1},
     "orpo": {"max_completion_length": 4, "label_smoothing_factor": 0.1},
     "reward": {"label_smoothing_factor": 0.1},
@@ -51,6 +52,7 @@ def test_options_the_trainer_ignores_are_refused_and_change_nothing(tmp_path: Pa
     [
         ("dpo", {"label_smoothing": 0.1}, {"loss_type": ["robust"]}),
         ("sft", {"label_smoothing_factor": 0.1}, {}),  # SFT's nll loss (its default) smooths
+        ("grpo", {"sapo_temperature_pos": 2.0, "sapo_temperature_neg": 2.0}, {"loss_type": "sapo"}),
     ],
 )
 def test_the_same_options_count_where_their_switch_is_on(
