@@ -133,7 +133,8 @@ def pattern_problems(config_class: str, fields: Mapping[str, Any], training: Map
 
 
 def combination_problems(config_class: str, fields: Mapping[str, Any], training: Mapping[str, Any]) -> List[str]:
-    """``training`` values that the rows with ``when`` and ``requires`` refuse together (unset: TRL's defaults)."""
+    """``training`` values that the ``requires`` rows refuse, with the values of their ``when`` (unset: TRL's
+    defaults), or alone in the configs they name."""
     found = []
     for row, when in _holding(config_class, fields, training, "requires"):
         key, required = row["field"], row["requires"]
@@ -145,9 +146,8 @@ def combination_problems(config_class: str, fields: Mapping[str, Any], training:
             wrong, expected = not _holds(value, required), " or ".join(_shown(choice) for choice in required)
         if wrong:
             given = "" if key in training else " (TRL's default)"
-            condition = _condition(when, training)
-            found.append(f"training.{key}: {_shown(value)}{given} cannot go with {condition}; expected {expected} "
-                         f"({row['reason']})")  # fmt: skip
+            condition = f"cannot go with {_condition(when, training)}" if when else "is not taken here"
+            found.append(f"training.{key}: {_shown(value)}{given} {condition}; expected {expected} ({row['reason']})")
     return found
 
 

@@ -1,12 +1,13 @@
 """The job-side runtime: data checks, batch fitting, summary maths, sharding, the tiny model."""
 
 import doctest
+import math
 import re
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import TEMPLATES, load_template, sft_spec, tiny_job
+from helpers import TEMPLATES, load_template, sft_spec, tiny_job, trainer_with
 from transformers import LlamaForCausalLM, LlamaForSequenceClassification
 from trl import SFTConfig
 
@@ -280,6 +281,23 @@ def test_every_loss_grpo_has_is_taken_and_trains(tmp_path: Path, loss_type: str)
     trainer.train()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
+
+
+def test_robust_dpo_at_label_smoothing_one_half_is_refused_as_its_loss_divides_by_zero(tmp_path: Path) -> None:
+    job = tiny_job(tmp_path, "dpo")
+    robust = {"loss_type": ["robust"], "label_smoothing": 0.5}
+    with pytest.raises(SpecError, match=re.escape("training.label_smoothing: 0.5 cannot go with loss_type: [robust]")):
+        validate({**job.spec.model_dump(), "training": {**job.spec.training, **robust}})
+    trainer = trainer_with(job, max_steps=1, **robust)  # TRL only warns
+    trainer.train()
+    assert math.isnan(trainer.state.log_history[0]["grad_norm"])  # 0 / 0 (transformers logs a NaN loss as 0)
+
+
+def test_orpos_null_max_length_is_refused_as_the_trainer_makes_it_512(tmp_path: Path) -> None:
+    job = tiny_job(tmp_path, "orpo")
+    with pytest.raises(SpecError, match=re.escape("training.max_length: null is not taken here; expected max_length")):
+        validate({**job.spec.model_dump(), "training": {**job.spec.training, "max_length": None}})
+    assert trainer_with(job, max_length=None).max_length == 512
 
 
 def test_eval_on_start_without_eval_data_is_refused_before_train_raises(tmp_path: Path) -> None:

@@ -35,7 +35,8 @@ def test_every_row_names_fields_the_installed_trl_has() -> None:
                  "pattern", "expected", "unused", "reason"}
         assert row["reason"].strip() and set(row) <= kinds
         conditional = "when" in row or "unless" in row
-        assert ("requires" in row) <= conditional <= ("requires" in row or "unused" in row or "keys" in row)
+        assert conditional <= ("requires" in row or "unused" in row or "keys" in row)
+        assert "requires" not in row or conditional or "configs" in row  # alone: what those trainers require
         assert "unless" not in row or "keys" not in row
         assert "unused" not in row or conditional or "configs" in row  # never read: by the trainers it names
         assert set(row.get("needs", [])) <= set(row.get("keys", []))
