@@ -168,19 +168,22 @@ def _from_pretrained(auto_class: Any, name_or_path: str, **kwargs: Any) -> Any:
 
 
 def check_model_options(spec: Spec) -> None:
-    """``model.attn_implementation`` and ``model.lora``, checked as transformers and PEFT check them.
+    """``model.attn_implementation``, ``model.lora`` and ``training.router_aux_loss_coef``, checked as
+    transformers, PEFT and TRL check them.
 
     The model is built on the meta device, without weights (0.2 s for a 70B
     shape), and given its adapter there: a missing package (flash-attn,
-    kernels) or a LoRA target the model lacks is one line before any model
-    loads rather than a traceback from every rank once they have.
+    kernels), a LoRA target the model lacks or a router loss of a model
+    without experts is one line before any model loads rather than a
+    traceback from every rank once they have.
     """
     import transformers
 
     from posttrain.entrypoints import tiny
 
     model, implementation = spec.model, spec.model.attn_implementation
-    if implementation is None and model.lora is None:
+    router_loss = spec.training.get("router_aux_loss_coef")
+    if implementation is None and model.lora is None and not router_loss:
         return
     try:
         if model.name_or_path in tiny.BUILTINS:  # Llamas: any shape answers for them
@@ -190,6 +193,11 @@ def check_model_options(spec: Spec) -> None:
                 model.name_or_path, revision=model.revision, trust_remote_code=model.trust_remote_code
             )
     except OSError:  # a hub id out of reach: loading the model says so
+        return
+    if router_loss and not hasattr(config.get_text_config(), "output_router_logits"):  # TRL's test
+        raise SpecError([f"training.router_aux_loss_coef: {router_loss} weighs the router loss of a mixture of "
+                         f"experts, and {model.name_or_path} ({config.model_type}) has no router; drop it"])  # fmt: skip
+    if implementation is None and model.lora is None:
         return
     options = {} if implementation is None else {"attn_implementation": implementation}
     try:

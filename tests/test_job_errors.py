@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterator, List
 
 import pytest
-from helpers import REPO, free_port, load_template, run_template, tiny_job
+from helpers import REPO, free_port, load_template, run_template, tiny_job, trainer_with
 
 from posttrain.components.messages import SpecError
 from posttrain.components.registry import SPEC_CLASSES
@@ -277,6 +277,22 @@ def test_a_lora_target_the_model_lacks_is_named_before_any_model_loads() -> None
         check_model_options(validate(raw))  # PEFT's own matching, on a model built on the meta device
     raw["model"]["lora"] = {"r": 8, "target_modules": ["q_proj", "v_proj"], "use_dora": True}
     check_model_options(validate(raw))
+
+
+@pytest.mark.parametrize("algorithm", ["sft", "dpo"])
+def test_a_router_loss_without_experts_is_named_before_any_model_loads(tmp_path: Path, algorithm: str) -> None:
+    import transformers
+
+    job = tiny_job(tmp_path, algorithm)
+    raw = {**job.spec.model_dump(), "training": {**job.spec.training, "router_aux_loss_coef": 0.01}}
+    with pytest.raises(SpecError, match="training.router_aux_loss_coef: 0.01 weighs the router loss of a mixture"):
+        check_model_options(validate(raw))
+    with pytest.raises(ValueError, match="is not a Mixture-of-Experts model"):  # TRL, once the model is loaded
+        trainer_with(job, router_aux_loss_coef=0.01)
+    experts = tmp_path / "experts"
+    transformers.MixtralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                               num_key_value_heads=1, num_local_experts=2).save_pretrained(experts)  # fmt: skip
+    check_model_options(validate({**raw, "model": {**raw["model"], "name_or_path": str(experts)}}))
 
 
 def test_the_attention_implementation_is_checked_before_any_model_loads_and_honoured(tmp_path: Path) -> None:
