@@ -22,13 +22,15 @@ IGNORED: Dict[str, Dict[str, Any]] = {
     "grpo": {"num_completions_to_print": 1, "log_unique_prompts": True, "log_multimodal": False,
              "entropy_target": 0.5, "entropy_coef_min": 0.1, "entropy_coef_max": 0.5, "entropy_coef_delta": 0.1,
              "use_bias_correction_kl": False, "ref_model_sync_steps": 1, "label_smoothing_factor": 0.1,
-             "sapo_temperature_pos": 2.0, "vespo_k_pos": 1.0},
+             "sapo_temperature_pos": 2.0, "vespo_k_pos": 1.0, "num_generations_eval": 2},
     "rloo": {"ref_model_sync_steps": 1, "num_completions_to_print": 1, "label_smoothing_factor": 0.1},
     "orpo": {"max_completion_length": 4, "label_smoothing_factor": 0.1},
     "reward": {"label_smoothing_factor": 0.1},
     "distill": {"label_smoothing_factor": 0.1, "log_unique_prompts": True},
     "online_dpo": {"label_smoothing_factor": 0.1},
-    "sft": {"packing_strategy": "wrapped"},
+    "sft": {"packing_strategy": "wrapped", "do_train": True, "do_eval": True, "do_predict": True,
+            "per_device_eval_batch_size": 2, "eval_accumulation_steps": 2, "eval_delay": 1,
+            "eval_do_concat_batches": False, "eval_packing": False},
 }  # fmt: skip
 
 
