@@ -274,10 +274,9 @@ def test_what_the_spec_refuses_together_the_trainer_refuses(
 def test_every_loss_grpo_has_is_taken_and_trains(tmp_path: Path, loss_type: str) -> None:
     job = tiny_job(tmp_path, "grpo")
     level = {"luspo": "sequence"}.get(loss_type, "token")  # TRL warns of luspo's token level: the paper's is sequence
-    training = {**job.spec.training, "loss_type": loss_type, "importance_sampling_level": level, "max_steps": 2}
-    spec = validate({**job.spec.model_dump(), "training": training})
-    args = import_object(spec.config_class)(**runtime.training_arguments(spec, dict(spec.training)))
-    trainer = runtime.registry_trainer(runtime.Job(**{**vars(job), "spec": spec, "args": args}))
+    loss = {"loss_type": loss_type, "importance_sampling_level": level}
+    validate({**job.spec.model_dump(), "training": {**job.spec.training, **loss}})
+    trainer = trainer_with(job, max_steps=2, **loss)
     trainer.train()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
@@ -304,9 +303,7 @@ def test_eval_on_start_without_eval_data_is_refused_before_train_raises(tmp_path
     job = tiny_job(tmp_path, "sft")
     with pytest.raises(SpecError, match="training.eval_on_start: true evaluates on data.eval before training"):
         validate({**job.spec.model_dump(), "training": {**job.spec.training, "eval_on_start": True}})
-    kwargs = {**runtime.training_arguments(job.spec, dict(job.spec.training)), "eval_on_start": True}
-    args = import_object(job.spec.config_class)(**kwargs)
-    trainer = runtime.registry_trainer(runtime.Job(**{**vars(job), "args": args}))  # builds: no check until train()
+    trainer = trainer_with(job, eval_on_start=True)  # builds: no check until train()
     with pytest.raises(ValueError, match="evaluation requires an eval_dataset"):
         trainer.train()
 
@@ -320,9 +317,7 @@ def test_vllms_options_without_use_vllm_do_nothing_in_the_trainer(tmp_path: Path
     unused = {"vllm_mode": "server", "vllm_server_base_url": "http://127.0.0.1:9", "vllm_gpu_memory_utilization": 0.9}
     with pytest.raises(SpecError, match="training.vllm_mode: server does nothing with use_vllm: false"):
         validate({**job.spec.model_dump(), "training": {**job.spec.training, **unused}})
-    kwargs = {**runtime.training_arguments(job.spec, dict(job.spec.training)), **unused}
-    args = import_object(job.spec.config_class)(**kwargs)
-    trainer = runtime.registry_trainer(runtime.Job(**{**vars(job), "args": args}))
+    trainer = trainer_with(job, **unused)
     assert not trainer.use_vllm and isinstance(trainer.generation_config, GenerationConfig)
 
 
