@@ -347,3 +347,22 @@ def check_loss_masks(args: Any, datasets: Sequence[Tuple[str, Any]]) -> None:
                 [f"training.assistant_only_loss: true masks all but the assistant's turns of chat messages, and {where} "
                  "has plain text; drop it, or give messages (or prompt and completion as messages)"]
             )  # fmt: skip
+
+
+def check_kept_rows(spec: Spec, trainer: Any, train_dataset: Any, eval_dataset: Optional[Any]) -> None:
+    """What the trainer kept of each data set: TRL's preparation drops the rows that cannot fit max_length (reward:
+    a pair longer than it; DPO and KTO: a prompt that fills it) and says nothing. Rank 0 says how many it dropped;
+    none kept is an error, before the first step."""
+    if spec.generates or getattr(trainer.args, "packing", False):  # prompts are not prepared; packing joins rows
+        return
+    loaded = (("data.train", train_dataset, trainer.train_dataset), ("data.eval", eval_dataset, trainer.eval_dataset))
+    for where, dataset, kept in loaded:
+        if dataset is None:
+            continue
+        rows, left = len(dataset), len(kept)
+        if left == 0:
+            raise SpecError([f"{where}: the trainer dropped all {rows} rows, none fitting max_length "
+                             f"({trainer.args.max_length} tokens); raise max_length"])  # fmt: skip
+        if left < rows and env_rank() == 0:
+            log.warning("%s: the trainer kept %d of %d rows, dropping those that do not fit max_length (%s tokens); "
+                        "raise max_length to keep them", where, left, rows, trainer.args.max_length)  # fmt: skip

@@ -54,6 +54,7 @@ from posttrain.entrypoints import distributed, fast_paths, vllm_generation, vllm
 from posttrain.entrypoints.callbacks import FaultInjection, Preemption, ProgressLog, TokenCounter
 from posttrain.entrypoints.checkpoints import SPEC_FILE, already_finished, resolve_resume, write_json_atomic
 from posttrain.entrypoints.data import (
+    check_kept_rows,
     check_length_column,
     check_loss_masks,
     check_online_data,
@@ -208,6 +209,7 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
     job = Job(spec, args, tokenizer, inputs.train_dataset, inputs.eval_dataset,
               callbacks=callbacks + [ProgressLog()] * lines, rewards=inputs.rewards)  # fmt: skip
     trainer = build(job)
+    check_kept_rows(spec, trainer, inputs.train_dataset, inputs.eval_dataset)
     if lines and spec.trainer_class is not None:
         trainer.remove_callback(PrinterCallback)  # its raw dicts would repeat the lines
     strategy.check_engine(trainer)

@@ -508,3 +508,25 @@ def test_e2e_a_missing_chain_stage_names_the_run_that_writes_it(tmp_path: Path) 
     result = run_template("sft/tiny.yaml", tmp_path, output_dir, overrides=["model.name_or_path=outputs/nope-stage"])
     assert_stopped_once(result, "model.name_or_path: no such directory: outputs/nope-stage")
     assert "it is written by an earlier run" in result.stderr and not output_dir.exists()
+
+
+def test_rows_the_trainer_drops_are_counted_and_none_left_stops_before_the_first_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
+) -> None:
+    job = tiny_job(tmp_path, "reward")  # TRL's reward trainer drops the pairs longer than max_length
+    with caplog.at_level(logging.WARNING, logger="posttrain"):
+        data.check_kept_rows(job.spec, trainer_with(job, max_length=24), job.train_dataset, None)
+    rows = len(job.train_dataset)
+    kept = re.search(rf"data.train: the trainer kept (\d+) of {rows} rows, dropping those that do not fit "
+                     r"max_length \(24 tokens\)", caplog.text)  # fmt: skip
+    assert kept and 0 < int(kept[1]) < rows
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("RANK", "0")
+    raw = load_template("reward/tiny.yaml")
+    raw["training"].update(output_dir=str(tmp_path / "out"), max_length=2)
+    with pytest.raises(SystemExit) as exit_info:
+        runtime.run("reward", argv=["--spec-json", validate(raw).to_json()])
+    assert exit_info.value.code == 2
+    dropped = f"posttrain: data.train: the trainer dropped all {rows} rows, none fitting max_length (2 tokens)"
+    assert capsys.readouterr().err.count(dropped) == 1
+    assert not list((tmp_path / "out").glob("checkpoint-*"))
