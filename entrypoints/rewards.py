@@ -24,6 +24,7 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 from transformers import TrainerCallback
 from trl.trainer.utils import is_async_callable
 
+from posttrain.components.fields import config_value
 from posttrain.components.messages import SpecError
 from posttrain.components.rewards import BUILTIN_REWARDS, RewardFunction, builtin_reward
 from posttrain.components.schema import Spec
@@ -150,13 +151,20 @@ def _import_function(path: str, where: str) -> Any:
 
 
 def check_reward_columns(spec: Spec, datasets: Sequence[Tuple[str, Any]]) -> None:
-    """A built-in reward that reads a data set column finds it (after data.columns renames), before a model loads."""
+    """A built-in reward that reads a data set column finds it (after data.columns renames), before a model loads.
+
+    GRPO and RLOO keep only the prompt and images of each row with ``remove_unused_columns: true``.
+    """
+    removed = spec.groups and config_value(spec.config_class, spec.training, "remove_unused_columns") is True
     for index, reward in enumerate(spec.rewards if has_rewards(spec) else []):
         if reward.builtin is None:
             continue
         bound = inspect.signature(BUILTIN_REWARDS[reward.builtin]).bind(**reward.args)
         bound.apply_defaults()
         column = bound.arguments.get("column")
+        if removed and column not in (None, "prompt", "image", "images"):
+            raise SpecError([f"training.remove_unused_columns: true removes column {column!r}, which rewards.{index} "
+                             f"({reward.builtin}) reads: the trainer keeps only prompt and images; set it false"])
         for where, dataset in datasets:
             if column is not None and column not in dataset.column_names:
                 raise SpecError(
