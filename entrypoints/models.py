@@ -183,7 +183,8 @@ def check_model_options(spec: Spec) -> None:
 
     model, implementation = spec.model, spec.model.attn_implementation
     router_loss = spec.training.get("router_aux_loss_coef")
-    if implementation is None and model.lora is None and not router_loss:
+    builds = implementation is not None or model.lora is not None  # else the config alone answers
+    if not builds and not router_loss:
         return
     try:
         if model.name_or_path in tiny.BUILTINS:  # Llamas: any shape answers for them
@@ -197,7 +198,7 @@ def check_model_options(spec: Spec) -> None:
     if router_loss and not hasattr(config.get_text_config(), "output_router_logits"):  # TRL's test
         raise SpecError([f"training.router_aux_loss_coef: {router_loss} weighs the router loss of a mixture of "
                          f"experts, and {model.name_or_path} ({config.model_type}) has no router; drop it"])  # fmt: skip
-    if implementation is None and model.lora is None:
+    if not builds:
         return
     options = {} if implementation is None else {"attn_implementation": implementation}
     try:
