@@ -1,4 +1,5 @@
-"""Trainer callbacks the runtime adds to every job: progress lines, token counting, preemption, fault injection."""
+"""Trainer callbacks the runtime adds to every job: progress lines, token counting, preemption, the best-model
+metric's check, fault injection."""
 
 import logging
 import os
@@ -78,6 +79,28 @@ class Preemption(TrainerCallback):
             control.should_save = True
             control.should_training_stop = True
         return control
+
+
+class BestMetricCheck(TrainerCallback):
+    """Names a ``metric_for_best_model`` the evaluation does not return, in one line, at the first evaluation.
+
+    What an evaluation returns depends on the trainer and the spec (GRPO's
+    ``eval_rewards/<name>/mean``, DPO's ``eval_rewards/margins``, ...), so the
+    first evaluation is where the name can be checked. transformers would raise
+    a KeyError there too, as a traceback, after the evaluation; this check runs
+    before it (``on_evaluate``), also at ``eval_on_start``, before any step.
+    """
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Optional[dict] = None, **kwargs: Any) -> None:
+        name = args.metric_for_best_model
+        if name is None or metrics is None:
+            return
+        key = name if name.startswith("eval_") else f"eval_{name}"  # as transformers looks it up
+        if key not in metrics:
+            returned = ", ".join(sorted(k for k in metrics if k.startswith("eval_")))
+            raise SpecError([f"training.metric_for_best_model: {name} is not among the metrics the evaluation "
+                             f"returns ({returned}); name one of them (eval_on_start: true checks it before "
+                             "training)"])  # fmt: skip
 
 
 class FaultInjection(TrainerCallback):

@@ -51,7 +51,7 @@ from posttrain.components.messages import SpecError
 from posttrain.components.schema import CHECKPOINTING_OPTIONS, Spec
 from posttrain.components.spec import spec_from_json
 from posttrain.entrypoints import distributed, fast_paths, vllm_generation, vllm_server
-from posttrain.entrypoints.callbacks import FaultInjection, Preemption, ProgressLog, TokenCounter
+from posttrain.entrypoints.callbacks import BestMetricCheck, FaultInjection, Preemption, ProgressLog, TokenCounter
 from posttrain.entrypoints.checkpoints import SPEC_FILE, already_finished, resolve_resume, write_json_atomic
 from posttrain.entrypoints.data import (
     check_kept_rows,
@@ -202,7 +202,7 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
     args, tokenizer, resume_from = inputs.args, inputs.tokenizer, inputs.resume_from
     tokens, preemption = TokenCounter(), Preemption()
     metrics_log = MetricsLog(output_dir, algorithm, spec.model.name_or_path, world_size)
-    callbacks = [tokens, preemption, metrics_log] + ([fault] if fault is not None else [])
+    callbacks = [tokens, preemption, metrics_log, BestMetricCheck()] + ([fault] if fault is not None else [])
     callbacks += [reward_check] if has_rewards(spec) else []
     # a progress bar on a terminal (the trainer's own); plain lines in files and pipes, and for our PPO
     lines = args.disable_tqdm or spec.trainer_class is None

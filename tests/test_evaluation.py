@@ -1,0 +1,70 @@
+"""The evaluation's settings the job checks where they can first be known: at the first evaluation."""
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Dict, Iterator
+
+import pytest
+from helpers import REPO, load_template, read_json
+
+from posttrain.components.spec import validate
+from posttrain.entrypoints import runtime
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setenv("RANK", "0")
+    logger = logging.getLogger("posttrain")
+    handlers, propagate = list(logger.handlers), logger.propagate
+    yield
+    logger.handlers, logger.propagate = handlers, propagate  # run() adds its handler
+
+
+def run_sft(tmp_path: Path, **training: Any) -> Path:
+    raw = load_template("sft/tiny.yaml")
+    raw["data"]["eval"] = {"path": "templates/data/sft_chat.jsonl"}
+    raw["training"].update(output_dir=str(tmp_path / "out"), max_steps=4, eval_strategy="steps", eval_steps=2,
+                           save_steps=2, **training)  # fmt: skip
+    runtime.run("sft", argv=["--spec-json", validate(raw).to_json()])
+    return tmp_path / "out"
+
+
+def logged(output_dir: Path) -> list:
+    return [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_best_model_metric_the_evaluation_does_not_return_is_one_line_before_any_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # transformers raised a KeyError after the first evaluation, as a traceback, eval_steps into training
+    with pytest.raises(SystemExit) as exit_info:
+        run_sft(tmp_path, metric_for_best_model="accuracy", eval_on_start=True)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("posttrain: training.metric_for_best_model: accuracy is not among the metrics the evaluation "
+                     "returns (eval_entropy, eval_loss, eval_mean_token_accuracy, ") == 1, err  # fmt: skip
+    assert "Traceback" not in err
+    assert not any("loss" in entry for entry in logged(tmp_path / "out"))  # not one training step
+    assert not list((tmp_path / "out").glob("checkpoint-*"))
+
+
+def test_without_eval_on_start_it_stops_at_the_first_evaluation(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        run_sft(tmp_path, metric_for_best_model="eval_rewards/margins", load_best_model_at_end=True)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.count("posttrain: training.metric_for_best_model: eval_rewards/margins is not") == 1
+    steps = [entry["step"] for entry in logged(tmp_path / "out") if "loss" in entry]
+    assert steps == [1, 2]
+
+
+def test_a_metric_the_evaluation_returns_picks_the_best_checkpoint(tmp_path: Path) -> None:
+    output_dir = run_sft(tmp_path, metric_for_best_model="mean_token_accuracy", load_best_model_at_end=True)
+    state: Dict[str, Any] = read_json(output_dir / "checkpoint-4" / "trainer_state.json")
+    evaluations = [entry for entry in state["log_history"] if "eval_mean_token_accuracy" in entry]
+    assert [entry["step"] for entry in evaluations] == [2, 4]
+    best = max(evaluations, key=lambda entry: entry["eval_mean_token_accuracy"])
+    assert state["best_metric"] == best["eval_mean_token_accuracy"]
+    assert state["best_model_checkpoint"].endswith(f"checkpoint-{best['step']}")
