@@ -514,12 +514,14 @@ def test_rows_the_trainer_drops_are_counted_and_none_left_stops_before_the_first
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
 ) -> None:
     job = tiny_job(tmp_path, "reward")  # TRL's reward trainer drops the pairs longer than max_length
+    job = runtime.Job(**{**vars(job), "eval_dataset": job.train_dataset.select(range(60))})
     with caplog.at_level(logging.WARNING, logger="posttrain"):
-        data.check_kept_rows(job.spec, trainer_with(job, max_length=24), job.train_dataset, None)
+        data.check_kept_rows(job.spec, trainer_with(job, max_length=24), job.train_dataset, job.eval_dataset)
     rows = len(job.train_dataset)
-    kept = re.search(rf"data.train: the trainer kept (\d+) of {rows} rows, dropping those that do not fit "
-                     r"max_length \(24 tokens\)", caplog.text)  # fmt: skip
-    assert kept and 0 < int(kept[1]) < rows
+    for where, total in (("data.train", rows), ("data.eval", 60)):
+        kept = re.search(rf"{where}: the trainer kept (\d+) of {total} rows, dropping those that do not fit "
+                         r"max_length \(24 tokens\)", caplog.text)  # fmt: skip
+        assert kept and 0 < int(kept[1]) < total, caplog.text
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("RANK", "0")
     raw = load_template("reward/tiny.yaml")

@@ -1,14 +1,16 @@
 """Options a trainer reads only with another (or never): the spec refuses each, and training with all of them
 at once gives the losses training without them gives."""
 
+import logging
 from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
 import torch
-from helpers import refusal, tiny_job, trainer_with
+from helpers import REPO, load_template, refusal, tiny_job, trainer_with
 
 from posttrain.components.spec import SpecError, validate
+from posttrain.entrypoints import runtime
 from posttrain.entrypoints.data import check_loss_masks
 
 TIMINGS = ("runtime", "per_second", "time")
@@ -114,3 +116,22 @@ def test_sfts_loss_masks_need_their_kind_of_rows(tmp_path: Path) -> None:
         check_loss_masks(assistant, [("data.train", text)])
     with pytest.raises(ValueError, match="the dataset is not conversational"):
         trainer_with(job, text, assistant_only_loss=True)
+
+
+def test_the_job_checks_the_loss_masks_before_any_model_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(runtime, "load_model", lambda *args, **kwargs: pytest.fail("a model loaded"))
+    logger = logging.getLogger("posttrain")
+    monkeypatch.setattr(logger, "handlers", list(logger.handlers))  # run() adds its handler
+    raw = load_template("sft/tiny.yaml")  # chat messages
+    raw["training"].update(output_dir=str(tmp_path / "out"), completion_only_loss=True)
+    with pytest.raises(SystemExit) as exit_info:
+        runtime.run("sft", argv=["--spec-json", validate(raw).to_json()])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.count("posttrain: training.completion_only_loss: true masks the prompt of "
+                                         "prompt/completion rows, and data.train has messages") == 1  # fmt: skip
+    assert not (tmp_path / "out").exists()
