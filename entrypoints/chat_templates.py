@@ -1,0 +1,51 @@
+"""What chat rows need of the tokenizer's chat template, checked before any model loads.
+
+TRL renders conversational rows with the tokenizer's chat template while it
+builds the trainer, once the models have loaded: a tokenizer without a
+template (most base models') raised "Cannot use chat template functions"
+there, and ``assistant_only_loss`` with a template that neither marks the
+assistant's turns (``{% generation %}``) nor is one TRL knows how to mark
+raised "The chat template is not training-compatible".
+"""
+
+import copy
+import os
+from typing import Any, Optional, Sequence, Tuple
+
+from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+from trl.data_utils import is_conversational
+
+from posttrain.components.messages import SpecError
+
+# what TRL's SFT and reward trainers read as a template file; any other chat_template_path is a tokenizer to clone
+TEMPLATE_FILES = (".jinja", ".j2")
+
+
+def check_chat_template(args: Any, tokenizer: Any, datasets: Sequence[Tuple[str, Any]], model: str) -> None:
+    """The chat template renders the data's chat rows, and marks the assistant's turns for ``assistant_only_loss``.
+
+    ``model``: the name the spec gives the tokenizer's model, for the message.
+    """
+    chat = [where for where, dataset in datasets if len(dataset) and is_conversational(dataset[0])]
+    path: Optional[str] = getattr(args, "chat_template_path", None)
+    if not chat or (path is not None and not (os.path.isfile(path) and path.endswith(TEMPLATE_FILES))):
+        return  # no chat rows, or the template comes from a tokenizer the trainer clones
+    if path is not None:
+        with open(path, encoding="utf-8") as file:
+            template, source = file.read(), f"training.chat_template_path ({path})"
+    else:
+        template, source = tokenizer.chat_template, f"the chat template of {model}"
+    if template is None:
+        raise SpecError([f"{chat[0]}: its rows are chat messages, and the tokenizer of {model} has no chat template "
+                         "to render them; use a model that has one (an instruct model), give a template file as "
+                         "training.chat_template_path where the trainer takes one, or give text rows"])  # fmt: skip
+    if not getattr(args, "assistant_only_loss", False) or has_generation_markers(template):
+        return
+    marked = copy.copy(tokenizer)
+    marked.chat_template = template
+    try:
+        get_training_chat_template(marked)
+    except ValueError:
+        raise SpecError([f"training.assistant_only_loss: {source} has no {{% generation %}} markers around the "
+                         "assistant's turns, and TRL does not know how to add them to it; add them in a template "
+                         "file given as training.chat_template_path, or drop assistant_only_loss"]) from None  # fmt: skip
