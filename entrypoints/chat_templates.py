@@ -26,8 +26,11 @@ def check_chat_template(args: Any, tokenizer: Any, datasets: Sequence[Tuple[str,
 
     ``model``: the name the spec gives the tokenizer's model, for the message.
     """
-    chat = [where for where, dataset in datasets if len(dataset) and is_conversational(dataset[0])]
     path: Optional[str] = getattr(args, "chat_template_path", None)
+    if path is not None and path.endswith(TEMPLATE_FILES) and not os.path.isfile(path):
+        # else the trainer takes it for a tokenizer to clone, and asks the Hub for it
+        raise SpecError([f"training.chat_template_path: no such file: {path} (relative paths start at {os.getcwd()})"])
+    chat = [where for where, dataset in datasets if len(dataset) and is_conversational(dataset[0])]
     if not chat or (path is not None and not (os.path.isfile(path) and path.endswith(TEMPLATE_FILES))):
         return  # no chat rows, or the template comes from a tokenizer the trainer clones
     if path is not None:

@@ -98,3 +98,5 @@ def test_a_chat_template_path_that_is_no_file_is_a_tokenizer_the_trainer_clones(
         check_chat_template(ASSISTANT_ONLY, no_template, chat, "m")
     cloned = SimpleNamespace(assistant_only_loss=True, chat_template_path="Qwen/Qwen2.5-0.5B-Instruct")
     check_chat_template(cloned, no_template, chat, "m")
+    with pytest.raises(SpecError, match=r"training.chat_template_path: no such file: chat.jinja \(relative paths"):
+        check_chat_template(SimpleNamespace(chat_template_path="chat.jinja"), no_template, chat, "m")
