@@ -5,17 +5,21 @@ builds the trainer, once the models have loaded: a tokenizer without a
 template (most base models') raised "Cannot use chat template functions"
 there, and ``assistant_only_loss`` with a template that neither marks the
 assistant's turns (``{% generation %}``) nor is one TRL knows how to mark
-raised "The chat template is not training-compatible".
+raised "The chat template is not training-compatible". Reward models score
+chat completions rendered with their own tokenizer's template (TRL's GRPO
+and RLOO, our PPO): one without a template raised at the first step.
 """
 
 import copy
 import os
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, Optional, Sequence, Tuple, Union
 
 from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 from trl.data_utils import is_conversational
 
 from posttrain.components.messages import SpecError
+from posttrain.components.schema import Spec
+from posttrain.entrypoints.models import load_tokenizer
 
 # what TRL's SFT and reward trainers read as a template file; any other chat_template_path is a tokenizer to clone
 TEMPLATE_FILES = (".jinja", ".j2")
@@ -30,7 +34,7 @@ def check_chat_template(args: Any, tokenizer: Any, datasets: Sequence[Tuple[str,
     if path is not None and path.endswith(TEMPLATE_FILES) and not os.path.isfile(path):
         # else the trainer takes it for a tokenizer to clone, and asks the Hub for it
         raise SpecError([f"training.chat_template_path: no such file: {path} (relative paths start at {os.getcwd()})"])
-    chat = [where for where, dataset in datasets if len(dataset) and is_conversational(dataset[0])]
+    chat = _chat_rows(datasets)
     if not chat or (path is not None and not (os.path.isfile(path) and path.endswith(TEMPLATE_FILES))):
         return  # no chat rows, or the template comes from a tokenizer the trainer clones
     if path is not None:
@@ -52,3 +56,18 @@ def check_chat_template(args: Any, tokenizer: Any, datasets: Sequence[Tuple[str,
         raise SpecError([f"training.assistant_only_loss: {source} has no {{% generation %}} markers around the "
                          "assistant's turns, and TRL does not know how to add them to it; add them in a template "
                          "file given as training.chat_template_path, or drop assistant_only_loss"]) from None  # fmt: skip
+
+
+def check_reward_templates(rewards: Sequence[Union[Any, str]], spec: Spec, datasets: Sequence[Tuple[str, Any]]) -> None:
+    """Each reward model (``rewards``: functions, and reward models' paths) has a template for chat completions."""
+    chat = _chat_rows(datasets)
+    for index, reward in enumerate(rewards):
+        if chat and isinstance(reward, str) and load_tokenizer(reward, spec, "right").chat_template is None:
+            raise SpecError([f"rewards.{index}: {chat[0]}'s rows are chat messages, which the reward model {reward} "
+                             "scores rendered with its tokenizer's chat template, and it has none; give the reward "
+                             "model a tokenizer with one (train it on chat rows), or give text prompts"])  # fmt: skip
+
+
+def _chat_rows(datasets: Sequence[Tuple[str, Any]]) -> list:
+    """Where the rows are chat messages."""
+    return [where for where, dataset in datasets if len(dataset) and is_conversational(dataset[0])]

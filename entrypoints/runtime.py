@@ -52,7 +52,7 @@ from posttrain.components.schema import CHECKPOINTING_OPTIONS, Spec
 from posttrain.components.spec import spec_from_json
 from posttrain.entrypoints import distributed, fast_paths, vllm_generation, vllm_server
 from posttrain.entrypoints.callbacks import BestMetricCheck, FaultInjection, Preemption, ProgressLog, TokenCounter
-from posttrain.entrypoints.chat_templates import check_chat_template
+from posttrain.entrypoints.chat_templates import check_chat_template, check_reward_templates
 from posttrain.entrypoints.checkpoints import SPEC_FILE, already_finished, resolve_resume, write_json_atomic
 from posttrain.entrypoints.data import (
     check_kept_rows,
@@ -259,6 +259,7 @@ def _check_inputs(spec: Spec, output_dir: Path, world_size: int, reward_check: R
     check_model_options(spec)
     tokenizer = load_tokenizer(spec.model.name_or_path, spec, padding_side="left" if spec.generates else "right")
     check_chat_template(args, tokenizer, datasets, spec.model.name_or_path)
+    check_reward_templates(rewards, spec, datasets)
     eval_dataset = datasets[1][1] if len(datasets) > 1 else None
     return _Inputs(train_dataset, eval_dataset, resume_from, rewards, args, tokenizer)
 

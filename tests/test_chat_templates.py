@@ -100,3 +100,24 @@ def test_a_chat_template_path_that_is_no_file_is_a_tokenizer_the_trainer_clones(
     check_chat_template(cloned, no_template, chat, "m")
     with pytest.raises(SpecError, match=r"training.chat_template_path: no such file: chat.jinja \(relative paths"):
         check_chat_template(SimpleNamespace(chat_template_path="chat.jinja"), no_template, chat, "m")
+
+
+def test_a_reward_model_without_a_chat_template_is_one_line_before_any_model_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    tokenizer = tiny.build_tokenizer_llama3()
+    tokenizer.chat_template = None  # a reward model trained from a base model on text rows
+    reward_dir = tmp_path / "reward-model"
+    tiny.build_model_llama3(tokenizer, transformers.LlamaForSequenceClassification).save_pretrained(reward_dir)
+    tokenizer.save_pretrained(reward_dir)
+    rewards = [{"model": str(reward_dir)}]
+    # what TRL did: it raised at the first step, after generating, the models loaded
+    trainer = trainer_with(tiny_job(tmp_path, "grpo", rewards=rewards), max_steps=1)
+    with pytest.raises(ValueError, match="Cannot use chat template functions"):
+        trainer.train()
+    raw = load_template("grpo/tiny.yaml")  # chat prompts
+    raw["rewards"] = rewards
+    raw["training"]["output_dir"] = str(tmp_path / "out")
+    err = run_refused(raw, monkeypatch, capsys)
+    assert err.count(f"posttrain: rewards.0: data.train's rows are chat messages, which the reward model {reward_dir} "
+                     "scores rendered with its tokenizer's chat template, and it has none") == 1, err  # fmt: skip
