@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator
 
 import pytest
-from helpers import REPO, load_template, read_json
+from helpers import REPO, load_template, read_json, refusal, tiny_job, trainer_with
 
 from posttrain.components.spec import validate
 from posttrain.entrypoints import runtime
@@ -68,3 +68,14 @@ def test_a_metric_the_evaluation_returns_picks_the_best_checkpoint(tmp_path: Pat
     best = max(evaluations, key=lambda entry: entry["eval_mean_token_accuracy"])
     assert state["best_metric"] == best["eval_mean_token_accuracy"]
     assert state["best_model_checkpoint"].endswith(f"checkpoint-{best['step']}")
+
+
+def test_the_best_checkpoint_needs_scheduled_evaluations(tmp_path: Path) -> None:
+    job = tiny_job(tmp_path, "sft")
+    # what transformers did: with eval_strategy no (TRL's default) save_strategy best saved no checkpoint at all
+    trainer_with(job, max_steps=4, save_strategy="best", metric_for_best_model="loss", eval_on_start=False).train()
+    assert not list((tmp_path / "out").glob("checkpoint-*"))
+    assert refusal(job, save_strategy="best", metric_for_best_model="eval_loss").startswith(
+        "training.save_strategy: best cannot go with eval_strategy: 'no' (TRL's default); expected 'no' or steps or "
+        "epoch (best saves a checkpoint when an evaluation"
+    )

@@ -171,7 +171,8 @@ def test_all_problems_are_reported_together() -> None:
         ({"data": {"train": {"path": "a.jsonl", "name": "hub/set"}}}, "data.train: give exactly one of path"),
         ({"data": {"train": {"split": "train"}}}, "data.train: give exactly one of path"),
         # what transformers' Trainer refuses only once the models are loaded
-        ({"training": {"save_strategy": "best"}}, "training.save_strategy: best keeps the checkpoint with the best"),
+        ({"training": {"save_strategy": "best", "eval_strategy": "steps"}},
+         "training.save_strategy: best keeps the checkpoint with the best"),
         ({"distributed": {"deepspeed": {"zero_stage": 3}}, "training": {"auto_find_batch_size": True}},
          "training.auto_find_batch_size: transformers does not support it with ZeRO-3"),
         ({"distributed": {"fsdp": {}}, "training": {"save_only_model": True}},

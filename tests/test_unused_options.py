@@ -32,7 +32,8 @@ IGNORED: Dict[str, Dict[str, Any]] = {
     "online_dpo": {"label_smoothing_factor": 0.1},
     "sft": {"packing_strategy": "wrapped", "do_train": True, "do_eval": True, "do_predict": True,
             "per_device_eval_batch_size": 2, "eval_accumulation_steps": 2, "eval_delay": 1,
-            "eval_do_concat_batches": False, "eval_packing": False},
+            "eval_do_concat_batches": False, "eval_packing": False, "metric_for_best_model": "eval_loss",
+            "greater_is_better": True},
 }  # fmt: skip
 
 
