@@ -79,3 +79,28 @@ def test_the_best_checkpoint_needs_scheduled_evaluations(tmp_path: Path) -> None
         "training.save_strategy: best cannot go with eval_strategy: 'no' (TRL's default); expected 'no' or steps or "
         "epoch (best saves a checkpoint when an evaluation"
     )
+
+
+# what transformers' evaluation reads only for a compute_metrics function, which posttrain gives no trainer
+FOR_COMPUTE_METRICS = {"batch_eval_metrics": True, "include_for_metrics": ["inputs", "loss"],
+                       "eval_do_concat_batches": False, "prediction_loss_only": False}  # fmt: skip
+
+
+@pytest.mark.parametrize("algorithm", ["sft", "dpo", "grpo"])
+def test_options_for_compute_metrics_are_refused_and_change_no_evaluation(tmp_path: Path, algorithm: str) -> None:
+    job = tiny_job(tmp_path, algorithm)
+    for key, value in FOR_COMPUTE_METRICS.items():
+        message = refusal(job, **{key: value})
+        assert f"training.{key}: " in message and "does nothing" in message, message
+    job = runtime.Job(**{**vars(job), "eval_dataset": job.train_dataset.select(range(16))})
+
+    def evaluated(**training: Any) -> Dict[str, float]:
+        metrics = trainer_with(job, **training).evaluate()  # the trainer seeds itself
+        return {key: value for key, value in metrics.items() if "time" not in key and "per_second" not in key}
+
+    options = FOR_COMPUTE_METRICS
+    if algorithm == "grpo":  # its batches are lists of prompts: transformers failed to gather the inputs
+        with pytest.raises(TypeError, match="list indices must be integers or slices, not str"):
+            evaluated(include_for_metrics=["inputs"])
+        options = {**options, "include_for_metrics": ["loss"]}
+    assert evaluated(**options) == evaluated()
