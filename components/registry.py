@@ -152,6 +152,19 @@ class DistillSpec(Spec):
 
 # TRL 1.16's OnlineDPOTrainer leaves evaluation to transformers' Trainer, which runs the model on the prompt rows
 NO_ONLINE_DPO_EVALUATION = "online DPO cannot evaluate: TRL's trainer runs the model's forward on prompts, which fails"
+# the fields (fnmatch patterns) of transformers' evaluation, for the trainers that do not evaluate
+EVALUATION_FIELDS = ("eval_*", "*_eval*", "do_predict", "prediction_loss_only", "include_for_metrics",
+                     "metric_for_best_model", "greater_is_better", "load_best_model_at_end")  # fmt: skip
+
+
+def evaluation_fields(config_class: str) -> List[str]:
+    """The fields of ``config_class`` that configure an evaluation."""
+    import fnmatch
+
+    from posttrain.components.fields import config_fields
+
+    fields = config_fields(config_class)
+    return sorted(key for key in fields if any(fnmatch.fnmatchcase(key, pattern) for pattern in EVALUATION_FIELDS))
 
 
 class OnlineDPOSpec(_ReferenceSpec, _OnlineSpec):
@@ -173,7 +186,7 @@ class OnlineDPOSpec(_ReferenceSpec, _OnlineSpec):
     refused_training_keys: ClassVar[Dict[str, str]] = {
         "remove_unused_columns": "online DPO's rows are prompts, which the model's forward does not take: true "
         "removes every column and training fails as it starts (false is TRL's default)",
-        **dict.fromkeys(("eval_strategy", "eval_on_start"), NO_ONLINE_DPO_EVALUATION),
+        **dict.fromkeys(evaluation_fields(config_class), NO_ONLINE_DPO_EVALUATION),
     }
 
     def problems(self, world_size: Optional[int]) -> List[str]:
@@ -229,8 +242,7 @@ class PPOSpec(_OnlineSpec):
         (("gradient_accumulation_steps",),
          "PPO steps the optimizer once per mini-batch; use training.num_mini_batches"),
         (("num_train_epochs",), "PPO runs max_steps iterations (num_ppo_epochs: passes over each rollout)"),
-        (("eval_*", "*_eval*", "do_predict", "prediction_loss_only", "include_for_metrics", "metric_for_best_model",
-          "greater_is_better", "load_best_model_at_end"), "PPO does not evaluate; its logs score every rollout"),
+        (EVALUATION_FIELDS, "PPO does not evaluate; its logs score every rollout"),
         (("label_*",), "PPO has no labels: rewards score its own samples"),
         (("push_to_hub", "hub_*"), "PPO does not push to the Hub; upload output_dir when the run is done"),
         (("torch_compile*",), "posttrain's PPO does not compile the models"),

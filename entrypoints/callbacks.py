@@ -89,6 +89,9 @@ class BestMetricCheck(TrainerCallback):
     first evaluation is where the name can be checked. transformers would raise
     a KeyError there too, as a traceback, after the evaluation; this check runs
     before it (``on_evaluate``), also at ``eval_on_start``, before any step.
+    Every rank gets the same names (the losses and the trainers' metrics are
+    gathered), so every rank stops here. It assumes one evaluation data set,
+    as posttrain gives (with several, each returns only its own names).
     """
 
     def on_evaluate(self, args: Any, state: Any, control: Any, metrics: Optional[dict] = None, **kwargs: Any) -> None:

@@ -12,7 +12,7 @@ and RLOO, our PPO): one without a template raised at the first step.
 
 import copy
 import os
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 from trl.data_utils import is_conversational
@@ -20,8 +20,10 @@ from trl.data_utils import is_conversational
 from posttrain.components.messages import SpecError
 from posttrain.components.schema import Spec
 from posttrain.entrypoints.models import load_tokenizer
+from posttrain.entrypoints.rewards import RewardFunction
 
-# what TRL's SFT and reward trainers read as a template file; any other chat_template_path is a tokenizer to clone
+# what TRL's SFT and reward trainers read as a template file; any other chat_template_path names a tokenizer to
+# clone (a directory or a Hub id)
 TEMPLATE_FILES = (".jinja", ".j2")
 
 
@@ -32,10 +34,13 @@ def check_chat_template(args: Any, tokenizer: Any, datasets: Sequence[Tuple[str,
     """
     path: Optional[str] = getattr(args, "chat_template_path", None)
     if path is not None and path.endswith(TEMPLATE_FILES) and not os.path.isfile(path):
-        # else the trainer takes it for a tokenizer to clone, and asks the Hub for it
         raise SpecError([f"training.chat_template_path: no such file: {path} (relative paths start at {os.getcwd()})"])
+    if path is not None and os.path.isfile(path) and not path.endswith(TEMPLATE_FILES):
+        raise SpecError([f"training.chat_template_path: {path} is a file, and the trainer reads templates from "
+                         f"{' or '.join(TEMPLATE_FILES)} files only (any other path names a tokenizer to copy the "
+                         "template from); rename it"])  # fmt: skip
     chat = _chat_rows(datasets)
-    if not chat or (path is not None and not (os.path.isfile(path) and path.endswith(TEMPLATE_FILES))):
+    if not chat or (path is not None and not path.endswith(TEMPLATE_FILES)):
         return  # no chat rows, or the template comes from a tokenizer the trainer clones
     if path is not None:
         with open(path, encoding="utf-8") as file:
@@ -58,7 +63,9 @@ def check_chat_template(args: Any, tokenizer: Any, datasets: Sequence[Tuple[str,
                          "file given as training.chat_template_path, or drop assistant_only_loss"]) from None  # fmt: skip
 
 
-def check_reward_templates(rewards: Sequence[Union[Any, str]], spec: Spec, datasets: Sequence[Tuple[str, Any]]) -> None:
+def check_reward_templates(
+    rewards: Sequence[Union[RewardFunction, str]], spec: Spec, datasets: Sequence[Tuple[str, Any]]
+) -> None:
     """Each reward model (``rewards``: functions, and reward models' paths) has a template for chat completions."""
     chat = _chat_rows(datasets)
     for index, reward in enumerate(rewards):
@@ -68,6 +75,6 @@ def check_reward_templates(rewards: Sequence[Union[Any, str]], spec: Spec, datas
                              "model a tokenizer with one (train it on chat rows), or give text prompts"])  # fmt: skip
 
 
-def _chat_rows(datasets: Sequence[Tuple[str, Any]]) -> list:
+def _chat_rows(datasets: Sequence[Tuple[str, Any]]) -> List[str]:
     """Where the rows are chat messages."""
     return [where for where, dataset in datasets if len(dataset) and is_conversational(dataset[0])]

@@ -91,7 +91,7 @@ def test_assistant_only_loss_needs_a_template_trl_can_mark(
     check_chat_template(ASSISTANT_ONLY, job.tokenizer, [("data.train", job.train_dataset)], tiny.NAME_LLAMA3)
 
 
-def test_a_chat_template_path_that_is_no_file_is_a_tokenizer_the_trainer_clones() -> None:
+def test_a_chat_template_path_that_is_no_template_file_is_a_tokenizer_the_trainer_clones() -> None:
     chat = [("data.train", Dataset.from_list([{"messages": [{"role": "user", "content": "Hi"}]}]))]
     no_template = SimpleNamespace(chat_template=None)
     with pytest.raises(SpecError):
@@ -100,6 +100,10 @@ def test_a_chat_template_path_that_is_no_file_is_a_tokenizer_the_trainer_clones(
     check_chat_template(cloned, no_template, chat, "m")
     with pytest.raises(SpecError, match=r"training.chat_template_path: no such file: chat.jinja \(relative paths"):
         check_chat_template(SimpleNamespace(chat_template_path="chat.jinja"), no_template, chat, "m")
+    # a file of another name: the trainer would ask the Hub for a tokenizer of that name
+    with pytest.raises(SpecError, match=r"training.chat_template_path: README.md is a file, and the trainer reads "
+                                        r"templates from .jinja or .j2 files only"):  # fmt: skip
+        check_chat_template(SimpleNamespace(chat_template_path="README.md"), no_template, chat, "m")
 
 
 def test_a_reward_model_without_a_chat_template_is_one_line_before_any_model_loads(

@@ -72,13 +72,22 @@ def test_a_metric_the_evaluation_returns_picks_the_best_checkpoint(tmp_path: Pat
 
 def test_the_best_checkpoint_needs_scheduled_evaluations(tmp_path: Path) -> None:
     job = tiny_job(tmp_path, "sft")
-    # what transformers did: with eval_strategy no (TRL's default) save_strategy best saved no checkpoint at all
-    trainer_with(job, max_steps=4, save_strategy="best", metric_for_best_model="loss", eval_on_start=False).train()
-    assert not list((tmp_path / "out").glob("checkpoint-*"))
+    job = runtime.Job(**{**vars(job), "eval_dataset": job.train_dataset.select(range(16))})
+    # what transformers did with eval_strategy no (TRL's default), eval_on_start's evaluation or not: it compared no
+    # metric, and save_strategy best saved no checkpoint at all
+    for on_start in (False, True):
+        trainer = trainer_with(job, max_steps=4, save_strategy="best", metric_for_best_model="loss",
+                               greater_is_better=False, eval_on_start=on_start)  # fmt: skip
+        trainer.train()
+        assert trainer.state.best_metric is None and not list((tmp_path / "out").glob("checkpoint-*"))
     assert refusal(job, save_strategy="best", metric_for_best_model="eval_loss").startswith(
         "training.save_strategy: best cannot go with eval_strategy: 'no' (TRL's default); expected 'no' or steps or "
         "epoch (best saves a checkpoint when an evaluation"
     )
+    for key, value in (("metric_for_best_model", "eval_loss"), ("greater_is_better", False),
+                       ("load_best_model_at_end", True)):  # fmt: skip
+        assert refusal(job, **{key: value}).startswith(f"training.{key}: {str(value).lower()} does nothing with "
+                                                       "eval_strategy: 'no'")  # fmt: skip
 
 
 # what transformers' evaluation reads only for a compute_metrics function, which posttrain gives no trainer

@@ -127,7 +127,9 @@ def test_the_job_checks_the_loss_masks_before_any_model_loads(
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setattr(runtime, "load_model", lambda *args, **kwargs: pytest.fail("a model loaded"))
     logger = logging.getLogger("posttrain")
-    monkeypatch.setattr(logger, "handlers", list(logger.handlers))  # run() adds its handler
+    monkeypatch.setattr(logger, "handlers", list(logger.handlers))  # run() adds its handler,
+    monkeypatch.setattr(logger, "propagate", logger.propagate)  # stops propagation
+    monkeypatch.setattr(logger, "level", logger.level)  # and sets the level
     raw = load_template("sft/tiny.yaml")  # chat messages
     raw["training"].update(output_dir=str(tmp_path / "out"), completion_only_loss=True)
     with pytest.raises(SystemExit) as exit_info:
