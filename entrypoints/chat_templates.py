@@ -69,7 +69,9 @@ def check_reward_templates(
     """Each reward model (``rewards``: functions, and reward models' paths) has a template for chat completions."""
     chat = _chat_rows(datasets)
     for index, reward in enumerate(rewards):
-        if chat and isinstance(reward, str) and load_tokenizer(reward, spec, "right").chat_template is None:
+        if not chat or not isinstance(reward, str):  # a function, or text prompts
+            continue
+        if load_tokenizer(reward, spec, padding_side="right").chat_template is None:
             raise SpecError([f"rewards.{index}: {chat[0]}'s rows are chat messages, which the reward model {reward} "
                              "scores rendered with its tokenizer's chat template, and it has none; give the reward "
                              "model a tokenizer with one (train it on chat rows), or give text prompts"])  # fmt: skip

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -92,6 +93,16 @@ def assert_succeeded(result: subprocess.CompletedProcess) -> None:
         f"exit {result.returncode}\n--- error lines\n" + "\n".join(errors)
         + f"\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-8000:]}"
     )
+
+
+def assert_stopped_once(result: subprocess.CompletedProcess, message: str) -> str:
+    """The run failed with one ``posttrain:`` line, ``message``, and no rank's traceback; its output."""
+    logs = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert logs.count("posttrain: ") == 1 and f"posttrain: {message}" in logs, logs[-4000:]
+    # no rank's traceback ("[1]:Traceback"); torchrun's own ChildFailedError report is the launcher's, not the job's
+    assert not re.search(r"\[\d+\]:(\[rank\d+\]: )?Traceback", logs), logs[-4000:]
+    return logs
 
 
 def ends(output_dir: Path, key: str) -> tuple:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Iterator, List
 
 import pytest
-from helpers import REPO, free_port, load_template, run_template, tiny_job, trainer_with
+from helpers import REPO, assert_stopped_once, free_port, load_template, run_template, tiny_job, trainer_with
 
 from posttrain.components.messages import SpecError
 from posttrain.components.registry import SPEC_CLASSES
@@ -455,15 +455,6 @@ def test_a_model_that_fails_to_load_on_one_rank_is_said_by_that_rank(
 
 
 # ---------------------------------------------------------------- through torchx (-m e2e)
-
-
-def assert_stopped_once(result: subprocess.CompletedProcess, message: str) -> str:
-    logs = result.stdout + result.stderr
-    assert result.returncode != 0
-    assert logs.count("posttrain: ") == 1 and f"posttrain: {message}" in logs, logs[-4000:]
-    # no rank's traceback ("[1]:Traceback"); torchrun's own ChildFailedError report is the launcher's, not the job's
-    assert not re.search(r"\[\d+\]:(\[rank\d+\]: )?Traceback", logs), logs[-4000:]
-    return logs
 
 
 @pytest.mark.e2e
