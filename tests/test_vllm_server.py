@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, List
+from typing import Any, List, Tuple
 
 import pytest
 from helpers import REPO, free_port, load_template
@@ -133,18 +133,24 @@ def server_spec(tmp_path: Path, port: int, timeout_s: int = 5) -> Any:
     return validate(raw)
 
 
-def listen(port: int) -> socket.socket:
-    listener = socket.create_server(("localhost", vllm_server.lease_port(port)))
+def listen() -> Tuple[socket.socket, int]:
+    """A listener where rank 0 holds its lease, and the server port that puts the lease there.
+
+    The lease's port is bound first (a free port, then the one after it, could be taken in between).
+    """
+    listener = socket.create_server(("localhost", 0))
     listener.settimeout(10)
-    return listener
+    lease = listener.getsockname()[1]
+    assert vllm_server.lease_port(lease - 1) == lease
+    return listener, lease - 1
 
 
 def test_rank0_holds_the_lease_and_says_done_only_at_a_clean_end(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv(HOST_VARIABLE, "localhost")
     monkeypatch.setenv("RANK", "0")
-    port = free_port()
+    listener, port = listen()
     spec = server_spec(tmp_path, port)
-    with listen(port) as listener:
+    with listener:
         with vllm_server.lease(spec):
             held, _ = listener.accept()
         assert held.recv(16) == b"done"
@@ -172,8 +178,8 @@ def test_no_role_to_lease_from_is_one_line_naming_the_timeout(tmp_path: Path, mo
 
 def test_role_exited_sees_the_role_close_its_end(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv(HOST_VARIABLE, "localhost")
-    port = free_port()
-    with listen(port) as listener, vllm_server.lease(server_spec(tmp_path, port)):
+    listener, port = listen()
+    with listener, vllm_server.lease(server_spec(tmp_path, port)):
         role_side, _ = listener.accept()
         assert not vllm_server.role_exited()
         role_side.close()
