@@ -1,5 +1,6 @@
 """Fixtures and markers shared by the test suite."""
 
+import logging
 import os
 import tempfile
 from pathlib import Path
@@ -10,7 +11,20 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="posttrain-tests-hf-")
 
 import pytest
-from helpers import assert_succeeded, run_template
+from helpers import REPO, assert_succeeded, run_template
+
+
+@pytest.fixture
+def job_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process as a job's rank 0, for ``runtime.run`` in process: the repository as its directory, its own
+    ``HF_HOME``, and the ``posttrain`` logger restored afterwards (run() adds its handler and stops propagation)."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setenv("RANK", "0")
+    logger = logging.getLogger("posttrain")
+    for attribute in ("propagate", "level"):
+        monkeypatch.setattr(logger, attribute, getattr(logger, attribute))
+    monkeypatch.setattr(logger, "handlers", list(logger.handlers))
 
 
 @pytest.fixture(scope="session")

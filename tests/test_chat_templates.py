@@ -1,15 +1,13 @@
 """Chat rows and the tokenizer's chat template: what TRL raises once the models are loaded, the job says first."""
 
-import logging
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Iterator
 
 import pytest
 import torch
 import transformers
 from datasets import Dataset
-from helpers import REPO, load_template, tiny_job, trainer_with
+from helpers import load_template, tiny_job, trainer_with
 from trl.chat_template_utils import qwen2_5_chat_template
 
 from posttrain.components.messages import SpecError
@@ -21,15 +19,7 @@ LLAMA3 = {"name_or_path": tiny.NAME_LLAMA3}  # its chat template has no {% gener
 ASSISTANT_ONLY = SimpleNamespace(assistant_only_loss=True, chat_template_path=None)
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.chdir(REPO)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.setenv("RANK", "0")
-    logger = logging.getLogger("posttrain")
-    handlers, propagate = list(logger.handlers), logger.propagate
-    yield
-    logger.handlers, logger.propagate = handlers, propagate  # run() adds its handler
+pytestmark = pytest.mark.usefixtures("job_process")
 
 
 def run_refused(raw: dict, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> str:

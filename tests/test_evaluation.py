@@ -1,26 +1,17 @@
 """The evaluation's settings the job checks where they can first be known: at the first evaluation."""
 
 import json
-import logging
 from pathlib import Path
-from typing import Any, Dict, Iterator
+from typing import Any, Dict
 
 import pytest
-from helpers import REPO, assert_stopped_once, load_template, read_json, refusal, run_template, tiny_job, trainer_with
+from helpers import assert_stopped_once, load_template, read_json, refusal, run_template, tiny_job, trainer_with
 
 from posttrain.components.spec import validate
 from posttrain.entrypoints import runtime
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.chdir(REPO)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.setenv("RANK", "0")
-    logger = logging.getLogger("posttrain")
-    handlers, propagate = list(logger.handlers), logger.propagate
-    yield
-    logger.handlers, logger.propagate = handlers, propagate  # run() adds its handler
+pytestmark = pytest.mark.usefixtures("job_process")
 
 
 def run_sft(tmp_path: Path, **training: Any) -> Path:

@@ -1,14 +1,13 @@
 """The order of the training rows: what the spec and the job refuse of the sampling options, next to what the
 trainers do with them."""
 
-import logging
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from helpers import REPO, load_template, refusal, tiny_job, trainer_with
+from helpers import load_template, refusal, tiny_job, trainer_with
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from posttrain.components.spec import SpecError, validate
@@ -93,19 +92,14 @@ def test_length_grouping_needs_the_lengths_where_the_rows_hold_no_input_ids(tmp_
     rebalanced.get_eval_dataloader(job.train_dataset)
 
 
+@pytest.mark.usefixtures("job_process")
 def test_the_job_names_a_missing_length_column_before_any_model_loads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    monkeypatch.chdir(REPO)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.setenv("RANK", "0")
     monkeypatch.setattr(runtime, "load_model", lambda *args, **kwargs: pytest.fail("a model loaded"))
     raw = load_template("dpo/tiny.yaml")
     raw["training"].update(output_dir=str(tmp_path / "out"), train_sampling_strategy="batch_rebalance",
                            remove_unused_columns=False, length_column_name="tokens")  # fmt: skip
-    logger = logging.getLogger("posttrain")
-    monkeypatch.setattr(logger, "handlers", list(logger.handlers))  # run() adds its handler
-    monkeypatch.setattr(logger, "propagate", logger.propagate)
     with pytest.raises(SystemExit) as exit_info:
         runtime.run("dpo", argv=["--spec-json", validate(raw).to_json()])
     assert exit_info.value.code == 2

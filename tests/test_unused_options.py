@@ -1,13 +1,12 @@
 """Options a trainer reads only with another (or never): the spec refuses each, and training with all of them
 at once gives the losses training without them gives."""
 
-import logging
 from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
 import torch
-from helpers import REPO, load_template, refusal, tiny_job, trainer_with
+from helpers import load_template, refusal, tiny_job, trainer_with
 
 from posttrain.components.spec import SpecError, validate
 from posttrain.entrypoints import runtime
@@ -119,17 +118,11 @@ def test_sfts_loss_masks_need_their_kind_of_rows(tmp_path: Path) -> None:
         trainer_with(job, text, assistant_only_loss=True)
 
 
+@pytest.mark.usefixtures("job_process")
 def test_the_job_checks_the_loss_masks_before_any_model_loads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
-    monkeypatch.chdir(REPO)
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.setenv("RANK", "0")
     monkeypatch.setattr(runtime, "load_model", lambda *args, **kwargs: pytest.fail("a model loaded"))
-    logger = logging.getLogger("posttrain")
-    monkeypatch.setattr(logger, "handlers", list(logger.handlers))  # run() adds its handler,
-    monkeypatch.setattr(logger, "propagate", logger.propagate)  # stops propagation
-    monkeypatch.setattr(logger, "level", logger.level)  # and sets the level
     raw = load_template("sft/tiny.yaml")  # chat messages
     raw["training"].update(output_dir=str(tmp_path / "out"), completion_only_loss=True)
     with pytest.raises(SystemExit) as exit_info:
