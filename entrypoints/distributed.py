@@ -6,8 +6,10 @@ group with the backend it is given.
 """
 
 import contextlib
+import faulthandler
 import logging
 import os
+import signal
 import sys
 import time
 from datetime import timedelta
@@ -201,10 +203,16 @@ def report_done() -> None:
 
 
 def setup_logging() -> None:
-    """Rank 0 speaks; the others only warn. Only posttrain's own logger: libraries keep theirs."""
+    """Rank 0 speaks; the others only warn; any rank prints its stacks on SIGUSR1.
+
+    Only posttrain's own logger: libraries keep theirs.
+    """
     rank = env_rank()
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter(f"%(asctime)s posttrain[{rank}] %(levelname)s %(message)s"))
     log.addHandler(handler)
     log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     log.propagate = False
+    # a rank that hangs says where: `kill -USR1 PID` prints every thread's Python stack to its stderr
+    # (the job's log), and the rank goes on; py-spy needs ptrace, which containers often forbid
+    faulthandler.register(signal.SIGUSR1, all_threads=True)

@@ -148,6 +148,10 @@ if [[ $ACCOUNTING == 1 ]]; then
   scontrol reconfigure || true
 fi
 
+# 5c. jobs an earlier run of this cluster left: the controller recovers them from StateSaveLocation as they
+#     were, and one recovered as running (its processes died with that run) would hold its node for good
+scancel --user="$(id -un)" 2>/dev/null || true
+
 # 6. wait until every node is idle
 for _ in $(seq 60); do
   states=$(sinfo -h -o '%t' 2>/dev/null || true)

@@ -5,12 +5,15 @@ replica per node, rendezvousing through ``SLURM_JOB_NODELIST_HET_GROUP_0``.
 """
 
 import os
+import re
+import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import List
 
 import pytest
-from helpers import assert_succeeded, ends, free_port, read_json, torchx
+from helpers import REPO, assert_succeeded, ends, free_port, read_json, torchx
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
 
@@ -28,14 +31,17 @@ def slurm_cluster() -> None:
 
 def run_on_slurm(template: str, tmp_path: Path, output_dir: Path, args: List[str] = (), **env: str):
     algorithm = template.split("/")[0]
-    result = torchx(
-        [
-            "run", "-s", "slurm", "--wait", "--log", "--workspace", "", f"posttrain.{algorithm}",
-            "--spec", f"templates/{template}", "-j", "2x1", "--rdzv_port", str(free_port()), *args,
-            f"training.output_dir={output_dir}",
-        ],
-        tmp_path, timeout=900, **env,
-    )  # fmt: skip
+    try:
+        result = torchx(
+            [
+                "run", "-s", "slurm", "--wait", "--log", "--workspace", "", f"posttrain.{algorithm}",
+                "--spec", f"templates/{template}", "-j", "2x1", "--rdzv_port", str(free_port()), *args,
+                f"training.output_dir={output_dir}",
+            ],
+            tmp_path, timeout=600, **env,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as timeout:
+        pytest.fail(hung_job_report((timeout.stdout or b"").decode()))
     assert_succeeded(result)
     handle = next(line for line in result.stdout.splitlines() if line.startswith("slurm://"))
     return result, handle
@@ -81,3 +87,41 @@ def test_deepspeed_launcher_with_zero2_on_slurm(tmp_path: Path) -> None:
     assert (summary["world_size"], summary["nnodes"]) == (2, 2) and summary["engine"]["zero_stage"] == 2
     first, last = ends(output_dir, "loss")
     assert last <= 0.7 * first
+
+
+def hung_job_report(client_stdout: str) -> str:
+    """Where a job that outlived its test hangs; the job is cancelled, so that it holds no node for the next test.
+
+    Every rank prints its stacks on SIGUSR1 (``distributed.setup_logging``)
+    into the job's logs, ``slurm-<id>-*`` in the repository (the job's
+    working directory); the report is their tails.
+    """
+    found = re.search(r"slurm://torchx/(\d+)", client_stdout)
+    if found is None:
+        return f"torchx timed out before Slurm took the job; it printed: {client_stdout!r}"
+    job_id = found.group(1)
+    for pid in ranks_of(job_id):
+        os.kill(pid, signal.SIGUSR1)
+    time.sleep(5)  # torchrun's --tee copies the ranks' stderr into the job's log every second or so
+    subprocess.run(["scancel", job_id], check=False)
+    tails = [
+        f"--- {log.name}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-60:])
+        for log in sorted(REPO.glob(f"slurm-{job_id}*"))
+    ]
+    return f"job {job_id} still ran after 600 s (cancelled); the end of its logs:\n" + "\n".join(tails)
+
+
+def ranks_of(job_id: str) -> List[int]:
+    """The PIDs of the job's training processes (not torchrun's agents), all on this one-host cluster."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            command = (proc / "cmdline").read_bytes().split(b"\0")
+            environ = (proc / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError):
+            continue  # not a process, or gone
+        is_rank = b"-m" in command and any(part.startswith(b"posttrain.entrypoints.") for part in command)
+        is_rank = is_rank and b"torch.distributed.run" not in command
+        if is_rank and f"SLURM_JOB_ID={job_id}".encode() in environ:
+            pids.append(int(proc.name))
+    return pids
