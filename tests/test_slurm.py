@@ -10,12 +10,15 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import List
+from typing import List, Tuple
 
 import pytest
 from helpers import REPO, assert_succeeded, ends, free_port, read_json, torchx
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
+
+# a job here takes 10 to 60 s
+JOB_TIMEOUT_S = 600
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -38,7 +41,7 @@ def run_on_slurm(template: str, tmp_path: Path, output_dir: Path, args: List[str
                 "--spec", f"templates/{template}", "-j", "2x1", "--rdzv_port", str(free_port()), *args,
                 f"training.output_dir={output_dir}",
             ],
-            tmp_path, timeout=600, **env,
+            tmp_path, timeout=JOB_TIMEOUT_S, **env,
         )  # fmt: skip
     except subprocess.TimeoutExpired as timeout:
         pytest.fail(hung_job_report((timeout.stdout or b"").decode()))
@@ -92,36 +95,39 @@ def test_deepspeed_launcher_with_zero2_on_slurm(tmp_path: Path) -> None:
 def hung_job_report(client_stdout: str) -> str:
     """Where a job that outlived its test hangs; the job is cancelled, so that it holds no node for the next test.
 
-    Every rank prints its stacks on SIGUSR1 (``distributed.setup_logging``)
-    into the job's logs, ``slurm-<id>-*`` in the repository (the job's
-    working directory); the report is their tails.
+    The report lists the job's processes (a task that never started, an
+    agent or a rank stuck), and the tails of the job's logs, ``slurm-<id>-*``
+    in the repository (its working directory), after every rank printed its
+    stacks there (SIGUSR1, see ``distributed.setup_logging``).
     """
     found = re.search(r"slurm://torchx/(\d+)", client_stdout)
     if found is None:
         return f"torchx timed out before Slurm took the job; it printed: {client_stdout!r}"
     job_id = found.group(1)
-    for pid in ranks_of(job_id):
-        os.kill(pid, signal.SIGUSR1)
+    processes = job_processes(job_id)
+    for pid, _, command in processes:
+        if "posttrain.entrypoints." in command and "torch.distributed.run" not in command:  # a rank, not an agent
+            os.kill(pid, signal.SIGUSR1)
     time.sleep(5)  # torchrun's --tee copies the ranks' stderr into the job's log every second or so
     subprocess.run(["scancel", job_id], check=False)
+    listing = [f"{pid} {state} {command[:160]}" for pid, state, command in processes]
     tails = [
         f"--- {log.name}:\n" + "\n".join(log.read_text(errors="replace").splitlines()[-60:])
         for log in sorted(REPO.glob(f"slurm-{job_id}*"))
     ]
-    return f"job {job_id} still ran after 600 s (cancelled); the end of its logs:\n" + "\n".join(tails)
+    return "\n".join([f"job {job_id} still ran after {JOB_TIMEOUT_S} s (cancelled); its processes:", *listing, *tails])
 
 
-def ranks_of(job_id: str) -> List[int]:
-    """The PIDs of the job's training processes (not torchrun's agents), all on this one-host cluster."""
-    pids = []
+def job_processes(job_id: str) -> List[Tuple[int, str, str]]:
+    """(PID, state, command line) of every process of the job, all on this one-host cluster."""
+    processes = []
     for proc in Path("/proc").iterdir():
         try:
-            command = (proc / "cmdline").read_bytes().split(b"\0")
             environ = (proc / "environ").read_bytes().split(b"\0")
-        except (OSError, ValueError):
+            command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, ValueError, IndexError):
             continue  # not a process, or gone
-        is_rank = b"-m" in command and any(part.startswith(b"posttrain.entrypoints.") for part in command)
-        is_rank = is_rank and b"torch.distributed.run" not in command
-        if is_rank and f"SLURM_JOB_ID={job_id}".encode() in environ:
-            pids.append(int(proc.name))
-    return pids
+        if f"SLURM_JOB_ID={job_id}".encode() in environ:
+            processes.append((int(proc.name), state, command))
+    return processes
