@@ -213,6 +213,7 @@ def setup_logging() -> None:
     log.addHandler(handler)
     log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     log.propagate = False
-    # a rank that hangs says where: `kill -USR1 PID` prints every thread's Python stack to its stderr
-    # (the job's log), and the rank goes on; py-spy needs ptrace, which containers often forbid
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # a rank that hangs says where: `kill -USR1 PID` prints every thread's Python stack to the process's
+    # stderr (the job's log; a file descriptor, which a replaced sys.stderr may lack), and the rank goes on;
+    # py-spy needs ptrace, which containers often forbid
+    faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)

@@ -257,6 +257,23 @@ def test_a_hanging_rank_ends_the_job_within_the_timeout(tmp_path: Path) -> None:
     assert f"Timed out waiting {timeout_s * 1000}ms" in logs
 
 
+def test_a_rank_prints_where_it_waits_on_sigusr1_and_goes_on() -> None:
+    # how a hung job says where it hangs (tests/test_slurm.py signals the ranks of a job that outlives its test)
+    code = """if True:
+        import os, signal, time
+        from posttrain.entrypoints import distributed
+        distributed.setup_logging()
+        def waits_here():
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(0.5)
+        waits_here()
+        print("went on")
+    """
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout == "went on\n", result.stderr
+    assert "Current thread" in result.stderr and "in waits_here" in result.stderr
+
+
 # ---------------------------------------------------------------- restarts, kills, preemption
 
 
