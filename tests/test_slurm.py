@@ -106,7 +106,7 @@ def hung_job_report(client_stdout: str) -> str:
     job_id = found.group(1)
     processes = job_processes(job_id)
     for pid, _, command in processes:
-        if "posttrain.entrypoints." in command and "torch.distributed.run" not in command:  # a rank, not an agent
+        if " -u -m posttrain.entrypoints." in command:  # a rank (as torchrun and DeepSpeed start them), not a launcher
             os.kill(pid, signal.SIGUSR1)
     time.sleep(5)  # torchrun's --tee copies the ranks' stderr into the job's log every second or so
     subprocess.run(["scancel", job_id], check=False)
