@@ -8,7 +8,7 @@
 #                      (torchx 0.7.0's slurm status/describe/list shell out to sacct)
 # Usage:  [NODES=2] [ACCOUNTING=1] bash schedulers_config/slurm_up.sh
 #         export SLURM_CONF=$SLURM_ROOT/slurm.conf   # for sinfo/sbatch/srun/torchx
-#         bash schedulers_config/slurm_up.sh down      # stop every daemon by its recorded PID
+#         bash schedulers_config/slurm_up.sh down      # cancel its jobs, stop every daemon by its recorded PID
 # Used by .ci/run (NODES=2 ACCOUNTING=1) for the Slurm end-to-end tests (tests/test_slurm.py).
 set -euo pipefail
 SLURM_ROOT=${SLURM_ROOT:-/tmp/slurm}
@@ -20,6 +20,14 @@ H1=$(hostname)          # "vm" here; resolves via /etc/hosts
 H2=localhost
 
 if [[ "${1:-}" == "down" ]]; then
+  # jobs first: a job's processes outlive the daemons, and its record in the saved state would come back running
+  ctld=$SLURM_ROOT/run/slurmctld.pid
+  if [[ -f $ctld ]] && kill -0 "$(cat "$ctld")" 2>/dev/null; then
+    SLURM_CONF=$SLURM_ROOT/slurm.conf scancel --user="$(id -un)" 2>/dev/null || true
+    for _ in $(seq 20); do
+      [[ -z $(SLURM_CONF=$SLURM_ROOT/slurm.conf squeue -h 2>/dev/null) ]] && break; sleep 0.5
+    done
+  fi
   # our own PID records (daemons delete their own pid files on SIGTERM); stop compute side first
   for name in slurmd-$H2 slurmd-$H1 slurmctld slurmdbd mariadbd munged; do
     f=$SLURM_ROOT/run/$name.pid; [[ -f $f ]] || continue
