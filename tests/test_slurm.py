@@ -17,7 +17,7 @@ from helpers import REPO, assert_succeeded, ends, free_port, read_json, torchx
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
 
-# a job here takes 10 to 60 s
+# a job here takes 10 s (GRPO) to about 200 s (the requeued one: a failed run, then Slurm requeues it)
 JOB_TIMEOUT_S = 600
 
 
