@@ -207,13 +207,13 @@ class Spec(_Strict):
                 found.append(
                     f"data.{name}: give exactly one of path (a local JSON/JSONL/Parquet file) or name (a hub data set)"
                 )
-            elif source is not None and source.path is not None:  # a split or config would be ignored
-                for key, value in (("config", source.config), ("split", None if source.split == "train" else source.split)):
-                    if value is not None:
-                        found.append(
-                            f"data.{name}.{key}: {value!r} applies to hub data sets (data.{name}.name); a local file "
-                            "is one split: remove it"
-                        )
+            elif source is not None and source.path is not None:  # a file is one split; save_to_disk's dict has several
+                a_file = source.path.endswith((".json", ".jsonl", ".parquet", ".csv"))
+                split = source.split if source.split != "train" and a_file else None
+                found += [
+                    f"data.{name}.{key}: {value!r} applies to hub data sets (data.{name}.name); a local file is one "
+                    "split: remove it" for key, value in (("config", source.config), ("split", split)) if value is not None
+                ]
         if self.resume not in ("auto", "never") and not self.resume.strip():
             found.append("resume: expected auto, never or a checkpoint path; got an empty string")
         elif self.resume not in ("auto", "never") and "/" not in self.resume:

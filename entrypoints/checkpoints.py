@@ -1,40 +1,116 @@
-"""Resume: which checkpoint a job continues from, and files written so a kill never leaves half of one.
+"""Resume: which checkpoint a job continues from, checked before it is trusted; files written whole.
 
-``resume: auto`` takes the newest complete checkpoint in ``output_dir`` if
+``resume: auto`` takes the newest sound checkpoint in ``output_dir`` if
 the spec that wrote it (``posttrain_spec.json``) matches this one in every
-training-relevant key; ``never`` refuses a directory that holds checkpoints;
-a path resumes from that checkpoint.
+training-relevant key, and the data and the global batch it was trained on
+are the ones this job has (``posttrain_inputs.json`` in the checkpoint);
+``never`` refuses a directory that holds checkpoints; a path resumes from
+that checkpoint whatever changed. A finished model of another spec is never
+overwritten. A damaged checkpoint (a file cut short, unreadable, or missing
+its state) is named and passed over for the one before; nothing is deleted.
 """
 
+import contextlib
+import errno
+import hashlib
 import json
+import logging
 import os
 import re
+import shutil
+import struct
+import zipfile
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from transformers import TrainerCallback
+
+from posttrain.components.fields import config_value
 from posttrain.components.messages import SpecError
 from posttrain.components.schema import Spec
 from posttrain.components.spec import NOT_TRAINING_RELEVANT, spec_diff
 from posttrain.entrypoints.summary import SUMMARY_FILE
 
+log = logging.getLogger("posttrain")
+
 SPEC_FILE = "posttrain_spec.json"
+INPUTS_FILE = "posttrain_inputs.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+# torch.save's files (zip archives) and JSON: what a checkpoint of any trainer here holds besides safetensors
+_TORCH_SUFFIXES = (".pt", ".pth", ".bin")
+_WHOLE_HASH_BYTES = 64 << 20  # data files up to this size are hashed whole; larger ones by size, time, head and tail
+
+
+def checkpoint_steps(output_dir: Path) -> List[Tuple[int, Path]]:
+    """Every ``checkpoint-<step>`` folder, oldest first; other folders (a user's ``checkpoint-best``) are not ours."""
+    if not output_dir.is_dir():
+        return []
+    found = [(int(m.group(1)), child) for child in output_dir.iterdir() if (m := _CHECKPOINT.match(child.name))]
+    return sorted((step, path) for step, path in found if path.is_dir())
 
 
 def complete_checkpoints(output_dir: Path) -> List[Path]:
-    """Checkpoints whose save finished, oldest first.
+    """Checkpoints whose save finished and whose files are whole, oldest first.
 
     The Trainer writes ``trainer_state.json`` last: a checkpoint without a
     readable one was interrupted mid-save and is never resumed from.
     """
-    if not output_dir.is_dir():
-        return []
-    found = []
-    for child in output_dir.iterdir():
-        match = _CHECKPOINT.match(child.name)
-        if match and child.is_dir() and _readable_state(child / "trainer_state.json"):
-            found.append((int(match.group(1)), child))
-    return [path for _, path in sorted(found)]
+    return [path for _, path in checkpoint_steps(output_dir) if checkpoint_problem(path) is None]
+
+
+def checkpoint_problem(checkpoint: Path) -> Optional[str]:
+    """What makes ``checkpoint`` unusable, or None: its state unreadable, a file unreadable or cut short.
+
+    Reads headers only (safetensors' header against the file's size, a zip's
+    directory at its end): cheap for any model size.
+    """
+    if not _readable_state(checkpoint / "trainer_state.json"):
+        return "no readable trainer_state.json (its save was interrupted)"
+    for path in sorted(checkpoint.rglob("*")):
+        if path.is_file():
+            problem = file_problem(path)
+            if problem is not None:
+                return f"{path.relative_to(checkpoint)}: {problem}"
+    return None
+
+
+def file_problem(path: Path) -> Optional[str]:
+    """Why a weights, torch or JSON file is not whole, or None (other files are not looked into)."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as stream:
+            if path.suffix == ".safetensors":
+                return _safetensors_problem(stream, size)
+            if path.suffix in _TORCH_SUFFIXES and size > 0:
+                try:
+                    with zipfile.ZipFile(stream) as archive:
+                        ends = max((i.header_offset + i.compress_size for i in archive.infolist()), default=0)
+                except zipfile.BadZipFile:
+                    return f"not a whole torch file ({size} bytes)"
+                return None if ends <= size else f"cut short at {size} bytes"
+            if path.suffix == ".json":
+                json.loads(stream.read())
+    except OSError as error:
+        return f"unreadable ({error.strerror})"
+    except ValueError:
+        return "not valid JSON"
+    return None
+
+
+def _safetensors_problem(stream: Any, size: int) -> Optional[str]:
+    head = stream.read(8)
+    if len(head) < 8:
+        return f"cut short at {size} bytes"
+    (header_size,) = struct.unpack("<Q", head)
+    if 8 + header_size > size:
+        return f"cut short at {size} bytes (its header alone is {header_size} bytes)"
+    try:
+        header = json.loads(stream.read(header_size))
+    except ValueError:
+        return "its header is not valid JSON"
+    ends = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
+    expected = 8 + header_size + ends
+    return None if expected <= size else f"cut short at {size} of {expected} bytes"
 
 
 def _readable_state(path: Path) -> bool:
@@ -44,9 +120,14 @@ def _readable_state(path: Path) -> bool:
         return False
 
 
-def resolve_resume(spec: Spec, output_dir: Path) -> Optional[str]:
-    """The checkpoint to resume from per ``resume``, or None to start fresh."""
+def resolve_resume(spec: Spec, output_dir: Path, inputs: Dict[str, Any]) -> Optional[str]:
+    """The checkpoint to resume from per ``resume``, or None to start fresh.
+
+    ``inputs`` is what this job trains on (:func:`job_inputs`); ``resume:
+    auto`` refuses a checkpoint trained on other data or another global batch.
+    """
     checkpoints = complete_checkpoints(output_dir)
+    _say_damaged(output_dir, checkpoints[-1] if checkpoints else None)
     if spec.resume == "never":
         if checkpoints:
             raise SpecError(
@@ -58,12 +139,14 @@ def resolve_resume(spec: Spec, output_dir: Path) -> Optional[str]:
         return None
     if spec.resume != "auto":
         path = Path(spec.resume)
-        if not _readable_state(path / "trainer_state.json"):
-            if not path.is_dir():
-                raise SpecError([f"resume: {spec.resume!r} is neither auto, never nor an existing checkpoint directory"])
-            raise SpecError([f"resume: {path} is not a complete checkpoint (no readable trainer_state.json)"])
+        if not path.is_dir():
+            raise SpecError([f"resume: {spec.resume!r} is neither auto, never nor an existing checkpoint directory"])
+        problem = checkpoint_problem(path)
+        if problem is not None:
+            raise SpecError([f"resume: {path} is not a complete checkpoint: {problem}"])
         return str(path)
     if not checkpoints:
+        _check_finished_model(spec, output_dir)
         return None
     saved_path = output_dir / SPEC_FILE
     if not saved_path.is_file():
@@ -81,7 +164,139 @@ def resolve_resume(spec: Spec, output_dir: Path) -> Optional[str]:
                 "use another training.output_dir, or set resume to the checkpoint path to continue anyway"
             ]
         )
+    _check_same_inputs(checkpoints[-1], inputs)
     return str(checkpoints[-1])
+
+
+def _say_damaged(output_dir: Path, sound: Optional[Path]) -> None:
+    """One line per checkpoint newer than the sound one that cannot be resumed from (rank 0 says it)."""
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    newest_sound = -1 if sound is None else int(sound.name.split("-")[1])
+    for step, path in checkpoint_steps(output_dir):
+        problem = None if step <= newest_sound else checkpoint_problem(path)
+        if problem is not None:
+            instead = f"resuming from {sound.name}" if sound is not None else "no sound checkpoint before it"
+            log.warning("resume: %s is damaged (%s); %s, leaving it as it is", path, problem, instead)
+
+
+def _check_finished_model(spec: Spec, output_dir: Path) -> None:
+    """A run without checkpoints never overwrites a model another spec (or something else) left in output_dir."""
+    saved_path = output_dir / SPEC_FILE
+    if saved_path.is_file() and (output_dir / SUMMARY_FILE).is_file():
+        saved = json.loads(saved_path.read_text())
+        differences = [d for d in spec_diff(saved, spec.model_dump(mode="json")) if d[0] not in NOT_TRAINING_RELEVANT]
+        if differences:
+            shown = "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in differences)
+            raise SpecError(
+                [
+                    f"training.output_dir: {output_dir} holds the finished model of a different spec ({shown}); "
+                    "use another training.output_dir, or remove that model first"
+                ]
+            )
+    elif not saved_path.is_file() and any((output_dir / name).is_file() for name in ("config.json", "model.safetensors")):
+        raise SpecError(
+            [
+                f"training.output_dir: {output_dir} holds a model that posttrain did not train (no {SPEC_FILE}); "
+                "use another training.output_dir, so that model is not overwritten"
+            ]
+        )
+
+
+def job_inputs(spec: Spec, training: Dict[str, Any], world_size: int, datasets: Any) -> Dict[str, Any]:
+    """What a checkpoint depends on besides its spec: each data source's fingerprint and the global batch."""
+    per_device = config_value(spec.config_class, training, "per_device_train_batch_size")
+    accumulation = config_value(spec.config_class, training, "gradient_accumulation_steps")
+    sources = {"data.train": spec.data.train, "data.eval": spec.data.eval}
+    return {
+        "data": {where: data_fingerprint(sources[where], dataset) for where, dataset in datasets},
+        "global_batch": {
+            "processes": world_size,
+            "per_device_train_batch_size": per_device,
+            "gradient_accumulation_steps": accumulation,
+        },
+    }
+
+
+def data_fingerprint(source: Any, dataset: Any) -> Dict[str, Any]:
+    """A local file by its contents (whole, or size, time, head and tail when large); else the data set's own."""
+    path = Path(source.path) if source.path is not None else None
+    if path is None or not path.is_file():
+        return {"source": source.path or source.name, "fingerprint": getattr(dataset, "_fingerprint", None)}
+    stat = path.stat()
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        if stat.st_size <= _WHOLE_HASH_BYTES:
+            for chunk in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(chunk)
+            return {"source": str(path), "bytes": stat.st_size, "sha256": digest.hexdigest()}
+        digest.update(stream.read(1 << 20))
+        stream.seek(-(1 << 20), os.SEEK_END)
+        digest.update(stream.read())
+    return {"source": str(path), "bytes": stat.st_size, "mtime": stat.st_mtime, "sha256_head_tail": digest.hexdigest()}
+
+
+def _check_same_inputs(checkpoint: Path, inputs: Dict[str, Any]) -> None:
+    """``resume: auto`` continues only what the checkpoint was trained on (a checkpoint without a record passes)."""
+    try:
+        recorded = json.loads((checkpoint / INPUTS_FILE).read_text())
+    except OSError:
+        return
+    changes = []
+    for where, now in inputs["data"].items():
+        before = recorded["data"].get(where)
+        if before != now:
+            changes.append(f"{where} ({now['source']}) changed since it was saved")
+    before, now = recorded["global_batch"], inputs["global_batch"]
+    if before != now:
+        changes.append(f"the global batch was {_batch_text(before)} and is now {_batch_text(now)}")
+    if changes:
+        raise SpecError(
+            [
+                f"resume: auto found {checkpoint}, but {'; '.join(changes)}; run as it was (the same data and -j), "
+                "use another training.output_dir, or set resume to the checkpoint path to continue anyway"
+            ]
+        )
+
+
+def _batch_text(batch: Dict[str, int]) -> str:
+    factors = [batch["processes"], batch["per_device_train_batch_size"], batch["gradient_accumulation_steps"]]
+    return f"{factors[0] * factors[1] * factors[2]} ({' x '.join(map(str, factors))}: processes x per device x accumulation)"
+
+
+def check_room(output_dir: Path, spec: Spec, training: Dict[str, Any]) -> None:
+    """Room in ``output_dir``'s file system for what the run writes first: a checkpoint (weights and the
+    optimizer's two moments), or the final weights alone; estimated from a local model's weight files."""
+    model = Path(spec.model.name_or_path).expanduser()
+    if not model.is_dir():
+        return
+    weights = sum(path.stat().st_size for path in model.glob("*.safetensors")) or sum(
+        path.stat().st_size for path in model.glob("*.bin")
+    )
+    saves = config_value(spec.config_class, training, "save_strategy") != "no" and spec.model.lora is None
+    needed = weights * (3 if saves else 1)
+    existing = next(path for path in (output_dir, *output_dir.absolute().parents) if path.exists())
+    free = shutil.disk_usage(existing).free
+    if free < needed:
+        what = "one checkpoint (the weights and the optimizer's state)" if saves else "the trained weights"
+        raise SpecError(
+            [
+                f"training.output_dir: {output_dir} has {free / 2**20:.1f} MiB free; {what} of {model} needs about "
+                f"{needed / 2**20:.1f} MiB: make room, or use another output_dir"
+            ]
+        )
+
+
+class RecordInputs(TrainerCallback):
+    """Records in each checkpoint, as it is saved, the data and global batch it was trained on (rank 0)."""
+
+    def __init__(self, inputs: Dict[str, Any]) -> None:
+        self.inputs = inputs
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if state.is_world_process_zero and checkpoint.is_dir():
+            write_json_atomic(checkpoint / INPUTS_FILE, self.inputs)
 
 
 def already_finished(output_dir: Path, checkpoint: Path, max_steps: int) -> bool:
@@ -107,3 +322,45 @@ def write_json_atomic(path: Path, data: Any) -> None:
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
     os.replace(temporary, path)
+
+
+@contextlib.contextmanager
+def disk_errors(output_dir: Path) -> Iterator[None]:
+    """A write that fails for lack of room or a read-only file system ends this rank with one line.
+
+    torch.save says a failed write as a RuntimeError of its stream writer
+    ("basic_ios::clear: iostream error", then "unexpected pos"), not an
+    OSError. A checkpoint left half-written is passed over by the next resume.
+    """
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        raise SpecError([_write_failed(output_dir, error.strerror)], this_rank_only=True) from None
+    except RuntimeError as error:
+        if not _failed_write(error):
+            raise
+        raise SpecError([_write_failed(output_dir, None)], this_rank_only=True) from None
+
+
+def _failed_write(error: Optional[BaseException]) -> bool:
+    while error is not None:
+        if any(sign in str(error) for sign in ("iostream error", "file write failed", "PytorchStreamWriter failed")):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _write_failed(output_dir: Path, reason: Optional[str]) -> str:
+    try:
+        free = shutil.disk_usage(output_dir).free
+    except OSError:
+        free = None
+    if reason is None:  # torch's writer does not say why: a full disk is the usual reason
+        reason = "No space left on device" if free is not None and free < 1 << 20 else "the write failed"
+    shown = "free space unknown" if free is None else f"{free / 2**20:.1f} MiB free"
+    return (
+        f"training.output_dir: writing into {output_dir} failed: {reason} ({shown}); make room (or a writable "
+        "place) and run the same command again: it resumes from the last whole checkpoint"
+    )

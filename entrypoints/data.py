@@ -33,7 +33,7 @@ def load_data(
     datasets.disable_progress_bars()
     if source.path is not None:
         path = Path(source.path)
-        dataset = _load_file(path, where, datasets)
+        dataset = _load_saved(path, source.split, where, datasets) if path.is_dir() else _load_file(path, where, datasets)
     else:
         path = None
         dataset = _load_hub(source, where, datasets)
@@ -78,6 +78,22 @@ def _load_file(path: Path, where: str, datasets: Any) -> Any:
         raise SpecError([f"{where}.path: cannot read {path}: {first_line(reason)}"]) from None
     finally:
         datasets.logging.set_verbosity(verbosity)
+
+
+def _load_saved(path: Path, split: str, where: str, datasets: Any) -> Any:
+    """A directory ``save_to_disk`` wrote: a data set, or a dict of them (``split`` picks one)."""
+    if not any((path / name).is_file() for name in ("state.json", "dataset_dict.json")):
+        raise SpecError([f"{where}.path: {path} is a directory, but not one datasets' save_to_disk wrote (no "
+                         "state.json or dataset_dict.json); name a .json, .jsonl, .parquet or .csv file"])  # fmt: skip
+    try:
+        loaded = datasets.load_from_disk(str(path))
+    except (OSError, ValueError) as error:
+        raise SpecError([f"{where}.path: cannot read {path}: {first_line(error)}"]) from None
+    if isinstance(loaded, datasets.DatasetDict):
+        if split not in loaded:
+            raise SpecError([f"{where}.split: {path} has no split {split!r}; it has {', '.join(loaded)}"])
+        return loaded[split]
+    return loaded
 
 
 def _load_hub(source: DataSource, where: str, datasets: Any) -> Any:
@@ -202,6 +218,7 @@ def _value_kind(value: Any) -> str:
 
 def check_column(dataset: Any, column: str, where: str) -> None:
     """The column holds what the trainers expect, in every row: by its feature, row by row only for mixed JSON."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     expected = EXPECTED_KINDS.get(column)
@@ -226,6 +243,16 @@ def check_column(dataset: Any, column: str, where: str) -> None:
             [f"{where}: column {column} is missing or null in {values.null_count} of {len(dataset)} rows "
              f"(the first: row {first})"]
         )  # fmt: skip
+    if column == "prompt":  # nothing to condition on; a tokenizer that adds no BOS makes it no token at all
+        kind = values.type
+        lengths = pc.utf8_length(pc.utf8_trim_whitespace(values)) if kind in (pa.string(), pa.large_string()) else (
+            pc.list_value_length(values) if pa.types.is_list(kind) or pa.types.is_large_list(kind) else None
+        )  # fmt: skip
+        empty = [] if lengths is None else [row for row, length in enumerate(lengths.to_pylist(), 1) if length == 0]
+        if empty:
+            shown = ", ".join(map(str, empty[:5])) + (", ..." if len(empty) > 5 else "")
+            raise SpecError([f"{where}: column prompt is empty in {len(empty)} of {len(dataset)} rows (rows {shown}); "
+                             "give every row a prompt, or drop those rows"])  # fmt: skip
 
 
 def check_pairs(dataset: Any, where: str) -> None:

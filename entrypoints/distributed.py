@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -139,6 +140,16 @@ def all_ranks_agree() -> Iterator[None]:
         raise SpecError(first.split("\n")) from None
 
 
+def lost_a_peer(error: BaseException) -> bool:
+    """Whether a collective failed because another rank's process ended (gloo: its socket closed)."""
+    chain: Optional[BaseException] = error
+    while chain is not None:
+        if any(sign in str(chain) for sign in ("Connection closed by peer", "Connection reset by peer")):
+            return True
+        chain = chain.__cause__ or chain.__context__
+    return False
+
+
 # How long a rank lets gloo's worker threads finish before the interpreter exits (see destroy_process_group)
 GLOO_DRAIN_S = 0.1
 
@@ -217,3 +228,39 @@ def setup_logging() -> None:
     # stderr (the job's log; a file descriptor, which a replaced sys.stderr may lack), and the rank goes on;
     # py-spy needs ptrace, which containers often forbid
     faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
+
+
+def end_with_the_launchers_parent(poll_s: float = 1.0) -> None:
+    """Ends the job when whatever started torchrun dies: no ranks training on as orphans.
+
+    On ``local_cwd`` the ``torchx run`` client starts torchrun; killed (its
+    terminal closed), it leaves torchrun and the ranks running, and a rerun of
+    the same command would then meet them in ``output_dir``. The first rank
+    of each node watches torchrun's parent; once it is gone, torchrun gets
+    SIGTERM, as from a scheduler's preemption: the ranks save a checkpoint at
+    the step's end and stop, and the rerun resumes from it.
+    """
+    if "TORCHELASTIC_RUN_ID" not in os.environ or os.environ.get("LOCAL_RANK", "0") != "0":
+        return  # not under torchrun (DeepSpeed's launcher, a test in process), or not the node's first rank
+    agent = os.getppid()
+    parent = _parent_of(agent)
+    if parent is None or parent <= 1:
+        return  # torchrun is a container's first process, or was already left by its parent
+
+    def watch() -> None:
+        while _parent_of(agent) == parent:
+            time.sleep(poll_s)
+        log.warning("the process that started this job (pid %d) is gone: stopping the job, as at a preemption", parent)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(agent, signal.SIGTERM)
+
+    threading.Thread(target=watch, name="posttrain-launcher-watch", daemon=True).start()
+
+
+def _parent_of(pid: int) -> Optional[int]:
+    """A process's parent from ``/proc`` (Linux), or None where it cannot be read."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])  # after "pid (name) state": the name may hold spaces

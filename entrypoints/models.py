@@ -21,7 +21,7 @@ import torch
 
 from posttrain.components.messages import SpecError
 from posttrain.components.schema import Spec
-from posttrain.entrypoints.checkpoints import complete_checkpoints
+from posttrain.entrypoints.checkpoints import complete_checkpoints, file_problem
 from posttrain.entrypoints.data import first_line
 
 CAUSAL_LM = "AutoModelForCausalLM"
@@ -223,6 +223,7 @@ def check_model_options(spec: Spec) -> None:
 def check_model_paths(spec: Spec) -> None:
     """Every local model directory the job loads, checked before the first loads (reward models: resolve_rewards)."""
     check_model_path(spec.model.name_or_path)
+    check_weight_shapes(spec.model.name_or_path, spec)
     for field in spec.extra_models:
         name_or_path = EXTRA_MODELS[field][0](spec)
         if name_or_path is not None and name_or_path != spec.model.name_or_path:
@@ -271,6 +272,42 @@ def check_model_path(name_or_path: str, where: str = "model.name_or_path") -> No
         checkpoints = complete_checkpoints(path)  # a run that stopped before its final save
         hint = f"; it holds {checkpoints[-1].name} (an unfinished run?): name that directory" if checkpoints else ""
         raise SpecError([f"{where}: {name_or_path} is not a model directory: no " + ", no ".join(lacking) + hint])
+    for weights in sorted(path.glob("*.safetensors")):  # a copy cut short loads as a traceback on every rank
+        problem = file_problem(weights)
+        if problem is not None:
+            raise SpecError([f"{where}: {weights} is not whole: {problem}; copy the model again"])
+
+
+def check_weight_shapes(name_or_path: str, spec: Spec) -> None:
+    """The weights of a local model directory have the shapes its ``config.json`` makes.
+
+    transformers would print a load report and raise on every rank; the model
+    built on the meta device (no weights) against the weight files' headers
+    (no tensors read) says it once, before any model loads.
+    """
+    import transformers
+    from safetensors import safe_open
+
+    path = Path(name_or_path).expanduser()
+    files = sorted(path.glob("*.safetensors")) if (path / "config.json").is_file() else []
+    if not files:
+        return  # a built-in, a hub id, an adapter or .bin weights: loading checks them
+    model = spec.model
+    try:
+        config = transformers.AutoConfig.from_pretrained(str(path), trust_remote_code=model.trust_remote_code)
+        with torch.device("meta"):
+            built = getattr(transformers, spec.model_class).from_config(config, trust_remote_code=model.trust_remote_code)
+    except (OSError, ValueError, ImportError):
+        return  # a config transformers cannot build from: loading says why
+    expected = {key: list(tensor.shape) for key, tensor in built.state_dict().items()}
+    for weights in files:
+        with safe_open(str(weights), framework="pt") as stored:
+            for key in stored.keys():
+                shape = list(stored.get_slice(key).get_shape())
+                if key in expected and shape != expected[key]:
+                    raise SpecError([f"model.name_or_path: {weights} holds {key} of shape {shape}, where {path}/"
+                                     f"config.json makes it {expected[key]}: the weights and config.json are of "
+                                     "different models"])  # fmt: skip
 
 
 def _written_by(name_or_path: str) -> str:

@@ -87,6 +87,7 @@ from transformers.integrations import get_reporting_integration_callbacks
 from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging as hf_logging
 
+from posttrain.entrypoints.checkpoints import checkpoint_steps
 from posttrain.entrypoints.ppo_math import (
     adapted_kl_coef,
     masked_mean,
@@ -292,6 +293,7 @@ class PPOTrainer:
             self._callback("on_step_end")
             if self.control.should_save or (state.save_steps and state.global_step % state.save_steps == 0):
                 self._save_checkpoint()
+                self._callback("on_save")
                 self.control.should_save = False
             if self.control.should_training_stop:
                 break
@@ -369,7 +371,7 @@ class PPOTrainer:
         limit = self.args.save_total_limit
         if not limit:
             return
-        checkpoints = sorted(Path(self.args.output_dir).glob("checkpoint-*"), key=lambda p: int(p.name.split("-")[1]))
+        checkpoints = [path for _, path in checkpoint_steps(Path(self.args.output_dir))]  # not a user's checkpoint-best
         for old in checkpoints[:-limit]:
             shutil.rmtree(old, ignore_errors=True)
 

@@ -34,6 +34,7 @@ What happens where: ``distributed.py`` (the process group), ``sharding.py``
 """
 
 import argparse
+import contextlib
 import dataclasses
 import importlib.util
 import json
@@ -50,10 +51,10 @@ from posttrain.components.fields import config_fields
 from posttrain.components.messages import SpecError
 from posttrain.components.schema import CHECKPOINTING_OPTIONS, Spec
 from posttrain.components.spec import spec_from_json
-from posttrain.entrypoints import distributed, fast_paths, vllm_generation, vllm_server
+from posttrain.entrypoints import checkpoints, distributed, fast_paths, lease, vllm_generation, vllm_server
 from posttrain.entrypoints.callbacks import BestMetricCheck, FaultInjection, Preemption, ProgressLog, TokenCounter
 from posttrain.entrypoints.chat_templates import check_chat_template, check_reward_templates
-from posttrain.entrypoints.checkpoints import SPEC_FILE, already_finished, resolve_resume, write_json_atomic
+from posttrain.entrypoints.checkpoints import SPEC_FILE, already_finished, write_json_atomic
 from posttrain.entrypoints.data import (
     check_kept_rows,
     check_length_column,
@@ -150,6 +151,7 @@ def run(
     parser.add_argument("--spec-json", required=True, help="the validated spec, as the component embedded it")
     options = parser.parse_args(argv)
     distributed.setup_logging()
+    distributed.end_with_the_launchers_parent()
     try:
         spec = spec_from_json(options.spec_json)
         if spec.algorithm != algorithm:
@@ -162,6 +164,10 @@ def run(
         if distributed.env_rank() == 0 or error.this_rank_only:
             print(f"posttrain: {error}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
+    except RuntimeError as error:
+        if not distributed.lost_a_peer(error):
+            raise
+        raise SystemExit(1) from None  # another rank ended first and says why: this one's traceback would bury it
     finally:
         distributed.destroy_process_group()
     distributed.report_done()
@@ -177,6 +183,7 @@ class _Inputs:
     rewards: List[Any]
     args: Any
     tokenizer: Any
+    record: Dict[str, Any]  # what each checkpoint records it was trained on (checkpoints.job_inputs)
 
 
 def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
@@ -188,47 +195,49 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
     world_size = distributed.world_size()
 
     reward_check = RewardCheck()
-    with distributed.all_ranks_agree():  # also the barrier: every rank has read the old spec file (resume) by now
-        inputs = _check_inputs(spec, output_dir, world_size, reward_check)
-    # nothing is written to output_dir before every check passed
-    if distributed.is_rank0():
-        output_dir.mkdir(parents=True, exist_ok=True)
-    # before a finished run ends: nodes that do not share output_dir would not agree that it finished
-    distributed.check_shared_output(output_dir)
-    if inputs is None:
-        return
-    if distributed.is_rank0():
-        write_json_atomic(output_dir / SPEC_FILE, spec.model_dump(mode="json"))
+    # rank 0 holds output_dir until the job ends: another run into it stops at its first check
+    with contextlib.ExitStack() as held, checkpoints.disk_errors(output_dir):
+        with distributed.all_ranks_agree():  # also the barrier: every rank has read the old spec file (resume) by now
+            if distributed.is_rank0():
+                held.callback(lease.acquire(output_dir).release)
+            inputs = _check_inputs(spec, output_dir, world_size, reward_check)
+        # before a finished run ends: nodes that do not share output_dir would not agree that it finished
+        distributed.check_shared_output(output_dir)
+        if inputs is None:
+            return
+        if distributed.is_rank0():
+            write_json_atomic(output_dir / SPEC_FILE, spec.model_dump(mode="json"))
 
-    args, tokenizer, resume_from = inputs.args, inputs.tokenizer, inputs.resume_from
-    tokens, preemption = TokenCounter(), Preemption()
-    metrics_log = MetricsLog(output_dir, algorithm, spec.model.name_or_path, world_size)
-    callbacks = [tokens, preemption, metrics_log, BestMetricCheck()] + ([fault] if fault is not None else [])
-    callbacks += [reward_check] if has_rewards(spec) else []
-    # a progress bar on a terminal (the trainer's own); plain lines in files and pipes, and for our PPO
-    lines = args.disable_tqdm or spec.trainer_class is None
-    job = Job(spec, args, tokenizer, inputs.train_dataset, inputs.eval_dataset,
-              callbacks=callbacks + [ProgressLog()] * lines, rewards=inputs.rewards)  # fmt: skip
-    trainer = build(job)
-    check_kept_rows(spec, trainer, inputs.train_dataset, inputs.eval_dataset)
-    if lines and spec.trainer_class is not None:
-        trainer.remove_callback(PrinterCallback)  # its raw dicts would repeat the lines
-    strategy.check_engine(trainer)
+        args, tokenizer, resume_from = inputs.args, inputs.tokenizer, inputs.resume_from
+        tokens, preemption = TokenCounter(), Preemption()
+        metrics_log = MetricsLog(output_dir, algorithm, spec.model.name_or_path, world_size)
+        callbacks = [tokens, preemption, metrics_log, BestMetricCheck(), checkpoints.RecordInputs(inputs.record)]
+        callbacks += [fault] if fault is not None else []
+        callbacks += [reward_check] if has_rewards(spec) else []
+        # a progress bar on a terminal (the trainer's own); plain lines in files and pipes, and for our PPO
+        lines = args.disable_tqdm or spec.trainer_class is None
+        job = Job(spec, args, tokenizer, inputs.train_dataset, inputs.eval_dataset,
+                  callbacks=callbacks + [ProgressLog()] * lines, rewards=inputs.rewards)  # fmt: skip
+        trainer = build(job)
+        check_kept_rows(spec, trainer, inputs.train_dataset, inputs.eval_dataset)
+        if lines and spec.trainer_class is not None:
+            trainer.remove_callback(PrinterCallback)  # its raw dicts would repeat the lines
+        strategy.check_engine(trainer)
 
-    log.info("training %s on %d process(es); resume from %s", algorithm, world_size, resume_from or "scratch")
-    result = trainer.train(resume_from_checkpoint=resume_from)
-    if preemption.stopped:
-        log.warning("SIGTERM: saved checkpoint-%d; a restart resumes from it", trainer.state.global_step)
-        raise SystemExit(128 + signal.SIGTERM)
-    strategy.prepare_final_save(trainer)
-    trainer.save_model(str(output_dir))
-    trainer.save_state()
-    summary = run_summary(algorithm, spec, trainer, result.metrics, resume_from, tokens)
-    if trainer.is_world_process_zero():
-        write_json_atomic(output_dir / SUMMARY_FILE, summary)
-        log.info("done: %s", json.dumps({k: summary[k] for k in ("global_steps", "metrics_first", "metrics_last")}))
-    strategy.teardown(trainer)
-    vllm_generation.shutdown(trainer)  # while the process group exists: vLLM leaves its groups at shutdown
+        log.info("training %s on %d process(es); resume from %s", algorithm, world_size, resume_from or "scratch")
+        result = trainer.train(resume_from_checkpoint=resume_from)
+        if preemption.stopped:
+            log.warning("SIGTERM: saved checkpoint-%d; a restart resumes from it", trainer.state.global_step)
+            raise SystemExit(128 + signal.SIGTERM)
+        strategy.prepare_final_save(trainer)
+        trainer.save_model(str(output_dir))
+        trainer.save_state()
+        summary = run_summary(algorithm, spec, trainer, result.metrics, resume_from, tokens)
+        if trainer.is_world_process_zero():
+            write_json_atomic(output_dir / SUMMARY_FILE, summary)
+            log.info("done: %s", json.dumps({k: summary[k] for k in ("global_steps", "metrics_first", "metrics_last")}))
+        strategy.teardown(trainer)
+        vllm_generation.shutdown(trainer)  # while the process group exists: vLLM leaves its groups at shutdown
 
 
 def _check_inputs(spec: Spec, output_dir: Path, world_size: int, reward_check: RewardCheck) -> Optional[_Inputs]:
@@ -244,7 +253,8 @@ def _check_inputs(spec: Spec, output_dir: Path, world_size: int, reward_check: R
     training = dict(spec.training) if spec.generates else fit_batch(
         spec.training, spec.config_class, len(train_dataset), world_size, spec.min_per_device_batch
     )
-    resume_from = resolve_resume(spec, output_dir)
+    inputs_record = checkpoints.job_inputs(spec, training, world_size, datasets)
+    resume_from = checkpoints.resolve_resume(spec, output_dir, inputs_record)
     if resume_from is not None and already_finished(output_dir, Path(resume_from), training.get("max_steps", -1)):
         log.info("%s already holds this run, finished at %s: nothing to train", output_dir, resume_from)
         return None
@@ -256,12 +266,13 @@ def _check_inputs(spec: Spec, output_dir: Path, world_size: int, reward_check: R
     check_loss_masks(args, datasets)
     check_environment(args)
     check_model_paths(spec)
+    checkpoints.check_room(output_dir, spec, training)
     check_model_options(spec)
     tokenizer = load_tokenizer(spec.model.name_or_path, spec, padding_side="left" if spec.generates else "right")
     check_chat_template(args, tokenizer, datasets, spec.model.name_or_path)
     check_reward_templates(rewards, spec, datasets)
     eval_dataset = datasets[1][1] if len(datasets) > 1 else None
-    return _Inputs(train_dataset, eval_dataset, resume_from, rewards, args, tokenizer)
+    return _Inputs(train_dataset, eval_dataset, resume_from, rewards, args, tokenizer, inputs_record)
 
 
 def build_config(spec: Spec, training: Dict[str, Any]) -> Any:

@@ -2,8 +2,10 @@
 
 import logging
 import os
+import subprocess
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 # No hub access, ever: in-process tests too (huggingface_hub reads these when it is first imported, so here,
 # before any test module imports it). Jobs get their own through helpers.job_env.
@@ -25,6 +27,16 @@ def job_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for attribute in ("propagate", "level"):
         monkeypatch.setattr(logger, attribute, getattr(logger, attribute))
     monkeypatch.setattr(logger, "handlers", list(logger.handlers))
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 2 MiB tmpfs: room for the tiny model's first checkpoint (1.4 MB), not its second."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
@@ -40,6 +41,20 @@ def torchx(args: Sequence[str], tmp_root: Path, timeout: float = 600, **env: str
     return subprocess.run(
         command, cwd=REPO, env=job_env(tmp_root, **env), capture_output=True, text=True, timeout=timeout
     )
+
+
+def start_training(args: Sequence[str], tmp_root: Path, log_path: Path, steps: int) -> subprocess.Popen:
+    """Starts ``torchx ARGS`` in a session of its own, its output in ``log_path``; returns once rank 0 has logged
+    ``steps`` steps (or two minutes passed)."""
+    with log_path.open("w") as log:
+        client = subprocess.Popen(
+            [str(Path(sys.executable).parent / "torchx"), *args], cwd=REPO, env=job_env(tmp_root),
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    deadline = time.time() + 120
+    while log_path.read_text().count("posttrain[0] INFO step ") < steps and time.time() < deadline:
+        time.sleep(0.5)
+    return client
 
 
 def read_json(path: Path) -> Any:

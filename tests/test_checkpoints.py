@@ -1,19 +1,27 @@
-"""Resume: which checkpoint a job continues from, and when a run is already finished."""
+"""Resume: which checkpoint a job continues from, checked before it is trusted, and when a run is already finished."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
-from helpers import sft_spec
+from helpers import REPO, sft_spec
 
 from posttrain.components.spec import SpecError
 from posttrain.entrypoints.checkpoints import (
+    INPUTS_FILE,
     SPEC_FILE,
     already_finished,
+    check_room,
     complete_checkpoints,
+    disk_errors,
+    file_problem,
+    job_inputs,
     resolve_resume,
 )
 from posttrain.entrypoints.summary import SUMMARY_FILE
+
+INPUTS = {"data": {}, "global_batch": {"processes": 1, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1}}
 
 
 def write_checkpoint(output_dir: Path, step: int, complete: bool = True, max_steps: int = 0) -> Path:
@@ -35,12 +43,12 @@ def test_only_complete_checkpoints_count(tmp_path: Path) -> None:
 def test_resume_auto_picks_the_newest_checkpoint_of_the_same_spec(tmp_path: Path) -> None:
     spec = sft_spec(tmp_path)
     output_dir = Path(spec.training["output_dir"])
-    assert resolve_resume(spec, output_dir) is None
+    assert resolve_resume(spec, output_dir, INPUTS) is None
     write_checkpoint(output_dir, 5)
     newest = write_checkpoint(output_dir, 10)
     (output_dir / SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json")))
-    assert resolve_resume(spec, output_dir) == str(newest)
-    assert resolve_resume(sft_spec(tmp_path, resume=str(output_dir / "checkpoint-5")), output_dir).endswith("-5")
+    assert resolve_resume(spec, output_dir, INPUTS) == str(newest)
+    assert resolve_resume(sft_spec(tmp_path, resume=str(output_dir / "checkpoint-5")), output_dir, INPUTS).endswith("-5")
 
 
 def test_resume_auto_refuses_a_checkpoint_of_another_spec(tmp_path: Path) -> None:
@@ -51,22 +59,22 @@ def test_resume_auto_refuses_a_checkpoint_of_another_spec(tmp_path: Path) -> Non
     saved["training"]["learning_rate"] = 0.5
     (output_dir / SPEC_FILE).write_text(json.dumps(saved))
     with pytest.raises(SpecError) as error:
-        resolve_resume(spec, output_dir)
+        resolve_resume(spec, output_dir, INPUTS)
     assert "written by a different spec (training.learning_rate: 0.5 -> 0.003)" in str(error.value)
 
 
 def test_resume_never_refuses_to_mix_runs_and_a_bad_path_is_named(tmp_path: Path) -> None:
     spec = sft_spec(tmp_path, resume="never")
     output_dir = Path(spec.training["output_dir"])
-    assert resolve_resume(spec, output_dir) is None
+    assert resolve_resume(spec, output_dir, INPUTS) is None
     write_checkpoint(output_dir, 10)
     with pytest.raises(SpecError, match="resume: never, but .* already holds checkpoints"):
-        resolve_resume(spec, output_dir)
+        resolve_resume(spec, output_dir, INPUTS)
     with pytest.raises(SpecError, match="resume: '.*nowhere' is neither auto, never nor an existing checkpoint directory"):
-        resolve_resume(sft_spec(tmp_path, resume=str(tmp_path / "nowhere")), output_dir)
+        resolve_resume(sft_spec(tmp_path, resume=str(tmp_path / "nowhere")), output_dir, INPUTS)
     (tmp_path / "half").mkdir()
     with pytest.raises(SpecError, match="is not a complete checkpoint"):
-        resolve_resume(sft_spec(tmp_path, resume=str(tmp_path / "half")), output_dir)
+        resolve_resume(sft_spec(tmp_path, resume=str(tmp_path / "half")), output_dir, INPUTS)
 
 
 def test_a_run_is_finished_at_its_last_step_of_max_steps_or_of_its_epochs(tmp_path: Path) -> None:
@@ -79,3 +87,136 @@ def test_a_run_is_finished_at_its_last_step_of_max_steps_or_of_its_epochs(tmp_pa
     assert already_finished(tmp_path, last, max_steps=-1)  # epochs: the step count the trainer recorded
     earlier = write_checkpoint(tmp_path, 20, max_steps=40)
     assert not already_finished(tmp_path, earlier, max_steps=-1)
+
+
+# ---------------------------------------------------------------- a checkpoint is checked before it is trusted
+
+
+def save_weights(path: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"weight": torch.arange(64, dtype=torch.float32)}, str(path))
+
+
+def cut(path: Path, keep: int) -> None:
+    path.write_bytes(path.read_bytes()[:keep])
+
+
+def test_files_cut_short_are_found_from_their_headers(tmp_path: Path) -> None:
+    import torch
+
+    weights, state, config = tmp_path / "model.safetensors", tmp_path / "optimizer.pt", tmp_path / "config.json"
+    save_weights(weights)
+    torch.save({"step": torch.ones(100)}, state)
+    config.write_text("{}")
+    assert [file_problem(path) for path in (weights, state, config)] == [None, None, None]
+    size = weights.stat().st_size
+    cut(weights, -10)
+    assert file_problem(weights) == f"cut short at {size - 10} of {size} bytes"
+    cut(state, -100)
+    assert file_problem(state).startswith("not a whole torch file")
+    config.write_text('{"a": ')
+    assert file_problem(config) == "not valid JSON"
+    assert file_problem(tmp_path / "gone.safetensors") == "unreadable (No such file or directory)"
+
+
+def test_a_damaged_newest_checkpoint_is_named_and_the_previous_whole_one_resumed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec = sft_spec(tmp_path)
+    output_dir = Path(spec.training["output_dir"])
+    for step in (10, 20):
+        save_weights(write_checkpoint(output_dir, step) / "model.safetensors")
+    cut(output_dir / "checkpoint-20" / "model.safetensors", 100)
+    (output_dir / "checkpoint-best").mkdir()  # a user's copy: not ours, left alone
+    (output_dir / SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json")))
+    with caplog.at_level("WARNING", logger="posttrain"):
+        assert resolve_resume(spec, output_dir, INPUTS) == str(output_dir / "checkpoint-10")
+    [line] = caplog.messages
+    assert line.startswith(f"resume: {output_dir / 'checkpoint-20'} is damaged (model.safetensors: cut short at 100 of ")
+    assert line.endswith("resuming from checkpoint-10, leaving it as it is")
+    assert (output_dir / "checkpoint-20" / "model.safetensors").stat().st_size == 100  # nothing deleted
+    with pytest.raises(SpecError, match=r"checkpoint-20 is not a complete checkpoint: model.safetensors: cut short"):
+        resolve_resume(sft_spec(tmp_path, resume=str(output_dir / "checkpoint-20")), output_dir, INPUTS)
+
+
+def test_a_finished_model_of_another_spec_or_of_no_spec_is_never_overwritten(tmp_path: Path) -> None:
+    spec = sft_spec(tmp_path)
+    output_dir = Path(spec.training["output_dir"])
+    output_dir.mkdir()
+    (output_dir / "config.json").write_text("{}")
+    with pytest.raises(SpecError, match=r"holds a model that posttrain did not train \(no posttrain_spec.json\)"):
+        resolve_resume(spec, output_dir, INPUTS)
+    saved = spec.model_dump(mode="json")
+    saved["training"]["learning_rate"] = 0.5
+    (output_dir / SPEC_FILE).write_text(json.dumps(saved))
+    (output_dir / SUMMARY_FILE).write_text("{}")
+    with pytest.raises(SpecError) as error:
+        resolve_resume(spec, output_dir, INPUTS)
+    assert str(error.value).startswith(
+        f"training.output_dir: {output_dir} holds the finished model of a different spec "
+        "(training.learning_rate: 0.5 -> 0.003); use another training.output_dir"
+    )
+    (output_dir / SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json")))
+    assert resolve_resume(spec, output_dir, INPUTS) is None  # the same spec again: trained again, the same model
+
+
+def test_resume_auto_stops_where_the_data_or_the_global_batch_changed(tmp_path: Path) -> None:
+    data = tmp_path / "train.jsonl"
+    shutil.copy(REPO / "templates/data/sft_chat.jsonl", data)
+    spec = sft_spec(tmp_path, data={"train": {"path": str(data)}})
+    output_dir = Path(spec.training["output_dir"])
+    inputs = job_inputs(spec, dict(spec.training), 2, [("data.train", None)])
+    checkpoint = write_checkpoint(output_dir, 10)
+    (output_dir / SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json")))
+    (checkpoint / INPUTS_FILE).write_text(json.dumps(inputs))
+    assert resolve_resume(spec, output_dir, inputs) == str(checkpoint)
+
+    halved = job_inputs(spec, dict(spec.training), 1, [("data.train", None)])
+    with pytest.raises(SpecError) as error:
+        resolve_resume(spec, output_dir, halved)
+    assert "the global batch was 16 (2 x 8 x 1: processes x per device x accumulation) and is now 8 (1 x 8 x 1" in str(error.value)
+
+    data.write_text(data.read_text().replace("a", "b", 1))
+    edited = job_inputs(spec, dict(spec.training), 2, [("data.train", None)])
+    with pytest.raises(SpecError) as error:
+        resolve_resume(spec, output_dir, edited)
+    assert str(error.value).startswith(f"resume: auto found {checkpoint}, but data.train ({data}) changed since it was saved;")
+    continued = sft_spec(tmp_path, data={"train": {"path": str(data)}}, resume=str(checkpoint))
+    assert resolve_resume(continued, output_dir, edited) == str(checkpoint)  # a path continues anyway
+
+
+def test_write_failures_for_want_of_room_end_in_one_line(tmp_path: Path) -> None:
+    import errno
+
+    with pytest.raises(SpecError) as error:
+        with disk_errors(tmp_path):
+            raise OSError(errno.ENOSPC, "No space left on device")
+    assert error.value.this_rank_only
+    assert str(error.value).startswith(f"training.output_dir: writing into {tmp_path} failed: No space left on device (")
+    with pytest.raises(SpecError, match="failed: the write failed"):
+        with disk_errors(tmp_path):
+            raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0; basic_ios::clear: iostream error")
+    with pytest.raises(OSError):  # any other error keeps its traceback
+        with disk_errors(tmp_path):
+            raise OSError(errno.EACCES, "Permission denied")
+
+
+def test_a_file_system_without_room_for_one_checkpoint_is_refused_before_any_model_loads(
+    tmp_path: Path, small_disk: Path
+) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    model = tmp_path / "model"
+    model.mkdir()
+    save_file({"weight": torch.zeros(200_000)}, str(model / "model.safetensors"))  # 0.8 MB: 2.4 MB with Adam's state
+    spec = sft_spec(tmp_path, model={"name_or_path": str(model)})
+    with pytest.raises(SpecError) as error:
+        check_room(small_disk / "out", spec, dict(spec.training))
+    assert str(error.value) == (
+        f"training.output_dir: {small_disk / 'out'} has 2.0 MiB free; one checkpoint (the weights and the optimizer's "
+        f"state) of {model} needs about 2.3 MiB: make room, or use another output_dir"
+    )
+    check_room(small_disk / "out", spec, {**spec.training, "save_strategy": "no"})  # the final weights alone fit

@@ -355,9 +355,42 @@ def test_a_directory_that_is_not_a_model_lists_what_it_lacks(tmp_path: Path) -> 
         "files (tokenizer.json, tokenizer.model, vocab.json, ...); it holds checkpoint-20 (an unfinished run?): "
         "name that directory"
     )
-    (model / "model.safetensors").write_bytes(b"")
+    import torch
+    from safetensors.torch import save_file
+
+    save_file({"weight": torch.zeros(16)}, str(model / "model.safetensors"))
     (model / "tokenizer.json").write_text("{}")
     check_model_path(str(model))
+    whole = (model / "model.safetensors").read_bytes()
+    (model / "model.safetensors").write_bytes(whole[:-8])  # a copy cut short: every rank's traceback otherwise
+    with pytest.raises(SpecError) as error:
+        check_model_path(str(model))
+    assert str(error.value) == (
+        f"model.name_or_path: {model / 'model.safetensors'} is not whole: cut short at {len(whole) - 8} of "
+        f"{len(whole)} bytes; copy the model again"
+    )
+
+
+def test_weights_of_another_shape_than_config_json_makes_are_named_before_any_model_loads(tmp_path: Path) -> None:
+    import transformers
+
+    from posttrain.entrypoints.models import check_model_paths
+
+    model = tmp_path / "model"
+    config = transformers.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                      num_key_value_heads=2, vocab_size=64)  # fmt: skip
+    transformers.LlamaForCausalLM(config).save_pretrained(model)
+    (model / "tokenizer.json").write_text("{}")  # present: what is checked here is the weights
+    spec = validate({**load_template("sft/tiny.yaml"), "model": {"name_or_path": str(model)}})
+    check_model_paths(spec)
+    config.intermediate_size = 48  # a config.json copied from another model
+    config.save_pretrained(model)
+    with pytest.raises(SpecError) as error:
+        check_model_paths(spec)
+    assert str(error.value) == (
+        f"model.name_or_path: {model / 'model.safetensors'} holds model.layers.0.mlp.down_proj.weight of shape "
+        f"[16, 32], where {model}/config.json makes it [16, 48]: the weights and config.json are of different models"
+    )
 
 
 # ---------------------------------------------------------------- ranks: printed once, everyone stops

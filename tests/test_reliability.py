@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import List
 
 import pytest
-from helpers import REPO, assert_succeeded, free_port, job_env, load_template, read_json, run_template, torchx
+from helpers import REPO, assert_succeeded, free_port, load_template, read_json, run_template, start_training, torchx
 
 from posttrain.components import algorithms
 from posttrain.components.messages import SpecError
@@ -313,15 +313,8 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes_from_it(tmp_path: P
         "run", "-s", "local_cwd", "posttrain.sft", "--spec", SFT, "--rdzv_port", str(free_port()),
         f"training.output_dir={output_dir}", "training.max_steps=3000", "training.save_steps=100000",
     ]  # fmt: skip
-    with log_path.open("w") as log:
-        job = subprocess.Popen(
-            [str(Path(sys.executable).parent / "torchx"), *args], cwd=REPO, env=job_env(tmp_path),
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+    job = start_training(args, tmp_path, log_path, steps=5)
     try:
-        deadline = time.time() + 120
-        while log_path.read_text().count("posttrain[0] INFO step ") < 5 and time.time() < deadline:
-            time.sleep(0.5)
         agent = subprocess.run(
             ["pgrep", "-f", f"torch.distributed.run .*{output_dir}"], capture_output=True, text=True
         ).stdout.split()

@@ -79,6 +79,36 @@ def test_missing_data_file_is_named(tmp_path: Path) -> None:
         load_data(source, {}, "data.train", SFT_FORMATS)
 
 
+def test_a_save_to_disk_directory_loads_as_a_data_set_or_a_split_of_a_dict(tmp_path: Path) -> None:
+    import datasets
+
+    rows = {"prompt": ["2+2?", "3+3?"], "completion": ["4", "6"]}
+    datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "one"))
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows)}).save_to_disk(str(tmp_path / "dict"))
+    for saved, split in (("one", "train"), ("dict", "train")):
+        source = validate({**load_template("sft/tiny.yaml"), "data": {"train": {"path": str(tmp_path / saved), "split": split}}})
+        assert load_data(source.data.train, {}, "data.train", SFT_FORMATS)[:] == rows
+    source = validate({**load_template("sft/tiny.yaml"), "data": {"train": {"path": str(tmp_path / "dict"), "split": "test"}}})
+    with pytest.raises(SpecError, match=r"data.train.split: .*dict has no split 'test'; it has train"):
+        load_data(source.data.train, {}, "data.train", SFT_FORMATS)
+    source = validate({**load_template("sft/tiny.yaml"), "data": {"train": {"path": str(tmp_path)}}})
+    with pytest.raises(SpecError, match="is a directory, but not one datasets' save_to_disk wrote"):
+        load_data(source.data.train, {}, "data.train", SFT_FORMATS)
+
+
+@pytest.mark.parametrize("empty", ['""', '"  "', "[]"])
+def test_empty_prompts_are_refused_naming_the_rows(tmp_path: Path, empty: str) -> None:
+    path = tmp_path / "prompts.jsonl"
+    rows = [f'{{"prompt": {empty if row in (2, 4) else chr(34) + "q" + chr(34) if empty != "[]" else "[{" + chr(34) + "role" + chr(34) + ": " + chr(34) + "user" + chr(34) + ", " + chr(34) + "content" + chr(34) + ": " + chr(34) + "q" + chr(34) + "}]"}}}' for row in range(1, 6)]
+    path.write_text("\n".join(rows) + "\n")
+    source = validate({**load_template("grpo/tiny.yaml"), "data": {"train": {"path": str(path)}}}).data.train
+    with pytest.raises(SpecError) as error:
+        load_data(source, {}, "data.train", SPEC_CLASSES["grpo"].data_formats)
+    assert str(error.value) == (
+        "data.train: column prompt is empty in 2 of 5 rows (rows 2, 4); give every row a prompt, or drop those rows"
+    )
+
+
 def test_fit_batch_shrinks_to_the_data_or_fails() -> None:
     training = {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 4}
     assert fit_batch(training, SFT_CONFIG, 1000, 2) == training

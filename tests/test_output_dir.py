@@ -1,0 +1,110 @@
+"""One run per output directory, through the real ``torchx run``: two clients racing, a client that dies."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from helpers import REPO, assert_stopped_once, assert_succeeded, free_port, job_env, read_json, start_training, torchx
+
+from posttrain.entrypoints.checkpoints import complete_checkpoints
+from posttrain.entrypoints.lease import LEASE_FILE
+
+
+def sft_args(output_dir: Path, *overrides: str) -> list:
+    return [
+        "run", "-s", "local_cwd", "posttrain.sft", "--spec", "templates/sft/tiny.yaml", "-j", "1x2", "--rdzv_port", str(free_port()),
+        f"training.output_dir={output_dir}", *overrides,
+    ]  # fmt: skip
+
+
+@pytest.mark.e2e
+def test_two_runs_started_at_once_into_one_directory_one_trains_and_the_other_is_refused(tmp_path: Path) -> None:
+    output_dir = tmp_path / "out"
+    rates = ("3e-3", "1e-3")
+    clients = [
+        subprocess.Popen(
+            [str(Path(sys.executable).parent / "torchx"), *sft_args(output_dir, f"training.learning_rate={rate}")],
+            cwd=REPO, env=job_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        for rate in rates
+    ]
+    outputs = [client.communicate(timeout=600)[0] for client in clients]
+    codes = [client.returncode for client in clients]
+    assert sorted(codes) == [0, 1], outputs
+    winner, loser = (0, 1) if codes[0] == 0 else (1, 0)
+    refusal = [line for line in outputs[loser].splitlines() if "posttrain: " in line]
+    assert len(refusal) == 1 and f"posttrain: training.output_dir: {output_dir} is held by job sft-" in refusal[0]
+    assert "wait for it, stop it, or use another output_dir" in refusal[0]
+    # the directory is the winner's alone: its spec, each step once, and no lease left behind
+    assert read_json(output_dir / "posttrain_spec.json")["training"]["learning_rate"] == float(rates[winner])
+    steps = [entry["step"] for entry in read_json(output_dir / "trainer_state.json")["log_history"] if "loss" in entry]
+    assert steps == list(range(1, 41))
+    assert not (output_dir / LEASE_FILE).exists()
+
+
+@pytest.mark.e2e
+def test_a_job_whose_client_dies_saves_a_checkpoint_stops_and_gives_the_directory_back(tmp_path: Path) -> None:
+    output_dir = tmp_path / "out"
+    args = sft_args(output_dir, "training.max_steps=3000", "training.save_steps=100000")
+    client = start_training(args, tmp_path, tmp_path / "client.log", steps=3)
+    try:
+        assert (output_dir / LEASE_FILE).exists()
+        client.send_signal(signal.SIGKILL)  # its terminal closed; torchrun and the ranks are left behind
+        client.wait()
+        deadline = time.time() + 60
+        while ranks(output_dir) and time.time() < deadline:
+            time.sleep(0.5)
+        assert not ranks(output_dir), "the job outlived its client by a minute"
+    finally:
+        for pid in ranks(output_dir):
+            os.kill(pid, signal.SIGKILL)
+    [checkpoint] = complete_checkpoints(output_dir)  # saved at the step's end, as at a preemption
+    assert 3 <= read_json(checkpoint / "trainer_state.json")["global_step"] < 3000
+    assert not (output_dir / LEASE_FILE).exists()
+    # the next run into the directory is let in (it continues from the checkpoint, here with fewer steps)
+    step = read_json(checkpoint / "trainer_state.json")["global_step"]
+    result = torchx(sft_args(output_dir, f"training.max_steps={step + 2}", f"resume={checkpoint}"), tmp_path)
+    assert_succeeded(result)
+    assert read_json(output_dir / "run_summary.json")["global_steps"] == step + 2
+
+
+def ranks(output_dir: Path) -> list:
+    """The job's processes still running: torchrun's agent and its ranks."""
+    found = subprocess.run(["pgrep", "-f", "--", f"-m .*{output_dir}"], capture_output=True, text=True).stdout.split()
+    return [int(pid) for pid in found]
+
+
+@pytest.mark.e2e
+def test_a_disk_that_fills_mid_run_ends_in_one_line_and_the_rerun_resumes_from_the_last_whole_checkpoint(
+    tmp_path: Path, small_disk: Path
+) -> None:
+    output_dir = small_disk / "out"
+    result = torchx(sft_args(output_dir), tmp_path)
+    logs = assert_stopped_once(
+        result, f"training.output_dir: writing into {output_dir} failed: No space left on device (0.0 MiB free); "
+    )
+    assert "make room (or a writable place) and run the same command again" in logs
+    assert not (output_dir / LEASE_FILE).exists()
+    subprocess.run(["mount", "-o", "remount,size=8m", str(small_disk)], check=True)  # room made
+    result = torchx(sft_args(output_dir), tmp_path)
+    assert_succeeded(result)
+    assert f"resume: {output_dir / 'checkpoint-40'} is damaged (" in result.stderr
+    summary = read_json(output_dir / "run_summary.json")
+    assert summary["resumed_from"] == str(output_dir / "checkpoint-20") and summary["global_steps"] == 40
+
+
+@pytest.mark.e2e
+def test_a_read_only_output_dir_is_one_line_before_any_model_loads(tmp_path: Path) -> None:
+    output_dir = tmp_path / "out"
+    output_dir.mkdir()
+    subprocess.run(["mount", "--bind", "-o", "ro", str(output_dir), str(output_dir)], check=True)
+    try:
+        result = torchx(sft_args(output_dir), tmp_path)
+    finally:
+        subprocess.run(["umount", str(output_dir)], check=True)
+    logs = assert_stopped_once(result, f"training.output_dir: cannot write in {output_dir}: Read-only file system")
+    assert "training sft on" not in logs  # stopped at its first check
