@@ -30,6 +30,11 @@ from posttrain.components.vllm_role import VllmServer
 _TORCHX_CLI_CONTEXT = "cli_run"
 
 RDZV_BACKENDS = ("c10d", "static", "etcd", "etcd-v2")
+# Kubernetes' largest object (etcd's request limit), and what a replica's pod template takes besides the spec
+# (measured: a Volcano job of -j 1024x8 with the tiny SFT spec, 0.9 KiB, is 2.4 MiB)
+MAX_REQUEST_BYTES = 3 * 2**19
+REQUEST_BYTES_PER_NODE = 1600
+MAX_NAME = 40  # torchx adds "-" and a random suffix to make the Kubernetes job's name (63 characters at most)
 LAUNCHERS = ("torchrun", "deepspeed")
 
 # Environment variable names that hold secrets: never in --env, whose values are printed.
@@ -205,6 +210,12 @@ def build_appdef(
                 f"distributed.fsdp: -h {h} has no GPU, and accelerate runs FSDP on GPUs only; "
                 "shard on CPU with distributed.deepspeed"
             )
+    if validated.resume == "never" and (max_retries > 0 or max_restarts > 0):
+        retry = f"--max_restarts {max_restarts}" if max_restarts > 0 else f"--max_retries {max_retries}"
+        problems.append(
+            f"resume: never and {retry} disagree: a retry after the first checkpoint would be refused (resume: never "
+            "refuses a directory that holds checkpoints); use resume: auto, or drop the retries"
+        )
     serve = vllm_role.wanted(validated.training)
     if serve:
         problems += server.problems(trainer_gpus=resource.gpu)
@@ -215,18 +226,20 @@ def build_appdef(
         raise SpecError(problems)
 
     module = f"posttrain.entrypoints.{algorithm}"
+    # torchx substitutes ${...} macros in args with string.Template: "$$" keeps a "$" of the spec literal
+    spec_json = validated.to_json().replace("$", "$$")
+    _check_request_size(j, topology, len(spec_json))
     if launcher == "deepspeed":
         cmd = _deepspeed_command(topology, rdzv_port)
     else:
         cmd = _torchrun_command(topology, rdzv_port, rdzv_backend, tee, max_restarts)
-    # torchx substitutes ${...} macros in args with string.Template: "$$" keeps a "$" of the spec literal
-    spec_json = validated.to_json().replace("$", "$$")
     cmd += ["-m", module, "--spec-json", spec_json]
     if serve:
         cmd.insert(0, _noquote(vllm_role.host_assignment(topology.max_nnodes)))
 
     job_name = StructuredNameArgument.parse_from(name=name or "/", m=module)
-    role_env = dict(env or {})
+    # torchx substitutes macros in env values too: "$$" keeps every "$" the user wrote
+    role_env = {key: value.replace("$", "$$") for key, value in (env or {}).items()}
     role_env["TORCHX_TRACKING_EXPERIMENT_NAME"] = job_name.experiment_name
     role_env.setdefault("LOGLEVEL", os.getenv("LOGLEVEL", "WARNING"))
     role_env.setdefault("PYTHONUNBUFFERED", "1")
@@ -263,7 +276,28 @@ def build_appdef(
                 mounts=_mounts(mounts),
             )
         )
-    return specs.AppDef(name=job_name.run_name, roles=roles)
+    return specs.AppDef(name=_valid_name(job_name.run_name, algorithm), roles=roles)
+
+
+def _valid_name(name: str, algorithm: str) -> str:
+    """A job name every scheduler takes: Kubernetes labels its pods with it (lowercase letters, digits and dashes,
+    at most 63 characters with the suffix torchx adds), as torchx's own ``normalize_str`` makes its job names."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:MAX_NAME] or algorithm
+
+
+def _check_request_size(j: str, topology: Topology, spec_bytes: int) -> None:
+    """The scheduler's request carries the spec once per node (Kubernetes: a pod template per replica, at most
+    1.5 MiB in all; Slurm: a job component per node): a node count it cannot hold is refused before it is built."""
+    per_node = spec_bytes + REQUEST_BYTES_PER_NODE
+    if topology.max_nnodes * per_node > MAX_REQUEST_BYTES:
+        fits = MAX_REQUEST_BYTES // per_node
+        raise SpecError(
+            [
+                f"-j {j}: the job's request carries the spec once per node ({per_node / 1024:.1f} KiB each, "
+                f"{topology.max_nnodes * per_node / 2**20:.1f} MiB at {topology.max_nnodes} nodes), over the "
+                f"{MAX_REQUEST_BYTES / 2**20:.1f} MiB a Kubernetes object may hold; at most {fits} nodes fit this spec"
+            ]
+        )
 
 
 def _rank0_address(topology: Topology, port: int) -> Tuple[str, int]:

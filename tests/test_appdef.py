@@ -134,6 +134,14 @@ def test_dollar_signs_in_the_spec_survive_torchx_macro_substitution() -> None:
     assert spec["training"]["run_name"] == "${app_id} $HOME $$"
 
 
+def test_env_values_reach_the_job_byte_for_byte_through_torchx_macro_substitution() -> None:
+    given = {"DATA_ROOT": "/a$$b", "NOTE": "${app_id} $HOME $$ $"}
+    app = algorithms.sft(spec=TINY, env=given)
+    values = specs.macros.Values(img_root="", app_id="X", replica_id="0", rank0_env="R")
+    role = values.apply(app.roles[0])
+    assert {key: role.env[key] for key in given} == given
+
+
 @pytest.mark.parametrize(
     "kwargs, expected",
     [
@@ -155,6 +163,15 @@ def test_bad_component_arguments(kwargs: dict, expected: str) -> None:
     with pytest.raises(SpecError) as error:
         algorithms.sft(spec=TINY, **kwargs)
     assert expected in str(error.value)
+
+
+@pytest.mark.parametrize("retries", [{"max_restarts": 1}, {"max_retries": 2}])
+def test_resume_never_with_retries_is_refused_naming_both(retries: dict) -> None:
+    (flag, count), = retries.items()
+    with pytest.raises(SpecError) as error:
+        algorithms.sft("resume=never", spec=TINY, **retries)
+    assert str(error.value).startswith(f"resume: never and --{flag} {count} disagree: a retry after the first checkpoint")
+    algorithms.sft("resume=auto", spec=TINY, **retries)
 
 
 def test_library_callers_get_a_spec_error_not_a_system_exit() -> None:

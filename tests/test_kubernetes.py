@@ -21,6 +21,7 @@ from torchx.schedulers.kubernetes_scheduler import sanitize_for_serialization
 from torchx.util.strings import normalize_str
 
 from posttrain.components import algorithms
+from posttrain.components.messages import SpecError
 from posttrain.components.registry import SPEC_CLASSES
 
 KUBERNETES_VERSION = "1.30"
@@ -132,3 +133,22 @@ def test_the_deepspeed_launcher_finds_rank0_through_volcano() -> None:
         host_variable = "TORCHX_RANK0_HOST" if replica == 0 else "VC_SFT_0_HOSTS"
         assert f"--node_rank {replica} --master_addr ${{{host_variable}:=localhost}} --master_port 29511" in command
         assert "--nnodes 2 --nproc_per_node 8" in command
+
+
+def test_a_job_name_with_spaces_and_capitals_makes_labels_the_api_server_takes() -> None:
+    job = request("sft", name="My Team/Run #1 (LR 3e-3)")
+    check(job)
+    labels = job["spec"]["tasks"][0]["template"]["metadata"]["labels"]
+    assert labels["torchx.pytorch.org/app-name"] == "run-1-lr-3e-3"
+    label_value = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+    assert all(label_value.match(value) and len(value) <= 63 for value in labels.values()), labels
+
+
+def test_a_node_count_whose_request_kubernetes_cannot_hold_is_refused_naming_the_count_that_fits() -> None:
+    with pytest.raises(SpecError) as error:
+        request("sft", j="100000x8")
+    message = str(error.value)
+    assert message.startswith("-j 100000x8: the job's request carries the spec once per node (")
+    fits = int(re.search(r"at most (\d+) nodes fit this spec", message).group(1))
+    body = json.dumps(request("sft", j=f"{fits}x8"))
+    assert len(body) <= 1.5 * 2**20 < len(body) / fits * (fits + 60)  # near the limit, under it
