@@ -10,6 +10,7 @@ several, and the validated spec embedded as canonical JSON. With
 
 import dataclasses
 import functools
+import json
 import os
 import re
 import shlex
@@ -30,10 +31,10 @@ from posttrain.components.vllm_role import VllmServer
 _TORCHX_CLI_CONTEXT = "cli_run"
 
 RDZV_BACKENDS = ("c10d", "static", "etcd", "etcd-v2")
-# Kubernetes' largest object (etcd's request limit), and what a replica's pod template takes besides the spec
-# (measured: a Volcano job of -j 1024x8 with the tiny SFT spec, 0.9 KiB, is 2.4 MiB)
+# Kubernetes' largest object (etcd's request limit), and what a pod template of a Volcano job holds besides its
+# command, env and image (measured: about 1.2 KiB, 10 to 700 replicas of the tiny SFT)
 MAX_REQUEST_BYTES = 3 * 2**19
-REQUEST_BYTES_PER_NODE = 1600
+POD_TEMPLATE_BYTES = 1200
 MAX_NAME = 40  # torchx adds "-" and a random suffix to make the Kubernetes job's name (63 characters at most)
 LAUNCHERS = ("torchrun", "deepspeed")
 
@@ -228,7 +229,6 @@ def build_appdef(
     module = f"posttrain.entrypoints.{algorithm}"
     # torchx substitutes ${...} macros in args with string.Template: "$$" keeps a "$" of the spec literal
     spec_json = validated.to_json().replace("$", "$$")
-    _check_request_size(j, topology, len(spec_json))
     if launcher == "deepspeed":
         cmd = _deepspeed_command(topology, rdzv_port)
     else:
@@ -236,6 +236,11 @@ def build_appdef(
     cmd += ["-m", module, "--spec-json", spec_json]
     if serve:
         cmd.insert(0, _noquote(vllm_role.host_assignment(topology.max_nnodes)))
+    if topology.max_nnodes > 1:  # first, that the port the launcher will listen on is free (rendezvous_port.py)
+        host = _rank0_address(topology, rdzv_port)[0]
+        check = ["python", "-m", "posttrain.entrypoints.rendezvous_port", str(rdzv_port), macros.replica_id, host,
+                 macros.app_id]  # fmt: skip
+        cmd = [*check, _noquote("&&"), *cmd]
 
     job_name = StructuredNameArgument.parse_from(name=name or "/", m=module)
     # torchx substitutes macros in env values too: "$$" keeps every "$" the user wrote
@@ -276,6 +281,7 @@ def build_appdef(
                 mounts=_mounts(mounts),
             )
         )
+    _check_request_size(j, roles)
     return specs.AppDef(name=_valid_name(job_name.run_name, algorithm), roles=roles)
 
 
@@ -285,16 +291,21 @@ def _valid_name(name: str, algorithm: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:MAX_NAME] or algorithm
 
 
-def _check_request_size(j: str, topology: Topology, spec_bytes: int) -> None:
-    """The scheduler's request carries the spec once per node (Kubernetes: a pod template per replica, at most
-    1.5 MiB in all; Slurm: a job component per node): a node count it cannot hold is refused before it is built."""
-    per_node = spec_bytes + REQUEST_BYTES_PER_NODE
-    if topology.max_nnodes * per_node > MAX_REQUEST_BYTES:
-        fits = MAX_REQUEST_BYTES // per_node
+def _check_request_size(j: str, roles: List[specs.Role]) -> None:
+    """A scheduler's request holds every replica's command, spec included (Kubernetes: a pod template each, at most
+    1.5 MiB in all): a node count it cannot hold is refused here, with the count that fits."""
+
+    def pod_bytes(role: specs.Role) -> int:
+        return len(" ".join(role.args)) + len(json.dumps(role.env)) + len(role.image) + POD_TEMPLATE_BYTES
+
+    total = sum(role.num_replicas * pod_bytes(role) for role in roles)
+    if total > MAX_REQUEST_BYTES:
+        trainers, others = roles[0], sum(role.num_replicas * pod_bytes(role) for role in roles[1:])
+        fits = (MAX_REQUEST_BYTES - others) // pod_bytes(trainers)
         raise SpecError(
             [
-                f"-j {j}: the job's request carries the spec once per node ({per_node / 1024:.1f} KiB each, "
-                f"{topology.max_nnodes * per_node / 2**20:.1f} MiB at {topology.max_nnodes} nodes), over the "
+                f"-j {j}: the job's request holds every node's command, spec included ({pod_bytes(trainers) / 1024:.1f} "
+                f"KiB each): {total / 2**20:.1f} MiB at {trainers.num_replicas} nodes, over the "
                 f"{MAX_REQUEST_BYTES / 2**20:.1f} MiB a Kubernetes object may hold; at most {fits} nodes fit this spec"
             ]
         )

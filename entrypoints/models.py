@@ -223,7 +223,6 @@ def check_model_options(spec: Spec) -> None:
 def check_model_paths(spec: Spec) -> None:
     """Every local model directory the job loads, checked before the first loads (reward models: resolve_rewards)."""
     check_model_path(spec.model.name_or_path)
-    check_weight_shapes(spec.model.name_or_path, spec)
     for field in spec.extra_models:
         name_or_path = EXTRA_MODELS[field][0](spec)
         if name_or_path is not None and name_or_path != spec.model.name_or_path:
@@ -283,11 +282,14 @@ def check_weight_shapes(name_or_path: str, spec: Spec) -> None:
 
     transformers would print a load report and raise on every rank; the model
     built on the meta device (no weights) against the weight files' headers
-    (no tensors read) says it once, before any model loads.
+    (no tensors read) says it once, before any model loads. Called before the
+    trainer's config exists: with ZeRO-3 configured, transformers would build
+    it under DeepSpeed's partitioning, whose hooks outlive the check.
     """
     import transformers
     from safetensors import safe_open
 
+    check_model_path(name_or_path)  # there, and its weight files whole
     path = Path(name_or_path).expanduser()
     files = sorted(path.glob("*.safetensors")) if (path / "config.json").is_file() else []
     if not files:

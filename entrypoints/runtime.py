@@ -68,6 +68,7 @@ from posttrain.entrypoints.metrics import MetricsLog
 from posttrain.entrypoints.models import (
     check_model_options,
     check_model_paths,
+    check_weight_shapes,
     import_object,
     load_extra_model,
     load_model,
@@ -260,6 +261,7 @@ def _check_inputs(spec: Spec, output_dir: Path, world_size: int, reward_check: R
         return None
     rewards = resolve_rewards(spec, reward_check)
     check_reward_columns(spec, datasets)
+    check_weight_shapes(spec.model.name_or_path, spec)
     args = build_config(spec, training)
     check_online_data(type(spec), args, len(train_dataset), world_size)
     check_length_column(spec, args, datasets)

@@ -220,3 +220,15 @@ def test_a_file_system_without_room_for_one_checkpoint_is_refused_before_any_mod
         f"state) of {model} needs about 2.3 MiB: make room, or use another output_dir"
     )
     check_room(small_disk / "out", spec, {**spec.training, "save_strategy": "no"})  # the final weights alone fit
+
+
+def test_ppo_rotates_its_checkpoints_and_leaves_a_users_checkpoint_best_alone(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from posttrain.entrypoints.ppo_trainer import PPOTrainer
+
+    for step in (10, 20, 30):
+        write_checkpoint(tmp_path, step)
+    (tmp_path / "checkpoint-best").mkdir()  # crashed the rotation once: int("best")
+    PPOTrainer._rotate_checkpoints(SimpleNamespace(args=SimpleNamespace(output_dir=str(tmp_path), save_total_limit=2)))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint-20", "checkpoint-30", "checkpoint-best"]

@@ -374,7 +374,7 @@ def test_a_directory_that_is_not_a_model_lists_what_it_lacks(tmp_path: Path) -> 
 def test_weights_of_another_shape_than_config_json_makes_are_named_before_any_model_loads(tmp_path: Path) -> None:
     import transformers
 
-    from posttrain.entrypoints.models import check_model_paths
+    from posttrain.entrypoints.models import check_weight_shapes
 
     model = tmp_path / "model"
     config = transformers.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -382,11 +382,11 @@ def test_weights_of_another_shape_than_config_json_makes_are_named_before_any_mo
     transformers.LlamaForCausalLM(config).save_pretrained(model)
     (model / "tokenizer.json").write_text("{}")  # present: what is checked here is the weights
     spec = validate({**load_template("sft/tiny.yaml"), "model": {"name_or_path": str(model)}})
-    check_model_paths(spec)
+    check_weight_shapes(str(model), spec)
     config.intermediate_size = 48  # a config.json copied from another model
     config.save_pretrained(model)
     with pytest.raises(SpecError) as error:
-        check_model_paths(spec)
+        check_weight_shapes(str(model), spec)
     assert str(error.value) == (
         f"model.name_or_path: {model / 'model.safetensors'} holds model.layers.0.mlp.down_proj.weight of shape "
         f"[16, 32], where {model}/config.json makes it [16, 48]: the weights and config.json are of different models"

@@ -148,7 +148,7 @@ def test_a_node_count_whose_request_kubernetes_cannot_hold_is_refused_naming_the
     with pytest.raises(SpecError) as error:
         request("sft", j="100000x8")
     message = str(error.value)
-    assert message.startswith("-j 100000x8: the job's request carries the spec once per node (")
+    assert message.startswith("-j 100000x8: the job's request holds every node's command, spec included (")
     fits = int(re.search(r"at most (\d+) nodes fit this spec", message).group(1))
     body = json.dumps(request("sft", j=f"{fits}x8"))
     assert len(body) <= 1.5 * 2**20 < len(body) / fits * (fits + 60)  # near the limit, under it

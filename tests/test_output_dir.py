@@ -2,6 +2,7 @@
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -14,10 +15,10 @@ from posttrain.entrypoints.checkpoints import complete_checkpoints
 from posttrain.entrypoints.lease import LEASE_FILE
 
 
-def sft_args(output_dir: Path, *overrides: str) -> list:
+def sft_args(output_dir: Path, *overrides: str, j: str = "1x2", port: int = 0) -> list:
     return [
-        "run", "-s", "local_cwd", "posttrain.sft", "--spec", "templates/sft/tiny.yaml", "-j", "1x2", "--rdzv_port", str(free_port()),
-        f"training.output_dir={output_dir}", *overrides,
+        "run", "-s", "local_cwd", "posttrain.sft", "--spec", "templates/sft/tiny.yaml", "-j", j,
+        "--rdzv_port", str(port or free_port()), f"training.output_dir={output_dir}", *overrides,
     ]  # fmt: skip
 
 
@@ -108,3 +109,16 @@ def test_a_read_only_output_dir_is_one_line_before_any_model_loads(tmp_path: Pat
         subprocess.run(["umount", str(output_dir)], check=True)
     logs = assert_stopped_once(result, f"training.output_dir: cannot write in {output_dir}: Read-only file system")
     assert "training sft on" not in logs  # stopped at its first check
+
+
+@pytest.mark.e2e
+def test_a_rendezvous_port_another_program_holds_is_one_line_at_once(tmp_path: Path) -> None:
+    port = free_port()
+    with socket.socket() as holder:  # not a rendezvous store: torchrun would wait on it until killed
+        holder.bind(("", port))
+        holder.listen()
+        started = time.monotonic()
+        result = torchx(sft_args(tmp_path / "out", j="2x1", port=port), tmp_path, timeout=120)
+    assert time.monotonic() - started < 60
+    assert_stopped_once(result, f"--rdzv_port {port} is in use on ")
+    assert not (tmp_path / "out").exists()

@@ -30,7 +30,8 @@ def test_server_mode_adds_a_vllm_role_the_trainers_find() -> None:
     assert (trainers.name, server.name) == ("grpo", "vllm")
     assert server.num_replicas == 1 and server.port_map == {"http": 8000}
     # the role's het group on Slurm is the one after the trainers' two; Volcano's task vllm-0; else this host
-    assert trainers.args[1].startswith(
+    launch = trainers.args[1].split(" && ", 1)[1]  # after the rendezvous port's check
+    assert launch.startswith(
         "POSTTRAIN_VLLM_HOST=$${SLURM_JOB_NODELIST_HET_GROUP_2:-$${VC_VLLM_0_HOSTS:-localhost}} python -m "
     )
     command = server.args[1]
@@ -94,5 +95,5 @@ def test_kubernetes_gang_schedules_both_roles_in_one_volcano_job() -> None:
     assert server["resources"]["limits"] == {"cpu": "8000m", "memory": "32000M", "nvidia.com/gpu": "1"}
     assert server["ports"] == [{"containerPort": 8000, "name": "http"}]
     for name in ("grpo-0", "grpo-1"):
-        command = tasks[name]["template"]["spec"]["containers"][0]["command"][2]
+        command = tasks[name]["template"]["spec"]["containers"][0]["command"][2].split(" && ", 1)[1]
         assert command.startswith("POSTTRAIN_VLLM_HOST=${SLURM_JOB_NODELIST_HET_GROUP_2:-${VC_VLLM_0_HOSTS:-localhost}}")
