@@ -248,6 +248,8 @@ def build_appdef(
     role_env["TORCHX_TRACKING_EXPERIMENT_NAME"] = job_name.experiment_name
     role_env.setdefault("LOGLEVEL", os.getenv("LOGLEVEL", "WARNING"))
     role_env.setdefault("PYTHONUNBUFFERED", "1")
+    if topology.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:  # torchrun's own default, without its
+        role_env.setdefault("OMP_NUM_THREADS", "1")  # banner; a value exported where the job is submitted is kept
     if debug:
         role_env.update(_DEBUG_ENV)
     roles = [

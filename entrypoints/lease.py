@@ -1,7 +1,7 @@
 """One run per output directory: rank 0 of a job holds a lease on ``output_dir`` for as long as the job lives.
 
 The lease is a small JSON file in ``output_dir`` (``.posttrain_lease.json``)
-naming its holder: the job (torchrun's run id, which is torchx's app id), the
+naming its holder: the job (Slurm's job id, else torchrun's run id: torchx's app id), the
 attempt, the host and process, when it was taken, and a heartbeat renewed
 every :data:`HEARTBEAT_S` seconds. A heartbeat, not a file lock: ``fcntl``
 locks are not reliable on every network file system, a file's contents are.
@@ -48,7 +48,8 @@ class Holder:
     @staticmethod
     def this_process() -> "Holder":
         now = time.time()
-        job = os.environ.get("TORCHELASTIC_RUN_ID") or os.environ.get("SLURM_JOB_ID") or f"pid-{os.getpid()}"
+        # Slurm's job id first: torchrun's run id is the literal "$SLURM_JOB_ID" there (torchx quotes the macro)
+        job = os.environ.get("SLURM_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID") or f"pid-{os.getpid()}"
         attempt = (int(os.environ.get("SLURM_RESTART_COUNT", "0")), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
         return Holder(job, attempt, socket.gethostname(), os.getpid(), now, now, os.urandom(8).hex())
 

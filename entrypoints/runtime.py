@@ -37,8 +37,8 @@ import argparse
 import contextlib
 import dataclasses
 import importlib.util
-import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -46,6 +46,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from transformers import PrinterCallback
+from transformers.utils import logging as transformers_logging
 
 from posttrain.components.fields import config_fields
 from posttrain.components.messages import SpecError
@@ -83,7 +84,7 @@ from posttrain.entrypoints.rewards import (
     resolve_rewards,
 )
 from posttrain.entrypoints.sharding import strategy_for
-from posttrain.entrypoints.summary import SUMMARY_FILE, run_summary
+from posttrain.entrypoints.summary import SUMMARY_FILE, closing_line, run_summary
 
 log = logging.getLogger("posttrain")
 
@@ -153,6 +154,7 @@ def run(
     options = parser.parse_args(argv)
     distributed.setup_logging()
     distributed.end_with_the_launchers_parent()
+    quiet_libraries()
     try:
         spec = spec_from_json(options.spec_json)
         if spec.algorithm != algorithm:
@@ -172,6 +174,15 @@ def run(
     finally:
         distributed.destroy_process_group()
     distributed.report_done()
+
+
+def quiet_libraries() -> None:
+    """What libraries print that tells a user nothing: DeepSpeed's warning from every rank that it found no GPU (on
+    a CPU job), and the progress bars of saving and loading weights in a log (a file or a pipe, not a terminal)."""
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if not sys.stderr.isatty():
+        transformers_logging.disable_progress_bar()
 
 
 @dataclasses.dataclass
@@ -236,9 +247,10 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
         summary = run_summary(algorithm, spec, trainer, result.metrics, resume_from, tokens)
         if trainer.is_world_process_zero():
             write_json_atomic(output_dir / SUMMARY_FILE, summary)
-            log.info("done: %s", json.dumps({k: summary[k] for k in ("global_steps", "metrics_first", "metrics_last")}))
         strategy.teardown(trainer)
         vllm_generation.shutdown(trainer)  # while the process group exists: vLLM leaves its groups at shutdown
+        if distributed.is_rank0():  # the run's last line: the details are in run_summary.json
+            print(closing_line(summary, str(output_dir)), file=sys.stderr, flush=True)
 
 
 def _check_inputs(spec: Spec, output_dir: Path, world_size: int, reward_check: RewardCheck) -> Optional[_Inputs]:

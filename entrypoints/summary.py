@@ -11,6 +11,8 @@ from posttrain.entrypoints.distributed import backend_for, world_size
 
 SUMMARY_FILE = "run_summary.json"
 
+# What the closing line reports, the first an algorithm logs: the online ones' reward, PPO's scores, else the loss
+HEADLINE_METRICS = ("reward", "objective/scores", "loss")
 # Bookkeeping and speed the Trainer logs beside the metrics.
 _NOT_METRICS = {"step", "epoch", "total_flos", "train_runtime", "train_tokens_per_second"}
 
@@ -100,3 +102,19 @@ def metric_ends(log_history: Sequence[Dict[str, Any]]) -> Tuple[Dict[str, float]
     first = {key: statistics.fmean(values[:3]) for key, values in series.items()}
     last = {key: statistics.fmean(values[-3:]) for key, values in series.items()}
     return first, last
+
+
+def closing_line(summary: Dict[str, Any], output_dir: str) -> str:
+    """A run's last line: what it did, how long it took, how its headline metric moved, and where the model is.
+
+    >>> closing_line({"algorithm": "sft", "global_steps": 40, "train_runtime_s": 12.3,
+    ...               "metrics_first": {"loss": 6.25}, "metrics_last": {"loss": 0.781}}, "outputs/sft-tiny")
+    'posttrain: sft finished 40 steps in 12 s, loss 6.25 -> 0.781; model in outputs/sft-tiny'
+    """
+    first, last = summary["metrics_first"], summary["metrics_last"]
+    key = next((key for key in HEADLINE_METRICS if key in first and key in last), None)
+    moved = "" if key is None else f", {key} {first[key]:.3g} -> {last[key]:.3g}"
+    return (
+        f"posttrain: {summary['algorithm']} finished {summary['global_steps']} steps in "
+        f"{summary['train_runtime_s']:.0f} s{moved}; model in {output_dir}"
+    )

@@ -49,7 +49,9 @@ def session_tmp(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def sft_1x2(session_tmp: Path) -> Path:
     """The tiny SFT run on one node with two processes; later stages start from it."""
     output_dir = session_tmp / "sft-1x2"
-    assert_succeeded(run_template("sft/tiny.yaml", session_tmp, output_dir, j="1x2"))
+    result = run_template("sft/tiny.yaml", session_tmp, output_dir, j="1x2")
+    assert_succeeded(result)
+    (session_tmp / "sft-1x2.console").write_text(result.stdout + result.stderr)  # what the user saw
     return output_dir
 
 

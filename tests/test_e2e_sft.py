@@ -43,6 +43,16 @@ def test_sft_1x2_learns(sft_1x2: Path) -> None:
     assert_learned(sft_1x2, world_size=2, nnodes=1)
 
 
+def test_a_run_ends_with_one_line_of_what_it_did_and_where_the_model_is_without_library_noise(
+    sft_1x2: Path, session_tmp: Path
+) -> None:
+    console = (session_tmp / "sft-1x2.console").read_text()
+    said = [line.split("]:", 1)[1] for line in console.splitlines() if re.match(r"sft/0 \[\d\]:.*\S", line)]
+    assert re.fullmatch(rf"posttrain: sft finished 40 steps in \d+ s, loss [\d.]+ -> [\d.]+; model in {sft_1x2}", said[-1])
+    for noise in ("Setting accelerator to CPU", "Writing model shards", "Loading weights", "OMP_NUM_THREADS"):
+        assert noise not in console
+
+
 def test_sft_2x1_multinode_rendezvous_learns(sft_2x1: Path) -> None:
     assert_learned(sft_2x1, world_size=2, nnodes=2)
 

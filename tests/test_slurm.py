@@ -61,7 +61,8 @@ def test_sft_2x1_on_slurm_learns_and_torchx_status_and_log_work(tmp_path: Path) 
     status = torchx(["status", handle], tmp_path)
     assert status.returncode == 0 and "SUCCEEDED" in status.stdout + status.stderr
     logs = torchx(["log", handle], tmp_path)
-    assert logs.returncode == 0 and "posttrain[0] INFO done" in logs.stdout + logs.stderr
+    assert logs.returncode == 0 and "posttrain: sft finished 40 steps in " in logs.stdout + logs.stderr
+    assert f"; model in {output_dir}" in logs.stdout + logs.stderr
 
 
 def test_grpo_2x1_on_slurm_raises_the_reward(tmp_path: Path) -> None:
