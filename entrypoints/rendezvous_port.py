@@ -16,6 +16,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from posttrain.entrypoints.error_file import record_error
+
 
 def in_use(port: int) -> bool:
     """Whether a program listens on ``port`` of any interface (a closed connection's TIME_WAIT does not count)."""
@@ -61,12 +63,12 @@ def main(argv: list) -> int:
         # this job's torchrun (its run id is the job's) or, under DeepSpeed's launcher, its rank 0; unknown: go on
         ours = listener is None or job in listener or "posttrain.entrypoints." in listener
         return 0 if ours else 2  # node 0, on this host too, says why
-    print(
+    line = (
         f"posttrain: --rdzv_port {port} is in use on {socket.gethostname()}, the job's rank-0 host (another "
-        "program, or another job, listens on it); pass a free one with --rdzv_port",
-        file=sys.stderr,
-        flush=True,
+        "program, or another job, listens on it); pass a free one with --rdzv_port"
     )
+    print(line, file=sys.stderr, flush=True)
+    record_error(line)
     return 2
 
 

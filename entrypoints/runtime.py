@@ -65,6 +65,7 @@ from posttrain.entrypoints.data import (
     fit_batch,
     load_data,
 )
+from posttrain.entrypoints.error_file import record_error
 from posttrain.entrypoints.metrics import MetricsLog
 from posttrain.entrypoints.models import (
     check_model_options,
@@ -166,6 +167,7 @@ def run(
         # it; an error this rank may have met alone is said by this rank (else the job would end without a word)
         if distributed.env_rank() == 0 or error.this_rank_only:
             print(f"posttrain: {error}", file=sys.stderr, flush=True)
+        record_error(f"posttrain: {error}")  # every rank: whichever torchrun names the root cause
         raise SystemExit(2) from None
     except RuntimeError as error:
         if not distributed.lost_a_peer(error):

@@ -111,10 +111,13 @@ def assert_succeeded(result: subprocess.CompletedProcess) -> None:
 
 
 def assert_stopped_once(result: subprocess.CompletedProcess, message: str) -> str:
-    """The run failed with one ``posttrain:`` line, ``message``, and no rank's traceback; its output."""
+    """The run failed with one ``posttrain:`` line, ``message``, and no rank's traceback, and torchx's closing
+    status carries that line as the app's structured error; its output."""
     logs = result.stdout + result.stderr
+    job, _, status = logs.partition("AppStatus:")
     assert result.returncode != 0
-    assert logs.count("posttrain: ") == 1 and f"posttrain: {message}" in logs, logs[-4000:]
+    assert job.count("posttrain: ") == 1 and f"posttrain: {message}" in job, logs[-4000:]
+    assert not status or "structured_error_msg:" in status and "posttrain: " in status, status
     # no rank's traceback ("[1]:Traceback"); torchrun's own ChildFailedError report is the launcher's, not the job's
     assert not re.search(r"\[\d+\]:(\[rank\d+\]: )?Traceback", logs), logs[-4000:]
     return logs

@@ -1,5 +1,7 @@
-"""One run per output directory, through the real ``torchx run``: two clients racing, a client that dies."""
+"""One run per output directory, through the real ``torchx run``: two clients racing, a client that dies; what a
+failed job says, through torchx's own channels."""
 
+import json
 import os
 import signal
 import socket
@@ -37,9 +39,11 @@ def test_two_runs_started_at_once_into_one_directory_one_trains_and_the_other_is
     codes = [client.returncode for client in clients]
     assert sorted(codes) == [0, 1], outputs
     winner, loser = (0, 1) if codes[0] == 0 else (1, 0)
-    refusal = [line for line in outputs[loser].splitlines() if "posttrain: " in line]
+    job, _, status = outputs[loser].partition("AppStatus:")  # what the job printed, and torchx's closing status
+    refusal = [line for line in job.splitlines() if "posttrain: " in line]
     assert len(refusal) == 1 and f"posttrain: training.output_dir: {output_dir} is held by job sft-" in refusal[0]
     assert "wait for it, stop it, or use another output_dir" in refusal[0]
+    assert "posttrain: training.output_dir: " in status  # the app's structured error
     # the directory is the winner's alone: its spec, each step once, and no lease left behind
     assert read_json(output_dir / "posttrain_spec.json")["training"]["learning_rate"] == float(rates[winner])
     steps = [entry["step"] for entry in read_json(output_dir / "trainer_state.json")["log_history"] if "loss" in entry]
@@ -122,3 +126,24 @@ def test_a_rendezvous_port_another_program_holds_is_one_line_at_once(tmp_path: P
     assert time.monotonic() - started < 60
     assert_stopped_once(result, f"--rdzv_port {port} is in use on ")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.e2e
+def test_a_job_side_stop_is_the_apps_structured_error_for_library_callers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torchx.runner import get_runner
+    from torchx.specs import AppState
+
+    from posttrain.components import algorithms
+
+    monkeypatch.chdir(REPO)
+    for key, value in job_env(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    app = algorithms.sft("data.train.path=nope.jsonl", f"training.output_dir={tmp_path / 'out'}", spec="templates/sft/tiny.yaml", j="1x2")
+    with get_runner() as runner:
+        handle = runner.run(app, scheduler="local_cwd", cfg={"log_dir": str(tmp_path / "logs")})
+        status = runner.wait(handle, wait_interval=1)
+    assert status.state == AppState.FAILED
+    message = json.loads(status.structured_error_msg)["message"]["message"]
+    assert message == f"posttrain: data.train.path: no such file: nope.jsonl (relative paths start at {REPO})"

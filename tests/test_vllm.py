@@ -16,7 +16,18 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, assert_succeeded, ends, free_port, job_env, load_template, read_json, run_template, torchx
+from helpers import (
+    REPO,
+    assert_stopped_once,
+    assert_succeeded,
+    ends,
+    free_port,
+    job_env,
+    load_template,
+    read_json,
+    run_template,
+    torchx,
+)
 
 from posttrain.components.spec import validate
 from posttrain.entrypoints import runtime
@@ -130,9 +141,7 @@ def assert_learned_with_vllm(output_dir: Path, mode: str, weight_sync: str) -> N
 def test_a_head_size_vllm_cannot_run_on_cpu_is_one_line_before_vllm_starts(tmp_path: Path) -> None:
     result = run_template("grpo/tiny-vllm.yaml", tmp_path, tmp_path / "out", j="1x1",
                           overrides=["model.name_or_path=builtin:tiny-llama3"])  # fmt: skip
-    logs = result.stdout + result.stderr
-    assert result.returncode != 0
-    assert logs.count("posttrain: model.name_or_path: head size 16; vLLM on CPU takes 32, 64") == 1, logs[-4000:]
+    logs = assert_stopped_once(result, "model.name_or_path: head size 16; vLLM on CPU takes 32, 64")
     # no rank's traceback (torchrun's own ChildFailedError report is the launcher's), and vLLM never started
     assert not re.search(r"\[\d+\]:(\[rank\d+\]: )?Traceback", logs), logs[-4000:]
     assert "Initializing a V1 LLM engine" not in logs, logs[-4000:]
