@@ -236,11 +236,14 @@ def build_appdef(
     cmd += ["-m", module, "--spec-json", spec_json]
     if serve:
         cmd.insert(0, _noquote(vllm_role.host_assignment(topology.max_nnodes)))
-    if topology.max_nnodes > 1:  # first, that the port the launcher will listen on is free (rendezvous_port.py)
+    # several nodes: first, that the port the launcher will listen on is free (rendezvous_port.py); then the
+    # launcher replaces bash, as bash does by itself for one command, so that a scheduler's SIGTERM reaches it
+    # (bash as a pod's first process ignores SIGTERM)
+    if topology.max_nnodes > 1:
         host = _rank0_address(topology, rdzv_port)[0]
-        check = ["python", "-m", "posttrain.entrypoints.rendezvous_port", str(rdzv_port), macros.replica_id, host,
-                 macros.app_id]  # fmt: skip
-        cmd = [*check, _noquote("&&"), *cmd]
+        check = ["python", "-m", "posttrain.entrypoints.rendezvous_port", str(rdzv_port), macros.replica_id]
+        at = 1 if serve else 0  # after the vLLM host's assignment
+        cmd = [*check, host, macros.app_id, _noquote("&&"), *cmd[:at], _noquote("exec"), *cmd[at:]]
 
     job_name = StructuredNameArgument.parse_from(name=name or "/", m=module)
     # torchx substitutes macros in env values too: "$$" keeps every "$" the user wrote

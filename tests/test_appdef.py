@@ -43,8 +43,9 @@ def test_topology(j: str, nnodes: str, nproc: str, min_replicas: int, replicas: 
     app = algorithms.sft(spec=TINY, j=j)
     args = argv(app)
     role = app.roles[0]
-    if replicas > 1:  # several nodes: the rendezvous port is checked first
-        args = args[args.index("&&") + 1 :]
+    if replicas > 1:  # several nodes: the rendezvous port is checked first, then the launcher replaces bash
+        assert args[args.index("&&") + 1] == "exec"
+        args = args[args.index("&&") + 2 :]
     assert args[:3] == ["python", "-m", "torch.distributed.run"]
     assert option(args, "--nnodes") == nnodes and option(args, "--nproc_per_node") == nproc
     assert (role.min_replicas, role.num_replicas) == (min_replicas, replicas)
@@ -68,7 +69,7 @@ def test_deepspeed_launcher_runs_one_runner_per_node_told_its_rank_and_rank0(j: 
     nnodes, nproc = j.split("x")
     values = specs.macros.Values(img_root="", app_id="app-1", replica_id="1", rank0_env="TORCHX_RANK0_HOST")
     args = shlex.split(values.substitute(app.roles[0].args[1]))
-    args = args[args.index("&&") + 1 :] if "&&" in args else args  # several nodes: after the rendezvous port's check
+    args = args[args.index("&&") + 2 :] if "&&" in args else args  # several nodes: after the port's check, and exec
     assert args[:3] == ["python", "-m", "posttrain.entrypoints.deepspeed_launcher"]
     assert (option(args, "--nnodes"), option(args, "--nproc_per_node")) == (nnodes, nproc)
     assert option(args, "--node_rank") == "1"  # the replica id
@@ -262,7 +263,7 @@ def test_a_multi_node_job_checks_its_rendezvous_port_before_the_launcher_listens
     command = algorithms.sft(spec=TINY, j="2x1", rdzv_port=29555).roles[0].args[1]
     assert command.startswith(
         "python -m posttrain.entrypoints.rendezvous_port 29555 '${replica_id}' $${${rank0_env}:=localhost} '${app_id}' && "
-        "python -m torch.distributed.run "
+        "exec python -m torch.distributed.run "
     )
     assert "rendezvous_port" not in algorithms.sft(spec=TINY, j="1x2").roles[0].args[1]  # one node: a port of its own
     with socket.socket() as holder:

@@ -32,7 +32,7 @@ def test_server_mode_adds_a_vllm_role_the_trainers_find() -> None:
     # the role's het group on Slurm is the one after the trainers' two; Volcano's task vllm-0; else this host
     launch = trainers.args[1].split(" && ", 1)[1]  # after the rendezvous port's check
     assert launch.startswith(
-        "POSTTRAIN_VLLM_HOST=$${SLURM_JOB_NODELIST_HET_GROUP_2:-$${VC_VLLM_0_HOSTS:-localhost}} python -m "
+        "POSTTRAIN_VLLM_HOST=$${SLURM_JOB_NODELIST_HET_GROUP_2:-$${VC_VLLM_0_HOSTS:-localhost}} exec python -m "
     )
     command = server.args[1]
     assert command.startswith("python -m posttrain.entrypoints.vllm_server --spec-json ")
