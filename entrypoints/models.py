@@ -297,6 +297,8 @@ def check_weight_shapes(name_or_path: str, spec: Spec) -> None:
     model = spec.model
     try:
         config = transformers.AutoConfig.from_pretrained(str(path), trust_remote_code=model.trust_remote_code)
+        if getattr(config, "quantization_config", None) is not None:
+            return  # quantized weights are stored packed, in other shapes than the model's
         with torch.device("meta"):
             built = getattr(transformers, spec.model_class).from_config(config, trust_remote_code=model.trust_remote_code)
     except (OSError, ValueError, ImportError):

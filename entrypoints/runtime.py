@@ -8,9 +8,11 @@ the rest, in an order that fails early and cheaply:
 2. create the process group with ``distributed.timeout_s`` on every backend
    (with ``use_cpu`` transformers ignores ``ddp_timeout``);
 3. check everything a model is not needed for, on every rank, then agree
-   across ranks (:func:`distributed.all_ranks_agree`): load the data and
-   check its columns and values, fit the batch to its size, resolve
-   ``resume`` (a checkpoint of a different spec is an error), import reward
+   across ranks (:func:`distributed.all_ranks_agree`): rank 0 takes the
+   lease on ``output_dir`` (``lease.py``: another live run there is an
+   error), load the data and check its columns and values, fit the batch to
+   its size, resolve ``resume`` (the newest sound checkpoint; one of a
+   different spec, data or global batch is an error), import reward
    functions, build the TRL config (``use_cpu`` from the hardware; its own
    checks' ValueErrors become ``training:`` lines), look up what it needs
    of the environment (the optimizer's and loggers' packages, a Hub token),
@@ -23,14 +25,16 @@ the rest, in an order that fails early and cheaply:
    ``trainer_state.json`` and ``run_summary.json`` into ``output_dir``.
 
 Input errors (a missing file, a corrupt line, wrong columns, a data set too
-small, a NaN reward) end every rank with exit code 2 and one
+small, a NaN reward, a full disk) end every rank with exit code 2 and one
 ``posttrain: <problem>`` line, printed by rank 0 alone, without a traceback
-(a model that fails to load on one node only: by the ranks that met it);
-anything else keeps its traceback.
+(a model that fails to load on one node only: by the ranks that met it), and
+left in torchelastic's error file for torchx; anything else keeps its
+traceback. A success ends with one line too (``summary.closing_line``).
 
 What happens where: ``distributed.py`` (the process group), ``sharding.py``
 (DDP, DeepSpeed, FSDP), ``data.py``, ``models.py``, ``rewards.py``,
-``checkpoints.py`` (resume), ``summary.py`` (``run_summary.json``).
+``lease.py`` (one run per ``output_dir``), ``checkpoints.py`` (resume),
+``summary.py`` (``run_summary.json``).
 """
 
 import argparse

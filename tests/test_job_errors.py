@@ -391,6 +391,9 @@ def test_weights_of_another_shape_than_config_json_makes_are_named_before_any_mo
         f"model.name_or_path: {model / 'model.safetensors'} holds model.layers.0.mlp.down_proj.weight of shape "
         f"[16, 32], where {model}/config.json makes it [16, 48]: the weights and config.json are of different models"
     )
+    config.quantization_config = {"quant_method": "bitsandbytes", "load_in_4bit": True}  # packed: other shapes
+    config.save_pretrained(model)
+    check_weight_shapes(str(model), spec)
 
 
 # ---------------------------------------------------------------- ranks: printed once, everyone stops
