@@ -236,9 +236,8 @@ def build_appdef(
     cmd += ["-m", module, "--spec-json", spec_json]
     if serve:
         cmd.insert(0, _noquote(vllm_role.host_assignment(topology.max_nnodes)))
-    # several nodes: first, that the port the launcher will listen on is free (rendezvous_port.py); then the
-    # launcher replaces bash, as bash does by itself for one command, so that a scheduler's SIGTERM reaches it
-    # (bash as a pod's first process ignores SIGTERM)
+    # several nodes: first, that the launcher's port is free (rendezvous_port.py); then the launcher replaces bash,
+    # as bash does by itself for one command, so a scheduler's SIGTERM reaches it (a pod's first process ignores it)
     if topology.max_nnodes > 1:
         host = _rank0_address(topology, rdzv_port)[0]
         check = ["python", "-m", "posttrain.entrypoints.rendezvous_port", str(rdzv_port), macros.replica_id]
