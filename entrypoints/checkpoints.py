@@ -29,6 +29,7 @@ from posttrain.components.fields import config_value
 from posttrain.components.messages import SpecError
 from posttrain.components.schema import Spec
 from posttrain.components.spec import NOT_TRAINING_RELEVANT, spec_diff
+from posttrain.entrypoints.distributed import env_rank, says_any
 from posttrain.entrypoints.summary import SUMMARY_FILE
 
 log = logging.getLogger("posttrain")
@@ -55,7 +56,12 @@ def complete_checkpoints(output_dir: Path) -> List[Path]:
     The Trainer writes ``trainer_state.json`` last: a checkpoint without a
     readable one was interrupted mid-save and is never resumed from.
     """
-    return [path for _, path in checkpoint_steps(output_dir) if checkpoint_problem(path) is None]
+    return [path for path, problem in checkpoint_verdicts(output_dir) if problem is None]
+
+
+def checkpoint_verdicts(output_dir: Path) -> List[Tuple[Path, Optional[str]]]:
+    """Every checkpoint, oldest first, with what makes it unusable (None: sound)."""
+    return [(path, checkpoint_problem(path)) for _, path in checkpoint_steps(output_dir)]
 
 
 def checkpoint_problem(checkpoint: Path) -> Optional[str]:
@@ -126,8 +132,9 @@ def resolve_resume(spec: Spec, output_dir: Path, inputs: Dict[str, Any]) -> Opti
     ``inputs`` is what this job trains on (:func:`job_inputs`); ``resume:
     auto`` refuses a checkpoint trained on other data or another global batch.
     """
-    checkpoints = complete_checkpoints(output_dir)
-    _say_damaged(output_dir, checkpoints[-1] if checkpoints else None)
+    verdicts = checkpoint_verdicts(output_dir)
+    checkpoints = [path for path, problem in verdicts if problem is None]
+    _say_damaged(verdicts)
     if spec.resume == "never":
         if checkpoints:
             raise SpecError(
@@ -168,16 +175,15 @@ def resolve_resume(spec: Spec, output_dir: Path, inputs: Dict[str, Any]) -> Opti
     return str(checkpoints[-1])
 
 
-def _say_damaged(output_dir: Path, sound: Optional[Path]) -> None:
-    """One line per checkpoint newer than the sound one that cannot be resumed from (rank 0 says it)."""
-    if int(os.environ.get("RANK", "0")) != 0:
+def _say_damaged(verdicts: List[Tuple[Path, Optional[str]]]) -> None:
+    """One line per checkpoint newer than the newest sound one, which resume passes over (rank 0 says it)."""
+    sound = [path for path, problem in verdicts if problem is None]
+    newer = verdicts[verdicts.index((sound[-1], None)) + 1 :] if sound else verdicts
+    if env_rank() != 0:
         return
-    newest_sound = -1 if sound is None else int(sound.name.split("-")[1])
-    for step, path in checkpoint_steps(output_dir):
-        problem = None if step <= newest_sound else checkpoint_problem(path)
-        if problem is not None:
-            instead = f"resuming from {sound.name}" if sound is not None else "no sound checkpoint before it"
-            log.warning("resume: %s is damaged (%s); %s, leaving it as it is", path, problem, instead)
+    for path, problem in newer:
+        instead = f"resuming from {sound[-1].name}" if sound else "no sound checkpoint before it"
+        log.warning("resume: %s is damaged (%s); %s, leaving it as it is", path, problem, instead)
 
 
 def _check_finished_model(spec: Spec, output_dir: Path) -> None:
@@ -339,17 +345,9 @@ def disk_errors(output_dir: Path) -> Iterator[None]:
             raise
         raise SpecError([_write_failed(output_dir, error.strerror)], this_rank_only=True) from None
     except RuntimeError as error:
-        if not _failed_write(error):
+        if not says_any(error, ("iostream error", "file write failed", "PytorchStreamWriter failed")):
             raise
         raise SpecError([_write_failed(output_dir, None)], this_rank_only=True) from None
-
-
-def _failed_write(error: Optional[BaseException]) -> bool:
-    while error is not None:
-        if any(sign in str(error) for sign in ("iostream error", "file write failed", "PytorchStreamWriter failed")):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
 
 
 def _write_failed(output_dir: Path, reason: Optional[str]) -> str:

@@ -15,7 +15,7 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Iterator, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -140,14 +140,18 @@ def all_ranks_agree() -> Iterator[None]:
         raise SpecError(first.split("\n")) from None
 
 
+def says_any(error: Optional[BaseException], signs: Sequence[str]) -> bool:
+    """Whether an exception, or one it was raised from or while handling, says one of ``signs``."""
+    while error is not None:
+        if any(sign in str(error) for sign in signs):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def lost_a_peer(error: BaseException) -> bool:
     """Whether a collective failed because another rank's process ended (gloo: its socket closed)."""
-    chain: Optional[BaseException] = error
-    while chain is not None:
-        if any(sign in str(chain) for sign in ("Connection closed by peer", "Connection reset by peer")):
-            return True
-        chain = chain.__cause__ or chain.__context__
-    return False
+    return says_any(error, ("Connection closed by peer", "Connection reset by peer"))
 
 
 # How long a rank lets gloo's worker threads finish before the interpreter exits (see destroy_process_group)

@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import IO, Optional, Tuple
 
 from posttrain.components.messages import SpecError
 
@@ -102,13 +102,6 @@ def _held_error(output_dir: Path, holder: Holder, now: float) -> SpecError:
     )
 
 
-def check_free(output_dir: Path) -> None:
-    """Raises where another live run holds ``output_dir``: the cheap check before any model loads."""
-    holder, me = read_holder(output_dir), Holder.this_process()
-    if holder is not None and gone_because(holder, me, time.time()) is None:
-        raise _held_error(output_dir, holder, time.time())
-
-
 class Lease:
     """The lease this job's rank 0 holds; :meth:`release` gives it back (and the directory, where it made it)."""
 
@@ -173,9 +166,7 @@ def acquire(output_dir: Path) -> Lease:
             raise SpecError([f"training.output_dir: cannot write in {output_dir}: {error.strerror}"]) from None
         else:
             with os.fdopen(descriptor, "w") as stream:
-                stream.write(json.dumps(dataclasses.asdict(me)))
-                stream.flush()
-                os.fsync(stream.fileno())
+                _dump(stream, me)
             return Lease(output_dir, me, made_dir)
         holder = read_holder(output_dir)
         if holder is None:  # being written by a run that just created it, or damaged
@@ -198,9 +189,14 @@ def acquire(output_dir: Path) -> Lease:
 
 def _write(path: Path, holder: Holder) -> None:
     """Writes the lease whole (a temporary file renamed over it): a reader never sees half of one."""
-    temporary = path.with_name(f"{path.name}.{holder.token}.tmp")
+    temporary = path.with_name(f"{path.name}.{holder.token}.tmp")  # one per holder: two may write at once
     with temporary.open("w") as stream:
-        stream.write(json.dumps(dataclasses.asdict(holder)))
-        stream.flush()
-        os.fsync(stream.fileno())
+        _dump(stream, holder)
     os.replace(temporary, path)
+
+
+def _dump(stream: IO[str], holder: Holder) -> None:
+    """The holder as JSON, on disk before the caller goes on (another host may read it next)."""
+    stream.write(json.dumps(dataclasses.asdict(holder)))
+    stream.flush()
+    os.fsync(stream.fileno())
