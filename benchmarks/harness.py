@@ -127,6 +127,11 @@ def _stat(pid: int) -> List[str]:
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
+def _is_launcher(argv: List[bytes]) -> bool:
+    """torchrun, bare (the plain TRL script's) or in posttrain's launcher."""
+    return any(name in argv for name in (b"torch.distributed.run", b"posttrain.entrypoints.launcher"))
+
+
 def _watch_worker_start(root: int, finished: threading.Event, delays: List[float]) -> None:
     """Appends how long after ``root`` started the first training process (a Python child of torchrun) started."""
     try:
@@ -142,7 +147,7 @@ def _watch_worker_start(root: int, finished: threading.Event, delays: List[float
             except (OSError, ValueError):
                 continue
         starts = [start for parent, start, argv in processes.values()
-                  if b"python" in argv[0] and b"torch.distributed.run" in processes.get(parent, (0, 0, []))[2]]  # fmt: skip
+                  if b"python" in argv[0] and _is_launcher(processes.get(parent, (0, 0, []))[2])]  # fmt: skip
         if starts:
             delays.append((min(starts) - root_ticks) / os.sysconf("SC_CLK_TCK"))
             return

@@ -1,7 +1,7 @@
 """The AppDef builder every algorithm's component shares.
 
-Built like torchx's ``dist.ddp``: one role running ``bash -c`` with a
-``python -m torch.distributed.run`` command, c10d rendezvous on ``localhost:0``
+Built like torchx's ``dist.ddp``: one role running ``bash -c`` with torchrun
+(in ``posttrain.entrypoints.launcher``: a failure told in one line), c10d rendezvous on ``localhost:0``
 for one node and on the scheduler's rank-0 host (``macros.rank0_env``) for
 several, and the validated spec embedded as canonical JSON. With
 ``launcher="deepspeed"`` each node runs DeepSpeed's launcher instead, through
@@ -329,7 +329,7 @@ def _torchrun_command(topology: Topology, port: int, rdzv_backend: str, tee: int
     cmd = [
         "python",
         "-m",
-        "torch.distributed.run",
+        "posttrain.entrypoints.launcher",
         "--rdzv_backend",
         rdzv_backend,
         "--rdzv_endpoint",

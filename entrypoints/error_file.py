@@ -9,8 +9,16 @@ only: the rendezvous port's check, before any launcher, uses it too.
 
 import json
 import os
+import sys
 import time
+import traceback
 from pathlib import Path
+from typing import Any, Optional
+
+# A rank's exit codes: a check stopped it, and it said why (see runtime.run); it crashed (Python's own code)
+STOPPED, CRASHED = 2, 1
+# Set by posttrain's launcher (launcher.py), which says a crash's line once for the ranks that crashed
+LAUNCHER_SAYS = "POSTTRAIN_LAUNCHER_SAYS"
 
 
 def record_error(message: str) -> None:
@@ -19,3 +27,36 @@ def record_error(message: str) -> None:
     if path:
         extra = {"py_callstack": "", "timestamp": str(int(time.time()))}  # no traceback: the line says it all
         Path(path).write_text(json.dumps({"message": {"message": message, "extraInfo": extra}}))
+
+
+def posttrain_line(error_file_data: Any) -> Optional[str]:
+    """The ``posttrain:`` line an error file holds, if it holds one."""
+    message = error_file_data.get("message") if isinstance(error_file_data, dict) else None
+    text = message.get("message") if isinstance(message, dict) else message
+    return text if isinstance(text, str) and text.startswith("posttrain:") else None
+
+
+def record_crash(error: BaseException, rank: int, traceback_dir: Optional[Path]) -> None:
+    """Says a crash in one line, its traceback kept in ``traceback_dir`` (printed here where it cannot be written).
+
+    The line names the exception and the innermost frame it came from; it is left in the error file, and printed
+    unless posttrain's launcher says it (once, for every rank that crashed alike).
+    """
+    frame = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
+    where = f" (at {Path(frame.filename).name}:{frame.lineno} in {frame.name})" if frame else ""
+    summary = traceback.format_exception_only(error)[-1].strip().splitlines()[0]
+    full = "".join(traceback.format_exception(error))
+    kept = None
+    if traceback_dir is not None:
+        try:
+            traceback_dir.mkdir(parents=True, exist_ok=True)
+            kept = traceback_dir / f"traceback-rank{rank}.txt"
+            kept.write_text(full)
+        except OSError:
+            kept = None
+    if kept is None:
+        print(full, file=sys.stderr, end="", flush=True)
+    line = f"posttrain: rank {rank} crashed: {summary}{where}; traceback {f'in {kept}' if kept else 'above'}"
+    record_error(line)
+    if not os.environ.get(LAUNCHER_SAYS):
+        print(line, file=sys.stderr, flush=True)

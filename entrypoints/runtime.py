@@ -69,7 +69,7 @@ from posttrain.entrypoints.data import (
     fit_batch,
     load_data,
 )
-from posttrain.entrypoints.error_file import record_error
+from posttrain.entrypoints.error_file import CRASHED, STOPPED, record_crash, record_error
 from posttrain.entrypoints.metrics import MetricsLog
 from posttrain.entrypoints.models import (
     check_model_options,
@@ -88,8 +88,8 @@ from posttrain.entrypoints.rewards import (
     load_reward_models,
     resolve_rewards,
 )
-from posttrain.entrypoints.sharding import strategy_for
-from posttrain.entrypoints.summary import SUMMARY_FILE, closing_line, run_summary
+from posttrain.entrypoints.sharding import may_leave_parameters_unused, strategy_for
+from posttrain.entrypoints.summary import SUMMARY_FILE, closing_line, run_summary, write_model_card
 
 log = logging.getLogger("posttrain")
 
@@ -108,7 +108,10 @@ class Job:
 
     def load_model(self) -> Any:
         """The model to train: ``model.name_or_path`` with the algorithm's ``model_class``."""
-        return load_model(self.spec.model.name_or_path, self.spec, self.tokenizer, self.spec.model_class)
+        model = load_model(self.spec.model.name_or_path, self.spec, self.tokenizer, self.spec.model_class)
+        if getattr(self.args, "ddp_find_unused_parameters", False) is None:  # unset: decided by the model
+            self.args.ddp_find_unused_parameters = may_leave_parameters_unused(model)
+        return model
 
     def load_extra_models(self) -> Dict[str, Any]:
         """The algorithm's other models (reference, teacher, value), by the trainer keyword each goes to."""
@@ -160,6 +163,7 @@ def run(
     distributed.setup_logging()
     distributed.end_with_the_launchers_parent()
     quiet_libraries()
+    spec = None
     try:
         spec = spec_from_json(options.spec_json)
         if spec.algorithm != algorithm:
@@ -172,11 +176,12 @@ def run(
         if distributed.env_rank() == 0 or error.this_rank_only:
             print(f"posttrain: {error}", file=sys.stderr, flush=True)
         record_error(f"posttrain: {error}")  # every rank: whichever torchrun names the root cause
-        raise SystemExit(2) from None
-    except RuntimeError as error:
-        if not distributed.lost_a_peer(error):
-            raise
-        raise SystemExit(1) from None  # another rank ended first and says why: this one's traceback would bury it
+        raise SystemExit(STOPPED) from None
+    except Exception as error:
+        if not distributed.lost_a_peer(error):  # else another rank ended first and says why
+            logs = Path(spec.training["output_dir"]) / "logs" if spec else None
+            record_crash(error, distributed.env_rank(), logs)
+        raise SystemExit(CRASHED) from None
     finally:
         distributed.destroy_process_group()
     distributed.report_done()
@@ -253,6 +258,7 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
         summary = run_summary(algorithm, spec, trainer, result.metrics, resume_from, tokens)
         if trainer.is_world_process_zero():
             write_json_atomic(output_dir / SUMMARY_FILE, summary)
+            write_model_card(trainer, output_dir, spec.model.name_or_path)
         strategy.teardown(trainer)
         vllm_generation.shutdown(trainer)  # while the process group exists: vLLM leaves its groups at shutdown
         if distributed.is_rank0():  # the run's last line: the details are in run_summary.json

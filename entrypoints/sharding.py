@@ -128,6 +128,22 @@ class FSDP(Strategy):
         trainer.accelerator.state.fsdp_plugin.set_state_dict_type("FULL_STATE_DICT")
 
 
+# Config keys of architectures whose forward can leave parameters without a gradient: experts no token was routed
+# to, a vision or audio tower that a text-only batch skips
+_PARTIAL_FORWARD_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "vision_config",
+                         "audio_config")  # fmt: skip
+
+
+def may_leave_parameters_unused(model: Any) -> bool:
+    """Whether DDP must search each backward for parameters the forward left unused (``find_unused_parameters``).
+
+    Unset, transformers searches for every model trained without activation checkpointing; for a model whose
+    forward uses every parameter that search is wasted, and DDP warns of it from every rank.
+    """
+    config = getattr(model, "config", None)
+    return config is None or any(getattr(config, key, None) for key in _PARTIAL_FORWARD_KEYS)
+
+
 def strategy_for(spec: DistributedSpec) -> Strategy:
     """The strategy the spec's ``distributed`` section asks for."""
     if spec.deepspeed is not None:

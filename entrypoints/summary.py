@@ -2,6 +2,7 @@
 
 import os
 import statistics
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from posttrain.components.schema import Spec
@@ -102,6 +103,22 @@ def metric_ends(log_history: Sequence[Dict[str, Any]]) -> Tuple[Dict[str, float]
     first = {key: statistics.fmean(values[:3]) for key, values in series.items()}
     last = {key: statistics.fmean(values[-3:]) for key, values in series.items()}
     return first, last
+
+
+# What TRL's model card says of a base model that is not a hub id (a built-in or local one): a link to nowhere
+_NO_BASE_MODEL = "[None](https://huggingface.co/None)"
+
+
+def write_model_card(trainer: Any, output_dir: Path, base_model: str) -> None:
+    """TRL's model card (``README.md``) in ``output_dir``, naming the base model as the spec does: TRL names and
+    links a hub id, and writes "[None]" for any other. posttrain's PPO trainer writes none."""
+    if not hasattr(trainer, "create_model_card"):
+        return
+    trainer.create_model_card(model_name=output_dir.name)
+    card = output_dir / "README.md"
+    text = card.read_text()
+    if _NO_BASE_MODEL in text:
+        card.write_text(text.replace(_NO_BASE_MODEL, f"`{base_model}`"))
 
 
 def closing_line(summary: Dict[str, Any], output_dir: str) -> str:

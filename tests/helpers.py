@@ -116,10 +116,12 @@ def assert_stopped_once(result: subprocess.CompletedProcess, message: str) -> st
     logs = result.stdout + result.stderr
     job, _, status = logs.partition("AppStatus:")
     assert result.returncode != 0
-    assert job.count("posttrain: ") == 1 and f"posttrain: {message}" in job, logs[-4000:]
+    assert job.count("posttrain: ") == 1 and f"posttrain: {message}" in job, job[-4000:]
     assert not status or "structured_error_msg:" in status and "posttrain: " in status, status
-    # no rank's traceback ("[1]:Traceback"); torchrun's own ChildFailedError report is the launcher's, not the job's
-    assert not re.search(r"\[\d+\]:(\[rank\d+\]: )?Traceback", logs), logs[-4000:]
+    # no rank's traceback ("[1]:Traceback"), no torchrun report (its ChildFailedError block): the line is the job's last
+    assert not re.search(r"\[\d+\]:(\[rank\d+\]: )?Traceback", logs) and "ChildFailedError" not in logs, logs[-4000:]
+    job_lines = [line for line in job.splitlines() if line and not line.startswith("torchx ")]
+    assert job_lines and "posttrain: " in job_lines[-1], logs[-4000:]
     return logs
 
 

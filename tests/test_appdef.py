@@ -46,7 +46,7 @@ def test_topology(j: str, nnodes: str, nproc: str, min_replicas: int, replicas: 
     if replicas > 1:  # several nodes: the rendezvous port is checked first, then the launcher replaces bash
         assert args[args.index("&&") + 1] == "exec"
         args = args[args.index("&&") + 2 :]
-    assert args[:3] == ["python", "-m", "torch.distributed.run"]
+    assert args[:3] == ["python", "-m", "posttrain.entrypoints.launcher"]
     assert option(args, "--nnodes") == nnodes and option(args, "--nproc_per_node") == nproc
     assert (role.min_replicas, role.num_replicas) == (min_replicas, replicas)
     assert option(args, "--tee") == "3" and option(args, "--rdzv_backend") == "c10d"
@@ -74,7 +74,7 @@ def test_deepspeed_launcher_runs_one_runner_per_node_told_its_rank_and_rank0(j: 
     assert (option(args, "--nnodes"), option(args, "--nproc_per_node")) == (nnodes, nproc)
     assert option(args, "--node_rank") == "1"  # the replica id
     assert (option(args, "--master_addr"), option(args, "--master_port")) == (host, port)
-    assert args[args.index("-m", 3) + 1] == "posttrain.entrypoints.sft" and "torch.distributed.run" not in args
+    assert args[args.index("-m", 3) + 1] == "posttrain.entrypoints.sft" and "posttrain.entrypoints.launcher" not in args
     assert app.roles[0].num_replicas == app.roles[0].min_replicas == int(nnodes)
 
 
@@ -263,7 +263,7 @@ def test_a_multi_node_job_checks_its_rendezvous_port_before_the_launcher_listens
     command = algorithms.sft(spec=TINY, j="2x1", rdzv_port=29555).roles[0].args[1]
     assert command.startswith(
         "python -m posttrain.entrypoints.rendezvous_port 29555 '${replica_id}' $${${rank0_env}:=localhost} '${app_id}' && "
-        "exec python -m torch.distributed.run "
+        "exec python -m posttrain.entrypoints.launcher "
     )
     assert "rendezvous_port" not in algorithms.sft(spec=TINY, j="1x2").roles[0].args[1]  # one node: a port of its own
     with socket.socket() as holder:

@@ -314,7 +314,7 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes_from_it(tmp_path: P
     job = start_training(args, tmp_path, log_path, steps=5)
     try:
         agent = subprocess.run(
-            ["pgrep", "-f", f"torch.distributed.run .*{output_dir}"], capture_output=True, text=True
+            ["pgrep", "-f", f"posttrain.entrypoints.launcher .*{output_dir}"], capture_output=True, text=True
         ).stdout.split()
         assert agent, "the torchrun agent was not found"
         os.kill(int(agent[0]), signal.SIGTERM)  # what a scheduler's preemption does

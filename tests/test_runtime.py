@@ -423,6 +423,8 @@ def test_every_key_reaches_the_trainer_as_the_spec_says(tmp_path: Path, algorith
     job = tiny_job(tmp_path, algorithm)
     trainer = ppo.build_trainer(job) if algorithm == "ppo" else runtime.registry_trainer(job)
     expected = import_object(job.spec.config_class)(**runtime.training_arguments(job.spec, dict(job.spec.training)))
+    if expected.ddp_find_unused_parameters is None:  # unset: decided by the loaded model (Job.load_model)
+        expected.ddp_find_unused_parameters = False  # the tiny Llama uses every parameter
     differing = {
         f.name for f in dataclasses.fields(expected)
         if f.init and getattr(trainer.args, f.name) != getattr(expected, f.name)
@@ -431,3 +433,14 @@ def test_every_key_reaches_the_trainer_as_the_spec_says(tmp_path: Path, algorith
     for key, value in job.spec.training.items():  # and what the spec says is what the trainer has
         if key not in TRAINER_CHANGES.get(algorithm, set()):
             assert getattr(trainer.args, key) == getattr(expected, key), key
+
+
+def test_ddp_searches_for_unused_parameters_only_in_models_that_can_leave_some() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
+
+    from posttrain.entrypoints.sharding import may_leave_parameters_unused
+
+    small = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+             "num_key_value_heads": 1, "vocab_size": 64}  # fmt: skip
+    assert not may_leave_parameters_unused(LlamaForCausalLM(LlamaConfig(**small)))
+    assert may_leave_parameters_unused(MixtralForCausalLM(MixtralConfig(**small, num_local_experts=4)))

@@ -1,0 +1,90 @@
+"""A failed job ends with one line: posttrain's launcher around torchrun, and a crash's line and traceback file."""
+
+import json
+import re
+import signal
+import textwrap
+from pathlib import Path
+
+import pytest
+from helpers import assert_stopped_once, run_template
+from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+from posttrain.entrypoints import error_file, launcher
+
+
+def _failure(tmp_path: Path, exitcode: int, message: str = "", rank: int = 0) -> ProcessFailure:
+    path = tmp_path / f"error-{rank}.json"
+    if message:
+        path.write_text(json.dumps({"message": {"message": message, "extraInfo": {"timestamp": "1"}}}))
+    return ProcessFailure(local_rank=rank, pid=42, exitcode=exitcode, error_file=str(path))
+
+
+def test_the_root_cause_is_the_rank_that_said_why_not_one_torchrun_stopped_after_it(tmp_path: Path) -> None:
+    line = "posttrain: data.train.path: no such file: x.jsonl"
+    stopped = {0: _failure(tmp_path, -signal.SIGTERM, line, 0), 1: _failure(tmp_path, error_file.STOPPED, line, 1)}
+    assert launcher.root_cause(stopped)[0] == 1  # rank 0 had left the same line when torchrun stopped it
+    quiet = tmp_path / "no error files"
+    killed = {0: _failure(quiet, error_file.CRASHED, rank=0), 1: _failure(quiet, -signal.SIGKILL, rank=1)}
+    assert launcher.root_cause(killed)[0] == 1  # rank 0 ended on the lost peer, quietly
+
+
+def test_the_launcher_says_a_crash_and_a_signal_but_not_what_a_rank_said(tmp_path: Path) -> None:
+    crash = "posttrain: rank 1 crashed: ValueError: bad (at r.py:3 in f); traceback in out/logs/traceback-rank1.txt"
+    assert launcher.failure_line(1, _failure(tmp_path, error_file.CRASHED, crash)) == crash
+    assert launcher.failure_line(0, _failure(tmp_path, error_file.STOPPED, "posttrain: data.train: ...")) is None
+    assert launcher.failure_line(0, _failure(tmp_path / "none", error_file.CRASHED)) is None  # a lost peer: quiet
+    assert launcher.failure_line(3, _failure(tmp_path / "none", -signal.SIGKILL)) == (
+        "posttrain: rank 3 (pid 42) was killed by SIGKILL (the system's out-of-memory killer sends it)"
+    )
+
+
+def test_a_crash_is_one_line_naming_the_exception_and_where_its_traceback_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
+    monkeypatch.delenv(error_file.LAUNCHER_SAYS, raising=False)
+    try:
+        {}["judge"]
+    except KeyError as crash:
+        error_file.record_crash(crash, 1, tmp_path / "logs")
+    kept = tmp_path / "logs" / "traceback-rank1.txt"
+    line = capsys.readouterr().err
+    assert re.fullmatch(rf"posttrain: rank 1 crashed: KeyError: 'judge' \(at test_launcher.py:\d+ in test_a_crash_\w+\); "
+                        rf"traceback in {re.escape(str(kept))}\n", line), line  # fmt: skip
+    line = line.strip()
+    assert kept.read_text().startswith("Traceback (most recent call last):") and "{}[\"judge\"]" in kept.read_text()
+    assert error_file.posttrain_line(json.loads((tmp_path / "error.json").read_text())) == line
+    monkeypatch.setenv(error_file.LAUNCHER_SAYS, "1")  # under posttrain's launcher, which says it once
+    (tmp_path / "file").write_text("")
+    try:
+        raise ValueError("first\nsecond")
+    except ValueError as crash:
+        error_file.record_crash(crash, 0, tmp_path / "file" / "logs")  # cannot be written: printed instead
+    err = capsys.readouterr().err
+    assert err.startswith("Traceback (most recent call last):") and "posttrain:" not in err
+
+
+@pytest.mark.e2e
+def test_e2e_a_reward_function_that_raises_on_every_rank_ends_in_one_line(tmp_path: Path) -> None:
+    module_dir = tmp_path / "user_code"
+    module_dir.mkdir()
+    (module_dir / "judge.py").write_text(textwrap.dedent('''
+        calls = 0
+
+        def score(completions, **columns):
+            global calls
+            calls += 1
+            if calls == 2:
+                raise ConnectionError("the judge at http://judge:8000 went away")
+            return [float("blue" in str(c)) for c in completions]
+    '''))
+    output_dir = tmp_path / "out"
+    result = run_template(
+        "grpo/tiny.yaml", tmp_path, output_dir, overrides=["rewards=[{function: 'judge:score'}]"], PYTHONPATH=str(module_dir)
+    )
+    logs = assert_stopped_once(result, "rank ")
+    line = re.search(r"posttrain: rank (\d) crashed: ConnectionError: the judge at http://judge:8000 went away "
+                     r"\(at judge.py:8 in score\); traceback in (\S+)\n", logs)  # fmt: skip
+    assert line, logs[-3000:]
+    assert "went away" in Path(line[2]).read_text() and Path(line[2]).parent == output_dir / "logs"
