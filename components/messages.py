@@ -69,6 +69,19 @@ def unknown_mapping_keys(raw: Mapping[str, Any], allowed: Set[str], prefix: str,
             yield unknown_message(f"{prefix}.{key}", allowed, f"{prefix}.", paths)
 
 
+# How much of a value or key a user wrote a message echoes: enough to recognise it, never a wall of text
+ECHO_CHARS = 80
+
+
+def cut(text: str) -> str:
+    """``text`` as a message echoes it: whole up to ECHO_CHARS, else its start and how long it was.
+
+    >>> cut("x" * 200)
+    'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx... (200 characters)'
+    """
+    return text if len(text) <= ECHO_CHARS else f"{text[:ECHO_CHARS]}... ({len(text)} characters)"
+
+
 def unknown_message(path: str, siblings: Set[str], prefix: str, paths: List[str]) -> str:
     """``path: unknown key``, with the nearest sibling, else where the key belongs, else the valid keys.
 
@@ -78,6 +91,7 @@ def unknown_message(path: str, siblings: Set[str], prefix: str, paths: List[str]
     'lora: unknown key here; it belongs at model.lora'
     """
     key = path[len(prefix) :]
+    path = prefix + cut(key)
     close = difflib.get_close_matches(key, sorted(siblings), n=1, cutoff=0.6)
     if close:
         return f"{path}: unknown key; did you mean {prefix}{close[0]}?"
@@ -101,5 +115,5 @@ def translate(error: ValidationError) -> List[str]:
             continue
         else:
             message = item["msg"][:1].lower() + item["msg"][1:]
-            found.append(f"{path}: {message}; got {item['input']!r}")
+            found.append(f"{path}: {message}; got {cut(repr(item['input']))}")
     return found

@@ -13,7 +13,7 @@ import yaml
 from pydantic import BaseModel
 
 from posttrain.components.fields import LORA_CONFIG, FieldType, config_fields, field_type
-from posttrain.components.messages import SpecError, model_in
+from posttrain.components.messages import SpecError, cut, model_in
 from posttrain.components.registry import SPEC_CLASSES
 from posttrain.components.schema import Spec
 
@@ -30,7 +30,7 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str], algorithm:
     for override in overrides:
         if override.startswith("-"):
             raise SpecError(
-                [f"override {override!r}: options such as {override.split('=')[0]} go before the key.path=value overrides"]
+                [f"override {cut(repr(override))}: options such as {override.split('=')[0]} go before the key.path=value overrides"]
             )
         if override.startswith("~"):
             _remove_path(result, override[1:].strip(), override)
@@ -38,10 +38,10 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str], algorithm:
         key, sep, text = override.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise SpecError([f"override {override!r}: expected key.path=value (e.g. training.learning_rate=1e-5)"])
+            raise SpecError([f"override {cut(repr(override))}: expected key.path=value (e.g. training.learning_rate=1e-5)"])
         parts = key.split(".")
         if any(not part for part in parts):
-            raise SpecError([f"override {override!r}: empty key segment in {key!r}"])
+            raise SpecError([f"override {cut(repr(override))}: empty key segment in {key!r}"])
         target = _type_at(cls, parts) if cls else None
         _check_flow_syntax(text, target, override)
         value = target.convert(text) if target else FieldType(("any",)).convert(text)
@@ -58,7 +58,7 @@ def _check_flow_syntax(text: str, target: Optional[FieldType], override: str) ->
     except yaml.YAMLError as error:
         problem = getattr(error, "problem", None) or "not valid"
         raise SpecError(
-            [f"override {override!r}: {text} is not YAML flow syntax ({problem}); a list is [a, b], a mapping {{k: v}}"]
+            [f"override {cut(repr(override))}: {text} is not YAML flow syntax ({problem}); a list is [a, b], a mapping {{k: v}}"]
         ) from None
 
 
@@ -73,7 +73,7 @@ def _set_path(root: Dict[str, Any], parts: List[str], value: Any, override: str)
         node = node[part]
         if not isinstance(node, (dict, list)):
             where = ".".join(parts[: depth + 1])
-            raise SpecError([f"override {override!r}: {where} is a value, not a section"])
+            raise SpecError([f"override {cut(repr(override))}: {where} is a value, not a section"])
     if isinstance(node, list):
         node[_list_index(node, parts[-1], parts, override)] = value
     else:
@@ -82,10 +82,10 @@ def _set_path(root: Dict[str, Any], parts: List[str], value: Any, override: str)
 
 def _remove_path(root: Dict[str, Any], key: str, override: str) -> None:
     if not key or "=" in key:
-        raise SpecError([f"override {override!r}: expected ~key.path, which removes a key (e.g. ~training.vllm_mode)"])
+        raise SpecError([f"override {cut(repr(override))}: expected ~key.path, which removes a key (e.g. ~training.vllm_mode)"])
     parts = key.split(".")
     if any(not part for part in parts):
-        raise SpecError([f"override {override!r}: empty key segment in {key!r}"])
+        raise SpecError([f"override {cut(repr(override))}: empty key segment in {key!r}"])
     node: Any = root
     for depth, part in enumerate(parts[:-1]):
         if isinstance(node, list):  # an item of a list of sections: rewards.0.weight
@@ -93,19 +93,19 @@ def _remove_path(root: Dict[str, Any], key: str, override: str) -> None:
         elif isinstance(node, dict) and part in node:
             node = node[part]
         else:
-            raise SpecError([f"override {override!r}: the spec has no {'.'.join(parts[: depth + 1])} to remove"])
+            raise SpecError([f"override {cut(repr(override))}: the spec has no {'.'.join(parts[: depth + 1])} to remove"])
     if isinstance(node, list):
-        raise SpecError([f"override {override!r}: {'.'.join(parts[:-1])} is a list; ~ removes keys of sections, "
+        raise SpecError([f"override {cut(repr(override))}: {'.'.join(parts[:-1])} is a list; ~ removes keys of sections, "
                          "not items (override the list instead)"])  # fmt: skip
     if not isinstance(node, dict) or parts[-1] not in node:
-        raise SpecError([f"override {override!r}: the spec has no {key} to remove"])
+        raise SpecError([f"override {cut(repr(override))}: the spec has no {key} to remove"])
     del node[parts[-1]]
 
 
 def _list_index(node: List[Any], part: str, parts: List[str], override: str) -> int:
     if not part.isdigit() or int(part) >= len(node):
         where = ".".join(parts)
-        raise SpecError([f"override {override!r}: {where}: expected a list index below {len(node)}"])
+        raise SpecError([f"override {cut(repr(override))}: {where}: expected a list index below {len(node)}"])
     return int(part)
 
 

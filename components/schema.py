@@ -11,13 +11,14 @@ import difflib
 import json
 import re
 import typing
-from typing import Any, ClassVar, Dict, List, Literal, Mapping, Optional, Tuple
+from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple
 
 from pydantic import BaseModel, ConfigDict
 
 from posttrain.components.fields import config_fields, config_value
+from posttrain.components.messages import cut
 from posttrain.components.rewards import check_builtin
-from posttrain.components.values import least_per_device_batch
+from posttrain.components.values import generation_batch_problems, least_per_device_batch
 
 # Keys of TRL's config classes that the package sets itself: where to go instead.
 PACKAGE_OWNED_TRAINING_KEYS: Dict[str, str] = {
@@ -37,7 +38,7 @@ PACKAGE_OWNED_TRAINING_KEYS: Dict[str, str] = {
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 # Attention implementations that keep packed sequences apart given restarting position ids: eager, SDPA and flex
@@ -77,6 +78,26 @@ class DataSpec(_Strict):
     train: DataSource
     eval: Optional[DataSource] = None
     columns: Dict[str, str] = {}
+
+    def problems(self) -> List[str]:
+        found = []
+        for name, source in (("train", self.train), ("eval", self.eval)):
+            if source is not None and (source.path is None) == (source.name is None):
+                found.append(f"data.{name}: give exactly one of path (a local JSON/JSONL/Parquet file) or name (a hub data set)")
+            elif source is not None and source.path is not None:  # a file is one split; save_to_disk's dict has several
+                a_file = source.path.endswith((".json", ".jsonl", ".parquet", ".csv"))
+                split = source.split if source.split != "train" and a_file else None
+                found += [
+                    f"data.{name}.{key}: {cut(repr(value))} applies to hub data sets (data.{name}.name); a local file is one "
+                    "split: remove it" for key, value in (("config", source.config), ("split", split)) if value is not None
+                ]
+        onto: Dict[str, List[str]] = {}
+        for column, renamed in self.columns.items():
+            onto.setdefault(renamed, []).append(column)
+        for renamed, columns in onto.items():
+            if len(columns) > 1:
+                found.append(f"data.columns: {', '.join(columns)} are all renamed to {renamed}; rename one to each name")
+        return found
 
 
 class DeepSpeedSpec(_Strict):
@@ -202,28 +223,17 @@ class Spec(_Strict):
             found.append("model.dtype: float16 contradicts training.bf16: true; use model.dtype bfloat16 or auto")
         if dtype == "bfloat16" and training.get("fp16"):
             found.append("model.dtype: bfloat16 contradicts training.fp16: true; use model.dtype float16 or auto")
-        for name, source in (("train", self.data.train), ("eval", self.data.eval)):
-            if source is not None and (source.path is None) == (source.name is None):
-                found.append(
-                    f"data.{name}: give exactly one of path (a local JSON/JSONL/Parquet file) or name (a hub data set)"
-                )
-            elif source is not None and source.path is not None:  # a file is one split; save_to_disk's dict has several
-                a_file = source.path.endswith((".json", ".jsonl", ".parquet", ".csv"))
-                split = source.split if source.split != "train" and a_file else None
-                found += [
-                    f"data.{name}.{key}: {value!r} applies to hub data sets (data.{name}.name); a local file is one "
-                    "split: remove it" for key, value in (("config", source.config), ("split", split)) if value is not None
-                ]
+        found += self.data.problems()
         if self.resume not in ("auto", "never") and not self.resume.strip():
             found.append("resume: expected auto, never or a checkpoint path; got an empty string")
         elif self.resume not in ("auto", "never") and "/" not in self.resume:
             close = difflib.get_close_matches(self.resume, ["auto", "never"], n=1, cutoff=0.5)
             if close:  # the job would look for a checkpoint directory of that name
-                found.append(f"resume: {self.resume!r} is neither auto nor never; did you mean {close[0]}?")
+                found.append(f"resume: {cut(repr(self.resume))} is neither auto nor never; did you mean {close[0]}?")
         found += self.distributed.problems()
         if not isinstance(training.get("output_dir"), str) or not training["output_dir"].strip():
             # an empty or null one would make the job write into its working directory, the checkout
-            got = "" if "output_dir" not in training else f"; got {training['output_dir']!r}"
+            got = "" if "output_dir" not in training else f"; got {cut(repr(training['output_dir']))}"
             found.append(
                 f"training.output_dir: required; the directory the job writes the model and checkpoints to{got}"
             )
@@ -328,7 +338,7 @@ class RewardSource(_Strict):
         if self.model is not None and not self.model.strip():
             return [f"{where}.model: expected a path or hub id of a reward model; got an empty string"]
         if self.function is not None and not re.fullmatch(r"[\w.]+:[\w.]+", self.function):
-            return [f"{where}.function: expected module:callable (e.g. my_rewards:accuracy); got {self.function!r}"]
+            return [f"{where}.function: expected module:callable (e.g. my_rewards:accuracy); got {cut(repr(self.function))}"]
         if self.builtin is not None:
             return [f"{where}.builtin: {problem}" for problem in check_builtin(self.builtin, self.args)]
         if self.args:
@@ -360,41 +370,3 @@ class _GroupSpec(_OnlineSpec):
     def problems(self, world_size: Optional[int]) -> List[str]:
         found = super().problems(world_size)
         return found + generation_batch_problems(self.training, self.config_class, world_size or 1)
-
-
-def generation_batch_problems(training: Mapping[str, Any], config_class: str, world_size: int) -> List[str]:
-    """TRL's generation-batch rules, checked at submit time with the world size from ``-j``.
-
-    TRL raises these only once the job runs; here the message says which
-    numbers to change.
-    """
-
-    def value(key: str) -> Any:
-        return config_value(config_class, training, key)
-
-    per_device, accumulation = value("per_device_train_batch_size"), value("gradient_accumulation_steps")
-    generations = value("num_generations")
-    generation_batch, steps = value("generation_batch_size"), value("steps_per_generation")
-    if generation_batch is not None and steps is not None:
-        return ["training.generation_batch_size, training.steps_per_generation: set at most one"]
-    global_batch = per_device * world_size
-    if generation_batch is None:
-        generation_batch = global_batch * (steps if steps is not None else accumulation)
-        how = f"{per_device} per device x {world_size} processes x {steps or accumulation} steps"
-    elif generation_batch % global_batch:
-        return [
-            f"training.generation_batch_size: {generation_batch} is not a multiple of the global batch "
-            f"({per_device} per device x {world_size} processes = {global_batch}); use a multiple of {global_batch}"
-        ]
-    else:
-        how = "training.generation_batch_size"
-    if generations and generation_batch % generations:
-        divisors = [n for n in range(2, generation_batch + 1) if generation_batch % n == 0]
-        return [
-            f"training.num_generations: the generation batch ({generation_batch} = {how}) must divide by "
-            f"num_generations ({generations}); set num_generations to one of {divisors}, or change "
-            f"per_device_train_batch_size (or -j) so the batch is a multiple of {generations}"
-        ]
-    return []
-
-

@@ -16,13 +16,15 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from posttrain.components.fields import LORA_CONFIG, FieldType, config_fields, field_type
-from posttrain.components.messages import SpecError, known_paths, model_in, translate, unknown_in, unknown_mapping_keys
+from posttrain.components.messages import SpecError, cut, known_paths, model_in, translate, unknown_in, unknown_mapping_keys
 from posttrain.components.overrides import apply_overrides
 from posttrain.components.registry import SPEC_CLASSES
 from posttrain.components.schema import Spec
 from posttrain.components.values import (
     combination_problems,
+    finite_problems,
     key_problems,
+    length_problems,
     pattern_problems,
     range_problems,
     unused_problems,
@@ -66,7 +68,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} is given twice in one mapping (YAML would keep the last)", key_node.start_mark
+                    None, None, f"key {cut(repr(key))} is given twice in one mapping (YAML would keep the last)", key_node.start_mark
                 )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
@@ -142,6 +144,8 @@ def validate(raw: Mapping[str, Any], *, algorithm: Optional[str] = None, world_s
         fields = config_fields(cls.config_class)
         problems += _check_table(training, fields, "training")
         problems += range_problems(cls.config_class, fields, training)
+        problems += finite_problems(training)
+        problems += length_problems(cls.config_class, fields, training)
         problems += pattern_problems(cls.config_class, fields, training)
         problems += key_problems(cls.config_class, fields, training)
         problems += [] if problems else combination_problems(cls.config_class, fields, training)
@@ -163,7 +167,7 @@ def _spec_class(raw: Mapping[str, Any], algorithm: Optional[str]) -> Type[Spec]:
     if name is None:
         raise SpecError([f"algorithm: required; one of {known}"])
     if name not in SPEC_CLASSES:
-        raise SpecError([f"algorithm: unknown {name!r}; expected one of {known}"])
+        raise SpecError([f"algorithm: unknown {cut(repr(name))}; expected one of {known}"])
     if algorithm is not None and name != algorithm:
         raise SpecError(
             [

@@ -15,6 +15,7 @@ allowed::
 
 import dataclasses
 import functools
+import math
 import re
 from importlib import metadata
 from pathlib import Path
@@ -23,7 +24,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 import yaml
 
 from posttrain.components.fields import config_fields, config_value
-from posttrain.components.messages import unknown_message
+from posttrain.components.messages import cut, unknown_message
 
 RULES_DIR = Path(__file__).with_name("value_rules")
 
@@ -118,6 +119,39 @@ def range_problems(config_class: str, fields: Mapping[str, Any], training: Mappi
             if problem:
                 found.append(f"training.{key}: {problem} ({row['reason']})")
                 break
+    return found
+
+
+def finite_problems(training: Mapping[str, Any]) -> List[str]:
+    """Numbers that are not finite (YAML's .nan and .inf), anywhere in a value: no trainer option means them."""
+
+    def infinite(value: Any) -> bool:
+        if isinstance(value, float):
+            return not math.isfinite(value)
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        return any(infinite(item) for item in items)
+
+    found = []
+    for key, value in training.items():
+        if infinite(value):
+            what = "holds a number that is not finite" if isinstance(value, (dict, list)) else "is not a finite number"
+            found.append(f"training.{key}: {_shown(value)} {what}; expected finite numbers")
+    return found
+
+
+def length_problems(config_class: str, fields: Mapping[str, Any], training: Mapping[str, Any]) -> List[str]:
+    """List values whose ``length_of`` row names the field they pair with, item by item (one item for a single
+    value; unset: TRL's default)."""
+    found = []
+    for row in rows_for(config_class, fields):
+        key, paired = row["field"], row.get("length_of")
+        if paired is None or not isinstance(training.get(key), list):
+            continue
+        other = config_value(config_class, training, paired)
+        count = len(other) if isinstance(other, list) else 1
+        if len(training[key]) != count:
+            given = f"training.{key}: {len(training[key])} values for {count} in {paired} ({_shown(other)})"
+            found.append(f"{given}; give one per item ({row['reason']})")
     return found
 
 
@@ -242,4 +276,51 @@ def _kind(value: Any) -> Any:
 
 def _shown(value: Any) -> str:
     """A value as YAML writes it: true, null, 0.0, exo_pair, [a, b]."""
-    return yaml.safe_dump(value, default_flow_style=True).removesuffix("\n...\n").strip()
+    return cut(yaml.safe_dump(value, default_flow_style=True, width=float("inf")).removesuffix("\n...\n").strip())
+
+
+def generation_batch_problems(training: Mapping[str, Any], config_class: str, world_size: int) -> List[str]:
+    """TRL's generation-batch rules, checked at submit time with the world size from ``-j``: the generation batch
+    and, where the trainer evaluates, the evaluation batch hold whole groups of ``num_generations`` completions.
+
+    TRL raises these only once the job runs; here the message says which
+    numbers to change.
+    """
+
+    def value(key: str) -> Any:
+        return config_value(config_class, training, key)
+
+    per_device, accumulation = value("per_device_train_batch_size"), value("gradient_accumulation_steps")
+    generations = value("num_generations")
+    generation_batch, steps = value("generation_batch_size"), value("steps_per_generation")
+    if generation_batch is not None and steps is not None:
+        return ["training.generation_batch_size, training.steps_per_generation: set at most one"]
+    global_batch = per_device * world_size
+    if generation_batch is None:
+        generation_batch = global_batch * (steps if steps is not None else accumulation)
+        how = f"{per_device} per device x {world_size} processes x {steps or accumulation} steps"
+    elif generation_batch % global_batch:
+        return [
+            f"training.generation_batch_size: {generation_batch} is not a multiple of the global batch "
+            f"({per_device} per device x {world_size} processes = {global_batch}); use a multiple of {global_batch}"
+        ]
+    else:
+        how = "training.generation_batch_size"
+    if generations and generation_batch % generations:
+        divisors = [n for n in range(2, generation_batch + 1) if generation_batch % n == 0]
+        return [
+            f"training.num_generations: the generation batch ({generation_batch} = {how}) must divide by "
+            f"num_generations ({generations}); set num_generations to one of {divisors}, or change "
+            f"per_device_train_batch_size (or -j) so the batch is a multiple of {generations}"
+        ]
+    eval_generations = value("num_generations_eval") or generations
+    eval_batch = value("per_device_eval_batch_size") * world_size
+    if value("eval_strategy") != "no" and eval_generations and eval_batch % eval_generations:
+        key = "num_generations_eval" if value("num_generations_eval") else "num_generations"
+        return [
+            f"training.per_device_eval_batch_size: the evaluation batch ({value('per_device_eval_batch_size')} per "
+            f"device x {world_size} processes = {eval_batch}) must divide by {key} ({eval_generations}); use a "
+            f"multiple of {eval_generations // math.gcd(eval_generations, world_size)}, or a num_generations_eval that "
+            f"divides {eval_batch}"
+        ]
+    return []

@@ -41,6 +41,11 @@ def load_data(
     missing = sorted(set(columns) - set(renames))
     if missing:
         raise SpecError([f"data.columns: {where} has no column {', '.join(missing)}; found {dataset.column_names}"])
+    kept = set(dataset.column_names) - set(renames)
+    taken = [f"{found} -> {expected}" for found, expected in renames.items() if expected in kept]
+    if taken:
+        already = f"{where} has a column of that name already; rename that column too, or drop it from the data"
+        raise SpecError([f"data.columns: {', '.join(taken)}, but {already}"])
     dataset = dataset.rename_columns(renames)
     matched = [cols for cols in formats if set(cols) <= set(dataset.column_names)]
     if not matched:

@@ -71,6 +71,10 @@ def test_wrong_columns_name_found_and_expected(tmp_path: Path) -> None:
     assert renamed.column_names == ["prompt", "completion"]
     with pytest.raises(SpecError, match="data.columns: data.train has no column query"):
         load_data(source, {"query": "prompt"}, "data.train", SFT_FORMATS)
+    with pytest.raises(SpecError, match="data.columns: question -> answer, but data.train has a column of that name"):
+        load_data(source, {"question": "answer"}, "data.train", SFT_FORMATS)
+    swapped = load_data(source, {"question": "completion", "answer": "prompt"}, "data.train", SFT_FORMATS)
+    assert swapped[0] == {"completion": "q", "prompt": "a"}  # renamed away, a name is free again
 
 
 def test_missing_data_file_is_named(tmp_path: Path) -> None:

@@ -32,7 +32,7 @@ def test_every_row_names_fields_the_installed_trl_has() -> None:
         if "configs" in row:
             assert having == named, f"{row['field']}: missing from {set(named) - set(having)}"
         kinds = {"field", "configs", "range", "choices", "also", "when", "unless", "requires", "keys", "needs",
-                 "pattern", "expected", "unused", "reason"}
+                 "pattern", "expected", "unused", "length_of", "reason"}
         assert row["reason"].strip() and set(row) <= kinds
         conditional = "when" in row or "unless" in row
         assert conditional <= ("requires" in row or "unused" in row or "keys" in row)
@@ -420,3 +420,50 @@ def test_the_schedule_options_are_those_transformers_hands_each_schedule() -> No
     with pytest.raises(TypeError, match="num_decay_steps"):
         get_scheduler("warmup_stable_decay", optimizer, 0, 10, {})
     get_scheduler("constant_with_warmup", optimizer, 0, 10, {"num_cycles": 3})  # dropped without a word
+
+
+# Each stands for a class of input the client let through before (issue 30): non-finite numbers anywhere, columns
+# renamed onto one name, batches TRL's config divides, options TRL's generating configs refuse, coefficients whose
+# sign reverses their term, lists that pair item by item with another field, and echoes of what a user wrote.
+LAST_VALUES = [
+    ("grpo", {"rewards": [{"builtin": "contains", "args": {"target": "blue"}, "weight": float("nan")}]},
+     "rewards.0.weight: input should be a finite number; got nan"),
+    ("sft", {"training": {"learning_rate": float("inf")}}, "training.learning_rate: .inf is not a finite number"),
+    ("grpo", {"training": {"generation_kwargs": {"temperature": float("nan")}}},
+     "training.generation_kwargs: {temperature: .nan} holds a number that is not finite"),
+    ("dpo", {"data": {"train": {"path": "templates/data/preference.jsonl"}, "columns": {"a": "prompt", "b": "prompt"}}},
+     "data.columns: a, b are all renamed to prompt; rename one to each name"),
+    ("grpo", {"data": {"eval": {"path": "templates/data/prompts.jsonl"}},
+              "training": {"eval_strategy": "steps", "eval_steps": 5, "per_device_eval_batch_size": 3}},
+     "training.per_device_eval_batch_size: the evaluation batch (3 per device x 2 processes = 6) must divide by "
+     "num_generations (8); use a multiple of 4"),
+    ("grpo", {"training": {"auto_find_batch_size": True}}, "training.auto_find_batch_size: true is not taken here"),
+    ("rloo", {"training": {"auto_find_batch_size": True}}, "training.auto_find_batch_size: true is not taken here"),
+    ("reward", {"training": {"center_rewards_coefficient": -0.01}},
+     "training.center_rewards_coefficient: -0.01 is out of range; expected center_rewards_coefficient >= 0"),
+    ("dpo", {"training": {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0]}},
+     "training.loss_weights: 1 values for 2 in loss_type ([sigmoid, sft]); give one per item"),
+    ("dpo", {"training": {"loss_weights": [1.0, 0.5]}}, "training.loss_weights: 2 values for 1 in loss_type ([sigmoid])"),
+    ("sft", {"training": {"x" * 3000: 1}}, f"training.{'x' * 80}... (3000 characters): unknown key"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("algorithm, change, message", LAST_VALUES, ids=[m.split(":")[0] for _, _, m in LAST_VALUES])
+def test_the_last_values_the_client_let_through_are_one_line_each(algorithm: str, change: dict, message: str) -> None:
+    raw = load_template(f"{algorithm}/tiny.yaml")
+    for key, value in change.items():
+        raw[key] = {**raw[key], **value} if isinstance(value, dict) and isinstance(raw.get(key), dict) else value
+    with pytest.raises(SpecError) as error:
+        validate(raw, world_size=2)
+    assert len(error.value.problems) == 1 and error.value.problems[0].startswith(message), error.value.problems
+    assert len(error.value.problems[0]) < 400
+
+
+@pytest.mark.parametrize("training", [{"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, 0.5]},
+                                      {"loss_weights": [2.0]}, {"center_rewards_coefficient": 0.01}])  # fmt: skip
+def test_the_same_keys_with_values_trl_takes_pass(tmp_path: Path, training: dict) -> None:
+    from posttrain.entrypoints.models import import_object
+
+    algorithm = "reward" if "center_rewards_coefficient" in training else "dpo"
+    spec = validate(spec_with(algorithm, **training))
+    import_object(spec.config_class)(**{**spec.training, "output_dir": str(tmp_path), "use_cpu": True})
