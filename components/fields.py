@@ -243,6 +243,8 @@ def fields_of_class(cls: type) -> Dict[str, Dict[str, Any]]:
         default = _json_default(f)
         if default is not _NO_MATCH:
             entry["default"] = default
+        if f.metadata.get("help"):  # the package's own help text: the schemas' hover text and the spec reference
+            entry["help"] = " ".join(str(f.metadata["help"]).split())
         described[f.name] = entry
     return described
 

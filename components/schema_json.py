@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Type
 from posttrain.components.fields import LORA_CONFIG, TABLE_PATH, FieldType, config_fields
 from posttrain.components.registry import SPEC_CLASSES
 from posttrain.components.schema import Spec
+from posttrain.components.spec import BOOLEAN_WORDS, EXPONENT_NUMBER
 from posttrain.components.values import Range, rows_for
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -52,14 +53,42 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "value_model": "The value model: a path or hub id; default the reward model where there is exactly one.",
         "teacher_model": "The teacher: a path or hub id sharing the student's vocabulary.",
         "rewards": "How completions are scored: each a function, a builtin or a reward model, weighted.",
+        "model": "The model to train, and how it is loaded.",
+        "data": "The training data, optional evaluation data, and column renames.",
+        "distributed": "How the job is sharded (DDP by default; DeepSpeed or FSDP) and its collectives' timeout.",
     },
     "ModelSpec": {
         "name_or_path": "A local path, a hub id, or builtin:tiny-llama.",
         "dtype": "The dtype the weights are loaded in.",
         "trust_remote_code": "Run the model repository's own code; false unless you say so.",
         "revision": "The hub revision (branch, tag or commit) to load.",
+        "attn_implementation": "The attention implementation transformers uses (eager, sdpa, flash_attention_2, ...); "
+        "default the model's own.",
     },
-    "DataSpec": {"columns": "Column renames, found -> expected."},
+    "DataSpec": {
+        "train": "The training data: a local file or saved data set (path), or a hub data set (name).",
+        "eval": "Evaluation data, read when training.eval_strategy is steps or epoch.",
+        "columns": "Column renames, found -> expected.",
+    },
+    "DataSource": {
+        "path": "A local JSON, JSONL, Parquet or CSV file, or a directory save_to_disk wrote; relative to the job's "
+        "working directory.",
+        "name": "A hub data set's id.",
+        "config": "The hub data set's configuration (subset).",
+        "split": "The split to read: of a hub data set, or of a saved DatasetDict.",
+    },
+    "DeepSpeedSpec": {
+        "zero_stage": "ZeRO stage: 1 shards the optimizer state, 2 also the gradients, 3 also the parameters.",
+        "offload_optimizer": "Keep the optimizer state in CPU memory (ZeRO-Offload).",
+        "offload_params": "Keep the parameters in CPU memory (ZeRO-3 only).",
+        "config": "The path of your own DeepSpeed JSON, instead of zero_stage and offload.",
+    },
+    "FSDPSpec": {
+        "reshard_after_forward": "Free each layer's gathered parameters after its forward (less memory); false "
+        "keeps them for the backward (fewer all-gathers, like ZeRO-2).",
+        "cpu_offload": "Keep the sharded parameters in CPU memory.",
+        "wrap_layers": "The layer classes to shard one by one; default the model's decoder layers.",
+    },
     "DistributedSpec": {
         "timeout_s": "Process-group timeout in seconds: a hung rank ends the job after this.",
         "deepspeed": "DeepSpeed ZeRO; not with fsdp.",
@@ -129,8 +158,26 @@ def table_schema(class_name: str, *, exclude: Sequence[str] = ()) -> Dict[str, A
             prop["propertyNames"] = {"enum": sorted(set(keys[name]))}
         if "default" in entries[name]:
             prop["default"] = entries[name]["default"]
-        properties[name] = prop
+        notes = [entries[name].get("help", "")] + [row["reason"] for row in rows if row["field"] == name and
+                                                    any(kind in row for kind in ("range", "choices", "pattern"))]
+        prop["description"] = " ".join(f"{note[:1].upper()}{note[1:]}".rstrip(".") + "." for note in notes if note)
+        properties[name] = _as_pyyaml_reads(prop, field)
     return {"type": "object", "properties": properties, "additionalProperties": False}
+
+
+def _as_pyyaml_reads(prop: Dict[str, Any], field: FieldType) -> Dict[str, Any]:
+    """A field's schema that also takes what PyYAML (YAML 1.1) reads otherwise than written, where the validator
+    takes it as written (``spec._read_yaml_1_1``): ``3e-3`` (text to PyYAML) for a number, ``no`` (false to
+    PyYAML) for the choice. A user's own check, PyYAML then jsonschema, passes what posttrain passes."""
+    also = []
+    if "float" in field.kinds and "str" not in field.kinds:
+        also.append({"type": "string", "pattern": EXPONENT_NUMBER.pattern})
+    if field.choices and "bool" not in field.kinds:
+        also += [{"const": value} for value, words in BOOLEAN_WORDS.items() if set(words) & set(field.choices)]
+    if not also:
+        return prop
+    kept = {key: prop.pop(key) for key in ("description", "default") if key in prop}
+    return {"anyOf": [prop, *also], **kept}
 
 
 def training_schema(cls: Type[Spec]) -> Dict[str, Any]:
@@ -173,6 +220,12 @@ def _describe(properties: Dict[str, Any], notes: Mapping[str, str]) -> None:
     for name, note in notes.items():
         if name in properties and "description" not in properties[name]:
             properties[name]["description"] = note
+    for name, prop in properties.items():  # posttrain's own numbers (rewards[].weight): PyYAML reads 1e-3 as text
+        alternatives = prop.get("anyOf", [prop])
+        if {"type": "number"} in alternatives or prop.get("type") == "number":
+            number = {key: prop.pop(key) for key in list(prop) if key not in ("description", "default")}
+            text = {"type": "string", "pattern": EXPONENT_NUMBER.pattern}
+            prop["anyOf"] = [*number.get("anyOf", [number]), text]
 
 
 def spec_schema(algorithm: str) -> Dict[str, Any]:

@@ -75,9 +75,9 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 
 
 # YAML 1.1 reads 1e-5 (no dot) as a string; 1.0e-5 is a float
-_EXPONENT_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+EXPONENT_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 # the words YAML 1.1 reads as booleans besides true and false
-_BOOLEAN_WORDS = {False: ("no", "off"), True: ("yes", "on")}
+BOOLEAN_WORDS = {False: ("no", "off"), True: ("yes", "on")}
 
 
 def _read_yaml_1_1(raw: Dict[str, Any]) -> None:
@@ -110,10 +110,10 @@ def _as_written(values: Dict[str, Any], fields: Mapping[str, FieldType]) -> None
     for key, value in values.items():
         field = fields.get(key)
         kinds = field.kinds if field is not None else ()
-        if isinstance(value, str) and "float" in kinds and "str" not in kinds and _EXPONENT_NUMBER.match(value):
+        if isinstance(value, str) and "float" in kinds and "str" not in kinds and EXPONENT_NUMBER.match(value):
             values[key] = float(value)
         elif isinstance(value, bool) and field is not None and field.choices and "bool" not in kinds:
-            words = [choice for choice in field.choices if choice in _BOOLEAN_WORDS[value]]
+            words = [choice for choice in field.choices if choice in BOOLEAN_WORDS[value]]
             if len(words) == 1:
                 values[key] = words[0]
 

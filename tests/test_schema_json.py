@@ -3,13 +3,15 @@
 import copy
 import doctest
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Iterator
 
 import jsonschema
 import pytest
+import yaml
 from helpers import REPO, TEMPLATES, load_template
 
 from posttrain.components import schema_json, templates
@@ -17,7 +19,7 @@ from posttrain.components.fields import config_default
 from posttrain.components.messages import SpecError
 from posttrain.components.registry import SPEC_CLASSES
 from posttrain.components.schema_json import SCHEMA_DIR, render, schema_path, spec_schema
-from posttrain.components.spec import validate
+from posttrain.components.spec import load_spec, validate
 
 ALL_TEMPLATES = sorted(str(p.relative_to(TEMPLATES)) for p in TEMPLATES.glob("*/*.yaml"))
 MODELINE = "# yaml-language-server: $schema=../../components/schemas/{algorithm}.schema.json"
@@ -50,11 +52,13 @@ def test_training_and_lora_come_from_the_field_table() -> None:
     assert training["additionalProperties"] is False and training["required"] == ["output_dir"]
     props = training["properties"]
     default = config_default("trl:SFTConfig", "learning_rate")
-    assert props["learning_rate"] == {"type": "number", "exclusiveMinimum": 0, "default": default}
-    assert props["adam_beta2"]["minimum"] == 0 and props["adam_beta2"]["exclusiveMaximum"] == 1
+    number, text = props["learning_rate"]["anyOf"]  # the number, and the text PyYAML reads 3e-3 as
+    assert number == {"type": "number", "exclusiveMinimum": 0} and props["learning_rate"]["default"] == default
+    assert text["type"] == "string" and re.fullmatch(text["pattern"], "3e-3")
+    assert props["adam_beta2"]["anyOf"][0]["minimum"] == 0 and props["adam_beta2"]["anyOf"][0]["exclusiveMaximum"] == 1
     assert props["max_length"]["type"] == ["integer", "null"] and props["max_length"]["minimum"] == 1
     grpo = spec_schema("grpo")["properties"]["training"]["properties"]
-    assert (grpo["top_p"]["exclusiveMinimum"], grpo["top_p"]["maximum"]) == (0, 1)
+    assert (grpo["top_p"]["anyOf"][0]["exclusiveMinimum"], grpo["top_p"]["anyOf"][0]["maximum"]) == (0, 1)
     assert "cosine" in props["lr_scheduler_type"]["enum"]
     assert not set(SPEC_CLASSES["sft"].owned_training_keys()) & set(props)  # package-owned: errors
     assert "deepspeed" in training["description"]
@@ -82,6 +86,43 @@ def test_every_template_points_at_its_schema_and_validates(template: str) -> Non
     target = (TEMPLATES / template).parent / first_line.split("$schema=", 1)[1]
     assert target.resolve() == schema_path(algorithm).resolve()
     validator(algorithm).validate(raw)
+
+
+def test_what_pyyaml_reads_passes_the_schema_as_it_passes_the_validator(tmp_path: Path) -> None:
+    """YAML 1.1 (PyYAML) reads 3e-3 as text and no as false; posttrain takes them as written, and so does the schema:
+    a user's CI that loads a spec with PyYAML and checks it with jsonschema passes what torchx run passes."""
+    text = (TEMPLATES / "grpo/tiny.yaml").read_text()
+    text = re.sub(r"learning_rate: \S+", "learning_rate: 3e-3", text).replace("args: {target: blue}", "args: {target: blue}\n    weight: 5e-1")
+    (tmp_path / "spec.yaml").write_text(text + "  adam_epsilon: 1e-8\n  eval_strategy: no\n")
+    raw = yaml.safe_load((tmp_path / "spec.yaml").read_text())
+    assert (raw["training"]["learning_rate"], raw["rewards"][0]["weight"], raw["training"]["eval_strategy"]) == ("3e-3", "5e-1", False)
+    validator("grpo").validate(raw)
+    spec = load_spec(str(tmp_path / "spec.yaml"))
+    assert (spec.training["learning_rate"], spec.rewards[0].weight, spec.training["eval_strategy"]) == (3e-3, 0.5, "no")
+    raw["training"]["learning_rate"] = "3e-3 please"
+    assert list(validator("grpo").iter_errors(raw))
+
+
+@pytest.mark.parametrize("algorithm", sorted(SPEC_CLASSES))
+def test_every_field_of_every_schema_says_what_it_is(algorithm: str) -> None:
+    """An editor's hover text: TRL's, transformers' and PEFT's help for their fields, posttrain's for its own."""
+
+    def undescribed(node: Any, where: str) -> Iterator[str]:
+        if isinstance(node, dict):
+            for name, prop in (node.get("properties") or {}).items():
+                if not isinstance(prop, dict) or not prop.get("description", "").strip():
+                    yield f"{where}.{name}"
+            for key, value in node.items():
+                yield from undescribed(value, f"{where}/{key}")
+        elif isinstance(node, list):
+            for value in node:
+                yield from undescribed(value, where)
+
+    schema = json.loads(schema_path(algorithm).read_text())
+    assert not list(undescribed(schema, algorithm))
+    training = schema["properties"]["training"]["properties"]
+    assert training["learning_rate"]["description"].startswith("The initial learning rate")
+    assert "A probability mass" in training.get("top_p", {"description": "A probability mass"})["description"]
 
 
 def _set(path: str, value: Any) -> Callable[[Dict[str, Any]], None]:
