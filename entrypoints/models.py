@@ -12,6 +12,7 @@ registry's ``extra_models``; where each one's path comes from is
 import dataclasses
 import functools
 import importlib
+import importlib.util
 import os
 import re
 from pathlib import Path
@@ -248,8 +249,29 @@ MODEL_FILES: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("config.json", ("config.json", "adapter_config.json")),
     ("weights (*.safetensors or *.bin)", ("*.safetensors", "*.bin")),
     ("tokenizer files (tokenizer.json, tokenizer.model, vocab.json, ...)",
-     ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model", "tokenizer_config.json")),
+     ("tokenizer.json", "tokenizer.model", "tekken.json", "vocab.json", "vocab.txt", "spiece.model",
+      "tokenizer_config.json")),
 )  # fmt: skip
+
+
+# Tokenizer files transformers reads only with a package of its own, where the directory has no tokenizer.json:
+# (file, the package's import name, its pip name, what transformers does without it)
+TOKENIZER_READERS = (
+    ("tekken.json", "mistral_common", "mistral-common", "would read it without its special tokens (no EOS)"),
+    ("tokenizer.model", "sentencepiece", "sentencepiece", "cannot read it"),
+)
+
+
+def _check_tokenizer_reader(path: Path, name_or_path: str, where: str) -> None:
+    """The package transformers needs for the directory's tokenizer (Mistral's tekken.json, a SentencePiece model)
+    is installed in the job; without it the tokenizer fails to load, or loads wrong, on every rank."""
+    if (path / "tokenizer.json").is_file():
+        return  # transformers reads the fast tokenizer's own file first
+    for file, module, package, without in TOKENIZER_READERS:
+        if (path / file).is_file() and importlib.util.find_spec(module) is None:
+            reader = f"which transformers reads with the {package} package, not installed in the job"
+            raise SpecError([f"{where}: {name_or_path}'s tokenizer is {file}, {reader} (transformers {without}): "
+                             f"pip install {package}"])
 
 
 def check_model_path(name_or_path: str, where: str = "model.name_or_path") -> None:
@@ -271,6 +293,7 @@ def check_model_path(name_or_path: str, where: str = "model.name_or_path") -> No
         checkpoints = complete_checkpoints(path)  # a run that stopped before its final save
         hint = f"; it holds {checkpoints[-1].name} (an unfinished run?): name that directory" if checkpoints else ""
         raise SpecError([f"{where}: {name_or_path} is not a model directory: no " + ", no ".join(lacking) + hint])
+    _check_tokenizer_reader(path, name_or_path, where)
     for weights in sorted(path.glob("*.safetensors")):  # a copy cut short loads as a traceback on every rank
         problem = file_problem(weights)
         if problem is not None:
