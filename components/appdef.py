@@ -21,8 +21,9 @@ import torchx.specs as specs
 from torchx.components.structured_arg import StructuredNameArgument
 from torchx.specs import macros
 
-from posttrain.components.messages import SpecError
 from posttrain.components import vllm_role
+from posttrain.components.local_data import local_data_problems
+from posttrain.components.messages import SpecError
 from posttrain.components.spec import load_spec
 from posttrain.components.vllm_role import VllmServer
 
@@ -171,10 +172,8 @@ def build_appdef(
         problems.append(f"--rdzv_port {rdzv_port}: expected a TCP port in 1..65535")
     if rdzv_backend not in RDZV_BACKENDS:
         problems.append(f"--rdzv_backend {rdzv_backend!r}: expected one of {', '.join(RDZV_BACKENDS)}")
-    if max_retries < 0:
-        problems.append(f"--max_retries {max_retries}: must be 0 or more")
-    if max_restarts < 0:
-        problems.append(f"--max_restarts {max_restarts}: must be 0 or more")
+    for flag, count in (("--max_retries", max_retries), ("--max_restarts", max_restarts)):
+        problems += [f"{flag} {count}: must be 0 or more"] if count < 0 else []
     if launcher not in LAUNCHERS:
         problems.append(f"--launcher {launcher!r}: expected one of {', '.join(LAUNCHERS)}")
     if launcher == "deepspeed" and max_restarts > 0:
@@ -223,6 +222,7 @@ def build_appdef(
     elif not server.is_default:
         problems.append("--vllm_*: these place the server of training.vllm_mode: server (with use_vllm: true and no "
                         "vllm_server_base_url/vllm_server_host); this spec runs no such server")  # fmt: skip
+    problems += [] if problems else local_data_problems(validated)  # where this client can read the data itself
     if problems:
         raise SpecError(problems)
 

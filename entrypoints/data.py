@@ -6,13 +6,12 @@ corrupt JSON line, missing columns, values of the wrong kind or null,
 preference pairs whose chosen answer is the rejected one.
 """
 
-import codecs
-import json
 import logging
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type
 
 from posttrain.components.fields import config_value
+from posttrain.components.local_data import check_text, column_problem, json_error
 from posttrain.components.messages import SpecError
 from posttrain.components.schema import DataSource, Spec
 from posttrain.entrypoints.distributed import env_rank
@@ -37,22 +36,11 @@ def load_data(
     else:
         path = None
         dataset = _load_hub(source, where, datasets)
-    renames = {found: expected for found, expected in columns.items() if found in dataset.column_names}
-    missing = sorted(set(columns) - set(renames))
-    if missing:
-        raise SpecError([f"data.columns: {where} has no column {', '.join(missing)}; found {dataset.column_names}"])
-    kept = set(dataset.column_names) - set(renames)
-    taken = [f"{found} -> {expected}" for found, expected in renames.items() if expected in kept]
-    if taken:
-        already = f"{where} has a column of that name already; rename that column too, or drop it from the data"
-        raise SpecError([f"data.columns: {', '.join(taken)}, but {already}"])
-    dataset = dataset.rename_columns(renames)
+    problem = column_problem(dataset.column_names, columns, formats, where)
+    if problem is not None:
+        raise SpecError([problem])
+    dataset = dataset.rename_columns(columns)
     matched = [cols for cols in formats if set(cols) <= set(dataset.column_names)]
-    if not matched:
-        expected = " or ".join("(" + ", ".join(cols) + ")" for cols in formats)
-        raise SpecError(
-            [f"{where}: found columns {dataset.column_names}; expected {expected} (map names with data.columns)"]
-        )
     if len(dataset) == 0:
         raise SpecError([f"{where}: {path} is empty" if path is not None else f"{where}: the data set is empty"])
     for column in sorted({column for cols in matched for column in cols}):
@@ -69,13 +57,14 @@ def _load_file(path: Path, where: str, datasets: Any) -> Any:
     if builder is None:
         raise SpecError([f"{where}.path: {path}: expected a .json, .jsonl, .parquet or .csv file"])
     if builder != "parquet":
-        check_text_file(path, where)
+        check_text(path, where)
     verbosity = datasets.logging.get_verbosity()
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its "Failed to load JSON" line: ours says it once
     try:
         return datasets.load_dataset(builder, data_files=str(path), split="train")
     except Exception as error:  # noqa: BLE001 -- any parse failure is the user's file
-        bad_line = json_error(path) if builder == "json" else None
+        # datasets reports a row of a block; the line is what a user can find
+        bad_line = json_error(path.read_text(encoding="utf-8")) if builder == "json" else None
         if bad_line is not None:
             raise SpecError([f"{where}.path: {path} {bad_line}"]) from None
         # datasets wraps the reader's error ("An error occurred while generating the dataset"): say the reader's
@@ -114,57 +103,6 @@ def first_line(error: BaseException) -> str:
     """An exception's message, one line: its first non-empty one, else its type."""
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     return lines[0] if lines else type(error).__name__
-
-
-def check_text_file(path: Path, where: str) -> None:
-    """One streamed pass over a text file: empty (or blank lines only), or bytes that are not UTF-8.
-
-    The JSON reader takes invalid bytes without a word and the trainer then
-    fails on them mid-run; an empty file gives datasets' StopIteration, whose
-    message is empty.
-    """
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    offset, lines, blank = 0, 1, True
-    with path.open("rb") as stream:
-        for chunk in iter(lambda: stream.read(1 << 20), b""):
-            try:
-                decoder.decode(chunk)
-            except UnicodeDecodeError as error:
-                # error.object is the decoder's pending bytes (never a newline) followed by this chunk
-                at = offset - (len(error.object) - len(chunk)) + error.start
-                line = lines + error.object[: error.start].count(b"\n")
-                byte = error.object[error.start]
-                raise SpecError(
-                    [f"{where}.path: {path} is not UTF-8 text: byte 0x{byte:02x} at offset {at} (line {line}); "
-                     "save it as UTF-8"]
-                ) from None  # fmt: skip
-            blank = blank and not chunk.strip()
-            offset, lines = offset + len(chunk), lines + chunk.count(b"\n")
-    if offset == 0:
-        raise SpecError([f"{where}: {path} is empty"])
-    if blank:
-        raise SpecError([f"{where}: {path} is empty (blank lines only)"])
-
-
-def json_error(path: Path) -> Optional[str]:
-    """Where a JSON or JSON Lines file stops parsing ("line 3 is not valid JSON (...)"), or None if it parses.
-
-    Run only once datasets has failed: it reports a row of a block, not a line.
-    """
-    text = path.read_text(encoding="utf-8")
-    try:
-        json.loads(text)
-        return None  # one valid document: the problem is elsewhere
-    except json.JSONDecodeError as error:
-        if error.msg != "Extra data":  # the first document itself is broken (a JSON file, or line 1 of JSON Lines)
-            return f"line {error.lineno} is not valid JSON ({error.msg}, column {error.colno})"
-    for number, line in enumerate(text.split("\n"), 1):  # JSON Lines: one document a line
-        if line.strip():
-            try:
-                json.loads(line)
-            except json.JSONDecodeError as error:
-                return f"line {number} is not valid JSON ({error.msg}, column {error.colno})"
-    return None
 
 
 TEXT_OR_CHAT = "text or chat messages (a list of {role, content})"

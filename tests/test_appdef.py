@@ -224,7 +224,8 @@ class TorchxComponentChecks(ComponentTestCase):
     "modules, absent",
     [
         # the client: --dryrun and `torchx builtins` stay fast
-        ("posttrain.components, posttrain.components.algorithms", ("torch", "trl", "transformers", "deepspeed", "peft")),
+        ("posttrain.components, posttrain.components.algorithms",
+         ("torch", "trl", "transformers", "deepspeed", "peft", "datasets", "pyarrow")),
         # the training processes read the spec and the vllm role's variable without the AppDef's machinery (21 ms
         # less start-up per process: torchx.specs, docstring_parser, importlib_metadata)
         ("posttrain.entrypoints.runtime, posttrain.entrypoints.vllm_server", ("torchx", "docstring_parser")),

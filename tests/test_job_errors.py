@@ -1,8 +1,8 @@
 """The job fails fast and clearly: one ``posttrain: <problem>`` line per problem, from rank 0 alone, exit 2.
 
 In process, one test per message (data, models, the TRL config, ranks
-agreeing; rewards: ``test_reward_checks.py``); three real ``torchx run`` launches (``-m e2e``): a corrupt
-data line, a reward returning NaN on one rank, a missing chain stage.
+agreeing; rewards: ``test_reward_checks.py``); three real ``torchx run`` launches (``-m e2e``): bad data (the
+client's line, then the job's), a reward returning NaN on one rank, a missing chain stage.
 """
 
 import contextlib
@@ -494,14 +494,21 @@ def test_a_model_that_fails_to_load_on_one_rank_is_said_by_that_rank(
 
 
 @pytest.mark.e2e
-def test_e2e_a_corrupt_data_line_stops_before_anything_is_written(tmp_path: Path) -> None:
+def test_e2e_bad_data_stops_before_anything_is_written_by_the_client_where_it_can_and_else_by_the_job(
+    tmp_path: Path,
+) -> None:
     rows = tmp_path / "rows.jsonl"
     lines = (REPO / "templates/data/sft_chat.jsonl").read_text().splitlines()
     lines[4] = lines[4][:-1]  # the closing brace of line 5
     rows.write_text("\n".join(lines) + "\n")
     output_dir = tmp_path / "out"
     result = run_template("sft/tiny.yaml", tmp_path, output_dir, overrides=[f"data.train.path={rows}"])
-    assert_stopped_once(result, f"data.train.path: {rows} line 5 is not valid JSON")
+    assert result.returncode == 1 and result.stderr == f"data.train.path: {rows} line 5 is not valid JSON (Expecting " \
+        "',' delimiter, column 145)\n" and "local_cwd://" not in result.stdout  # the client's line; nothing scheduled
+    lines[4] = json.dumps({"messages": "hello"})  # a value only the job reads
+    rows.write_text("\n".join(lines) + "\n")
+    result = run_template("sft/tiny.yaml", tmp_path, output_dir, overrides=[f"data.train.path={rows}"])
+    assert_stopped_once(result, "data.train: column messages holds text in row 5")
     assert not output_dir.exists() or not any(output_dir.iterdir())
 
 

@@ -1,0 +1,169 @@
+"""The data checks a client makes where it can read the data: a file's kind, text and columns, before it submits.
+
+The job loads the data with ``datasets`` (``entrypoints/data.py``), which
+the client cannot afford to import (nor torch). Where a data path is there
+for the client (always on local_cwd; on a cluster whose file system the
+client shares), it reads up to ``CLIENT_BYTES`` of it and says, in the job's
+own words: a path that is neither a data file nor a saved data set, text that
+is not UTF-8 or is empty, a line that is not JSON, and columns that, after
+``data.columns`` renames, are none of the sets the algorithm reads. A path
+the client does not see is left to the job. The job makes the same checks
+(and more) on the whole file with the same functions.
+"""
+
+import codecs
+import csv
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from posttrain.components.messages import SpecError
+
+# How much of a file the client reads: every check of a small file in well under a second (a bigger file's
+# columns are left to the job, since rows past this could hold a column the first ones lack)
+CLIENT_BYTES = 16 << 20
+DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv")
+
+
+def check_text(path: Path, where: str, limit: Optional[int] = None) -> None:
+    """One streamed pass over a text file (or its first ``limit`` bytes): bytes that are not UTF-8, or no text.
+
+    The JSON reader takes invalid bytes without a word and the trainer then
+    fails on them mid-run; an empty file gives datasets' StopIteration, whose
+    message is empty.
+    """
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset, lines, blank = 0, 1, True
+    with path.open("rb") as stream:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as error:
+                # error.object is the decoder's pending bytes (never a newline) followed by this chunk
+                at = offset - (len(error.object) - len(chunk)) + error.start
+                line = lines + error.object[: error.start].count(b"\n")
+                byte = error.object[error.start]
+                where_in = f"byte 0x{byte:02x} at offset {at} (line {line})"
+                raise SpecError([f"{where}.path: {path} is not UTF-8 text: {where_in}; save it as UTF-8"]) from None
+            blank = blank and not chunk.strip()
+            offset, lines = offset + len(chunk), lines + chunk.count(b"\n")
+            if limit is not None and offset >= limit:
+                break
+    if offset == 0:
+        raise SpecError([f"{where}: {path} is empty"])
+    if blank:
+        raise SpecError([f"{where}: {path} is empty (blank lines only)"])
+
+
+def json_error(text: str) -> Optional[str]:
+    """Where JSON or JSON Lines text stops parsing ("line 3 is not valid JSON (...)"), or None if it parses."""
+    try:
+        json.loads(text)
+        return None  # one valid document
+    except json.JSONDecodeError as error:
+        if error.msg != "Extra data":  # the first document itself is broken (a JSON file, or line 1 of JSON Lines)
+            return f"line {error.lineno} is not valid JSON ({error.msg}, column {error.colno})"
+    for number, line in enumerate(text.split("\n"), 1):  # JSON Lines: one document a line
+        if line.strip():
+            try:
+                json.loads(line)
+            except json.JSONDecodeError as error:
+                return f"line {number} is not valid JSON ({error.msg}, column {error.colno})"
+    return None
+
+
+def column_problem(
+    found: Sequence[str], renames: Dict[str, str], formats: Sequence[Tuple[str, ...]], where: str
+) -> Optional[str]:
+    """What is wrong with a data set's columns once ``data.columns`` renames them, or None."""
+    missing = sorted(set(renames) - set(found))
+    if missing:
+        return f"data.columns: {where} has no column {', '.join(missing)}; found {list(found)}"
+    kept = set(found) - set(renames)
+    taken = [f"{column} -> {renamed}" for column, renamed in renames.items() if renamed in kept]
+    if taken:
+        already = f"{where} has a column of that name already; rename that column too, or drop it from the data"
+        return f"data.columns: {', '.join(taken)}, but {already}"
+    columns = [renames.get(column, column) for column in found]
+    if not any(set(cols) <= set(columns) for cols in formats):
+        expected = " or ".join("(" + ", ".join(cols) + ")" for cols in formats)
+        return f"{where}: found columns {columns}; expected {expected} (map names with data.columns)"
+    return None
+
+
+def _json_columns(path: Path, where: str) -> Optional[List[str]]:
+    """The columns of a JSON or JSON Lines file the client read whole (every row's keys, in order), else None."""
+    text = path.read_bytes()[:CLIENT_BYTES].decode("utf-8", errors="replace")
+    whole = path.stat().st_size <= CLIENT_BYTES
+    if not whole:
+        text = text[: text.rfind("\n") + 1]  # whole lines only
+    problem = json_error(text) if whole or not text.lstrip().startswith("[") else None
+    if problem is not None:
+        raise SpecError([f"{where}.path: {path} {problem}"])
+    if not whole:
+        return None
+    try:
+        document = json.loads(text)
+        rows = document if isinstance(document, list) else [document]
+    except json.JSONDecodeError:  # JSON Lines
+        rows = [json.loads(line) for line in text.split("\n") if line.strip()]
+    return list(dict.fromkeys(key for row in rows if isinstance(row, dict) for key in row))
+
+
+def _file_columns(path: Path, where: str) -> Optional[List[str]]:
+    """A local data file's columns as the job's reader will find them, after the client's checks; None where the
+    client cannot tell cheaply."""
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet
+        except ImportError:
+            return None
+        try:
+            return list(pyarrow.parquet.read_schema(path).names)
+        except Exception as error:  # noqa: BLE001 -- anything the reader says of the user's file
+            raise SpecError([f"{where}.path: cannot read {path}: {str(error).splitlines()[0]}"]) from None
+    check_text(path, where, CLIENT_BYTES)
+    if path.suffix == ".csv":
+        with path.open(newline="", encoding="utf-8") as stream:
+            return next(csv.reader(stream), [])
+    return _json_columns(path, where)
+
+
+def _saved_columns(path: Path, split: str, where: str) -> Optional[List[str]]:
+    """A directory ``save_to_disk`` wrote: its split's columns, from the features its ``dataset_info.json`` lists."""
+    if (path / "dataset_dict.json").is_file():
+        splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
+        if split not in splits:
+            raise SpecError([f"{where}.split: {path} has no split {split!r}; it has {', '.join(splits)}"])
+        path = path / split
+    elif not (path / "state.json").is_file():
+        raise SpecError([f"{where}.path: {path} is a directory, but not one datasets' save_to_disk wrote (no "
+                         "state.json or dataset_dict.json); name a .json, .jsonl, .parquet or .csv file"])
+    info = path / "dataset_info.json"
+    features = json.loads(info.read_text()).get("features") if info.is_file() else None
+    return list(features) if isinstance(features, dict) else None
+
+
+def local_data_problems(spec: Any) -> List[str]:
+    """The client's checks of each local data path it can read (``data.train``, ``data.eval``), one line each."""
+    problems = []
+    for where, source in (("data.train", spec.data.train), ("data.eval", spec.data.eval)):
+        if source is None or source.path is None or not Path(source.path).exists():
+            continue  # a hub data set, or a path on the job's file system: the job checks it
+        path = Path(source.path)
+        try:
+            if path.is_dir():
+                columns = _saved_columns(path, source.split, where)
+            elif path.suffix not in DATA_SUFFIXES:
+                raise SpecError([f"{where}.path: {path}: expected a .json, .jsonl, .parquet or .csv file"])
+            else:
+                columns = _file_columns(path, where)
+        except SpecError as error:
+            problems += error.problems
+            continue
+        except OSError as error:
+            problems.append(f"{where}.path: cannot read {path}: {error.strerror or error}")
+            continue
+        problem = None if columns is None else column_problem(columns, spec.data.columns, spec.data_formats, where)
+        problems += [problem] if problem else []
+    return problems
