@@ -22,7 +22,7 @@ from torchx.components.structured_arg import StructuredNameArgument
 from torchx.specs import macros
 
 from posttrain.components import vllm_role
-from posttrain.components.local_data import local_data_problems
+from posttrain.components.local_files import local_data_problems, local_model_problems
 from posttrain.components.messages import SpecError
 from posttrain.components.spec import load_spec
 from posttrain.components.vllm_role import VllmServer
@@ -222,7 +222,7 @@ def build_appdef(
     elif not server.is_default:
         problems.append("--vllm_*: these place the server of training.vllm_mode: server (with use_vllm: true and no "
                         "vllm_server_base_url/vllm_server_host); this spec runs no such server")  # fmt: skip
-    problems += [] if problems else local_data_problems(validated)  # where this client can read the data itself
+    problems += [] if problems else local_model_problems(validated) + local_data_problems(validated)  # those it sees
     if problems:
         raise SpecError(problems)
 

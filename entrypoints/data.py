@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type
 
 from posttrain.components.fields import config_value
-from posttrain.components.local_data import check_text, column_problem, json_error
+from posttrain.components.local_files import check_text, column_problem, json_error
 from posttrain.components.messages import SpecError
 from posttrain.components.schema import DataSource, Spec
 from posttrain.entrypoints.distributed import env_rank

@@ -20,9 +20,10 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
+from posttrain.components.local_files import model_directory_problem
 from posttrain.components.messages import SpecError
 from posttrain.components.schema import Spec
-from posttrain.entrypoints.checkpoints import complete_checkpoints, file_problem
+from posttrain.entrypoints.checkpoints import file_problem
 from posttrain.entrypoints.data import first_line
 
 CAUSAL_LM = "AutoModelForCausalLM"
@@ -244,16 +245,6 @@ def is_local_path(name_or_path: str) -> bool:
     return len(parts) > 2 or (len(parts) == 2 and Path(parts[0]).is_dir())
 
 
-# what from_pretrained reads from a model directory: (what it is called in a message, the names that give it)
-MODEL_FILES: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
-    ("config.json", ("config.json", "adapter_config.json")),
-    ("weights (*.safetensors or *.bin)", ("*.safetensors", "*.bin")),
-    ("tokenizer files (tokenizer.json, tokenizer.model, vocab.json, ...)",
-     ("tokenizer.json", "tokenizer.model", "tekken.json", "vocab.json", "vocab.txt", "spiece.model",
-      "tokenizer_config.json")),
-)  # fmt: skip
-
-
 # Tokenizer files transformers reads only with a package of its own, where the directory has no tokenizer.json:
 # (file, the package's import name, its pip name, what transformers does without it)
 TOKENIZER_READERS = (
@@ -286,13 +277,9 @@ def check_model_path(name_or_path: str, where: str = "model.name_or_path") -> No
     if not path.exists():
         raise SpecError([f"{where}: no such directory: {name_or_path} (relative paths start at {Path.cwd()})"
                          + _written_by(name_or_path)])  # fmt: skip
-    if not path.is_dir():
-        raise SpecError([f"{where}: {name_or_path} is a file; expected a model directory (from save_pretrained)"])
-    lacking = [what for what, names in MODEL_FILES if not any(next(path.glob(name), None) for name in names)]
-    if lacking:
-        checkpoints = complete_checkpoints(path)  # a run that stopped before its final save
-        hint = f"; it holds {checkpoints[-1].name} (an unfinished run?): name that directory" if checkpoints else ""
-        raise SpecError([f"{where}: {name_or_path} is not a model directory: no " + ", no ".join(lacking) + hint])
+    problem = model_directory_problem(path, name_or_path, where)
+    if problem is not None:
+        raise SpecError([problem])
     _check_tokenizer_reader(path, name_or_path, where)
     for weights in sorted(path.glob("*.safetensors")):  # a copy cut short loads as a traceback on every rank
         problem = file_problem(weights)

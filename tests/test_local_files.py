@@ -1,4 +1,5 @@
-"""The client checks the data it can read before it submits, in the job's own words; what it cannot see, the job does."""
+"""The client checks the data and model directories it can read before it submits, in the job's own words; what it
+cannot see, the job does."""
 
 import json
 from pathlib import Path
@@ -7,7 +8,7 @@ from typing import Callable, Dict, List
 import pytest
 from helpers import TEMPLATES
 
-from posttrain.components import algorithms, local_data
+from posttrain.components import algorithms, local_files
 from posttrain.components.messages import SpecError
 from posttrain.components.spec import load_spec
 
@@ -89,8 +90,31 @@ def test_what_the_client_cannot_see_or_read_whole_is_left_to_the_job(tmp_path: P
     algorithms.sft("data.train.path=on/the/cluster.jsonl", spec=SFT)  # not here: the job's file system
     big = tmp_path / "big.jsonl"
     big.write_text(_jsonl([{"question": "q", "answer": "a"}] * 50) + _jsonl([{"text": "t"}]))
-    monkeypatch.setattr(local_data, "CLIENT_BYTES", 200)  # the first rows only: a later row may hold the columns
+    monkeypatch.setattr(local_files, "CLIENT_BYTES", 200)  # the first rows only: a later row may hold the columns
     algorithms.sft(f"data.train.path={big}", spec=SFT)
     big.write_text('{"text": "a"}\n{"text": \n' + _jsonl([{"text": "t"}] * 50))
     with pytest.raises(SpecError, match="line 2 is not valid JSON"):  # a bad line in what it read is still said
         algorithms.sft(f"data.train.path={big}", spec=SFT)
+
+
+def test_a_model_directory_the_client_can_see_is_checked_in_the_jobs_words(tmp_path: Path) -> None:
+    from posttrain.entrypoints.models import check_model_path
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "checkpoint-20").mkdir()
+    (model / "checkpoint-20" / "trainer_state.json").write_text("{}")
+    with pytest.raises(SpecError) as client:
+        algorithms.sft(f"model.name_or_path={model}", spec=SFT)
+    with pytest.raises(SpecError) as job:
+        check_model_path(str(model))
+    assert client.value.problems == job.value.problems == [
+        f"model.name_or_path: {model} is not a model directory: no weights (*.safetensors or *.bin), no tokenizer files "
+        "(tokenizer.json, tokenizer.model, vocab.json, ...); it holds checkpoint-20 (an unfinished run?): name that "
+        "directory"
+    ]
+    with pytest.raises(SpecError, match="teacher_model: .* is a file; expected a model directory"):
+        algorithms.distill(f"teacher_model={model / 'config.json'}", spec=str(TEMPLATES / "distill/tiny.yaml"))
+    # not here (a hub id, a stage an earlier run of a chain writes): the job's to check
+    algorithms.sft("model.name_or_path=outputs/not-written-yet", spec=SFT)

@@ -1,19 +1,22 @@
-"""The data checks a client makes where it can read the data: a file's kind, text and columns, before it submits.
+"""What the client checks of the local files a spec names, where it can read them, before it submits.
 
-The job loads the data with ``datasets`` (``entrypoints/data.py``), which
-the client cannot afford to import (nor torch). Where a data path is there
-for the client (always on local_cwd; on a cluster whose file system the
-client shares), it reads up to ``CLIENT_BYTES`` of it and says, in the job's
-own words: a path that is neither a data file nor a saved data set, text that
-is not UTF-8 or is empty, a line that is not JSON, and columns that, after
-``data.columns`` renames, are none of the sets the algorithm reads. A path
-the client does not see is left to the job. The job makes the same checks
-(and more) on the whole file with the same functions.
+The job loads the data with ``datasets`` (``entrypoints/data.py``) and the
+models with transformers, which the client cannot afford to import (nor
+torch). Where a data path or a model directory is there for the client
+(always on local_cwd; on a cluster whose file system the client shares), it
+says, in the job's own words: of data (up to ``CLIENT_BYTES`` read), a path
+that is neither a data file nor a saved data set, text that is not UTF-8 or
+is empty, a line that is not JSON, and columns that, after ``data.columns``
+renames, are none of the sets the algorithm reads; of a model directory,
+the files ``from_pretrained`` reads that it lacks. A path the client does not
+see is left to the job, which makes the same checks (and more) with the same
+functions.
 """
 
 import codecs
 import csv
 import json
+import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -142,6 +145,46 @@ def _saved_columns(path: Path, split: str, where: str) -> Optional[List[str]]:
     info = path / "dataset_info.json"
     features = json.loads(info.read_text()).get("features") if info.is_file() else None
     return list(features) if isinstance(features, dict) else None
+
+
+# what from_pretrained reads from a model directory: (what it is called in a message, the names that give it)
+MODEL_FILES: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
+    ("config.json", ("config.json", "adapter_config.json")),
+    ("weights (*.safetensors or *.bin)", ("*.safetensors", "*.bin")),
+    ("tokenizer files (tokenizer.json, tokenizer.model, vocab.json, ...)",
+     ("tokenizer.json", "tokenizer.model", "tekken.json", "vocab.json", "vocab.txt", "spiece.model",
+      "tokenizer_config.json")),
+)  # fmt: skip
+_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+
+
+def model_directory_problem(path: Path, name_or_path: str, where: str) -> Optional[str]:
+    """What keeps an existing local path from being a model directory, or None: a file, or the files
+    ``from_pretrained`` reads that it lacks (with the newest checkpoint, where a run stopped before its final save)."""
+    if not path.is_dir():
+        return f"{where}: {name_or_path} is a file; expected a model directory (from save_pretrained)"
+    lacking = [what for what, names in MODEL_FILES if not any(next(path.glob(name), None) for name in names)]
+    if not lacking:
+        return None
+    saved = [child for child in path.iterdir() if _CHECKPOINT.match(child.name) and (child / "trainer_state.json").is_file()]
+    newest = max(saved, key=lambda child: int(child.name.split("-")[1]), default=None)
+    hint = f"; it holds {newest.name} (an unfinished run?): name that directory" if newest else ""
+    return f"{where}: {name_or_path} is not a model directory: no " + ", no ".join(lacking) + hint
+
+
+def local_model_problems(spec: Any) -> List[str]:
+    """The client's check of each model directory the spec names that it can see (a hub id, a built-in, a chain
+    stage not written yet: the job's)."""
+    named = [("model.name_or_path", spec.model.name_or_path)]
+    named += [(field, getattr(spec, field, None)) for field in ("reference_model", "teacher_model", "value_model")]
+    named += [(f"rewards.{index}.model", reward.model) for index, reward in enumerate(getattr(spec, "rewards", []))]
+    problems = []
+    for where, name_or_path in named:
+        if isinstance(name_or_path, str) and not name_or_path.startswith("builtin:"):
+            path = Path(name_or_path).expanduser()
+            problem = model_directory_problem(path, name_or_path, where) if path.exists() else None
+            problems += [problem] if problem else []
+    return problems
 
 
 def local_data_problems(spec: Any) -> List[str]:
