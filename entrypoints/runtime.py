@@ -45,6 +45,7 @@ import logging
 import os
 import signal
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -92,6 +93,16 @@ from posttrain.entrypoints.sharding import may_leave_parameters_unused, strategy
 from posttrain.entrypoints.summary import SUMMARY_FILE, closing_line, run_summary, write_model_card
 
 log = logging.getLogger("posttrain")
+
+# The configs of trainers whose batches hold no input_ids (prompts to generate from, or a collator's chosen and
+# rejected pairs): transformers' token count cannot read them and warns at every step on every rank (GRPO and RLOO
+# count their tokens themselves)
+NO_INPUT_IDS = (
+    "trl:GRPOConfig",
+    "trl:RLOOConfig",
+    "trl.experimental.online_dpo:OnlineDPOConfig",
+    "trl.experimental.orpo:ORPOConfig",
+)
 
 
 @dataclasses.dataclass
@@ -189,11 +200,14 @@ def run(
 
 def quiet_libraries() -> None:
     """What libraries print that tells a user nothing: DeepSpeed's warning from every rank that it found no GPU (on
-    a CPU job), and the progress bars of saving and loading weights in a log (a file or a pipe, not a terminal)."""
+    a CPU job), the progress bars of saving and loading weights in a log (a file or a pipe, not a terminal), and
+    TRL's use of a name transformers deprecated."""
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if not sys.stderr.isatty():
         transformers_logging.disable_progress_bar()
+    # TRL 1.16 asks transformers 5 for the flag by its old name, from every rank: nothing the user can change
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
 @dataclasses.dataclass
@@ -368,7 +382,9 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
     if on_cpu and offloaded:  # transformers would fail in the first step: pinned memory needs an accelerator
         raise SpecError([f"training.{offloaded[0]}: offload: true moves saved activations off the GPU into "
                          "pinned host memory; this job runs on CPU, where they are in host memory already: drop it"])
-    kwargs.setdefault("include_num_input_tokens_seen", "non_padding")
+    kwargs.setdefault("include_num_input_tokens_seen", "no" if spec.config_class in NO_INPUT_IDS else "non_padding")
+    if spec.config_class == "trl.experimental.orpo:ORPOConfig":
+        kwargs.setdefault("remove_unused_columns", False)  # its collator needs the columns; else TRL sets it, and warns
     kwargs.setdefault("disable_tqdm", not sys.stdout.isatty())  # a bar on a terminal; lines elsewhere (ProgressLog)
     if has_rewards(spec) and "reward_weights" in config_fields(spec.config_class):
         kwargs["reward_weights"] = [reward.weight for reward in spec.rewards]  # else the trainer takes them itself
