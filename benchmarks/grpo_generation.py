@@ -1,6 +1,6 @@
 """GRPO with transformers' ``generate``, vLLM colocated, and vLLM as the job's ``vllm`` server role.
 
-``python -m benchmarks.grpo_generation`` (in the vLLM environment, README: "Generating with vLLM") runs
+``python -m benchmarks.grpo_generation`` (in the vLLM environment, docs/pages/vllm.md) runs
 ``torchx run -s local_cwd posttrain.grpo`` of ``templates/grpo/tiny-vllm-server.yaml`` three ways,
 interleaved (generate, colocate, server, generate, ...), each with a fresh output directory and ``HF_HOME``,
 on the benchmarks' CPU model (``workload.py``: 5.1M parameters, head size 32 as vLLM's CPU attention needs)

@@ -186,7 +186,7 @@ def build_appdef(
             problems.append(
                 f"--env {key}: looks like a secret, and --env values show in --dryrun output and scheduler "
                 f"requests; export {key} in the submitting shell (local_cwd and Slurm jobs inherit it) or use the "
-                "scheduler's secrets (README: Secrets)"
+                "scheduler's secrets (docs: Schedulers, Secrets)"
             )
     if problems:
         raise SpecError(problems)

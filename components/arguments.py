@@ -23,7 +23,7 @@ ARGS: Dict[str, str] = {
     "gpu": "number of gpus per replica",
     "memMB": "cpu memory in MB per replica",
     "j": "[{{min_nnodes}}:]{{nnodes}}x{{nproc_per_node}}; with a GPU host (-h), {{nnodes}} alone uses one process per GPU",
-    "env": "environment variables for the job (e.g. WANDB_PROJECT=x); not secrets: export those (README: Secrets)",
+    "env": "environment variables for the job (e.g. WANDB_PROJECT=x); not secrets: export those (docs: Schedulers, Secrets)",
     "max_retries": "scheduler retries of the whole job",
     "max_restarts": "torchrun restarts of the workers on a node (how a local_cwd job retries)",
     "rdzv_port": "port on the rank-0 host for the c10d store (multi-node only; one node picks a free port)",

@@ -23,7 +23,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Type
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Type
 
 from posttrain.components.fields import LORA_CONFIG, TABLE_PATH, FieldType, config_fields
 from posttrain.components.registry import SPEC_CLASSES
@@ -262,15 +262,20 @@ def schema_path(algorithm: str, directory: Path = SCHEMA_DIR) -> Path:
     return directory / f"{algorithm}.schema.json"
 
 
-def write_all(directory: Path = SCHEMA_DIR) -> List[Path]:
-    """Writes every algorithm's schema into ``directory``; returns the paths written."""
-    directory.mkdir(parents=True, exist_ok=True)
+def write_each_algorithm(render_one: Callable[[str], str], path_of: Callable[[str], Path]) -> List[Path]:
+    """Writes one generated file per algorithm (a schema, a reference page); returns the paths written."""
     written = []
     for algorithm in sorted(SPEC_CLASSES):
-        path = schema_path(algorithm, directory)
-        path.write_text(render(algorithm))
+        path = path_of(algorithm)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render_one(algorithm))
         written.append(path)
     return written
+
+
+def write_all(directory: Path = SCHEMA_DIR) -> List[Path]:
+    """Writes every algorithm's schema into ``directory``; returns the paths written."""
+    return write_each_algorithm(render, lambda algorithm: schema_path(algorithm, directory))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -1,4 +1,6 @@
-"""README's code, read: its fenced blocks parsed into commands, snippets and YAML, and each command planned.
+"""The code of README and the documentation site, read: fenced blocks parsed into commands, snippets and YAML, and
+each command planned. README and the site's pages (in the site's order) are read as one text; a line number is
+one of that text, which :func:`where` names as a file and its line.
 
 The parser and the planner behind tests/test_readme.py (which says what is run and how); kept apart so
 that the tests read as tests.
@@ -88,7 +90,7 @@ def fenced_blocks(text: str) -> List[Block]:
         elif opened is not None:
             body.append(line)
     if opened is not None:
-        raise ValueError(f"README line {opened}: a fenced block is never closed")
+        raise ValueError(f"{where(opened)}: a fenced block is never closed")
     return blocks
 
 
@@ -161,7 +163,7 @@ def parse_readme(text: str) -> ReadmeCode:
         elif block.language in ("", "text"):
             code.output_blocks.append(block)
         else:
-            raise ValueError(f"README line {block.line}: a ```{block.language} block this test neither runs nor reads")
+            raise ValueError(f"{where(block.line)}: a ```{block.language} block this test neither runs nor reads")
     return code
 
 
@@ -297,7 +299,7 @@ def plan_commands(commands: Sequence[Command], ci: str) -> List[Plan]:
         plan = plan_one(command, command.text, ci)
         if plan.how == "run" and not command.output:
             if plan.argv in seen:  # the same component, template and overrides: runs once
-                why = f"the same as README line {seen[plan.argv]}"
+                why = f"the same as {where(seen[plan.argv])}"
                 plan = Plan(command, "duplicate", plan.argv, why, plan.changes)
             else:
                 seen[plan.argv] = command.line
@@ -306,7 +308,20 @@ def plan_commands(commands: Sequence[Command], ci: str) -> List[Plan]:
 
 
 README_TEXT = README.read_text()
-CODE = parse_readme(README_TEXT)
+DOCS = REPO / "docs"
+# README, then the site's pages in the order its nav lists them
+PAGES = [README] + [DOCS / "pages" / page for page in re.findall(r":\s*(\S+\.md)\s*$", (DOCS / "mkdocs.yml").read_text(), re.M)]
+_TEXTS = [page.read_text() for page in PAGES]
+_STARTS = [sum(text.count("\n") for text in _TEXTS[:index]) for index in range(len(_TEXTS))]
+
+
+def where(line: int) -> str:
+    """A line of the combined text as its file and line: ``docs/pages/spec.md:12``."""
+    index = max(i for i, start in enumerate(_STARTS) if start < line)
+    return f"{PAGES[index].relative_to(REPO)}:{line - _STARTS[index]}"
+
+
+CODE = parse_readme("".join(_TEXTS))
 PLANS = plan_commands(CODE.commands, ci_command(README_TEXT))
 RUN = [plan for plan in PLANS if plan.how in ("run", "duplicate")]
 Item = Union[Plan, Snippet]

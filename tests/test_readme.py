@@ -30,7 +30,7 @@ import yaml
 from helpers import REPO, job_env
 from readme_code import (
     CODE, COMMAND_TIMEOUT_S, ITEMS, LINKED, LISTED, PLANS, README_TEXT, RUN, Command, Item, Plan, Snippet, ci_command,
-    item_id, option, parse_readme, plan_one,
+    item_id, option, parse_readme, plan_one, where,
 )  # fmt: skip
 
 
@@ -88,7 +88,7 @@ def test_plans_insert_dryrun_where_a_run_needs_a_cluster_gpus_or_the_hub() -> No
 
 def test_every_readme_command_is_run_or_listed() -> None:
     assert len(CODE.commands) >= 10 and CODE.snippets, "the parser found next to nothing in README.md"
-    unknown = [f"README line {p.command.line}: {p.command.text}\n  ({p.why})" for p in PLANS if p.how == "unknown"]
+    unknown = [f"{where(p.command.line)}: {p.command.text}\n  ({p.why})" for p in PLANS if p.how == "unknown"]
     assert not unknown, (
         "README commands this test neither runs nor lists (run them from tests/test_readme.py, or add them "
         "to LISTED in tests/readme_code.py with the reason):\n" + "\n".join(unknown)
@@ -111,7 +111,7 @@ def test_readme_yaml_blocks_are_valid_spec_fragments() -> None:
     assert CODE.yaml_blocks, "README has no YAML blocks"
     for block in CODE.yaml_blocks:
         fragment = yaml.safe_load("\n".join(block.lines))
-        assert isinstance(fragment, dict), f"README line {block.line}: not a mapping"
+        assert isinstance(fragment, dict), f"{where(block.line)}: not a mapping"
         if "algorithm" in fragment:
             distributed = fragment.get("distributed") or {}
             engines = [key for key in ("deepspeed", "fsdp") if key in distributed]
@@ -123,7 +123,7 @@ def test_readme_yaml_blocks_are_valid_spec_fragments() -> None:
                 spec = yaml.safe_load((REPO / "templates" / template).read_text())
                 validate({**spec, **fragment})
         else:
-            raise AssertionError(f"README line {block.line}: a YAML block this test does not know how to check")
+            raise AssertionError(f"{where(block.line)}: a YAML block this test does not know how to check")
 
 
 # --- the runs, in README order ---------------------------------------------------------------------
@@ -166,7 +166,7 @@ def readme_runs(tmp_path_factory: pytest.TempPathFactory) -> Dict[int, Ran]:
         except subprocess.TimeoutExpired as e:
             result = subprocess.CompletedProcess(argv, -9, str(e.stdout or ""), f"timeout: {COMMAND_TIMEOUT_S} s")
         ran[line] = Ran(result, time.monotonic() - begin, workdir)
-        print(f"README line {line}: exit {result.returncode} in {ran[line].seconds:.1f} s: {shlex.join(argv)}")
+        print(f"{where(line)}: exit {result.returncode} in {ran[line].seconds:.1f} s: {shlex.join(argv)}")
     print(f"README: {len(ran)} runs in {time.monotonic() - started:.0f} s")
     return ran
 
@@ -193,6 +193,21 @@ def check_png(workdir: Path, argv: Sequence[str]) -> None:
     assert all(series.get("loss") for series in runs.values()), runs
 
 
+def normalised(console: str) -> str:
+    """A console as the docs and a run are compared: what changes from run to run (times, numbers, temporary
+    directories, app ids, the working directory) replaced, and the lines YAML wraps joined."""
+    text = " ".join(console.split())
+    for pattern, replacement in (
+        (r"\d{4}-\d\d-\d\d[ _]\d\d:\d\d:\d\d(,\d+)?", "<time>"),
+        (r"/tmp/torchx_\w+", "/tmp/torchx_<id>"),
+        (r"torchx/([a-z_]+)-[a-z0-9]+", r"torchx/\1-<id>"),
+        (r"start at [^)]+\)", "start at <cwd>)"),
+        (r"\d+(\.\d+)?(e[-+]?\d+)?", "#"),
+    ):
+        text = re.sub(pattern, replacement, text)
+    return text
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("item", ITEMS, ids=item_id)
 def test_readme_code_runs(item: Item, readme_runs: Dict[int, Ran]) -> None:
@@ -209,6 +224,12 @@ def test_readme_code_runs(item: Item, readme_runs: Dict[int, Ran]) -> None:
     else:
         ran = readme_runs[plan.command.line]
     result, output = ran.result, ran.result.stdout + ran.result.stderr
+    if plan.command.output and plan.command.output[0].startswith("torchx "):  # a whole console, as a run printed it
+        shown_out = [line for line in plan.command.output if re.match(r"^\w+://torchx/", line)]  # the app handle
+        shown_err = [line for line in plan.command.output if line not in shown_out]
+        assert normalised("\n".join(shown_out)) == normalised(result.stdout), show(plan, ran)
+        assert normalised("\n".join(shown_err)) == normalised(result.stderr), show(plan, ran)
+        return
     if plan.command.output:  # a transcript: it prints what README shows
         missing = [line for line in plan.command.output if line.strip() not in output]
         assert not missing, f"README shows {missing}, not printed\n" + show(plan, ran)

