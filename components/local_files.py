@@ -15,17 +15,18 @@ functions.
 
 import codecs
 import csv
+import glob
 import json
 import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from posttrain.components.data_sources import DATA_SUFFIXES, GLOB_CHARACTERS
 from posttrain.components.messages import SpecError
 
 # How much of a file the client reads: every check of a small file in well under a second (a bigger file's
 # columns are left to the job, since rows past this could hold a column the first ones lack)
 CLIENT_BYTES = 16 << 20
-DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv")
 
 
 def check_text(path: Path, where: str, limit: Optional[int] = None) -> None:
@@ -188,25 +189,31 @@ def local_model_problems(spec: Any) -> List[str]:
 
 
 def local_data_problems(spec: Any) -> List[str]:
-    """The client's checks of each local data path it can read (``data.train``, ``data.eval``), one line each."""
+    """The client's checks of each local data source it can read (``data.train``, ``data.eval``, or each source of
+    a mixture: ``data.train.1``), one line each; a glob's files each."""
     problems = []
-    for where, source in (("data.train", spec.data.train), ("data.eval", spec.data.eval)):
-        if source is None or source.path is None or not Path(source.path).exists():
-            continue  # a hub data set, or a path on the job's file system: the job checks it
-        path = Path(source.path)
-        try:
-            if path.is_dir():
-                columns = _saved_columns(path, source.split, where)
-            elif path.suffix not in DATA_SUFFIXES:
-                raise SpecError([f"{where}.path: {path}: expected a .json, .jsonl, .parquet or .csv file"])
-            else:
-                columns = _file_columns(path, where)
-        except SpecError as error:
-            problems += error.problems
-            continue
-        except OSError as error:
-            problems.append(f"{where}.path: cannot read {path}: {error.strerror or error}")
-            continue
-        problem = None if columns is None else column_problem(columns, spec.data.columns, spec.data_formats, where)
-        problems += [problem] if problem else []
+    for where, source in [*spec.data.sources("train"), *spec.data.sources("eval")]:
+        if source.path is None:
+            continue  # a hub data set: the job's
+        is_glob = any(character in source.path for character in GLOB_CHARACTERS)
+        paths = [Path(match) for match in sorted(glob.glob(source.path))] if is_glob else [Path(source.path)]
+        renames = {**spec.data.columns, **source.columns}
+        for path in [path for path in paths if path.exists()]:  # not here: a path on the job's file system
+            try:
+                if path.is_dir() and not is_glob:
+                    columns = _saved_columns(path, source.split, where)
+                elif path.suffix not in DATA_SUFFIXES:
+                    raise SpecError([f"{where}.path: {path}: expected a .json, .jsonl, .parquet or .csv file"])
+                else:
+                    columns = _file_columns(path, where)
+            except SpecError as error:
+                problems += error.problems
+                break
+            except OSError as error:
+                problems.append(f"{where}.path: cannot read {path}: {error.strerror or error}")
+                break
+            problem = None if columns is None else column_problem(columns, renames, spec.data_formats, where)
+            if problem is not None:
+                problems.append(problem)
+                break
     return problems

@@ -110,7 +110,9 @@ def render(algorithm: str) -> str:
             nested = value.get("$ref") or next((o["$ref"] for o in value.get("anyOf", []) if "$ref" in o), None)
             if nested is not None and nested.rsplit("/", 1)[1] != ref.rsplit("/", 1)[1]:
                 sub = defs[nested.rsplit("/", 1)[1]]
-                lines += ["", f"### `{name}.{key}`", "", _cell(sub.get("description", "")), ""]
+                listed = any(o.get("type") == "array" for o in value.get("anyOf", []))
+                each = f" (in a list, each item: `{name}.{key}.0`, `{name}.{key}.1`, ...)" if listed else ""
+                lines += ["", f"### `{name}.{key}`{each}", "", _cell(sub.get("description", "")), ""]
                 lines += _section_table(sub["properties"], sub.get("required", []), f"{name}.{key}.")
     refused = {**cls.owned_training_keys(), **cls.refused_training_keys}
     lines += ["", "## `training`", "", f"The fields of `{cls.config_class}`, as the installed TRL defines them; "

@@ -11,10 +11,11 @@ import difflib
 import json
 import re
 import typing
-from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple
+from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict
 
+from posttrain.components.data_sources import data_problems
 from posttrain.components.fields import config_fields, config_value
 from posttrain.components.messages import cut
 from posttrain.components.rewards import check_builtin
@@ -64,40 +65,39 @@ class ModelSpec(_Strict):
 
 
 class DataSource(_Strict):
-    """A local JSON/JSONL/Parquet file (``path``) or a hub data set (``name``)."""
+    """One data source: a local file, a glob of files or a saved data set (``path``), or a hub data set (``name``);
+    its own column renames (beside ``data.columns``), a cap on its rows, and its weight in an interleaved mixture."""
 
     path: Optional[str] = None
     name: Optional[str] = None
     config: Optional[str] = None
     split: str = "train"
+    columns: Dict[str, str] = {}
+    max_rows: Optional[int] = None
+    weight: Optional[float] = None
 
 
 class DataSpec(_Strict):
-    """Training and evaluation data; ``columns`` renames ``{found: expected}``."""
+    """Training and evaluation data, each one source or a list of them (a mixture: ``mix``); ``columns`` renames
+    ``{found: expected}`` in every source."""
 
-    train: DataSource
-    eval: Optional[DataSource] = None
+    train: Union[DataSource, List[DataSource]]
+    eval: Union[DataSource, List[DataSource], None] = None
     columns: Dict[str, str] = {}
+    mix: Literal["concatenate", "interleave"] = "concatenate"
+
+    def sources(self, split: str) -> List[Tuple[str, DataSource]]:
+        """``data.train`` or ``data.eval`` as ``(dotted key, source)`` pairs: ``data.train``, or ``data.train.0``,
+        ``data.train.1``, ... for a list."""
+        given = getattr(self, split)
+        if given is None:
+            return []
+        if isinstance(given, DataSource):
+            return [(f"data.{split}", given)]
+        return [(f"data.{split}.{index}", source) for index, source in enumerate(given)]
 
     def problems(self) -> List[str]:
-        found = []
-        for name, source in (("train", self.train), ("eval", self.eval)):
-            if source is not None and (source.path is None) == (source.name is None):
-                found.append(f"data.{name}: give exactly one of path (a local JSON/JSONL/Parquet file) or name (a hub data set)")
-            elif source is not None and source.path is not None:  # a file is one split; save_to_disk's dict has several
-                a_file = source.path.endswith((".json", ".jsonl", ".parquet", ".csv"))
-                split = source.split if source.split != "train" and a_file else None
-                found += [
-                    f"data.{name}.{key}: {cut(repr(value))} applies to hub data sets (data.{name}.name); a local file is one "
-                    "split: remove it" for key, value in (("config", source.config), ("split", split)) if value is not None
-                ]
-        onto: Dict[str, List[str]] = {}
-        for column, renamed in self.columns.items():
-            onto.setdefault(renamed, []).append(column)
-        for renamed, columns in onto.items():
-            if len(columns) > 1:
-                found.append(f"data.columns: {', '.join(columns)} are all renamed to {renamed}; rename one to each name")
-        return found
+        return data_problems(self)
 
 
 class DeepSpeedSpec(_Strict):

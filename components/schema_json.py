@@ -66,16 +66,22 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "default the model's own.",
     },
     "DataSpec": {
-        "train": "The training data: a local file or saved data set (path), or a hub data set (name).",
-        "eval": "Evaluation data, read when training.eval_strategy is steps or epoch.",
-        "columns": "Column renames, found -> expected.",
+        "train": "The training data: one source (a local file, a glob of files or a saved data set as path, or a hub "
+        "data set as name), or a list of sources to mix.",
+        "eval": "Evaluation data, one source or a list, read when training.eval_strategy is steps or epoch.",
+        "columns": "Column renames, found -> expected, in every source.",
+        "mix": "How a list of sources becomes one data set: concatenate (in order) or interleave (drawn by weight, "
+        "seeded by training.seed, until every source is used up).",
     },
     "DataSource": {
-        "path": "A local JSON, JSONL, Parquet or CSV file, or a directory save_to_disk wrote; relative to the job's "
-        "working directory.",
+        "path": "A local JSON, JSONL, Parquet or CSV file, a glob of such files (data/*.jsonl), or a directory "
+        "save_to_disk wrote; relative to the job's working directory.",
         "name": "A hub data set's id.",
         "config": "The hub data set's configuration (subset).",
         "split": "The split to read: of a hub data set, or of a saved DatasetDict.",
+        "columns": "This source's own column renames, found -> expected, beside data.columns.",
+        "max_rows": "Keep this source's first max_rows rows only.",
+        "weight": "How often an interleaved mixture draws from this source, against the others' weights.",
     },
     "DeepSpeedSpec": {
         "zero_stage": "ZeRO stage: 1 shards the optimizer state, 2 also the gradients, 3 also the parameters.",

@@ -213,15 +213,26 @@ def job_inputs(spec: Spec, training: Dict[str, Any], world_size: int, datasets: 
     """What a checkpoint depends on besides its spec: each data source's fingerprint and the global batch."""
     per_device = config_value(spec.config_class, training, "per_device_train_batch_size")
     accumulation = config_value(spec.config_class, training, "gradient_accumulation_steps")
-    sources = {"data.train": spec.data.train, "data.eval": spec.data.eval}
     return {
-        "data": {where: data_fingerprint(sources[where], dataset) for where, dataset in datasets},
+        "data": {where: split_fingerprint(spec, where.split(".")[1], dataset) for where, dataset in datasets},
         "global_batch": {
             "processes": world_size,
             "per_device_train_batch_size": per_device,
             "gradient_accumulation_steps": accumulation,
         },
     }
+
+
+def split_fingerprint(spec: Spec, split: str, dataset: Any) -> Dict[str, Any]:
+    """``data.train``'s or ``data.eval``'s fingerprint: its source's, or a mixture's sources' with how they mix."""
+    sources = spec.data.sources(split)
+    if len(sources) == 1:
+        source = sources[0][1]
+        capped = {"max_rows": source.max_rows} if source.max_rows is not None else {}
+        return {**data_fingerprint(source, dataset), **capped}
+    parts = [{**data_fingerprint(source, None), "max_rows": source.max_rows, "weight": source.weight}
+             for _, source in sources]  # fmt: skip
+    return {"source": ", ".join(part["source"] for part in parts), "mix": spec.data.mix, "parts": parts}
 
 
 def data_fingerprint(source: Any, dataset: Any) -> Dict[str, Any]:

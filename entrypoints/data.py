@@ -6,11 +6,13 @@ corrupt JSON line, missing columns, values of the wrong kind or null,
 preference pairs whose chosen answer is the rejected one.
 """
 
+import glob
 import logging
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type
 
 from posttrain.components.fields import config_value
+from posttrain.components.data_sources import GLOB_CHARACTERS
 from posttrain.components.local_files import check_text, column_problem, json_error
 from posttrain.components.messages import SpecError
 from posttrain.components.schema import DataSource, Spec
@@ -19,10 +21,50 @@ from posttrain.entrypoints.distributed import env_rank
 log = logging.getLogger("posttrain")
 
 
+def load_split(spec: Spec, split: str, seed: int) -> Any:
+    """``data.train`` or ``data.eval``: its one source, or its sources loaded and checked one by one (each message
+    naming its source, ``data.train.1``), then concatenated or interleaved (``data.mix``)."""
+    data = spec.data
+    loaded = [(where, source, load_data(source, {**data.columns, **source.columns}, where, spec.data_formats))
+              for where, source in data.sources(split)]  # fmt: skip
+    if len(loaded) == 1:
+        return loaded[0][2]
+    return mix(loaded, data.mix, spec.data_formats, seed)
+
+
+def mix(loaded: Sequence[Tuple[str, Any, Any]], how: str, formats: Sequence[Tuple[str, ...]], seed: int) -> Any:
+    """Several sources' data sets as one: the columns every source has (among them a set the algorithm reads),
+    each cast to the first's features, then concatenated in order or interleaved as ``datasets.interleave_datasets``
+    draws (weights normalised, until every source is used up)."""
+    import datasets
+
+    shared = [name for name in loaded[0][2].column_names if all(name in ds.column_names for _, _, ds in loaded)]
+    if not any(set(columns) <= set(shared) for columns in formats):
+        has = "; ".join(f"{where} has {', '.join(ds.column_names)}" for where, _, ds in loaded)
+        expected = " or ".join("(" + ", ".join(columns) + ")" for columns in formats)
+        raise SpecError([f"{loaded[0][0].rsplit('.', 1)[0]}: its sources share none of the column sets {expected} "
+                         f"({has}); rename them to one set (each source's columns)"])  # fmt: skip
+    first_where, _, first = loaded[0]
+    features = first.select_columns(shared).features
+    parts = []
+    for part_where, _, dataset in loaded:
+        try:
+            parts.append(dataset.select_columns(shared).cast(features))
+        except (ValueError, TypeError) as error:
+            raise SpecError([f"{part_where}: its columns do not hold what {first_where}'s do ({first_line(error)}); "
+                             "give every source of a mixture the same columns and kinds"]) from None  # fmt: skip
+    if how == "concatenate":
+        return datasets.concatenate_datasets(parts)
+    weights = [source.weight or 1.0 for _, source, _ in loaded]
+    probabilities = [weight / sum(weights) for weight in weights]
+    return datasets.interleave_datasets(parts, probabilities, seed=seed, stopping_strategy="all_exhausted")
+
+
 def load_data(
     source: DataSource, columns: Dict[str, str], where: str, formats: Sequence[Tuple[str, ...]]
 ) -> Any:
-    """Loads a local file or hub data set, renames columns and checks them against ``formats`` (any one).
+    """Loads a local file, a glob of files, a saved data set or a hub data set, keeps its first ``max_rows``,
+    renames columns and checks them against ``formats`` (any one).
 
     Then what the trainer would trip over later, deep in a traceback: values
     of the wrong kind, nulls, preference pairs that are no pair.
@@ -32,10 +74,13 @@ def load_data(
     datasets.disable_progress_bars()
     if source.path is not None:
         path = Path(source.path)
-        dataset = _load_saved(path, source.split, where, datasets) if path.is_dir() else _load_file(path, where, datasets)
+        is_saved = path.is_dir() and not any(character in source.path for character in GLOB_CHARACTERS)
+        dataset = _load_saved(path, source.split, where, datasets) if is_saved else _load_files(source.path, where, datasets)
     else:
         path = None
         dataset = _load_hub(source, where, datasets)
+    if source.max_rows is not None and len(dataset) > source.max_rows:
+        dataset = dataset.select(range(source.max_rows))
     problem = column_problem(dataset.column_names, columns, formats, where)
     if problem is not None:
         raise SpecError([problem])
@@ -49,29 +94,45 @@ def load_data(
     return dataset
 
 
-def _load_file(path: Path, where: str, datasets: Any) -> Any:
-    """A local file through datasets' builder for its suffix, its problems said in one line each."""
-    if not path.is_file():
-        raise SpecError([f"{where}.path: no such file: {path} (relative paths start at {Path.cwd()})"])
-    builder = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}.get(path.suffix)
-    if builder is None:
-        raise SpecError([f"{where}.path: {path}: expected a .json, .jsonl, .parquet or .csv file"])
-    if builder != "parquet":
-        check_text(path, where)
+def _load_files(pattern: str, where: str, datasets: Any) -> Any:
+    """A local file, or the files a glob matches (one kind), through datasets' builder for their suffix, their
+    problems said in one line each, naming the file."""
+    is_glob = any(character in pattern for character in GLOB_CHARACTERS)
+    paths = [Path(match) for match in sorted(glob.glob(pattern))] if is_glob else [Path(pattern)]
+    if not paths:
+        raise SpecError([f"{where}.path: no file matches {pattern} (relative paths start at {Path.cwd()})"])
+    if not is_glob and not paths[0].is_file():
+        raise SpecError([f"{where}.path: no such file: {pattern} (relative paths start at {Path.cwd()})"])
+    builders = {path: _BUILDERS.get(path.suffix) for path in paths}
+    for path, builder in builders.items():
+        if builder is None:
+            raise SpecError([f"{where}.path: {path}: expected a .json, .jsonl, .parquet or .csv file"])
+    if len(set(builders.values())) > 1:
+        raise SpecError([f"{where}.path: {pattern} matches files of several kinds ({', '.join(sorted({p.suffix for p in paths}))}); "
+                         "give each kind its own source"])  # fmt: skip
+    builder = builders[paths[0]]
+    for path in paths:
+        if builder != "parquet":
+            check_text(path, where)
     verbosity = datasets.logging.get_verbosity()
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its "Failed to load JSON" line: ours says it once
     try:
-        return datasets.load_dataset(builder, data_files=str(path), split="train")
+        return datasets.load_dataset(builder, data_files=[str(path) for path in paths], split="train")
     except Exception as error:  # noqa: BLE001 -- any parse failure is the user's file
         # datasets reports a row of a block; the line is what a user can find
-        bad_line = json_error(path.read_text(encoding="utf-8")) if builder == "json" else None
-        if bad_line is not None:
-            raise SpecError([f"{where}.path: {path} {bad_line}"]) from None
+        for path in paths if builder == "json" else []:
+            bad_line = json_error(path.read_text(encoding="utf-8"))
+            if bad_line is not None:
+                raise SpecError([f"{where}.path: {path} {bad_line}"]) from None
+        path = paths[0] if len(paths) == 1 else pattern
         # datasets wraps the reader's error ("An error occurred while generating the dataset"): say the reader's
         reason = error.__cause__ or error.__context__ or error
         raise SpecError([f"{where}.path: cannot read {path}: {first_line(reason)}"]) from None
     finally:
         datasets.logging.set_verbosity(verbosity)
+
+
+_BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
 def _load_saved(path: Path, split: str, where: str, datasets: Any) -> Any:

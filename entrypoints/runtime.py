@@ -53,7 +53,7 @@ import torch
 from transformers import PrinterCallback
 from transformers.utils import logging as transformers_logging
 
-from posttrain.components.fields import config_fields
+from posttrain.components.fields import config_fields, config_value
 from posttrain.components.messages import SpecError
 from posttrain.components.schema import CHECKPOINTING_OPTIONS, Spec
 from posttrain.components.spec import spec_from_json
@@ -68,7 +68,7 @@ from posttrain.entrypoints.data import (
     check_online_data,
     first_line,
     fit_batch,
-    load_data,
+    load_split,
 )
 from posttrain.entrypoints.error_file import CRASHED, STOPPED, record_crash, record_error
 from posttrain.entrypoints.metrics import MetricsLog
@@ -284,10 +284,11 @@ def _check_inputs(spec: Spec, output_dir: Path, world_size: int, reward_check: R
 
     No collective call in here (see distributed.all_ranks_agree), and nothing written.
     """
-    train_dataset = load_data(spec.data.train, spec.data.columns, "data.train", spec.data_formats)
+    seed = config_value(spec.config_class, spec.training, "seed")  # an interleaved mixture's draws
+    train_dataset = load_split(spec, "train", seed)
     datasets = [("data.train", train_dataset)]
     if spec.data.eval is not None:
-        datasets.append(("data.eval", load_data(spec.data.eval, spec.data.columns, "data.eval", spec.data_formats)))
+        datasets.append(("data.eval", load_split(spec, "eval", seed)))
     # a generating algorithm's batch is tied to num_generations or mini-batches: checked, never shrunk
     training = dict(spec.training) if spec.generates else fit_batch(
         spec.training, spec.config_class, len(train_dataset), world_size, spec.min_per_device_batch

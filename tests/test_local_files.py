@@ -3,7 +3,7 @@ cannot see, the job does."""
 
 import json
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Dict, List
 
 import pytest
 from helpers import TEMPLATES

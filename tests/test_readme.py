@@ -118,6 +118,9 @@ def test_readme_yaml_blocks_are_valid_spec_fragments() -> None:
             for keep in engines or [None]:
                 alone = {key: value for key, value in distributed.items() if key not in engines or key == keep}
                 validate(dict(fragment, distributed=alone))
+        elif set(fragment) == {"data"}:  # a data section: in the algorithm whose columns it holds
+            spec = yaml.safe_load((REPO / "templates/sft/tiny.yaml").read_text())
+            validate({**spec, **fragment})
         elif set(fragment) == {"rewards"}:
             for template in ("grpo/tiny.yaml", "rloo/tiny.yaml", "ppo/tiny.yaml"):
                 spec = yaml.safe_load((REPO / "templates" / template).read_text())

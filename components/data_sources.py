@@ -1,0 +1,63 @@
+"""What a spec's ``data`` section may say: each source named once, the way a local file or a hub data set is named,
+and a mixture of several that holds together. The sections themselves are ``schema.DataSource`` and
+``schema.DataSpec``; the job reads them in ``entrypoints/data.py``."""
+
+from typing import Any, Dict, List
+
+from posttrain.components.messages import cut
+
+# What a local data file's name ends with: one split; a directory save_to_disk wrote may hold several
+DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv")
+GLOB_CHARACTERS = "*?["
+
+
+def data_problems(data: Any) -> List[str]:
+    """Every problem of a ``DataSpec``, one line each, naming the source (``data.train.1.path``)."""
+    found = []
+    for split in ("train", "eval"):
+        given = getattr(data, split)
+        if isinstance(given, list) and not given:
+            found.append(f"data.{split}: an empty list; give one source, or a list of several to mix")
+        sources = data.sources(split)
+        for where, source in sources:
+            found += _source_problems(where, source)
+            found += _rename_problems(f"{where}.columns" if source.columns else "data.columns",
+                                      {**data.columns, **source.columns})  # fmt: skip
+        weighted = [where for where, source in sources if source.weight is not None]
+        if data.mix == "concatenate" and weighted:
+            found.append(f"{weighted[0]}.weight: weights choose how often an interleaved mixture draws from each "
+                         "source; set data.mix: interleave, or drop the weights")  # fmt: skip
+        elif weighted and len(weighted) != len(sources):
+            found.append(f"data.{split}: {', '.join(weighted)} have a weight and the other sources none; give every "
+                         "source a weight, or none (equal weights)")  # fmt: skip
+    if data.mix == "interleave" and all(len(data.sources(split)) < 2 for split in ("train", "eval")):
+        found.append("data.mix: interleave draws from several sources; data.train (and data.eval) has one: give a "
+                     "list of sources, or drop mix")  # fmt: skip
+    return found
+
+
+def _source_problems(where: str, source: Any) -> List[str]:
+    if (source.path is None) == (source.name is None):
+        return [f"{where}: give exactly one of path (a local JSON/JSONL/Parquet/CSV file, a glob of them or a saved "
+                "data set) or name (a hub data set)"]  # fmt: skip
+    found = []
+    if source.path is not None:  # a file is one split; save_to_disk's dict has several
+        a_file = source.path.endswith(DATA_SUFFIXES)
+        split = source.split if source.split != "train" and a_file else None
+        found += [
+            f"{where}.{key}: {cut(repr(value))} applies to hub data sets ({where}.name); a local file is one split: "
+            "remove it" for key, value in (("config", source.config), ("split", split)) if value is not None
+        ]
+    if source.max_rows is not None and source.max_rows < 1:
+        found.append(f"{where}.max_rows: {source.max_rows}; expected at least 1 (the first rows kept), or drop it")
+    if source.weight is not None and source.weight <= 0:
+        found.append(f"{where}.weight: {source.weight}; expected a positive number (weights are normalised)")
+    return found
+
+
+def _rename_problems(where: str, renames: Dict[str, str]) -> List[str]:
+    onto: Dict[str, List[str]] = {}
+    for column, renamed in renames.items():
+        onto.setdefault(renamed, []).append(column)
+    return [f"{where}: {', '.join(columns)} are all renamed to {renamed}; rename one to each name"
+            for renamed, columns in onto.items() if len(columns) > 1]  # fmt: skip
