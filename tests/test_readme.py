@@ -232,6 +232,8 @@ def test_readme_code_runs(item: Item, readme_runs: Dict[int, Ran]) -> None:
         shown_err = [line for line in plan.command.output if line not in shown_out]
         assert normalised("\n".join(shown_out)) == normalised(result.stdout), show(plan, ran)
         assert normalised("\n".join(shown_err)) == normalised(result.stderr), show(plan, ran)
+        failed = any("Job finished: FAILED" in line for line in shown_err)
+        assert result.returncode == (1 if failed else 0), show(plan, ran)  # the exit codes the page states
         return
     if plan.command.output:  # a transcript: it prints what README shows
         missing = [line for line in plan.command.output if line.strip() not in output]
