@@ -26,7 +26,7 @@ from posttrain.components.messages import SpecError
 
 # How much of a file the client reads: every check of a small file in well under a second (a bigger file's
 # columns are left to the job, since rows past this could hold a column the first ones lack)
-CLIENT_BYTES = 16 << 20
+CLIENT_BYTES = 8 << 20
 
 
 def check_text(path: Path, where: str, limit: Optional[int] = None) -> None:
