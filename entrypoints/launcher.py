@@ -19,31 +19,36 @@ from typing import Mapping, Optional, Sequence, Tuple
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.run import main as torchrun
 
-from posttrain.entrypoints.error_file import CRASHED, LAUNCHER_SAYS, posttrain_line
+from posttrain.entrypoints.error_file import CRASHED, LAUNCHER_SAYS, STOPPED, posttrain_line
 
 
 def failure_line(rank: int, failure: ProcessFailure) -> Optional[str]:
-    """What the launcher says of a failed rank; None where the rank said it (or another rank's line explains it)."""
+    """What the launcher says of a failed rank; None where the rank said it, or where it ended quietly on a lost
+    peer (exit code 1 without a line: the peer's failure is the one to say)."""
     if failure.exitcode < 0:
         hint = " (the system's out-of-memory killer sends it)" if failure.signal_name() == "SIGKILL" else ""
         return f"posttrain: rank {rank} (pid {failure.pid}) was killed by {failure.signal_name()}{hint}"
     line = posttrain_line(failure.error_file_data)
-    return line if failure.exitcode == CRASHED and line else None
+    if line is None and failure.exitcode not in (STOPPED, CRASHED):  # os._exit, sys.exit(n) in the user's code
+        return f"posttrain: rank {rank} (pid {failure.pid}) exited with code {failure.exitcode} without saying why"
+    return line if failure.exitcode == CRASHED else None
 
 
 def root_cause(failures: Mapping[int, ProcessFailure]) -> Tuple[int, ProcessFailure]:
     """The failure that explains the others: a rank that left its line and exited by itself, else one a signal
-    other than SIGTERM killed (the out-of-memory killer), else the earliest.
+    other than SIGTERM killed (the out-of-memory killer), else one that exited with a code of its own, else the
+    earliest.
 
     When one rank fails, torchrun stops the others with SIGTERM, and a rank it stops may have left the same line
-    already (every rank meets a check's error): it is not the cause, nor is a rank that ended on the lost one.
+    already (every rank meets a check's error): it is not the cause, nor is a rank that ended on the lost one
+    (quietly, exit code 1).
     """
 
-    def order(item: Tuple[int, ProcessFailure]) -> Tuple[bool, bool, int, int]:
+    def order(item: Tuple[int, ProcessFailure]) -> Tuple[bool, bool, bool, int, int]:
         rank, failure = item
         said = failure.exitcode > 0 and posttrain_line(failure.error_file_data) is not None
         killed = failure.exitcode < 0 and failure.signal_name() != "SIGTERM"
-        return (not said, not killed, failure.timestamp, rank)
+        return (not said, not killed, failure.exitcode in (CRASHED, -15), failure.timestamp, rank)
 
     return min(failures.items(), key=order)
 

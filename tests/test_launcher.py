@@ -27,6 +27,8 @@ def test_the_root_cause_is_the_rank_that_said_why_not_one_torchrun_stopped_after
     quiet = tmp_path / "no error files"
     killed = {0: _failure(quiet, error_file.CRASHED, rank=0), 1: _failure(quiet, -signal.SIGKILL, rank=1)}
     assert launcher.root_cause(killed)[0] == 1  # rank 0 ended on the lost peer, quietly
+    exited = {0: _failure(quiet, error_file.CRASHED, rank=0), 1: _failure(quiet, 13, rank=1)}
+    assert launcher.root_cause(exited)[0] == 1
 
 
 def test_the_launcher_says_a_crash_and_a_signal_but_not_what_a_rank_said(tmp_path: Path) -> None:
@@ -34,6 +36,9 @@ def test_the_launcher_says_a_crash_and_a_signal_but_not_what_a_rank_said(tmp_pat
     assert launcher.failure_line(1, _failure(tmp_path, error_file.CRASHED, crash)) == crash
     assert launcher.failure_line(0, _failure(tmp_path, error_file.STOPPED, "posttrain: data.train: ...")) is None
     assert launcher.failure_line(0, _failure(tmp_path / "none", error_file.CRASHED)) is None  # a lost peer: quiet
+    assert launcher.failure_line(2, _failure(tmp_path / "none", 13)) == (  # os._exit(13) in the user's code
+        "posttrain: rank 2 (pid 42) exited with code 13 without saying why"
+    )
     assert launcher.failure_line(3, _failure(tmp_path / "none", -signal.SIGKILL)) == (
         "posttrain: rank 3 (pid 42) was killed by SIGKILL (the system's out-of-memory killer sends it)"
     )
