@@ -28,12 +28,10 @@ Input errors (a missing file, a corrupt line, wrong columns, a data set too
 small, a NaN reward, a full disk) end every rank with exit code 2 and one
 ``posttrain: <problem>`` line, printed by rank 0 alone, without a traceback
 (a model that fails to load on one node only: by the ranks that met it), and
-left in torchelastic's error file for torchx. Anything else is a crash
-(exit code 1): one line naming the exception and where it came from, left in
-the error file for posttrain's launcher to say once, its traceback kept in
+left in torchelastic's error file for torchx. Anything else is a crash (exit
+code 1): one line, said once by posttrain's launcher, its traceback kept in
 ``output_dir/logs`` (``error_file.record_crash``); a rank that ended because
-another did says nothing. A success ends with one line too
-(``summary.closing_line``).
+another did says nothing. A success ends in one line (``summary.closing_line``).
 
 What happens where: ``distributed.py`` (the process group), ``sharding.py``
 (DDP, DeepSpeed, FSDP), ``data.py``, ``models.py``, ``rewards.py``,
