@@ -2,6 +2,8 @@
 and a mixture of several that holds together. The sections themselves are ``schema.DataSource`` and
 ``schema.DataSpec``; the job reads them in ``entrypoints/data.py``."""
 
+import glob
+from pathlib import Path
 from typing import Any, Dict, List
 
 from posttrain.components.messages import cut
@@ -9,6 +11,16 @@ from posttrain.components.messages import cut
 # What a local data file's name ends with: one split; a directory save_to_disk wrote may hold several
 DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv")
 GLOB_CHARACTERS = "*?["
+
+
+def is_glob(path: str) -> bool:
+    """Whether a source's path is a glob of files (``data/*.jsonl``) rather than one file or directory."""
+    return any(character in path for character in GLOB_CHARACTERS)
+
+
+def matched_paths(path: str) -> List[Path]:
+    """The files a glob matches, in order; a path that is no glob, as it is (whether or not it exists)."""
+    return [Path(match) for match in sorted(glob.glob(path))] if is_glob(path) else [Path(path)]
 
 
 def data_problems(data: Any) -> List[str]:

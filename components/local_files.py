@@ -15,13 +15,12 @@ functions.
 
 import codecs
 import csv
-import glob
 import json
 import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from posttrain.components.data_sources import DATA_SUFFIXES, GLOB_CHARACTERS
+from posttrain.components.data_sources import DATA_SUFFIXES, is_glob, matched_paths
 from posttrain.components.messages import SpecError
 
 # How much of a file the client reads: every check of a small file in well under a second (a bigger file's
@@ -95,9 +94,23 @@ def column_problem(
     return None
 
 
+def not_a_data_file(path: Path, where: str) -> SpecError:
+    """A path whose suffix names no data file the job reads."""
+    return SpecError([f"{where}.path: {path}: expected a .json, .jsonl, .parquet or .csv file"])
+
+
+def not_a_saved_data_set(path: Path, where: str) -> Optional[SpecError]:
+    """A directory that ``save_to_disk`` did not write, or None."""
+    if any((path / name).is_file() for name in ("state.json", "dataset_dict.json")):
+        return None
+    return SpecError([f"{where}.path: {path} is a directory, but not one datasets' save_to_disk wrote (no "
+                      "state.json or dataset_dict.json); name a .json, .jsonl, .parquet or .csv file"])  # fmt: skip
+
+
 def _json_columns(path: Path, where: str) -> Optional[List[str]]:
     """The columns of a JSON or JSON Lines file the client read whole (every row's keys, in order), else None."""
-    text = path.read_bytes()[:CLIENT_BYTES].decode("utf-8", errors="replace")
+    with path.open("rb") as stream:  # its first CLIENT_BYTES only
+        text = stream.read(CLIENT_BYTES).decode("utf-8", errors="replace")
     whole = path.stat().st_size <= CLIENT_BYTES
     if not whole:
         text = text[: text.rfind("\n") + 1]  # whole lines only
@@ -135,14 +148,14 @@ def _file_columns(path: Path, where: str) -> Optional[List[str]]:
 
 def _saved_columns(path: Path, split: str, where: str) -> Optional[List[str]]:
     """A directory ``save_to_disk`` wrote: its split's columns, from the features its ``dataset_info.json`` lists."""
+    problem = not_a_saved_data_set(path, where)
+    if problem is not None:
+        raise problem
     if (path / "dataset_dict.json").is_file():
         splits = json.loads((path / "dataset_dict.json").read_text()).get("splits", [])
         if split not in splits:
             raise SpecError([f"{where}.split: {path} has no split {split!r}; it has {', '.join(splits)}"])
         path = path / split
-    elif not (path / "state.json").is_file():
-        raise SpecError([f"{where}.path: {path} is a directory, but not one datasets' save_to_disk wrote (no "
-                         "state.json or dataset_dict.json); name a .json, .jsonl, .parquet or .csv file"])
     info = path / "dataset_info.json"
     features = json.loads(info.read_text()).get("features") if info.is_file() else None
     return list(features) if isinstance(features, dict) else None
@@ -195,15 +208,13 @@ def local_data_problems(spec: Any) -> List[str]:
     for where, source in [*spec.data.sources("train"), *spec.data.sources("eval")]:
         if source.path is None:
             continue  # a hub data set: the job's
-        is_glob = any(character in source.path for character in GLOB_CHARACTERS)
-        paths = [Path(match) for match in sorted(glob.glob(source.path))] if is_glob else [Path(source.path)]
         renames = {**spec.data.columns, **source.columns}
-        for path in [path for path in paths if path.exists()]:  # not here: a path on the job's file system
+        for path in [path for path in matched_paths(source.path) if path.exists()]:  # else on the job's file system
             try:
-                if path.is_dir() and not is_glob:
+                if path.is_dir() and not is_glob(source.path):
                     columns = _saved_columns(path, source.split, where)
                 elif path.suffix not in DATA_SUFFIXES:
-                    raise SpecError([f"{where}.path: {path}: expected a .json, .jsonl, .parquet or .csv file"])
+                    raise not_a_data_file(path, where)
                 else:
                     columns = _file_columns(path, where)
             except SpecError as error:

@@ -6,14 +6,13 @@ corrupt JSON line, missing columns, values of the wrong kind or null,
 preference pairs whose chosen answer is the rejected one.
 """
 
-import glob
 import logging
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type
 
 from posttrain.components.fields import config_value
-from posttrain.components.data_sources import GLOB_CHARACTERS
-from posttrain.components.local_files import check_text, column_problem, json_error
+from posttrain.components.data_sources import is_glob, matched_paths
+from posttrain.components.local_files import check_text, column_problem, json_error, not_a_data_file, not_a_saved_data_set
 from posttrain.components.messages import SpecError
 from posttrain.components.schema import DataSource, Spec
 from posttrain.entrypoints.distributed import env_rank
@@ -74,7 +73,7 @@ def load_data(
     datasets.disable_progress_bars()
     if source.path is not None:
         path = Path(source.path)
-        is_saved = path.is_dir() and not any(character in source.path for character in GLOB_CHARACTERS)
+        is_saved = path.is_dir() and not is_glob(source.path)
         dataset = _load_saved(path, source.split, where, datasets) if is_saved else _load_files(source.path, where, datasets)
     else:
         path = None
@@ -97,16 +96,15 @@ def load_data(
 def _load_files(pattern: str, where: str, datasets: Any) -> Any:
     """A local file, or the files a glob matches (one kind), through datasets' builder for their suffix, their
     problems said in one line each, naming the file."""
-    is_glob = any(character in pattern for character in GLOB_CHARACTERS)
-    paths = [Path(match) for match in sorted(glob.glob(pattern))] if is_glob else [Path(pattern)]
+    paths = matched_paths(pattern)
     if not paths:
         raise SpecError([f"{where}.path: no file matches {pattern} (relative paths start at {Path.cwd()})"])
-    if not is_glob and not paths[0].is_file():
+    if not is_glob(pattern) and not paths[0].is_file():
         raise SpecError([f"{where}.path: no such file: {pattern} (relative paths start at {Path.cwd()})"])
     builders = {path: _BUILDERS.get(path.suffix) for path in paths}
     for path, builder in builders.items():
         if builder is None:
-            raise SpecError([f"{where}.path: {path}: expected a .json, .jsonl, .parquet or .csv file"])
+            raise not_a_data_file(path, where)
     if len(set(builders.values())) > 1:
         raise SpecError([f"{where}.path: {pattern} matches files of several kinds ({', '.join(sorted({p.suffix for p in paths}))}); "
                          "give each kind its own source"])  # fmt: skip
@@ -137,9 +135,9 @@ _BUILDERS = {".json": "json", ".jsonl": "json", ".parquet": "parquet", ".csv": "
 
 def _load_saved(path: Path, split: str, where: str, datasets: Any) -> Any:
     """A directory ``save_to_disk`` wrote: a data set, or a dict of them (``split`` picks one)."""
-    if not any((path / name).is_file() for name in ("state.json", "dataset_dict.json")):
-        raise SpecError([f"{where}.path: {path} is a directory, but not one datasets' save_to_disk wrote (no "
-                         "state.json or dataset_dict.json); name a .json, .jsonl, .parquet or .csv file"])  # fmt: skip
+    problem = not_a_saved_data_set(path, where)
+    if problem is not None:
+        raise problem
     try:
         loaded = datasets.load_from_disk(str(path))
     except (OSError, ValueError) as error:
