@@ -7,7 +7,9 @@ word, until it is killed. Every node runs this first (``python -m
 posttrain.entrypoints.rendezvous_port PORT NODE RANK0_HOST JOB``): node 0 says
 a port in use in one line and ends. Another node on the same host (local_cwd)
 ends with it, quietly, unless what listens is this job's own (node 0 may have
-started its launcher already); nodes elsewhere go on. Standard library only:
+started its launcher already); nodes elsewhere go on. Node 0 goes on, too,
+where the listener is this job's own: on one host another node's torchrun
+may start first and host the store. Standard library only:
 it runs before every launch.
 """
 
@@ -58,11 +60,14 @@ def main(argv: list) -> int:
         return 0  # the port is on another host, which node 0 checks
     if not in_use(port):
         return 0
+    listener = listener_command(port)
+    # this job's torchrun: its run id is the job's (on one host another node's may start first and host the store)
+    ours = listener is not None and job in listener
     if node != "0":
-        listener = listener_command(port)
-        # this job's torchrun (its run id is the job's) or, under DeepSpeed's launcher, its rank 0; unknown: go on
-        ours = listener is None or job in listener or "posttrain.entrypoints." in listener
-        return 0 if ours else 2  # node 0, on this host too, says why
+        # also DeepSpeed's launcher's rank 0, or a listener that cannot be told: go on; node 0 says why otherwise
+        return 0 if ours or listener is None or "posttrain.entrypoints." in listener else 2
+    if ours:
+        return 0
     line = (
         f"posttrain: --rdzv_port {port} is in use on {socket.gethostname()}, the job's rank-0 host (another "
         "program, or another job, listens on it); pass a free one with --rdzv_port"

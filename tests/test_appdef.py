@@ -278,5 +278,7 @@ def test_a_multi_node_job_checks_its_rendezvous_port_before_the_launcher_listens
         # node 0's own launcher, up already: the listener's command line names the job (here: this pytest's)
         assert "pytest" in rendezvous_port.listener_command(int(port))
         assert rendezvous_port.main([port, "1", "localhost", "pytest"]) == 0
+        # node 1's torchrun on the same host started first and hosts the store: node 0 goes on and joins it
+        assert rendezvous_port.main([port, "0", "localhost", "pytest"]) == 0
         assert capsys.readouterr().err == ""
     assert rendezvous_port.main([port, "0", "localhost", "sft-x1"]) == 0
