@@ -37,8 +37,10 @@ def main() -> None:
                 problems = local_data_problems(spec)
                 seconds.append(time.perf_counter() - started)
             assert not problems, problems
-            print(f"{mib:>3} MiB: median {statistics.median(seconds) * 1000:.0f} ms (min {min(seconds) * 1000:.0f}, "
-                  f"max {max(seconds) * 1000:.0f}; {args.repeats} runs)")
+            print(
+                f"{mib:>3} MiB: median {statistics.median(seconds) * 1000:.0f} ms (min {min(seconds) * 1000:.0f}, "
+                f"max {max(seconds) * 1000:.0f}; {args.repeats} runs)"
+            )
 
 
 if __name__ == "__main__":

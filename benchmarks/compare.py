@@ -49,21 +49,39 @@ def main(
     data = workload.write_rows(work / f"{algorithm}.jsonl", rows(n_rows, seed=0, scale=4 if options.gpu else 1))
     params = workload.parameter_count(model)
     training = {
-        "max_steps": options.steps, "per_device_train_batch_size": 8, "learning_rate": 1e-3,
-        "logging_steps": 1, "seed": 0, "save_strategy": "no", "report_to": "none", "bf16": options.gpu,
+        "max_steps": options.steps,
+        "per_device_train_batch_size": 8,
+        "learning_rate": 1e-3,
+        "logging_steps": 1,
+        "seed": 0,
+        "save_strategy": "no",
+        "report_to": "none",
+        "bf16": options.gpu,
         **(training or {}),
-    }  # fmt: skip
+    }
     plain_training = {"include_num_input_tokens_seen": "non_padding", "use_cpu": not options.gpu}
     plain_training.update({k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in options.plain)})
     device = "GPU" if options.gpu else "CPU"
-    print(f"{algorithm}: model {params / 1e6:.1f}M parameters, {n_rows} rows ({data}), {options.steps} steps, "
-          f"batch 8 per process, {device}", flush=True)  # fmt: skip
+    print(
+        f"{algorithm}: model {params / 1e6:.1f}M parameters, {n_rows} rows ({data}), {options.steps} steps, "
+        f"batch 8 per process, {device}",
+        flush=True,
+    )
 
     results = {}
     for nproc in options.nproc:
-        case = harness.Case(algorithm, model, data, training, nproc=nproc, gpus=nproc if options.gpu else 0,
-                            posttrain_overrides=options.override, plain_training=plain_training,
-                            rewards=rewards, per_step=per_step)  # fmt: skip
+        case = harness.Case(
+            algorithm,
+            model,
+            data,
+            training,
+            nproc=nproc,
+            gpus=nproc if options.gpu else 0,
+            posttrain_overrides=options.override,
+            plain_training=plain_training,
+            rewards=rewards,
+            per_step=per_step,
+        )
         print(f"{device}, {nproc} process(es):", flush=True)
         keep = options.keep / f"{nproc}proc" if options.keep else None
         runs = harness.compare(case, options.repeats, keep=keep)
@@ -75,9 +93,15 @@ def main(
                 print(f"MFU {side}: {100 * mfu:.1f}%")
         print()
     if options.json:
-        options.json.write_text(json.dumps(
-            {n: {side: [vars(run) for run in side_runs] for side, side_runs in runs.items()}
-             for n, runs in results.items()}, indent=1))  # fmt: skip
+        options.json.write_text(
+            json.dumps(
+                {
+                    n: {side: [vars(run) for run in side_runs] for side, side_runs in runs.items()}
+                    for n, runs in results.items()
+                },
+                indent=1,
+            )
+        )
     first = results[options.nproc[0]]
     print(harness.step_table(first))
     for nproc, runs in results.items():

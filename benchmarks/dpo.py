@@ -1,8 +1,8 @@
 """DPO: posttrain against the plain TRL script, side by side.
 
-    python -m benchmarks.dpo --quick
-    python -m benchmarks.dpo
-    python -m benchmarks.dpo --gpu --nproc 1
+python -m benchmarks.dpo --quick
+python -m benchmarks.dpo
+python -m benchmarks.dpo --gpu --nproc 1
 """
 
 from benchmarks import compare, workload

@@ -38,8 +38,16 @@ def main(argv=None) -> None:
     print("| component | dryrun (s) | import torchx.specs (s) | overhead (s) |\n| --- | ---: | ---: | ---: |")
     worst = 0.0
     for algorithm in SPEC_CLASSES:
-        dryrun = [str(PYTHON_BIN / "torchx"), "run", "--dryrun", "-s", "local_cwd", f"posttrain.{algorithm}",
-                  "--spec", f"templates/{algorithm}/tiny.yaml"]  # fmt: skip
+        dryrun = [
+            str(PYTHON_BIN / "torchx"),
+            "run",
+            "--dryrun",
+            "-s",
+            "local_cwd",
+            f"posttrain.{algorithm}",
+            "--spec",
+            f"templates/{algorithm}/tiny.yaml",
+        ]
         seconds(dryrun, env), seconds(BASELINE, env)  # warm the page cache and the bytecode
         runs = [(seconds(dryrun, env), seconds(BASELINE, env)) for _ in range(options.repeats)]
         ours, base = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)

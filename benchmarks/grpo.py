@@ -11,7 +11,10 @@ from benchmarks import compare, workload
 
 if __name__ == "__main__":
     compare.main(
-        "grpo", workload.prompt_rows, n_rows=1000,
+        "grpo",
+        workload.prompt_rows,
+        n_rows=1000,
         training={"num_generations": 8, "max_completion_length": 64},
-        rewards=[{"function": "benchmarks.plain_trl:reward_len"}], per_step="reward",
-    )  # fmt: skip
+        rewards=[{"function": "benchmarks.plain_trl:reward_len"}],
+        per_step="reward",
+    )

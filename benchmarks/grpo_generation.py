@@ -41,9 +41,22 @@ FIGURES = ("steps_per_s", "first_step_s", "gen_tokens_per_s", "reward")
 
 def run(mode: str, work: Path, nproc: int, port: int, overrides: List[str]) -> Dict[str, float]:
     output = work / "output"
-    command = [str(PYTHON_BIN / "torchx"), "run", "-s", "local_cwd", "posttrain.grpo", "--spec", TEMPLATE,
-               "-j", f"1x{nproc}", "--rdzv_port", str(port), f"training.output_dir={output}", *overrides,
-               *(override.format(server_port=port + 1) for override in MODES[mode])]  # fmt: skip
+    command = [
+        str(PYTHON_BIN / "torchx"),
+        "run",
+        "-s",
+        "local_cwd",
+        "posttrain.grpo",
+        "--spec",
+        TEMPLATE,
+        "-j",
+        f"1x{nproc}",
+        "--rdzv_port",
+        str(port),
+        f"training.output_dir={output}",
+        *overrides,
+        *(override.format(server_port=port + 1) for override in MODES[mode]),
+    ]
     started = time.time()
     with (work / "run.log").open("w") as log:
         result = subprocess.run(command, cwd=REPO, env=run_env(work, gpus=0), stdout=log, stderr=subprocess.STDOUT)
@@ -72,7 +85,11 @@ def main(argv=None) -> None:
     overrides = [f"training.max_steps={options.steps}"]
     if not options.tiny:
         model = workload.build_model_dir(root / "model")
-        overrides += [f"model.name_or_path={model}", "training.max_completion_length=128", "training.learning_rate=1e-4"]
+        overrides += [
+            f"model.name_or_path={model}",
+            "training.max_completion_length=128",
+            "training.learning_rate=1e-4",
+        ]
     runs: Dict[str, List[Dict[str, float]]] = {mode: [] for mode in MODES}
     print(f"GRPO {TEMPLATE} {' '.join(overrides)}, -j 1x{options.nproc}, {os.cpu_count()} CPUs", flush=True)
     try:
@@ -82,22 +99,29 @@ def main(argv=None) -> None:
                 work.mkdir()
                 figures = run(mode, work, options.nproc, 29600 + 10 * index + 3 * repeat, overrides)
                 runs[mode].append(figures)
-                print(f"  {mode:8} run {repeat + 1}/{options.repeats}: "
-                      + ", ".join(f"{name} {figures[name]:.2f}" for name in FIGURES), flush=True)  # fmt: skip
+                print(
+                    f"  {mode:8} run {repeat + 1}/{options.repeats}: "
+                    + ", ".join(f"{name} {figures[name]:.2f}" for name in FIGURES),
+                    flush=True,
+                )
     finally:
         if options.keep is not None:
             shutil.copytree(root, options.keep, dirs_exist_ok=True)
         shutil.rmtree(root, ignore_errors=True)
-    medians = {mode: {name: statistics.median(r[name] for r in mode_runs) for name in FIGURES}
-               for mode, mode_runs in runs.items()}  # fmt: skip
+    medians = {
+        mode: {name: statistics.median(r[name] for r in mode_runs) for name in FIGURES}
+        for mode, mode_runs in runs.items()
+    }
     model = "the template's 0.1M model, 16 tokens" if options.tiny else "5.1M model, 128 tokens"
     print(f"\n**GRPO generation, CPU, -j 1x{options.nproc}, {model}** (medians of {options.repeats} runs each)\n")
     print("| mode | steps/s | vs generate | launch to first step (s) | generation tokens/s | final reward |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     base = medians["generate"]["steps_per_s"]
     for mode, figures in medians.items():
-        print(f"| {mode} | {figures['steps_per_s']:.3f} | {figures['steps_per_s'] / base:.2f} | "
-              f"{figures['first_step_s']:.1f} | {figures['gen_tokens_per_s']:.0f} | {figures['reward']:.2f} |")  # fmt: skip
+        print(
+            f"| {mode} | {figures['steps_per_s']:.3f} | {figures['steps_per_s'] / base:.2f} | "
+            f"{figures['first_step_s']:.1f} | {figures['gen_tokens_per_s']:.0f} | {figures['reward']:.2f} |"
+        )
 
 
 if __name__ == "__main__":

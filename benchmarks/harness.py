@@ -102,9 +102,21 @@ def posttrain_command(case: Case, work: Path, port: int) -> List[str]:
     spec_path = work / "spec.yaml"
     spec_path.write_text(yaml.safe_dump(spec))
     gpu = ["--gpu", str(case.gpus)] if case.gpus else []
-    return [str(PYTHON_BIN / "torchx"), "run", "-s", "local_cwd", f"posttrain.{case.algorithm}",
-            "--spec", str(spec_path), "-j", f"1x{case.nproc}", "--rdzv_port", str(port), *gpu,
-            *case.posttrain_overrides]  # fmt: skip
+    return [
+        str(PYTHON_BIN / "torchx"),
+        "run",
+        "-s",
+        "local_cwd",
+        f"posttrain.{case.algorithm}",
+        "--spec",
+        str(spec_path),
+        "-j",
+        f"1x{case.nproc}",
+        "--rdzv_port",
+        str(port),
+        *gpu,
+        *case.posttrain_overrides,
+    ]
 
 
 def plain_command(case: Case, work: Path, port: int) -> List[str]:
@@ -118,8 +130,17 @@ def plain_command(case: Case, work: Path, port: int) -> List[str]:
     (work / "output").mkdir(parents=True)
     settings_path = work / "settings.json"
     settings_path.write_text(json.dumps(settings))
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(case.nproc),
-            "--master_port", str(port), str(REPO / "benchmarks" / "plain_trl.py"), str(settings_path)]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(case.nproc),
+        "--master_port",
+        str(port),
+        str(REPO / "benchmarks" / "plain_trl.py"),
+        str(settings_path),
+    ]
 
 
 def _stat(pid: int) -> List[str]:
@@ -146,8 +167,11 @@ def _watch_worker_start(root: int, finished: threading.Event, delays: List[float
                 processes[int(entry.name)] = (int(fields[1]), int(fields[19]), argv)
             except (OSError, ValueError):
                 continue
-        starts = [start for parent, start, argv in processes.values()
-                  if b"python" in argv[0] and _is_launcher(processes.get(parent, (0, 0, []))[2])]  # fmt: skip
+        starts = [
+            start
+            for parent, start, argv in processes.values()
+            if b"python" in argv[0] and _is_launcher(processes.get(parent, (0, 0, []))[2])
+        ]
         if starts:
             delays.append((min(starts) - root_ticks) / os.sysconf("SC_CLK_TCK"))
             return
@@ -197,9 +221,12 @@ def compare(case: Case, repeats: int, keep: Optional[Path] = None) -> Dict[str, 
                 work.mkdir()
                 run = measure(command(case, work, 29400 + repeat), work, case.gpus, case.per_step)
                 runs[side].append(run)
-                print(f"  {side:9} run {repeat + 1}/{repeats}: {run.tokens_per_s:8.0f} tokens/s, first step "
-                      f"{run.first_step_s:5.1f} s (worker started at {run.worker_start_s:.2f} s), "
-                      f"peak RSS {run.peak_rss_mb:6.0f} MB, final {run.per_step} {run.final:.4f}", flush=True)  # fmt: skip
+                print(
+                    f"  {side:9} run {repeat + 1}/{repeats}: {run.tokens_per_s:8.0f} tokens/s, first step "
+                    f"{run.first_step_s:5.1f} s (worker started at {run.worker_start_s:.2f} s), "
+                    f"peak RSS {run.peak_rss_mb:6.0f} MB, final {run.per_step} {run.final:.4f}",
+                    flush=True,
+                )
     finally:
         if keep is None:
             shutil.rmtree(root, ignore_errors=True)
@@ -217,11 +244,17 @@ def medians(runs: List[Run]) -> Dict[str, float]:
 def table(title: str, runs: Dict[str, List[Run]]) -> str:
     """A markdown table of the medians and the ratio posttrain / trl."""
     ours, theirs = medians(runs["posttrain"]), medians(runs["trl"])
-    lines = [f"**{title}** (medians of {len(runs['trl'])} interleaved runs each)", "",
-             "| figure | posttrain | plain TRL | ratio |", "| --- | ---: | ---: | ---: |"]  # fmt: skip
+    lines = [
+        f"**{title}** (medians of {len(runs['trl'])} interleaved runs each)",
+        "",
+        "| figure | posttrain | plain TRL | ratio |",
+        "| --- | ---: | ---: | ---: |",
+    ]
     for name in ours:
         digits = 2 if name in SECONDS else 1 if name in FIGURES else 4
-        lines.append(f"| {name} | {ours[name]:.{digits}f} | {theirs[name]:.{digits}f} | {ours[name] / theirs[name]:.2f} |")
+        lines.append(
+            f"| {name} | {ours[name]:.{digits}f} | {theirs[name]:.{digits}f} | {ours[name] / theirs[name]:.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -229,8 +262,10 @@ def step_table(runs: Dict[str, List[Run]]) -> str:
     """The compared value (loss, or reward) at each logged step, first run of each side."""
     ours, theirs, name = runs["posttrain"][0].values, runs["trl"][0].values, runs["trl"][0].per_step
     lines = [f"| step | posttrain {name} | plain TRL {name} |", "| ---: | ---: | ---: |"]
-    lines += [f"| {step} | {ours.get(step, float('nan')):.4f} | {theirs.get(step, float('nan')):.4f} |"
-              for step in sorted(set(ours) | set(theirs))]  # fmt: skip
+    lines += [
+        f"| {step} | {ours.get(step, float('nan')):.4f} | {theirs.get(step, float('nan')):.4f} |"
+        for step in sorted(set(ours) | set(theirs))
+    ]
     return "\n".join(lines)
 
 

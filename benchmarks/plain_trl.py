@@ -42,14 +42,30 @@ def main() -> None:
     dataset = load_dataset("json", data_files=settings["data"], split="train")
     callbacks = [StepLog(settings["metrics"])]
     if settings["algorithm"] == "sft":
-        trainer = SFTTrainer(model=model, args=SFTConfig(**settings["training"]), train_dataset=dataset,
-                             processing_class=tokenizer, callbacks=callbacks)  # fmt: skip
+        trainer = SFTTrainer(
+            model=model,
+            args=SFTConfig(**settings["training"]),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=callbacks,
+        )
     elif settings["algorithm"] == "dpo":
-        trainer = DPOTrainer(model=model, args=DPOConfig(**settings["training"]), train_dataset=dataset,
-                             processing_class=tokenizer, callbacks=callbacks)  # fmt: skip
+        trainer = DPOTrainer(
+            model=model,
+            args=DPOConfig(**settings["training"]),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=callbacks,
+        )
     else:
-        trainer = GRPOTrainer(model=model, reward_funcs=reward_len, args=GRPOConfig(**settings["training"]),
-                              train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks)  # fmt: skip
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=reward_len,
+            args=GRPOConfig(**settings["training"]),
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=callbacks,
+        )
     trainer.train()
     if dist.is_initialized():  # as PyTorch asks
         dist.destroy_process_group()

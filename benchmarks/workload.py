@@ -20,10 +20,23 @@ import random
 from pathlib import Path
 from typing import Dict, Iterator, List
 
-CPU_SHAPE = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
-                 num_key_value_heads=4, tie_word_embeddings=True)  # fmt: skip
-GPU_SHAPE = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2, tie_word_embeddings=True, vocab_size=151936)  # fmt: skip  (Qwen2.5-0.5B)
+CPU_SHAPE = dict(
+    hidden_size=256,
+    intermediate_size=768,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    tie_word_embeddings=True,
+)
+GPU_SHAPE = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    tie_word_embeddings=True,
+    vocab_size=151936,
+)  # Qwen2.5-0.5B
 
 
 def _words(rng: random.Random, count: int) -> List[str]:
@@ -56,8 +69,12 @@ def chat_rows(n: int, seed: int = 0, scale: int = 1) -> Iterator[Dict]:
     source = TextSource(seed)
     for _ in range(n):
         prompt = source.text(source.rng.randint(5, 40))
-        yield {"messages": [{"role": "user", "content": prompt},
-                            {"role": "assistant", "content": source.text(source.answer_length(scale))}]}  # fmt: skip
+        yield {
+            "messages": [
+                {"role": "user", "content": prompt},
+                {"role": "assistant", "content": source.text(source.answer_length(scale))},
+            ]
+        }
 
 
 def preference_rows(n: int, seed: int = 0, scale: int = 1) -> Iterator[Dict]:
@@ -102,15 +119,25 @@ def build_model_dir(path: Path, gpu: bool = False) -> Path:
     bpe.decoder = decoders.ByteLevel()
     source = TextSource(seed=1)
     corpus = (source.text(source.answer_length(1)) for _ in range(3000))
-    trainer = trainers.BpeTrainer(vocab_size=8192, special_tokens=special, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    trainer = trainers.BpeTrainer(
+        vocab_size=8192,
+        special_tokens=special,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     bpe.train_from_iterator(corpus, trainer)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token=special[0], eos_token=special[1],
-                                        chat_template=CHAT_TEMPLATE)  # fmt: skip
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe, pad_token=special[0], eos_token=special[1], chat_template=CHAT_TEMPLATE
+    )
     shape = dict(GPU_SHAPE if gpu else CPU_SHAPE)
     shape.setdefault("vocab_size", len(tokenizer))
-    config = LlamaConfig(max_position_embeddings=4096, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
-                         eos_token_id=tokenizer.eos_token_id, **shape)  # fmt: skip
+    config = LlamaConfig(
+        max_position_embeddings=4096,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        **shape,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).to(torch.bfloat16 if gpu else torch.float32)
     model.save_pretrained(path)

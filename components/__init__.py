@@ -11,9 +11,11 @@ from typing import Any
 
 _EXPORTS = {
     "SpecError": "posttrain.components.messages",
-    **{name: "posttrain.components.algorithms"
-       for name in ("distill", "dpo", "grpo", "kto", "online_dpo", "orpo", "ppo", "reward", "rloo", "sft")},
-}  # fmt: skip
+    **{
+        name: "posttrain.components.algorithms"
+        for name in ("distill", "dpo", "grpo", "kto", "online_dpo", "orpo", "ppo", "reward", "rloo", "sft")
+    },
+}
 __all__ = sorted(_EXPORTS)
 
 

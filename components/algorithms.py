@@ -272,8 +272,16 @@ def rloo(
 ) -> specs.AppDef:
     """REINFORCE leave-one-out (trl.RLOOTrainer): each completion's baseline is the mean of its group's others.
 
-    Use it like GRPO (same ``rewards``, ``prompt`` data, vLLM options and
-    batch checks); ``training`` holds ``trl.RLOOConfig`` fields.
+    Use it to raise a reward on generated completions without a value model,
+    with an unbiased baseline: each prompt gets ``num_generations``
+    completions, each scored against the mean reward of the others. The data
+    has a ``prompt`` column; ``rewards`` lists user functions (``function:
+    module:callable``), built-ins (``builtin: exact_match | contains |
+    length_band | regex_format``) and reward models (``model: path``), each
+    with a ``weight``. ``training`` holds ``trl.RLOOConfig`` fields; with
+    ``use_vllm`` and ``vllm_mode: server`` the job gets a ``vllm`` role
+    (``--vllm_*``). The job logs ``reward`` (each reward's as
+    ``rewards/<name>/mean``), ``entropy`` and, with ``beta`` > 0, ``kl``.
 
     .. code-block:: shell-session
 
@@ -310,9 +318,14 @@ def ppo(
     and a reward (a reward model from ``posttrain.reward`` and/or functions),
     with a KL penalty (fixed or adaptive), GAE and clipped policy and value
     losses over several PPO epochs per rollout batch. The data has a
-    ``prompt`` column; ``rewards`` is as for GRPO; ``training`` holds
-    posttrain's ``PPOConfig``; ``value_model`` defaults to the reward model.
-    The job saves the policy and ``value_model/``.
+    ``prompt`` column; ``rewards`` lists reward models (``model: path``),
+    user functions (``function: module:callable``) and built-ins, each with a
+    ``weight``; ``training`` holds posttrain's ``PPOConfig``; ``value_model``
+    defaults to the reward model. The job logs ``objective/scores``,
+    ``objective/kl``, ``objective/kl_coef``, ``objective/non_score_reward``,
+    ``objective/entropy``, ``loss/policy``, ``loss/value``,
+    ``policy/approxkl``, ``policy/clipfrac``, ``val/clipfrac`` and
+    ``val/explained_variance``, and saves the policy and ``value_model/``.
 
     .. code-block:: shell-session
 
@@ -388,9 +401,13 @@ def online_dpo(
     """Online DPO (trl.experimental.online_dpo.OnlineDPOTrainer): preference pairs sampled and scored as it trains.
 
     Use it where you can score answers but have no preference data: the model
-    samples two completions per prompt, ``rewards`` score them (as for GRPO),
-    and DPO's loss prefers the better one against a frozen reference (as for
-    DPO). ``training`` holds ``OnlineDPOConfig`` fields; vLLM as for GRPO.
+    samples two completions per ``prompt``, ``rewards`` score them (user
+    functions, built-ins and reward models, each with a ``weight``), and
+    DPO's loss prefers the better one against a frozen reference (the model
+    itself, or ``reference_model``). ``training`` holds ``OnlineDPOConfig``
+    fields; with ``use_vllm`` and ``vllm_mode: server`` the job gets a
+    ``vllm`` role (``--vllm_*``). The job logs ``objective/scores``,
+    ``objective/kl`` and ``rewards/margins``.
 
     .. code-block:: shell-session
 

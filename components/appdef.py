@@ -192,7 +192,9 @@ def build_appdef(
         raise SpecError(problems)
     topology = Topology.parse(j, gpus_per_host=resource.gpu)
     if launcher == "deepspeed" and topology.min_nnodes != topology.max_nnodes:
-        raise SpecError([f"-j {j}: DeepSpeed's launcher runs a fixed number of nodes; use -j NxP or --launcher torchrun"])
+        raise SpecError(
+            [f"-j {j}: DeepSpeed's launcher runs a fixed number of nodes; use -j NxP or --launcher torchrun"]
+        )
     if resource.gpu > 0 and topology.nproc_per_node > resource.gpu:
         print(
             f"posttrain: warning: -j {j} runs {topology.nproc_per_node} processes per node on hosts with "
@@ -201,7 +203,9 @@ def build_appdef(
         )
     validated = load_spec(spec, overrides, algorithm=algorithm, world_size=topology.world_size)
     for nodes in range(topology.min_nnodes, topology.max_nnodes):  # elastic: every size the job may shrink to
-        problems += [f"{problem} (at {nodes} nodes of -j {j})" for problem in validated.problems(nodes * topology.nproc_per_node)]
+        problems += [
+            f"{problem} (at {nodes} nodes of -j {j})" for problem in validated.problems(nodes * topology.nproc_per_node)
+        ]
     if h is not None and resource.gpu == 0:
         if validated.training.get("fp16"):
             problems.append(f"training.fp16: -h {h} has no GPU, and fp16 mixed precision needs one; use bf16 or none")
@@ -220,8 +224,10 @@ def build_appdef(
     if serve:
         problems += server.problems(trainer_gpus=resource.gpu)
     elif not server.is_default:
-        problems.append("--vllm_*: these place the server of training.vllm_mode: server (with use_vllm: true and no "
-                        "vllm_server_base_url/vllm_server_host); this spec runs no such server")  # fmt: skip
+        problems.append(
+            "--vllm_*: these place the server of training.vllm_mode: server (with use_vllm: true and no "
+            "vllm_server_base_url/vllm_server_host); this spec runs no such server"
+        )
     problems += [] if problems else local_model_problems(validated) + local_data_problems(validated)  # those it sees
     if problems:
         raise SpecError(problems)
@@ -396,5 +402,6 @@ def _mounts(mounts: Optional[List[str]]) -> List[Union[specs.BindMount, specs.Vo
     try:
         return specs.parse_mounts(mounts)
     except (KeyError, ValueError) as e:
-        raise SpecError([f"--mounts {','.join(mounts)}: {e}; expected type=bind,src=/host,dst=/job[,readonly]"]) from None
-
+        raise SpecError(
+            [f"--mounts {','.join(mounts)}: {e}; expected type=bind,src=/host,dst=/job[,readonly]"]
+        ) from None

@@ -33,32 +33,43 @@ def data_problems(data: Any) -> List[str]:
         sources = data.sources(split)
         for where, source in sources:
             found += _source_problems(where, source)
-            found += _rename_problems(f"{where}.columns" if source.columns else "data.columns",
-                                      {**data.columns, **source.columns})  # fmt: skip
+            found += _rename_problems(
+                f"{where}.columns" if source.columns else "data.columns", {**data.columns, **source.columns}
+            )
         weighted = [where for where, source in sources if source.weight is not None]
         if data.mix == "concatenate" and weighted:
-            found.append(f"{weighted[0]}.weight: weights choose how often an interleaved mixture draws from each "
-                         "source; set data.mix: interleave, or drop the weights")  # fmt: skip
+            found.append(
+                f"{weighted[0]}.weight: weights choose how often an interleaved mixture draws from each "
+                "source; set data.mix: interleave, or drop the weights"
+            )
         elif weighted and len(weighted) != len(sources):
-            found.append(f"data.{split}: {', '.join(weighted)} have a weight and the other sources none; give every "
-                         "source a weight, or none (equal weights)")  # fmt: skip
+            found.append(
+                f"data.{split}: {', '.join(weighted)} have a weight and the other sources none; give every "
+                "source a weight, or none (equal weights)"
+            )
     if data.mix == "interleave" and all(len(data.sources(split)) < 2 for split in ("train", "eval")):
-        found.append("data.mix: interleave draws from several sources; data.train (and data.eval) has one: give a "
-                     "list of sources, or drop mix")  # fmt: skip
+        found.append(
+            "data.mix: interleave draws from several sources; data.train (and data.eval) has one: give a "
+            "list of sources, or drop mix"
+        )
     return found
 
 
 def _source_problems(where: str, source: Any) -> List[str]:
     if (source.path is None) == (source.name is None):
-        return [f"{where}: give exactly one of path (a local JSON/JSONL/Parquet/CSV file, a glob of them or a saved "
-                "data set) or name (a hub data set)"]  # fmt: skip
+        return [
+            f"{where}: give exactly one of path (a local JSON/JSONL/Parquet/CSV file, a glob of them or a saved "
+            "data set) or name (a hub data set)"
+        ]
     found = []
     if source.path is not None:  # a file is one split; save_to_disk's dict has several
         a_file = source.path.endswith(DATA_SUFFIXES)
         split = source.split if source.split != "train" and a_file else None
         found += [
             f"{where}.{key}: {cut(repr(value))} applies to hub data sets ({where}.name); a local file is one split: "
-            "remove it" for key, value in (("config", source.config), ("split", split)) if value is not None
+            "remove it"
+            for key, value in (("config", source.config), ("split", split))
+            if value is not None
         ]
     if source.max_rows is not None and source.max_rows < 1:
         found.append(f"{where}.max_rows: {source.max_rows}; expected at least 1 (the first rows kept), or drop it")
@@ -71,5 +82,8 @@ def _rename_problems(where: str, renames: Dict[str, str]) -> List[str]:
     onto: Dict[str, List[str]] = {}
     for column, renamed in renames.items():
         onto.setdefault(renamed, []).append(column)
-    return [f"{where}: {', '.join(columns)} are all renamed to {renamed}; rename one to each name"
-            for renamed, columns in onto.items() if len(columns) > 1]  # fmt: skip
+    return [
+        f"{where}: {', '.join(columns)} are all renamed to {renamed}; rename one to each name"
+        for renamed, columns in onto.items()
+        if len(columns) > 1
+    ]

@@ -103,8 +103,12 @@ def not_a_saved_data_set(path: Path, where: str) -> Optional[SpecError]:
     """A directory that ``save_to_disk`` did not write, or None."""
     if any((path / name).is_file() for name in ("state.json", "dataset_dict.json")):
         return None
-    return SpecError([f"{where}.path: {path} is a directory, but not one datasets' save_to_disk wrote (no "
-                      "state.json or dataset_dict.json); name a .json, .jsonl, .parquet or .csv file"])  # fmt: skip
+    return SpecError(
+        [
+            f"{where}.path: {path} is a directory, but not one datasets' save_to_disk wrote (no "
+            "state.json or dataset_dict.json); name a .json, .jsonl, .parquet or .csv file"
+        ]
+    )
 
 
 def _json_columns(path: Path, where: str) -> Optional[List[str]]:
@@ -165,10 +169,19 @@ def _saved_columns(path: Path, split: str, where: str) -> Optional[List[str]]:
 MODEL_FILES: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("config.json", ("config.json", "adapter_config.json")),
     ("weights (*.safetensors or *.bin)", ("*.safetensors", "*.bin")),
-    ("tokenizer files (tokenizer.json, tokenizer.model, vocab.json, ...)",
-     ("tokenizer.json", "tokenizer.model", "tekken.json", "vocab.json", "vocab.txt", "spiece.model",
-      "tokenizer_config.json")),
-)  # fmt: skip
+    (
+        "tokenizer files (tokenizer.json, tokenizer.model, vocab.json, ...)",
+        (
+            "tokenizer.json",
+            "tokenizer.model",
+            "tekken.json",
+            "vocab.json",
+            "vocab.txt",
+            "spiece.model",
+            "tokenizer_config.json",
+        ),
+    ),
+)
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -180,7 +193,9 @@ def model_directory_problem(path: Path, name_or_path: str, where: str) -> Option
     lacking = [what for what, names in MODEL_FILES if not any(next(path.glob(name), None) for name in names)]
     if not lacking:
         return None
-    saved = [child for child in path.iterdir() if _CHECKPOINT.match(child.name) and (child / "trainer_state.json").is_file()]
+    saved = [
+        child for child in path.iterdir() if _CHECKPOINT.match(child.name) and (child / "trainer_state.json").is_file()
+    ]
     newest = max(saved, key=lambda child: int(child.name.split("-")[1]), default=None)
     hint = f"; it holds {newest.name} (an unfinished run?): name that directory" if newest else ""
     return f"{where}: {name_or_path} is not a model directory: no " + ", no ".join(lacking) + hint

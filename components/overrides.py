@@ -18,7 +18,9 @@ from posttrain.components.registry import SPEC_CLASSES
 from posttrain.components.schema import Spec
 
 
-def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str], algorithm: Optional[str] = None) -> Dict[str, Any]:
+def apply_overrides(
+    raw: Mapping[str, Any], overrides: Sequence[str], algorithm: Optional[str] = None
+) -> Dict[str, Any]:
     """Returns a copy of ``raw`` with ``key.path=value`` overrides applied; ``raw`` is not modified.
 
     >>> apply_overrides({"algorithm": "sft", "training": {}}, ["training.learning_rate=1e-5"])["training"]
@@ -30,7 +32,9 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str], algorithm:
     for override in overrides:
         if override.startswith("-"):
             raise SpecError(
-                [f"override {cut(repr(override))}: options such as {override.split('=')[0]} go before the key.path=value overrides"]
+                [
+                    f"override {cut(repr(override))}: options such as {override.split('=')[0]} go before the key.path=value overrides"
+                ]
             )
         if override.startswith("~"):
             _remove_path(result, override[1:].strip(), override)
@@ -38,7 +42,9 @@ def apply_overrides(raw: Mapping[str, Any], overrides: Sequence[str], algorithm:
         key, sep, text = override.partition("=")
         key = key.strip()
         if not sep or not key:
-            raise SpecError([f"override {cut(repr(override))}: expected key.path=value (e.g. training.learning_rate=1e-5)"])
+            raise SpecError(
+                [f"override {cut(repr(override))}: expected key.path=value (e.g. training.learning_rate=1e-5)"]
+            )
         parts = key.split(".")
         if any(not part for part in parts):
             raise SpecError([f"override {cut(repr(override))}: empty key segment in {key!r}"])
@@ -58,7 +64,9 @@ def _check_flow_syntax(text: str, target: Optional[FieldType], override: str) ->
     except yaml.YAMLError as error:
         problem = getattr(error, "problem", None) or "not valid"
         raise SpecError(
-            [f"override {cut(repr(override))}: {text} is not YAML flow syntax ({problem}); a list is [a, b], a mapping {{k: v}}"]
+            [
+                f"override {cut(repr(override))}: {text} is not YAML flow syntax ({problem}); a list is [a, b], a mapping {{k: v}}"
+            ]
         ) from None
 
 
@@ -82,7 +90,9 @@ def _set_path(root: Dict[str, Any], parts: List[str], value: Any, override: str)
 
 def _remove_path(root: Dict[str, Any], key: str, override: str) -> None:
     if not key or "=" in key:
-        raise SpecError([f"override {cut(repr(override))}: expected ~key.path, which removes a key (e.g. ~training.vllm_mode)"])
+        raise SpecError(
+            [f"override {cut(repr(override))}: expected ~key.path, which removes a key (e.g. ~training.vllm_mode)"]
+        )
     parts = key.split(".")
     if any(not part for part in parts):
         raise SpecError([f"override {cut(repr(override))}: empty key segment in {key!r}"])
@@ -93,10 +103,16 @@ def _remove_path(root: Dict[str, Any], key: str, override: str) -> None:
         elif isinstance(node, dict) and part in node:
             node = node[part]
         else:
-            raise SpecError([f"override {cut(repr(override))}: the spec has no {'.'.join(parts[: depth + 1])} to remove"])
+            raise SpecError(
+                [f"override {cut(repr(override))}: the spec has no {'.'.join(parts[: depth + 1])} to remove"]
+            )
     if isinstance(node, list):
-        raise SpecError([f"override {cut(repr(override))}: {'.'.join(parts[:-1])} is a list; ~ removes keys of sections, "
-                         "not items (override the list instead)"])  # fmt: skip
+        raise SpecError(
+            [
+                f"override {cut(repr(override))}: {'.'.join(parts[:-1])} is a list; ~ removes keys of sections, "
+                "not items (override the list instead)"
+            ]
+        )
     if not isinstance(node, dict) or parts[-1] not in node:
         raise SpecError([f"override {cut(repr(override))}: the spec has no {key} to remove"])
     del node[parts[-1]]

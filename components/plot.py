@@ -105,7 +105,7 @@ def draw(runs: Sequence[Tuple[str, Series]], title: str, path: Path) -> Dict[str
         ax.grid(alpha=0.3)
         if len(runs) > 1:
             ax.legend(fontsize="small")
-    for ax in axes[len(metrics):]:
+    for ax in axes[len(metrics) :]:
         ax.set_visible(False)
     if not metrics:  # e.g. logging_steps past max_steps: an empty figure would look broken
         axes[0].set_visible(True)

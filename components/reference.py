@@ -60,7 +60,9 @@ def _section_table(properties: Dict[str, Any], required: Sequence[str], prefix: 
     rows = ["| key | type | default | description |", "| --- | --- | --- | --- |"]
     for name, prop in properties.items():
         default = "required" if name in required else (_shown(prop["default"]) if "default" in prop else "")
-        rows.append(f"| `{prefix}{name}` | {_cell(_schema_type(prop))} | {_cell(default)} | {_cell(prop.get('description', ''))} |")
+        rows.append(
+            f"| `{prefix}{name}` | {_cell(_schema_type(prop))} | {_cell(default)} | {_cell(prop.get('description', ''))} |"
+        )
     return rows
 
 
@@ -80,8 +82,10 @@ def _field_table(class_name: str, prefix: str, exclude: Sequence[str] = ()) -> L
             continue
         entry = entries[name]
         default = _shown(entry["default"]) if "default" in entry else ""
-        rows.append(f"| `{prefix}{name}` | {_cell(field.describe())} | {_cell(default)} | "
-                    f"{_cell('; '.join(rules.get(name, [])))} | {_cell(entry.get('help', ''))} |")
+        rows.append(
+            f"| `{prefix}{name}` | {_cell(field.describe())} | {_cell(default)} | "
+            f"{_cell('; '.join(rules.get(name, [])))} | {_cell(entry.get('help', ''))} |"
+        )
     return rows
 
 
@@ -90,10 +94,15 @@ def render(algorithm: str) -> str:
     cls = SPEC_CLASSES[algorithm]
     schema = spec_schema(algorithm)
     defs = schema.get("$defs", {})
-    lines = [f"# `posttrain.{algorithm}` spec reference", "",
-             f"Generated from the field tables the validator uses (`python -m posttrain.components.reference --all`). "
-             f"`training` holds the fields of `{cls.config_class}`; `model.lora` those of `{LORA_CONFIG}`.", "",
-             "## Top level", ""]
+    lines = [
+        f"# `posttrain.{algorithm}` spec reference",
+        "",
+        f"Generated from the field tables the validator uses (`python -m posttrain.components.reference --all`). "
+        f"`training` holds the fields of `{cls.config_class}`; `model.lora` those of `{LORA_CONFIG}`.",
+        "",
+        "## Top level",
+        "",
+    ]
     top = {name: prop for name, prop in schema["properties"].items() if name != "training"}
     lines += _section_table(top, schema.get("required", []), "")
     for name, prop in top.items():
@@ -115,13 +124,23 @@ def render(algorithm: str) -> str:
                 lines += ["", f"### `{name}.{key}`{each}", "", _cell(sub.get("description", "")), ""]
                 lines += _section_table(sub["properties"], sub.get("required", []), f"{name}.{key}.")
     refused = {**cls.owned_training_keys(), **cls.refused_training_keys}
-    lines += ["", "## `training`", "", f"The fields of `{cls.config_class}`, as the installed TRL defines them; "
-              "`training.output_dir` is required.", ""]
+    lines += [
+        "",
+        "## `training`",
+        "",
+        f"The fields of `{cls.config_class}`, as the installed TRL defines them; `training.output_dir` is required.",
+        "",
+    ]
     lines += _field_table(cls.config_class, "training.", exclude=list(refused))
     lines += ["", "### Keys posttrain refuses in `training`", "", "| key | why, and what to use |", "| --- | --- |"]
     lines += [f"| `training.{key}` | {_cell(why)} |" for key, why in sorted(refused.items())]
-    lines += ["", "## `model.lora`", "", f"LoRA adapters: the fields of `{LORA_CONFIG}`; `task_type` defaults to "
-              f"`{cls.lora_task}`.", ""]
+    lines += [
+        "",
+        "## `model.lora`",
+        "",
+        f"LoRA adapters: the fields of `{LORA_CONFIG}`; `task_type` defaults to `{cls.lora_task}`.",
+        "",
+    ]
     lines += _field_table(LORA_CONFIG, "model.lora.")
     return "\n".join(lines) + "\n"
 
@@ -131,7 +150,9 @@ def page_path(algorithm: str, directory: Path = PAGES_DIR) -> Path:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m posttrain.components.reference", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m posttrain.components.reference", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("algorithm", nargs="?", choices=sorted(SPEC_CLASSES), help="print this algorithm's page")
     parser.add_argument("--all", action="store_true", help=f"write every algorithm's page into {PAGES_DIR}")
     args = parser.parse_args(argv)

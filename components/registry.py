@@ -48,21 +48,30 @@ class SFTSpec(Spec):
     def _selective_checkpointing_problems(self) -> List[str]:
         """What SFTTrainer refuses of its selective activation checkpointing once the model is loaded."""
         training = self.training
-        options = [key for key in CHECKPOINTING_OPTIONS
-                   if isinstance(training.get(key), dict) and training[key].get("selective")]  # fmt: skip
+        options = [
+            key
+            for key in CHECKPOINTING_OPTIONS
+            if isinstance(training.get(key), dict) and training[key].get("selective")
+        ]
         if not options:
             return []
         key, switch = options[0], [k for k in CHECKPOINTING_SWITCHES if k in training]
         if switch and training[switch[0]] is False:
-            return [f"training.{key}: selective: true cannot go with {switch[0]}: false; selective checkpointing "
-                    "is a kind of activation checkpointing: turn it on, or drop selective"]  # fmt: skip
+            return [
+                f"training.{key}: selective: true cannot go with {switch[0]}: false; selective checkpointing "
+                "is a kind of activation checkpointing: turn it on, or drop selective"
+            ]
         if training[key].get("use_reentrant"):
-            return [f"training.{key}: selective: true cannot go with use_reentrant: true; selective checkpointing "
-                    "is non-reentrant: set use_reentrant: false, or leave it unset"]  # fmt: skip
+            return [
+                f"training.{key}: selective: true cannot go with use_reentrant: true; selective checkpointing "
+                "is non-reentrant: set use_reentrant: false, or leave it unset"
+            ]
         deepspeed = self.distributed.deepspeed
         if self.model.lora is not None and deepspeed is not None and deepspeed.zero_stage == 3:
-            return [f"training.{key}: selective: true cannot go with model.lora under ZeRO-3, which needs reentrant "
-                    "checkpointing; drop selective, or use zero_stage 1 or 2"]  # fmt: skip
+            return [
+                f"training.{key}: selective: true cannot go with model.lora under ZeRO-3, which needs reentrant "
+                "checkpointing; drop selective, or use zero_stage 1 or 2"
+            ]
         return []
 
 
@@ -153,8 +162,16 @@ class DistillSpec(Spec):
 # TRL 1.16's OnlineDPOTrainer leaves evaluation to transformers' Trainer, which runs the model on the prompt rows
 NO_ONLINE_DPO_EVALUATION = "online DPO cannot evaluate: TRL's trainer runs the model's forward on prompts, which fails"
 # the fields (fnmatch patterns) of transformers' evaluation, for the trainers that do not evaluate
-EVALUATION_FIELDS = ("eval_*", "*_eval*", "do_predict", "prediction_loss_only", "include_for_metrics",
-                     "metric_for_best_model", "greater_is_better", "load_best_model_at_end")  # fmt: skip
+EVALUATION_FIELDS = (
+    "eval_*",
+    "*_eval*",
+    "do_predict",
+    "prediction_loss_only",
+    "include_for_metrics",
+    "metric_for_best_model",
+    "greater_is_better",
+    "load_best_model_at_end",
+)
 
 
 def evaluation_fields(config_class: str) -> List[str]:
@@ -219,35 +236,83 @@ class PPOSpec(_OnlineSpec):
 
     # the fields of PPOConfig that posttrain's PPO trainer (or the runtime around it) reads; keep in step
     # with entrypoints/ppo_trainer.py (the registry does not import it: the client stays light)
-    HONOURED_BY_PPO: ClassVar[frozenset] = frozenset({
-        # PPO's own
-        "num_ppo_epochs", "num_mini_batches", "max_prompt_length", "max_completion_length", "temperature",
-        "kl_coef", "kl_estimator", "adaptive_kl", "kl_target", "kl_horizon", "gamma", "lam", "cliprange",
-        "cliprange_value", "vf_coef", "missing_eos_penalty",
-        # the loop, the batch, saving and logging
-        "output_dir", "max_steps", "per_device_train_batch_size", "seed", "logging_steps", "save_steps",
-        "save_total_limit", "include_num_input_tokens_seen", "log_level", "log_level_replica", "log_on_each_node",
-        # the optimizer (Trainer.get_optimizer_cls_and_kwargs) and the schedule (get_scheduler)
-        "optim", "optim_args", "optim_target_modules", "learning_rate", "weight_decay", "adam_beta1",
-        "adam_beta2", "adam_epsilon", "max_grad_norm", "lr_scheduler_type", "lr_scheduler_kwargs", "warmup_steps",
-        # precision (accelerate's autocast; tf32 is set by TrainingArguments itself) and memory
-        "bf16", "fp16", "tf32", "activation_checkpointing", "activation_checkpointing_kwargs",
-        "gradient_checkpointing", "gradient_checkpointing_kwargs",
-        # report_to's integration callbacks
-        "report_to", "run_name", "project", "trackio_space_id", "trackio_bucket_id", "trackio_static_space_id",
-        "hub_private_repo",
-    })  # fmt: skip
+    HONOURED_BY_PPO: ClassVar[frozenset] = frozenset(
+        {
+            # PPO's own
+            "num_ppo_epochs",
+            "num_mini_batches",
+            "max_prompt_length",
+            "max_completion_length",
+            "temperature",
+            "kl_coef",
+            "kl_estimator",
+            "adaptive_kl",
+            "kl_target",
+            "kl_horizon",
+            "gamma",
+            "lam",
+            "cliprange",
+            "cliprange_value",
+            "vf_coef",
+            "missing_eos_penalty",
+            # the loop, the batch, saving and logging
+            "output_dir",
+            "max_steps",
+            "per_device_train_batch_size",
+            "seed",
+            "logging_steps",
+            "save_steps",
+            "save_total_limit",
+            "include_num_input_tokens_seen",
+            "log_level",
+            "log_level_replica",
+            "log_on_each_node",
+            # the optimizer (Trainer.get_optimizer_cls_and_kwargs) and the schedule (get_scheduler)
+            "optim",
+            "optim_args",
+            "optim_target_modules",
+            "learning_rate",
+            "weight_decay",
+            "adam_beta1",
+            "adam_beta2",
+            "adam_epsilon",
+            "max_grad_norm",
+            "lr_scheduler_type",
+            "lr_scheduler_kwargs",
+            "warmup_steps",
+            # precision (accelerate's autocast; tf32 is set by TrainingArguments itself) and memory
+            "bf16",
+            "fp16",
+            "tf32",
+            "activation_checkpointing",
+            "activation_checkpointing_kwargs",
+            "gradient_checkpointing",
+            "gradient_checkpointing_kwargs",
+            # report_to's integration callbacks
+            "report_to",
+            "run_name",
+            "project",
+            "trackio_space_id",
+            "trackio_bucket_id",
+            "trackio_static_space_id",
+            "hub_private_repo",
+        }
+    )
     # why a field is refused: the first rule with a matching (fnmatch) pattern; the rest get a generic reason
     REFUSAL_REASONS: ClassVar[Tuple[Tuple[Tuple[str, ...], str], ...]] = (
-        (("gradient_accumulation_steps",),
-         "PPO steps the optimizer once per mini-batch; use training.num_mini_batches"),
+        (
+            ("gradient_accumulation_steps",),
+            "PPO steps the optimizer once per mini-batch; use training.num_mini_batches",
+        ),
         (("num_train_epochs",), "PPO runs max_steps iterations (num_ppo_epochs: passes over each rollout)"),
         (EVALUATION_FIELDS, "PPO does not evaluate; its logs score every rollout"),
         (("label_*",), "PPO has no labels: rewards score its own samples"),
         (("push_to_hub", "hub_*"), "PPO does not push to the Hub; upload output_dir when the run is done"),
         (("torch_compile*",), "posttrain's PPO does not compile the models"),
-        (("dataloader_*", "data_seed", "ignore_data_skip", "train_sampling_strategy", "length_column_name"),
-         "PPO draws its prompts itself (a shuffle seeded by seed, resumed by iteration), with no data loader"),
+        (
+            ("dataloader_*", "data_seed", "ignore_data_skip", "train_sampling_strategy", "length_column_name"),
+            "PPO draws its prompts itself (a shuffle seeded by seed, resumed by iteration), with no data loader",
+        ),
         (("remove_unused_columns",), "PPO keeps every column: reward functions receive them"),
         (("auto_find_batch_size",), "PPO's batch is per_device_train_batch_size prompts, checked, never shrunk"),
         (("skip_memory_metrics",), "posttrain's PPO does not measure memory"),
@@ -263,15 +328,21 @@ class PPOSpec(_OnlineSpec):
         (("restore_callback_states_from_checkpoint",), "PPO checkpoints hold no callback states"),
         (("enable_jit_checkpoint",), "posttrain checkpoints on SIGTERM itself (resume: auto continues from it)"),
         (("average_tokens_across_devices",), "PPO averages each loss over its mini-batch; DDP averages across ranks"),
-    )  # fmt: skip
+    )
     # values of honoured fields that need HF Trainer's own loop: value -> why
     refused_training_values: ClassVar[Dict[str, Dict[str, str]]] = {
         "optim": dict.fromkeys(
-            ("lomo", "adalomo", "galore_adamw_layerwise", "galore_adamw_8bit_layerwise", "galore_adafactor_layerwise",
-             "apollo_adamw_layerwise"),
+            (
+                "lomo",
+                "adalomo",
+                "galore_adamw_layerwise",
+                "galore_adamw_8bit_layerwise",
+                "galore_adafactor_layerwise",
+                "apollo_adamw_layerwise",
+            ),
             "it steps inside HF Trainer's backward pass (LOMO, layer-wise GaLore and APOLLO); use another optim, "
             "such as adamw_torch_fused (the default)",
-        ),  # fmt: skip
+        ),
         "lr_scheduler_type": dict.fromkeys(
             ("reduce_lr_on_plateau", "greedy"),
             "it steps on an evaluation metric and PPO does not evaluate; use linear, cosine, constant, ...",
@@ -332,5 +403,16 @@ class PPOSpec(_OnlineSpec):
 
 SPEC_CLASSES: Dict[str, Type[Spec]] = {
     cls.name(): cls
-    for cls in (SFTSpec, DPOSpec, RewardSpec, KTOSpec, ORPOSpec, GRPOSpec, RLOOSpec, PPOSpec, DistillSpec, OnlineDPOSpec)
+    for cls in (
+        SFTSpec,
+        DPOSpec,
+        RewardSpec,
+        KTOSpec,
+        ORPOSpec,
+        GRPOSpec,
+        RLOOSpec,
+        PPOSpec,
+        DistillSpec,
+        OnlineDPOSpec,
+    )
 }

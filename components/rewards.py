@@ -38,7 +38,9 @@ def final_answer(text: str, pattern: Optional[str] = None) -> Optional[str]:
     return numbers[-1].replace(",", "") if numbers else None
 
 
-def exact_match(column: str = "answer", pattern: Optional[str] = None, answer_pattern: Optional[str] = None) -> RewardFunction:
+def exact_match(
+    column: str = "answer", pattern: Optional[str] = None, answer_pattern: Optional[str] = None
+) -> RewardFunction:
     """1 where the completion's final answer equals the one in the data set's ``column``, else 0.
 
     The completion's answer is the first group of ``pattern``, else its last
@@ -63,7 +65,9 @@ def _normalise(answer: str) -> str:
     return answer.replace(",", "") if _LAST_NUMBER.fullmatch(answer) else answer
 
 
-def contains(target: Optional[str] = None, column: Optional[str] = None, case_sensitive: bool = False) -> RewardFunction:
+def contains(
+    target: Optional[str] = None, column: Optional[str] = None, case_sensitive: bool = False
+) -> RewardFunction:
     """1 where the completion contains ``target`` (or the row's ``column``), else 0."""
 
     def score(completions: List[Any], **columns: Any) -> List[float]:

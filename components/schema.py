@@ -138,7 +138,9 @@ class DistributedSpec(_Strict):
         if self.deepspeed is not None and self.fsdp is not None:
             found.append("distributed: deepspeed and fsdp both shard the model; choose one of them")
         if self.fsdp is not None and self.fsdp.wrap_layers is not None and not self.fsdp.wrap_layers:
-            found.append("distributed.fsdp.wrap_layers: an empty list shards nothing; remove it to wrap the decoder layers")
+            found.append(
+                "distributed.fsdp.wrap_layers: an empty list shards nothing; remove it to wrap the decoder layers"
+            )
         ds = self.deepspeed
         if ds is not None:
             if (ds.config is None) == (ds.zero_stage is None):
@@ -265,42 +267,60 @@ class Spec(_Strict):
         if "eval_strategy" in config_fields(self.config_class) and "eval_strategy" not in refused:
             evaluation = config_value(self.config_class, training, "eval_strategy")
             if evaluation not in (None, "no") and self.data.eval is None:
-                found.append(f"training.eval_strategy: {evaluation} evaluates on data.eval, which the spec does not "
-                             "give; add data.eval, or set eval_strategy: no")  # fmt: skip
+                found.append(
+                    f"training.eval_strategy: {evaluation} evaluates on data.eval, which the spec does not "
+                    "give; add data.eval, or set eval_strategy: no"
+                )
             if evaluation == "no" and self.data.eval is not None and training.get("eval_on_start") is not True:
                 given = "" if "eval_strategy" in training else " (TRL's default)"
-                found.append(f"data.eval: the trainer never evaluates with eval_strategy: no{given}; set "
-                             "eval_strategy: steps (every eval_steps) or epoch, or eval_on_start: true, or drop "
-                             "data.eval")  # fmt: skip
+                found.append(
+                    f"data.eval: the trainer never evaluates with eval_strategy: no{given}; set "
+                    "eval_strategy: steps (every eval_steps) or epoch, or eval_on_start: true, or drop "
+                    "data.eval"
+                )
         if training.get("eval_on_start") is True and self.data.eval is None and "eval_on_start" not in refused:
-            found.append("training.eval_on_start: true evaluates on data.eval before training, which the spec does "
-                         "not give; add data.eval, or drop eval_on_start")  # fmt: skip
+            found.append(
+                "training.eval_on_start: true evaluates on data.eval before training, which the spec does "
+                "not give; add data.eval, or drop eval_on_start"
+            )
         if self.model.lora is not None and training.get("sync_ref_model") is True:
-            found.append("training.sync_ref_model: with model.lora the reference is the policy without its adapter, "
-                         "so there is no reference model to sync; remove it, or train without LoRA")  # fmt: skip
+            found.append(
+                "training.sync_ref_model: with model.lora the reference is the policy without its adapter, "
+                "so there is no reference model to sync; remove it, or train without LoRA"
+            )
         if training.get("save_strategy") == "best" and training.get("metric_for_best_model") is None:
-            found.append("training.save_strategy: best keeps the checkpoint with the best metric_for_best_model, "
-                         "which is unset; set it (e.g. eval_loss)")  # fmt: skip
+            found.append(
+                "training.save_strategy: best keeps the checkpoint with the best metric_for_best_model, "
+                "which is unset; set it (e.g. eval_loss)"
+            )
         sharded = [key for key in ("deepspeed", "fsdp") if getattr(self.distributed, key) is not None]
         only_model = training.get("save_only_model") is True
         if sharded and only_model and training.get("load_best_model_at_end") is True:
-            found.append(f"training.save_only_model: with distributed.{sharded[0]} the best model cannot be "
-                         "loaded at the end from checkpoints without their sharded state; drop it or "
-                         "load_best_model_at_end")  # fmt: skip
+            found.append(
+                f"training.save_only_model: with distributed.{sharded[0]} the best model cannot be "
+                "loaded at the end from checkpoints without their sharded state; drop it or "
+                "load_best_model_at_end"
+            )
         elif self.distributed.fsdp is not None and only_model:
-            found.append("training.save_only_model: distributed.fsdp saves sharded checkpoints, the optimizer's state "
-                         "with the model's; remove it")  # fmt: skip
+            found.append(
+                "training.save_only_model: distributed.fsdp saves sharded checkpoints, the optimizer's state "
+                "with the model's; remove it"
+            )
         liger = training.get("use_liger_kernel", "use_liger_kernel" in self.fast_paths)  # SFT: on by default on GPUs
         options = training.get("liger_kernel_config")
         fused = isinstance(options, dict) and options.get("fused_linear_cross_entropy")
         if fused and liger is True and self.trainer_class in FUSED_LM_HEAD_TRAINERS:
             default = "" if "use_liger_kernel" in training else " (on by default on GPUs)"
-            found.append("training.liger_kernel_config: fused_linear_cross_entropy: true cannot go with Liger kernels"
-                         f"{default} in {self.trainer_class}, which fuses the LM head with the loss itself; drop it")  # fmt: skip
+            found.append(
+                "training.liger_kernel_config: fused_linear_cross_entropy: true cannot go with Liger kernels"
+                f"{default} in {self.trainer_class}, which fuses the LM head with the loss itself; drop it"
+            )
         ds = self.distributed.deepspeed
         if ds is not None and ds.zero_stage == 3 and training.get("auto_find_batch_size") is True:
-            found.append("training.auto_find_batch_size: transformers does not support it with ZeRO-3; remove it, "
-                         "or use zero_stage 1 or 2")  # fmt: skip
+            found.append(
+                "training.auto_find_batch_size: transformers does not support it with ZeRO-3; remove it, "
+                "or use zero_stage 1 or 2"
+            )
         return found
 
 
@@ -317,8 +337,10 @@ class _ReferenceSpec(Spec):
     def problems(self, world_size: Optional[int]) -> List[str]:
         found = super().problems(world_size)
         if self.reference_model is not None and self.model.lora is not None:
-            found.append("reference_model: not used with model.lora (the reference is the policy with its adapter "
-                         "disabled); remove one of them")  # fmt: skip
+            found.append(
+                "reference_model: not used with model.lora (the reference is the policy with its adapter "
+                "disabled); remove one of them"
+            )
         return found
 
 
@@ -338,7 +360,9 @@ class RewardSource(_Strict):
         if self.model is not None and not self.model.strip():
             return [f"{where}.model: expected a path or hub id of a reward model; got an empty string"]
         if self.function is not None and not re.fullmatch(r"[\w.]+:[\w.]+", self.function):
-            return [f"{where}.function: expected module:callable (e.g. my_rewards:accuracy); got {cut(repr(self.function))}"]
+            return [
+                f"{where}.function: expected module:callable (e.g. my_rewards:accuracy); got {cut(repr(self.function))}"
+            ]
         if self.builtin is not None:
             return [f"{where}.builtin: {problem}" for problem in check_builtin(self.builtin, self.args)]
         if self.args:

@@ -164,8 +164,11 @@ def table_schema(class_name: str, *, exclude: Sequence[str] = ()) -> Dict[str, A
             prop["propertyNames"] = {"enum": sorted(set(keys[name]))}
         if "default" in entries[name]:
             prop["default"] = entries[name]["default"]
-        notes = [entries[name].get("help", "")] + [row["reason"] for row in rows if row["field"] == name and
-                                                    any(kind in row for kind in ("range", "choices", "pattern"))]
+        notes = [entries[name].get("help", "")] + [
+            row["reason"]
+            for row in rows
+            if row["field"] == name and any(kind in row for kind in ("range", "choices", "pattern"))
+        ]
         prop["description"] = " ".join(f"{note[:1].upper()}{note[1:]}".rstrip(".") + "." for note in notes if note)
         properties[name] = _as_pyyaml_reads(prop, field)
     return {"type": "object", "properties": properties, "additionalProperties": False}
@@ -191,9 +194,7 @@ def training_schema(cls: Type[Spec]) -> Dict[str, Any]:
     owned, refused = cls.owned_training_keys(), cls.refused_training_keys
     schema = table_schema(cls.config_class, exclude=[*owned, *refused])
     pointers = "; ".join(f"{key}: {where}" for key, where in sorted({**owned, **refused}.items()))
-    schema["description"] = (
-        f"Fields of {cls.config_class} (from config_fields.json). Not allowed here: {pointers}."
-    )
+    schema["description"] = f"Fields of {cls.config_class} (from config_fields.json). Not allowed here: {pointers}."
     schema["required"] = ["output_dir"]
     return schema
 

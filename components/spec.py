@@ -16,7 +16,15 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from posttrain.components.fields import LORA_CONFIG, FieldType, config_fields, field_type
-from posttrain.components.messages import SpecError, cut, known_paths, model_in, translate, unknown_in, unknown_mapping_keys
+from posttrain.components.messages import (
+    SpecError,
+    cut,
+    known_paths,
+    model_in,
+    translate,
+    unknown_in,
+    unknown_mapping_keys,
+)
 from posttrain.components.overrides import apply_overrides
 from posttrain.components.registry import SPEC_CLASSES
 from posttrain.components.schema import Spec
@@ -68,7 +76,10 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=deep)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    None, None, f"key {cut(repr(key))} is given twice in one mapping (YAML would keep the last)", key_node.start_mark
+                    None,
+                    None,
+                    f"key {cut(repr(key))} is given twice in one mapping (YAML would keep the last)",
+                    key_node.start_mark,
                 )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
@@ -196,7 +207,9 @@ def _unknown_keys(raw: Mapping[str, Any], cls: Type[Spec]) -> Iterator[str]:
                 yield f"training.{key}: not supported by posttrain.{cls.name()}; {refused[key]}"
         allowed = set(training_fields) - set(owned) - set(refused)
         named = set(owned) | set(refused)
-        yield from unknown_mapping_keys({k: v for k, v in training.items() if k not in named}, allowed, "training", paths)
+        yield from unknown_mapping_keys(
+            {k: v for k, v in training.items() if k not in named}, allowed, "training", paths
+        )
     model = raw.get("model")
     if isinstance(model, dict) and isinstance(model.get("lora"), dict):
         yield from unknown_mapping_keys(model["lora"], set(config_fields(LORA_CONFIG)), "model.lora", paths)

@@ -28,9 +28,7 @@ from posttrain.components.messages import cut, unknown_message
 
 RULES_DIR = Path(__file__).with_name("value_rules")
 
-_RANGE = re.compile(
-    r"^(?:(?P<low>-?[\d.]+)\s*(?P<low_op><=|<)\s*)?x(?:\s*(?P<op><=|<|>=|>)\s*(?P<bound>-?[\d.]+))?$"
-)
+_RANGE = re.compile(r"^(?:(?P<low>-?[\d.]+)\s*(?P<low_op><=|<)\s*)?x(?:\s*(?P<op><=|<|>=|>)\s*(?P<bound>-?[\d.]+))?$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,10 +98,7 @@ def _per_field(entry: Dict[str, Any]) -> List[Dict[str, Any]]:
 
 def rows_for(config_class: str, fields: Mapping[str, Any]) -> List[Dict[str, Any]]:
     """The rows that apply to a config class: those naming it, or naming none, for a field it has."""
-    return [
-        row for row in rules()
-        if row["field"] in fields and config_class in row.get("configs", [config_class])
-    ]  # fmt: skip
+    return [row for row in rules() if row["field"] in fields and config_class in row.get("configs", [config_class])]
 
 
 def range_problems(config_class: str, fields: Mapping[str, Any], training: Mapping[str, Any]) -> List[str]:

@@ -49,8 +49,10 @@ class VllmServer:
         if gpus and gpus < self.replicas * self.tp:
             found.append(f"--vllm_gpu: {gpus} GPUs cannot hold {self.replicas} replica(s) of --vllm_tp {self.tp}")
         elif trainer_gpus and not gpus:
-            found.append("--vllm_gpu 0: the trainers have GPUs and TRL moves the weights to the server over NCCL; "
-                         f"give the vllm role GPUs (--vllm_gpu {self.replicas * self.tp} or --vllm_h)")  # fmt: skip
+            found.append(
+                "--vllm_gpu 0: the trainers have GPUs and TRL moves the weights to the server over NCCL; "
+                f"give the vllm role GPUs (--vllm_gpu {self.replicas * self.tp} or --vllm_h)"
+            )
         return found
 
     def resource(self, cpu: int, memMB: int) -> "specs.Resource":

@@ -38,11 +38,16 @@ class ProgressLog(TrainerCallback):
         if not state.is_world_process_zero or not logs:
             return
         elapsed, done = time.monotonic() - self.start, state.global_step - self.first_step
-        left = f", {(state.max_steps - state.global_step) * elapsed / done:.0f} s left" if done and state.max_steps > 0 else ""
+        left = (
+            f", {(state.max_steps - state.global_step) * elapsed / done:.0f} s left"
+            if done and state.max_steps > 0
+            else ""
+        )
         values = ", ".join(
-            f"{key} {value:.4g}" for key, value in logs.items()
+            f"{key} {value:.4g}"
+            for key, value in logs.items()
             if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "epoch"
-        )  # fmt: skip
+        )
         log.info("step %d/%d: %s (%.0f s%s)", state.global_step, state.max_steps, values, elapsed, left)
 
 
@@ -101,9 +106,13 @@ class BestMetricCheck(TrainerCallback):
         key = name if name.startswith("eval_") else f"eval_{name}"  # as transformers looks it up
         if key not in metrics:
             returned = ", ".join(sorted(k for k in metrics if k.startswith("eval_")))
-            raise SpecError([f"training.metric_for_best_model: {name} is not among the metrics the evaluation "
-                             f"returns ({returned}); name one of them (eval_on_start: true checks it before "
-                             "training)"])  # fmt: skip
+            raise SpecError(
+                [
+                    f"training.metric_for_best_model: {name} is not among the metrics the evaluation "
+                    f"returns ({returned}); name one of them (eval_on_start: true checks it before "
+                    "training)"
+                ]
+            )
 
 
 class FaultInjection(TrainerCallback):
@@ -167,4 +176,3 @@ def _kill_on_next_torch_save() -> None:
 
 def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
-

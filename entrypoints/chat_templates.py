@@ -36,9 +36,13 @@ def check_chat_template(args: Any, tokenizer: Any, datasets: Sequence[Tuple[str,
     if path is not None and path.endswith(TEMPLATE_FILES) and not os.path.isfile(path):
         raise SpecError([f"training.chat_template_path: no such file: {path} (relative paths start at {os.getcwd()})"])
     if path is not None and os.path.isfile(path) and not path.endswith(TEMPLATE_FILES):
-        raise SpecError([f"training.chat_template_path: {path} is a file, and the trainer reads templates from "
-                         f"{' or '.join(TEMPLATE_FILES)} files only (any other path names a tokenizer to copy the "
-                         "template from); rename it"])  # fmt: skip
+        raise SpecError(
+            [
+                f"training.chat_template_path: {path} is a file, and the trainer reads templates from "
+                f"{' or '.join(TEMPLATE_FILES)} files only (any other path names a tokenizer to copy the "
+                "template from); rename it"
+            ]
+        )
     chat = _chat_rows(datasets)
     if not chat or (path is not None and not path.endswith(TEMPLATE_FILES)):
         return  # no chat rows, or the template comes from a tokenizer the trainer clones
@@ -48,9 +52,13 @@ def check_chat_template(args: Any, tokenizer: Any, datasets: Sequence[Tuple[str,
     else:
         template, source = tokenizer.chat_template, f"the chat template of {model}"
     if template is None:
-        raise SpecError([f"{chat[0]}: its rows are chat messages, and the tokenizer of {model} has no chat template "
-                         "to render them; use a model that has one (an instruct model), give a template file as "
-                         "training.chat_template_path where the trainer takes one, or give text rows"])  # fmt: skip
+        raise SpecError(
+            [
+                f"{chat[0]}: its rows are chat messages, and the tokenizer of {model} has no chat template "
+                "to render them; use a model that has one (an instruct model), give a template file as "
+                "training.chat_template_path where the trainer takes one, or give text rows"
+            ]
+        )
     if not getattr(args, "assistant_only_loss", False) or has_generation_markers(template):
         return
     marked = copy.copy(tokenizer)
@@ -58,9 +66,13 @@ def check_chat_template(args: Any, tokenizer: Any, datasets: Sequence[Tuple[str,
     try:
         get_training_chat_template(marked)
     except ValueError:
-        raise SpecError([f"training.assistant_only_loss: {source} has no {{% generation %}} markers around the "
-                         "assistant's turns, and TRL does not know how to add them to it; add them in a template "
-                         "file given as training.chat_template_path, or drop assistant_only_loss"]) from None  # fmt: skip
+        raise SpecError(
+            [
+                f"training.assistant_only_loss: {source} has no {{% generation %}} markers around the "
+                "assistant's turns, and TRL does not know how to add them to it; add them in a template "
+                "file given as training.chat_template_path, or drop assistant_only_loss"
+            ]
+        ) from None
 
 
 def check_reward_templates(
@@ -72,9 +84,13 @@ def check_reward_templates(
         if not chat or not isinstance(reward, str):  # a function, or text prompts
             continue
         if load_tokenizer(reward, spec, padding_side="right").chat_template is None:
-            raise SpecError([f"rewards.{index}: {chat[0]}'s rows are chat messages, which the reward model {reward} "
-                             "scores rendered with its tokenizer's chat template, and it has none; give the reward "
-                             "model a tokenizer with one (train it on chat rows), or give text prompts"])  # fmt: skip
+            raise SpecError(
+                [
+                    f"rewards.{index}: {chat[0]}'s rows are chat messages, which the reward model {reward} "
+                    "scores rendered with its tokenizer's chat template, and it has none; give the reward "
+                    "model a tokenizer with one (train it on chat rows), or give text prompts"
+                ]
+            )
 
 
 def _chat_rows(datasets: Sequence[Tuple[str, Any]]) -> List[str]:

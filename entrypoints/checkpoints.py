@@ -158,7 +158,9 @@ def resolve_resume(spec: Spec, output_dir: Path, inputs: Dict[str, Any]) -> Opti
     saved_path = output_dir / SPEC_FILE
     if not saved_path.is_file():
         raise SpecError(
-            [f"resume: auto found {checkpoints[-1]} but no {SPEC_FILE} saying what spec wrote it; set resume to that path"]
+            [
+                f"resume: auto found {checkpoints[-1]} but no {SPEC_FILE} saying what spec wrote it; set resume to that path"
+            ]
         )
     saved = json.loads(saved_path.read_text())
     current = spec.model_dump(mode="json")
@@ -200,7 +202,9 @@ def _check_finished_model(spec: Spec, output_dir: Path) -> None:
                     "use another training.output_dir, or remove that model first"
                 ]
             )
-    elif not saved_path.is_file() and any((output_dir / name).is_file() for name in ("config.json", "model.safetensors")):
+    elif not saved_path.is_file() and any(
+        (output_dir / name).is_file() for name in ("config.json", "model.safetensors")
+    ):
         raise SpecError(
             [
                 f"training.output_dir: {output_dir} holds a model that posttrain did not train (no {SPEC_FILE}); "
@@ -230,8 +234,10 @@ def split_fingerprint(spec: Spec, split: str, dataset: Any) -> Dict[str, Any]:
         source = sources[0][1]
         capped = {"max_rows": source.max_rows} if source.max_rows is not None else {}
         return {**data_fingerprint(source, dataset), **capped}
-    parts = [{**data_fingerprint(source, None), "max_rows": source.max_rows, "weight": source.weight}
-             for _, source in sources]  # fmt: skip
+    parts = [
+        {**data_fingerprint(source, None), "max_rows": source.max_rows, "weight": source.weight}
+        for _, source in sources
+    ]
     return {"source": ", ".join(part["source"] for part in parts), "mix": spec.data.mix, "parts": parts}
 
 

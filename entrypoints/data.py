@@ -10,9 +10,15 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type
 
-from posttrain.components.fields import config_value
 from posttrain.components.data_sources import is_glob, matched_paths
-from posttrain.components.local_files import check_text, column_problem, json_error, not_a_data_file, not_a_saved_data_set
+from posttrain.components.fields import config_value
+from posttrain.components.local_files import (
+    check_text,
+    column_problem,
+    json_error,
+    not_a_data_file,
+    not_a_saved_data_set,
+)
 from posttrain.components.messages import SpecError
 from posttrain.components.schema import DataSource, Spec
 from posttrain.entrypoints.distributed import env_rank
@@ -24,8 +30,10 @@ def load_split(spec: Spec, split: str, seed: int) -> Any:
     """``data.train`` or ``data.eval``: its one source, or its sources loaded and checked one by one (each message
     naming its source, ``data.train.1``), then concatenated or interleaved (``data.mix``)."""
     data = spec.data
-    loaded = [(where, source, load_data(source, {**data.columns, **source.columns}, where, spec.data_formats))
-              for where, source in data.sources(split)]  # fmt: skip
+    loaded = [
+        (where, source, load_data(source, {**data.columns, **source.columns}, where, spec.data_formats))
+        for where, source in data.sources(split)
+    ]
     if len(loaded) == 1:
         return loaded[0][2]
     return mix(loaded, data.mix, spec.data_formats, seed)
@@ -41,8 +49,12 @@ def mix(loaded: Sequence[Tuple[str, Any, Any]], how: str, formats: Sequence[Tupl
     if not any(set(columns) <= set(shared) for columns in formats):
         has = "; ".join(f"{where} has {', '.join(ds.column_names)}" for where, _, ds in loaded)
         expected = " or ".join("(" + ", ".join(columns) + ")" for columns in formats)
-        raise SpecError([f"{loaded[0][0].rsplit('.', 1)[0]}: its sources share none of the column sets {expected} "
-                         f"({has}); rename them to one set (each source's columns)"])  # fmt: skip
+        raise SpecError(
+            [
+                f"{loaded[0][0].rsplit('.', 1)[0]}: its sources share none of the column sets {expected} "
+                f"({has}); rename them to one set (each source's columns)"
+            ]
+        )
     first_where, _, first = loaded[0]
     features = first.select_columns(shared).features
     parts = []
@@ -50,8 +62,12 @@ def mix(loaded: Sequence[Tuple[str, Any, Any]], how: str, formats: Sequence[Tupl
         try:
             parts.append(dataset.select_columns(shared).cast(features))
         except (ValueError, TypeError) as error:
-            raise SpecError([f"{part_where}: its columns do not hold what {first_where}'s do ({first_line(error)}); "
-                             "give every source of a mixture the same columns and kinds"]) from None  # fmt: skip
+            raise SpecError(
+                [
+                    f"{part_where}: its columns do not hold what {first_where}'s do ({first_line(error)}); "
+                    "give every source of a mixture the same columns and kinds"
+                ]
+            ) from None
     if how == "concatenate":
         return datasets.concatenate_datasets(parts)
     weights = [source.weight or 1.0 for _, source, _ in loaded]
@@ -59,9 +75,7 @@ def mix(loaded: Sequence[Tuple[str, Any, Any]], how: str, formats: Sequence[Tupl
     return datasets.interleave_datasets(parts, probabilities, seed=seed, stopping_strategy="all_exhausted")
 
 
-def load_data(
-    source: DataSource, columns: Dict[str, str], where: str, formats: Sequence[Tuple[str, ...]]
-) -> Any:
+def load_data(source: DataSource, columns: Dict[str, str], where: str, formats: Sequence[Tuple[str, ...]]) -> Any:
     """Loads a local file, a glob of files, a saved data set or a hub data set, keeps its first ``max_rows``,
     renames columns and checks them against ``formats`` (any one).
 
@@ -74,7 +88,9 @@ def load_data(
     if source.path is not None:
         path = Path(source.path)
         is_saved = path.is_dir() and not is_glob(source.path)
-        dataset = _load_saved(path, source.split, where, datasets) if is_saved else _load_files(source.path, where, datasets)
+        dataset = (
+            _load_saved(path, source.split, where, datasets) if is_saved else _load_files(source.path, where, datasets)
+        )
     else:
         path = None
         dataset = _load_hub(source, where, datasets)
@@ -106,8 +122,12 @@ def _load_files(pattern: str, where: str, datasets: Any) -> Any:
         if builder is None:
             raise not_a_data_file(path, where)
     if len(set(builders.values())) > 1:
-        raise SpecError([f"{where}.path: {pattern} matches files of several kinds ({', '.join(sorted({p.suffix for p in paths}))}); "
-                         "give each kind its own source"])  # fmt: skip
+        raise SpecError(
+            [
+                f"{where}.path: {pattern} matches files of several kinds ({', '.join(sorted({p.suffix for p in paths}))}); "
+                "give each kind its own source"
+            ]
+        )
     builder = builders[paths[0]]
     for path in paths:
         if builder != "parquet":
@@ -242,19 +262,27 @@ def check_column(dataset: Any, column: str, where: str) -> None:
     if values.null_count:
         first = pc.index(pc.is_null(values), True).as_py() + 1
         raise SpecError(
-            [f"{where}: column {column} is missing or null in {values.null_count} of {len(dataset)} rows "
-             f"(the first: row {first})"]
-        )  # fmt: skip
+            [
+                f"{where}: column {column} is missing or null in {values.null_count} of {len(dataset)} rows "
+                f"(the first: row {first})"
+            ]
+        )
     if column == "prompt":  # nothing to condition on; a tokenizer that adds no BOS makes it no token at all
         kind = values.type
-        lengths = pc.utf8_length(pc.utf8_trim_whitespace(values)) if kind in (pa.string(), pa.large_string()) else (
-            pc.list_value_length(values) if pa.types.is_list(kind) or pa.types.is_large_list(kind) else None
-        )  # fmt: skip
+        lengths = (
+            pc.utf8_length(pc.utf8_trim_whitespace(values))
+            if kind in (pa.string(), pa.large_string())
+            else (pc.list_value_length(values) if pa.types.is_list(kind) or pa.types.is_large_list(kind) else None)
+        )
         empty = [] if lengths is None else [row for row, length in enumerate(lengths.to_pylist(), 1) if length == 0]
         if empty:
             shown = ", ".join(map(str, empty[:5])) + (", ..." if len(empty) > 5 else "")
-            raise SpecError([f"{where}: column prompt is empty in {len(empty)} of {len(dataset)} rows (rows {shown}); "
-                             "give every row a prompt, or drop those rows"])  # fmt: skip
+            raise SpecError(
+                [
+                    f"{where}: column prompt is empty in {len(empty)} of {len(dataset)} rows (rows {shown}); "
+                    "give every row a prompt, or drop those rows"
+                ]
+            )
 
 
 def check_pairs(dataset: Any, where: str) -> None:
@@ -280,8 +308,11 @@ def check_pairs(dataset: Any, where: str) -> None:
     if count and env_rank() == 0:  # a warning, not an error: rank 0's alone
         log.warning(
             "%s: chosen equals rejected in %d of %d rows (the first: row %d); those pairs teach nothing",
-            where, count, len(same), same.index(True) + 1,
-        )  # fmt: skip
+            where,
+            count,
+            len(same),
+            same.index(True) + 1,
+        )
 
 
 def fit_batch(
@@ -308,8 +339,13 @@ def fit_batch(
         log.warning(
             "data.train has %d rows, fewer than one global batch (%d processes x %d per device x %d accumulation): "
             "using per_device_train_batch_size=%d, gradient_accumulation_steps=%d",
-            rows, world_size, per_device, accumulation, new_per_device, new_accumulation,
-        )  # fmt: skip
+            rows,
+            world_size,
+            per_device,
+            accumulation,
+            new_per_device,
+            new_accumulation,
+        )
     return {
         **training,
         "per_device_train_batch_size": new_per_device,
@@ -367,15 +403,19 @@ def check_loss_masks(args: Any, datasets: Sequence[Tuple[str, Any]]) -> None:
         columns, first = dataset.column_names, dataset[0]
         if getattr(args, "completion_only_loss", None) is True and not {"prompt", "completion"} <= set(columns):
             raise SpecError(
-                [f"training.completion_only_loss: true masks the prompt of prompt/completion rows, and {where} has "
-                 f"{', '.join(columns)}: every token would count; for chat messages set assistant_only_loss: true"]
-            )  # fmt: skip
+                [
+                    f"training.completion_only_loss: true masks the prompt of prompt/completion rows, and {where} has "
+                    f"{', '.join(columns)}: every token would count; for chat messages set assistant_only_loss: true"
+                ]
+            )
         chat = [column for column in ("messages", "prompt", "completion") if column in first]
         if getattr(args, "assistant_only_loss", False) and not (chat and all(_is_chat(first[c]) for c in chat)):
             raise SpecError(
-                [f"training.assistant_only_loss: true masks all but the assistant's turns of chat messages, and {where} "
-                 "has plain text; drop it, or give messages (or prompt and completion as messages)"]
-            )  # fmt: skip
+                [
+                    f"training.assistant_only_loss: true masks all but the assistant's turns of chat messages, and {where} "
+                    "has plain text; drop it, or give messages (or prompt and completion as messages)"
+                ]
+            )
 
 
 def check_kept_rows(spec: Spec, trainer: Any, train_dataset: Any, eval_dataset: Optional[Any]) -> None:
@@ -390,8 +430,18 @@ def check_kept_rows(spec: Spec, trainer: Any, train_dataset: Any, eval_dataset: 
             continue
         rows, left = len(dataset), len(kept)
         if left == 0:
-            raise SpecError([f"{where}: the trainer dropped all {rows} rows, none fitting max_length "
-                             f"({trainer.args.max_length} tokens); raise max_length"])  # fmt: skip
+            raise SpecError(
+                [
+                    f"{where}: the trainer dropped all {rows} rows, none fitting max_length "
+                    f"({trainer.args.max_length} tokens); raise max_length"
+                ]
+            )
         if left < rows and env_rank() == 0:
-            log.warning("%s: the trainer kept %d of %d rows, dropping those that do not fit max_length (%s tokens); "
-                        "raise max_length to keep them", where, left, rows, trainer.args.max_length)  # fmt: skip
+            log.warning(
+                "%s: the trainer kept %d of %d rows, dropping those that do not fit max_length (%s tokens); "
+                "raise max_length to keep them",
+                where,
+                left,
+                rows,
+                trainer.args.max_length,
+            )

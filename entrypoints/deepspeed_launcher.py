@@ -51,13 +51,26 @@ def hostfile_text(nnodes: int, nproc_per_node: int) -> str:
 def runner_command(options: argparse.Namespace, module: str, hostfile: Path, master_port: int) -> List[str]:
     """DeepSpeed's runner for this node, up to the entrypoint's own arguments."""
     return [
-        sys.executable, "-m", "deepspeed.launcher.runner",
-        "--no_ssh", "--node_rank", str(options.node_rank),
-        "--master_addr", options.master_addr, "--master_port", str(master_port),
-        "--hostfile", str(hostfile),
-        "--num_nodes", str(options.nnodes), "--num_gpus", str(options.nproc_per_node),
-        "--no_local_rank", "--module", module,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--no_ssh",
+        "--node_rank",
+        str(options.node_rank),
+        "--master_addr",
+        options.master_addr,
+        "--master_port",
+        str(master_port),
+        "--hostfile",
+        str(hostfile),
+        "--num_nodes",
+        str(options.nnodes),
+        "--num_gpus",
+        str(options.nproc_per_node),
+        "--no_local_rank",
+        "--module",
+        module,
+    ]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -75,9 +75,13 @@ def init_process_group(backend: str, timeout: timedelta) -> bool:
     # workers read the dead workers' addresses and fail to connect (seen with gloo, torch 2.13).
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     store = dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-        is_master=not agent_store and rank == 0, timeout=timeout, multi_tenant=not agent_store,
-    )  # fmt: skip
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size,
+        is_master=not agent_store and rank == 0,
+        timeout=timeout,
+        multi_tenant=not agent_store,
+    )
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     prefixed = dist.PrefixStore(f"posttrain/attempt_{attempt}", store)
     dist.init_process_group(backend=backend, store=prefixed, rank=rank, world_size=world_size, timeout=timeout)

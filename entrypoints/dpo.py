@@ -1,6 +1,6 @@
 """Direct preference optimisation with ``trl.DPOTrainer``.
 
-    torchx run -s local_cwd posttrain.dpo --spec templates/dpo/tiny.yaml
+torchx run -s local_cwd posttrain.dpo --spec templates/dpo/tiny.yaml
 """
 
 from posttrain.entrypoints.runtime import run

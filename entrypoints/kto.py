@@ -1,6 +1,6 @@
 """Kahneman-Tversky optimisation on unpaired good/bad labels with ``trl.KTOTrainer``.
 
-    torchx run -s local_cwd posttrain.kto --spec templates/kto/tiny.yaml
+torchx run -s local_cwd posttrain.kto --spec templates/kto/tiny.yaml
 """
 
 from posttrain.entrypoints.runtime import run

@@ -50,7 +50,10 @@ class Holder:
         now = time.time()
         # Slurm's job id first: torchrun's run id is the literal "$SLURM_JOB_ID" there (torchx quotes the macro)
         job = os.environ.get("SLURM_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID") or f"pid-{os.getpid()}"
-        attempt = (int(os.environ.get("SLURM_RESTART_COUNT", "0")), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+        attempt = (
+            int(os.environ.get("SLURM_RESTART_COUNT", "0")),
+            int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+        )
         return Holder(job, attempt, socket.gethostname(), os.getpid(), now, now, os.urandom(8).hex())
 
     def describe(self) -> str:
@@ -120,7 +123,9 @@ class Lease:
             found = read_holder(self.output_dir)
             if found is not None and found.token != self.holder.token:
                 # another run took the directory (it judged this job gone): stop writing into it, now
-                log.error("training.output_dir: %s was taken over by %s; this job stops", self.output_dir, found.describe())
+                log.error(
+                    "training.output_dir: %s was taken over by %s; this job stops", self.output_dir, found.describe()
+                )
                 os._exit(2)
             try:
                 _write(self.path, dataclasses.replace(self.holder, heartbeat=time.time()))

@@ -198,8 +198,12 @@ def check_model_options(spec: Spec) -> None:
     except OSError:  # a hub id out of reach: loading the model says so
         return
     if router_loss and not hasattr(config.get_text_config(), "output_router_logits"):  # TRL's test
-        raise SpecError([f"training.router_aux_loss_coef: {router_loss} weighs the router loss of a mixture of "
-                         f"experts, and {model.name_or_path} ({config.model_type}) has no router; drop it"])  # fmt: skip
+        raise SpecError(
+            [
+                f"training.router_aux_loss_coef: {router_loss} weighs the router loss of a mixture of "
+                f"experts, and {model.name_or_path} ({config.model_type}) has no router; drop it"
+            ]
+        )
     if not builds:
         return
     options = {} if implementation is None else {"attn_implementation": implementation}
@@ -261,8 +265,12 @@ def _check_tokenizer_reader(path: Path, name_or_path: str, where: str) -> None:
     for file, module, package, without in TOKENIZER_READERS:
         if (path / file).is_file() and importlib.util.find_spec(module) is None:
             reader = f"which transformers reads with the {package} package, not installed in the job"
-            raise SpecError([f"{where}: {name_or_path}'s tokenizer is {file}, {reader} (transformers {without}): "
-                             f"pip install {package}"])
+            raise SpecError(
+                [
+                    f"{where}: {name_or_path}'s tokenizer is {file}, {reader} (transformers {without}): "
+                    f"pip install {package}"
+                ]
+            )
 
 
 def check_model_path(name_or_path: str, where: str = "model.name_or_path") -> None:
@@ -275,8 +283,12 @@ def check_model_path(name_or_path: str, where: str = "model.name_or_path") -> No
         return
     path = Path(name_or_path).expanduser()
     if not path.exists():
-        raise SpecError([f"{where}: no such directory: {name_or_path} (relative paths start at {Path.cwd()})"
-                         + _written_by(name_or_path)])  # fmt: skip
+        raise SpecError(
+            [
+                f"{where}: no such directory: {name_or_path} (relative paths start at {Path.cwd()})"
+                + _written_by(name_or_path)
+            ]
+        )
     problem = model_directory_problem(path, name_or_path, where)
     if problem is not None:
         raise SpecError([problem])
@@ -310,7 +322,9 @@ def check_weight_shapes(name_or_path: str, spec: Spec) -> None:
         if getattr(config, "quantization_config", None) is not None:
             return  # quantized weights are stored packed, in other shapes than the model's
         with torch.device("meta"):
-            built = getattr(transformers, spec.model_class).from_config(config, trust_remote_code=model.trust_remote_code)
+            built = getattr(transformers, spec.model_class).from_config(
+                config, trust_remote_code=model.trust_remote_code
+            )
     except (OSError, ValueError, ImportError):
         return  # a config transformers cannot build from: loading says why
     expected = {key: list(tensor.shape) for key, tensor in built.state_dict().items()}
@@ -319,9 +333,13 @@ def check_weight_shapes(name_or_path: str, spec: Spec) -> None:
             for key in stored.keys():
                 shape = list(stored.get_slice(key).get_shape())
                 if key in expected and shape != expected[key]:
-                    raise SpecError([f"model.name_or_path: {weights} holds {key} of shape {shape}, where {path}/"
-                                     f"config.json makes it {expected[key]}: the weights and config.json are of "
-                                     "different models"])  # fmt: skip
+                    raise SpecError(
+                        [
+                            f"model.name_or_path: {weights} holds {key} of shape {shape}, where {path}/"
+                            f"config.json makes it {expected[key]}: the weights and config.json are of "
+                            "different models"
+                        ]
+                    )
 
 
 def _written_by(name_or_path: str) -> str:

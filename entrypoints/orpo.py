@@ -1,6 +1,6 @@
 """Odds-ratio preference optimisation, SFT and preference in one loss (``trl.experimental.orpo``).
 
-    torchx run -s local_cwd posttrain.orpo --spec templates/orpo/tiny.yaml
+torchx run -s local_cwd posttrain.orpo --spec templates/orpo/tiny.yaml
 """
 
 from posttrain.entrypoints.runtime import run

@@ -1,6 +1,6 @@
 """PPO with posttrain's own trainer (``posttrain.entrypoints.ppo_trainer``).
 
-    torchx run -s local_cwd posttrain.ppo --spec templates/ppo/tiny.yaml
+torchx run -s local_cwd posttrain.ppo --spec templates/ppo/tiny.yaml
 """
 
 from posttrain.entrypoints.ppo_trainer import PPOTrainer

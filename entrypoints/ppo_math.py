@@ -95,9 +95,9 @@ def positions(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
 
 
-def response_logprobs(logits: torch.Tensor, tokens: torch.Tensor, prompt_length: int, temperature: float) -> Tuple[
-    torch.Tensor, torch.Tensor
-]:
+def response_logprobs(
+    logits: torch.Tensor, tokens: torch.Tensor, prompt_length: int, temperature: float
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """Log-probabilities of the response tokens at the sampling temperature, and the entropy."""
     response_logits = logits[:, prompt_length - 1 : -1].float() / temperature
     log_probs = F.log_softmax(response_logits, dim=-1)

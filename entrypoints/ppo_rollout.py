@@ -119,11 +119,18 @@ class Rollouts:
         returns = advantages + values
         advantages = whiten(advantages, response_mask.float(), lambda t: self.accelerator.reduce(t, reduction="sum"))
         return {
-            "tokens": tokens, "attention_mask": attention_mask, "prompt_length": prompt_length,
-            "response_mask": response_mask.float(), "logprobs": logprobs, "values": values,
-            "returns": returns, "advantages": advantages, "scores": scores, "kl": kl.sum(dim=1),
+            "tokens": tokens,
+            "attention_mask": attention_mask,
+            "prompt_length": prompt_length,
+            "response_mask": response_mask.float(),
+            "logprobs": logprobs,
+            "values": values,
+            "returns": returns,
+            "advantages": advantages,
+            "scores": scores,
+            "kl": kl.sum(dim=1),
             "non_score_reward": (-kl_coef * kl).sum(dim=1),
-        }  # fmt: skip
+        }
 
     def _score(self, rows: List[Dict[str, Any]], responses: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         # each response up to its EOS, never the padding after it (in most tokenizers id 0 is an ordinary token)
@@ -147,7 +154,9 @@ class Rollouts:
         stacked = torch.stack(per_reward, dim=1)
         return (stacked * self.reward_weights.unsqueeze(0)).nansum(dim=1).to(self.device)
 
-    def _model_scores(self, reward: Tuple[PreTrainedModel, Any], prompts: List[Any], completions: List[Any]) -> torch.Tensor:
+    def _model_scores(
+        self, reward: Tuple[PreTrainedModel, Any], prompts: List[Any], completions: List[Any]
+    ) -> torch.Tensor:
         model, tokenizer = reward
         if isinstance(prompts[0], str):
             texts = [p + completion_text(c) for p, c in zip(prompts, completions)]

@@ -185,14 +185,22 @@ class PPOTrainer:
         # report_to (tensorboard, trackio, wandb, ...) through transformers' own integration callbacks
         self.callbacks = [integration() for integration in get_reporting_integration_callbacks(args.report_to)]
         self.callbacks += list(callbacks)
-        self.state = TrainerState(is_local_process_zero=self.accelerator.is_local_main_process,
-                                  is_world_process_zero=self.accelerator.is_main_process)  # fmt: skip
+        self.state = TrainerState(
+            is_local_process_zero=self.accelerator.is_local_main_process,
+            is_world_process_zero=self.accelerator.is_main_process,
+        )
         self.control = TrainerControl()
         self.kl_coef = args.kl_coef
         self.rollouts = Rollouts(
-            args, processing_class, self.accelerator, train_dataset, ref_policy,
-            reward_funcs, reward_processing_classes, reward_weights,
-        )  # fmt: skip
+            args,
+            processing_class,
+            self.accelerator,
+            train_dataset,
+            ref_policy,
+            reward_funcs,
+            reward_processing_classes,
+            reward_weights,
+        )
 
         for model in (policy, value_model):
             model.config.use_cache = False
@@ -205,9 +213,12 @@ class PPOTrainer:
         # not through accelerator.prepare: its wrapper steps a scheduler once per process at every call,
         # which with N processes would end the schedule after 1/N of the run
         self.scheduler = get_scheduler(
-            args.lr_scheduler_type, optimizer, num_warmup_steps=args.get_warmup_steps(updates),
-            num_training_steps=updates, scheduler_specific_kwargs=args.lr_scheduler_kwargs,
-        )  # fmt: skip
+            args.lr_scheduler_type,
+            optimizer,
+            num_warmup_steps=args.get_warmup_steps(updates),
+            num_training_steps=updates,
+            scheduler_specific_kwargs=args.lr_scheduler_kwargs,
+        )
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.optimizer.train()  # schedule-free optimizers step in train mode; others ignore it
 
@@ -217,7 +228,9 @@ class PPOTrainer:
         args = self.args
         size = batch["tokens"].shape[0]
         if size % args.num_mini_batches:
-            raise ValueError(f"per_device_train_batch_size {size} does not divide into {args.num_mini_batches} mini-batches")
+            raise ValueError(
+                f"per_device_train_batch_size {size} does not divide into {args.num_mini_batches} mini-batches"
+            )
         generator = torch.Generator().manual_seed(args.seed + iteration)
         sums: Dict[str, float] = {}
         updates = 0
@@ -244,10 +257,14 @@ class PPOTrainer:
                 self.optimizer.zero_grad()
                 approxkl = 0.5 * masked_mean((logprobs - batch["logprobs"][mini]) ** 2, mask)
                 for key, value in (
-                    ("loss", loss), ("loss/policy", pg_loss), ("loss/value", vf_loss), ("policy/clipfrac", pg_clipfrac),
-                    ("val/clipfrac", vf_clipfrac), ("policy/approxkl", approxkl),
+                    ("loss", loss),
+                    ("loss/policy", pg_loss),
+                    ("loss/value", vf_loss),
+                    ("policy/clipfrac", pg_clipfrac),
+                    ("val/clipfrac", vf_clipfrac),
+                    ("policy/approxkl", approxkl),
                     ("objective/entropy", masked_mean(entropy, mask)),
-                ):  # fmt: skip
+                ):
                     sums[key] = sums.get(key, 0.0) + value.item()
                 updates += 1
         return {key: total / updates for key, total in sums.items()}
@@ -266,8 +283,10 @@ class PPOTrainer:
             self._load_checkpoint(Path(resume_from_checkpoint))
         args, state = self.args, self.state
         state.max_steps = args.max_steps
-        state.logging_steps, state.save_steps = (every(args.logging_steps, args.max_steps),
-                                                 every(args.save_steps, args.max_steps))  # fmt: skip
+        state.logging_steps, state.save_steps = (
+            every(args.logging_steps, args.max_steps),
+            every(args.save_steps, args.max_steps),
+        )
         self._callback("on_train_begin")
         start, losses = time.time(), []
         for iteration in range(state.global_step, args.max_steps):
@@ -282,11 +301,15 @@ class PPOTrainer:
             rollout_stats = self._rollout_stats(batch)
             if args.adaptive_kl:
                 samples = args.per_device_train_batch_size * self.accelerator.num_processes
-                self.kl_coef = adapted_kl_coef(self.kl_coef, rollout_stats["objective/kl"], args.kl_target, samples,
-                                               args.kl_horizon)  # fmt: skip
+                self.kl_coef = adapted_kl_coef(
+                    self.kl_coef, rollout_stats["objective/kl"], args.kl_target, samples, args.kl_horizon
+                )
             state.global_step = iteration + 1
-            state.epoch = state.global_step * args.per_device_train_batch_size * self.accelerator.num_processes / len(
-                self.rollouts.prompts
+            state.epoch = (
+                state.global_step
+                * args.per_device_train_batch_size
+                * self.accelerator.num_processes
+                / len(self.rollouts.prompts)
             )
             if state.global_step == 1 or (state.logging_steps and state.global_step % state.logging_steps == 0):
                 self._log({**rollout_stats, **self._mean_across_ranks(stats)})
@@ -306,17 +329,28 @@ class PPOTrainer:
     def _rollout_stats(self, batch: Dict[str, Any]) -> Dict[str, float]:
         mask = batch["response_mask"]
         values, returns = batch["values"], batch["returns"]
-        local = torch.stack([
-            batch["scores"].mean(), batch["kl"].mean(), batch["non_score_reward"].mean(), mask.sum(dim=1).mean(),
-        ]).float()  # fmt: skip
+        local = torch.stack(
+            [
+                batch["scores"].mean(),
+                batch["kl"].mean(),
+                batch["non_score_reward"].mean(),
+                mask.sum(dim=1).mean(),
+            ]
+        ).float()
         scores, kl, non_score, length = (self.accelerator.reduce(local, reduction="mean")).tolist()
-        residual = masked_mean((returns - values) ** 2, mask) / (masked_mean((returns - masked_mean(returns, mask)) ** 2, mask) + 1e-8)
+        residual = masked_mean((returns - values) ** 2, mask) / (
+            masked_mean((returns - masked_mean(returns, mask)) ** 2, mask) + 1e-8
+        )
         explained = self.accelerator.reduce((1 - residual).reshape(1), reduction="mean").item()
         return {
-            "objective/scores": scores, "objective/kl": kl, "objective/non_score_reward": non_score,
-            "objective/kl_coef": self.kl_coef, "response_length": length, "val/explained_variance": explained,
+            "objective/scores": scores,
+            "objective/kl": kl,
+            "objective/non_score_reward": non_score,
+            "objective/kl_coef": self.kl_coef,
+            "response_length": length,
+            "val/explained_variance": explained,
             "learning_rate": self.scheduler.get_last_lr()[0],
-        }  # fmt: skip
+        }
 
     def _mean_across_ranks(self, stats: Dict[str, float]) -> Dict[str, float]:
         keys = sorted(stats)
@@ -383,11 +417,11 @@ class PPOTrainer:
         self.kl_coef = json.loads((directory / "ppo_state.json").read_text())["kl_coef"]
         loaded = TrainerState.load_from_json(str(directory / "trainer_state.json"))
         loaded.is_world_process_zero, loaded.is_local_process_zero = (
-            self.state.is_world_process_zero, self.state.is_local_process_zero
+            self.state.is_world_process_zero,
+            self.state.is_local_process_zero,
         )
         self.state = loaded
 
 
 def _mixed_precision(args: TrainingArguments) -> str:
     return "bf16" if args.bf16 else "fp16" if args.fp16 else "no"
-

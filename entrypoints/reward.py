@@ -1,6 +1,6 @@
 """Reward modelling: a sequence-classification head scoring chosen above rejected (``trl.RewardTrainer``).
 
-    torchx run -s local_cwd posttrain.reward --spec templates/reward/tiny.yaml
+torchx run -s local_cwd posttrain.reward --spec templates/reward/tiny.yaml
 """
 
 from posttrain.entrypoints.runtime import run

@@ -163,14 +163,20 @@ def check_reward_columns(spec: Spec, datasets: Sequence[Tuple[str, Any]]) -> Non
         bound.apply_defaults()
         column = bound.arguments.get("column")
         if removed and column not in (None, "prompt", "image", "images"):
-            raise SpecError([f"training.remove_unused_columns: true removes column {column!r}, which rewards.{index} "
-                             f"({reward.builtin}) reads: the trainer keeps only prompt and images; set it false"])
+            raise SpecError(
+                [
+                    f"training.remove_unused_columns: true removes column {column!r}, which rewards.{index} "
+                    f"({reward.builtin}) reads: the trainer keeps only prompt and images; set it false"
+                ]
+            )
         for where, dataset in datasets:
             if column is not None and column not in dataset.column_names:
                 raise SpecError(
-                    [f"rewards.{index}: {reward.builtin} reads column {column!r}, which {where} lacks; found "
-                     f"{dataset.column_names} (set args.column, or map names with data.columns)"]
-                )  # fmt: skip
+                    [
+                        f"rewards.{index}: {reward.builtin} reads column {column!r}, which {where} lacks; found "
+                        f"{dataset.column_names} (set args.column, or map names with data.columns)"
+                    ]
+                )
 
 
 def load_reward_models(

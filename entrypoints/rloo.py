@@ -1,6 +1,6 @@
 """REINFORCE leave-one-out with ``trl.RLOOTrainer``.
 
-    torchx run -s local_cwd posttrain.rloo --spec templates/rloo/tiny.yaml
+torchx run -s local_cwd posttrain.rloo --spec templates/rloo/tiny.yaml
 """
 
 from posttrain.entrypoints.runtime import run

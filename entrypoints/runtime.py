@@ -255,8 +255,15 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
         callbacks += [reward_check] if has_rewards(spec) else []
         # a progress bar on a terminal (the trainer's own); plain lines in files and pipes, and for our PPO
         lines = args.disable_tqdm or spec.trainer_class is None
-        job = Job(spec, args, tokenizer, inputs.train_dataset, inputs.eval_dataset,
-                  callbacks=callbacks + [ProgressLog()] * lines, rewards=inputs.rewards)  # fmt: skip
+        job = Job(
+            spec,
+            args,
+            tokenizer,
+            inputs.train_dataset,
+            inputs.eval_dataset,
+            callbacks=callbacks + [ProgressLog()] * lines,
+            rewards=inputs.rewards,
+        )
         trainer = build(job)
         check_kept_rows(spec, trainer, inputs.train_dataset, inputs.eval_dataset)
         if lines and spec.trainer_class is not None:
@@ -292,8 +299,10 @@ def _check_inputs(spec: Spec, output_dir: Path, world_size: int, reward_check: R
     if spec.data.eval is not None:
         datasets.append(("data.eval", load_split(spec, "eval", seed)))
     # a generating algorithm's batch is tied to num_generations or mini-batches: checked, never shrunk
-    training = dict(spec.training) if spec.generates else fit_batch(
-        spec.training, spec.config_class, len(train_dataset), world_size, spec.min_per_device_batch
+    training = (
+        dict(spec.training)
+        if spec.generates
+        else fit_batch(spec.training, spec.config_class, len(train_dataset), world_size, spec.min_per_device_batch)
     )
     inputs_record = checkpoints.job_inputs(spec, training, world_size, datasets)
     resume_from = checkpoints.resolve_resume(spec, output_dir, inputs_record)
@@ -351,22 +360,35 @@ def check_environment(args: Any) -> None:
         except (ImportError, RuntimeError) as error:
             raise SpecError([f"training.report_to: {name}: {first_line(error)}"]) from None
     if args.push_to_hub and huggingface_hub.constants.HF_HUB_OFFLINE:
-        raise SpecError(["training.push_to_hub: HF_HUB_OFFLINE is set in the job's environment; unset it, or drop "
-                         "push_to_hub and upload output_dir when the run is done"])  # fmt: skip
+        raise SpecError(
+            [
+                "training.push_to_hub: HF_HUB_OFFLINE is set in the job's environment; unset it, or drop "
+                "push_to_hub and upload output_dir when the run is done"
+            ]
+        )
     if args.push_to_hub and args.hub_token is None and huggingface_hub.get_token() is None:
-        raise SpecError(["training.push_to_hub: the job's environment has no Hugging Face token; pass one (--env "
-                         "HF_TOKEN=...), or log in where the job runs (hf auth login)"])  # fmt: skip
+        raise SpecError(
+            [
+                "training.push_to_hub: the job's environment has no Hugging Face token; pass one (--env "
+                "HF_TOKEN=...), or log in where the job runs (hf auth login)"
+            ]
+        )
     if args.push_to_hub and distributed.is_rank0():  # the trainer reaches the Hub from rank 0 alone
         hub = huggingface_hub.constants.ENDPOINT
         try:  # HfApi.whoami's request has no timeout: where packets are dropped it would wait minutes
             response = huggingface_hub.utils.get_session().get(
-                f"{hub}/api/whoami-v2", headers=huggingface_hub.utils.build_hf_headers(token=args.hub_token),
+                f"{hub}/api/whoami-v2",
+                headers=huggingface_hub.utils.build_hf_headers(token=args.hub_token),
                 timeout=huggingface_hub.constants.DEFAULT_REQUEST_TIMEOUT,
-            )  # fmt: skip
+            )
             huggingface_hub.utils.hf_raise_for_status(response)
         except Exception as error:  # no route, a refused token: the Hub client's exceptions vary with its version
-            raise SpecError([f"training.push_to_hub: the Hugging Face Hub ({hub}) refused the job's token or cannot be "
-                             f"reached from the job: {first_line(error)}"]) from None  # fmt: skip
+            raise SpecError(
+                [
+                    f"training.push_to_hub: the Hugging Face Hub ({hub}) refused the job's token or cannot be "
+                    f"reached from the job: {first_line(error)}"
+                ]
+            ) from None
 
 
 def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
@@ -376,15 +398,24 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
     kwargs["use_cpu"] = on_cpu
     kwargs["ddp_timeout"] = spec.distributed.timeout_s
     if on_cpu and kwargs.get("fp16"):  # accelerate keeps float32 on CPU: no autocast, not a word
-        raise SpecError(["training.fp16: float16 mixed precision runs on GPUs only; this job runs on CPU, where it "
-                         "would train in float32: drop it, or use bf16: true"])  # fmt: skip
+        raise SpecError(
+            [
+                "training.fp16: float16 mixed precision runs on GPUs only; this job runs on CPU, where it "
+                "would train in float32: drop it, or use bf16: true"
+            ]
+        )
     if on_cpu and "bf16" not in kwargs:
         kwargs["bf16"] = False  # TRL defaults to bf16 mixed precision, meant for GPUs
-    offloaded = [key for key in CHECKPOINTING_OPTIONS
-                 if isinstance(kwargs.get(key), dict) and kwargs[key].get("offload")]  # fmt: skip
+    offloaded = [
+        key for key in CHECKPOINTING_OPTIONS if isinstance(kwargs.get(key), dict) and kwargs[key].get("offload")
+    ]
     if on_cpu and offloaded:  # transformers would fail in the first step: pinned memory needs an accelerator
-        raise SpecError([f"training.{offloaded[0]}: offload: true moves saved activations off the GPU into "
-                         "pinned host memory; this job runs on CPU, where they are in host memory already: drop it"])
+        raise SpecError(
+            [
+                f"training.{offloaded[0]}: offload: true moves saved activations off the GPU into "
+                "pinned host memory; this job runs on CPU, where they are in host memory already: drop it"
+            ]
+        )
     kwargs.setdefault("include_num_input_tokens_seen", "no" if spec.config_class in NO_INPUT_IDS else "non_padding")
     if spec.config_class == "trl.experimental.orpo:ORPOConfig":
         kwargs.setdefault("remove_unused_columns", False)  # its collator needs the columns; else TRL sets it, and warns

@@ -130,8 +130,14 @@ class FSDP(Strategy):
 
 # Config keys of architectures whose forward can leave parameters without a gradient: experts no token was routed
 # to, a vision or audio tower that a text-only batch skips
-_PARTIAL_FORWARD_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts", "vision_config",
-                         "audio_config")  # fmt: skip
+_PARTIAL_FORWARD_KEYS = (
+    "num_experts",
+    "num_local_experts",
+    "n_routed_experts",
+    "moe_num_experts",
+    "vision_config",
+    "audio_config",
+)
 
 
 def may_leave_parameters_unused(model: Any) -> bool:

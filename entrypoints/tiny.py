@@ -97,13 +97,21 @@ def build_model(tokenizer: PreTrainedTokenizerFast, model_class: Type[PreTrained
     return _seeded_llama(model_class, tokenizer, pad_token_id=tokenizer.pad_token_id, bos_token_id=None)
 
 
-def _seeded_llama(model_class: Type[PreTrainedModel], tokenizer: PreTrainedTokenizerFast, **config: Any) -> PreTrainedModel:
+def _seeded_llama(
+    model_class: Type[PreTrainedModel], tokenizer: PreTrainedTokenizerFast, **config: Any
+) -> PreTrainedModel:
     """The 2-layer Llama the built-ins share, sized to the tokenizer, initialised from seed 0; ``config`` wins."""
-    shape = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    shape = dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+    )
     llama = LlamaConfig(
-        vocab_size=len(tokenizer), max_position_embeddings=512, eos_token_id=tokenizer.eos_token_id,
-        tie_word_embeddings=True, num_labels=1, **{**shape, **config},
-    )  # fmt: skip
+        vocab_size=len(tokenizer),
+        max_position_embeddings=512,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+        num_labels=1,
+        **{**shape, **config},
+    )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(0)
         return model_class(llama)

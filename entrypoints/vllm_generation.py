@@ -62,8 +62,10 @@ def config_problems(algorithm: str, training: Mapping[str, Any], on_cpu: bool) -
         return []
     found = []
     if algorithm == "online_dpo" and training.get("vllm_mode", "colocate") == "server":
-        found.append("training.vllm_mode: online DPO's server mode needs GPUs (TRL asks torch for an accelerator); "
-                     "on CPU use colocate")  # fmt: skip
+        found.append(
+            "training.vllm_mode: online DPO's server mode needs GPUs (TRL asks torch for an accelerator); "
+            "on CPU use colocate"
+        )
     if training.get("vllm_enable_sleep_mode"):
         found.append("training.vllm_enable_sleep_mode: vLLM's sleep mode needs GPUs; remove it on CPU")
     return found
@@ -74,8 +76,10 @@ def head_size_problem(config: Any, on_cpu: bool) -> Optional[str]:
     head_size = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     if not on_cpu or head_size in CPU_HEAD_SIZES:
         return None
-    return (f"model.name_or_path: head size {head_size}; vLLM on CPU takes {', '.join(map(str, CPU_HEAD_SIZES))}"
-            " (builtin:tiny-llama3-vllm is a tiny model it takes)")  # fmt: skip
+    return (
+        f"model.name_or_path: head size {head_size}; vLLM on CPU takes {', '.join(map(str, CPU_HEAD_SIZES))}"
+        " (builtin:tiny-llama3-vllm is a tiny model it takes)"
+    )
 
 
 def training_dtype(training: Mapping[str, Any], spec: Spec, checkpoint_dtype: Any, on_cpu: bool) -> str:
@@ -260,8 +264,12 @@ def _role_health_check(check_server: Callable[..., Any]) -> Callable[..., Any]:
             if role_exited():
                 raise SpecError([f"vllm role: {where} exited before it answered at {self.base_url}; see its log"])
             if time.monotonic() > deadline:
-                raise SpecError([f"training.vllm_server_timeout: {where} at {self.base_url} did not answer /health "
-                                 f"within {total_timeout:.0f} s; see its log, or allow it longer"])  # fmt: skip
+                raise SpecError(
+                    [
+                        f"training.vllm_server_timeout: {where} at {self.base_url} did not answer /health "
+                        f"within {total_timeout:.0f} s; see its log, or allow it longer"
+                    ]
+                )
             time.sleep(POLL_S)
 
     return check
@@ -299,9 +307,13 @@ def _write_and_reload(client_class: Any, output_dir: Path) -> None:
             try:
                 self._post(f"{self.base_url}/collective_rpc", json=request)
             except Exception as error:  # noqa: BLE001 -- TRL's client raises a bare Exception for a failed request
-                raise SpecError([f"vllm role: the server at {self.base_url} could not reload the weights from "
-                                 f"{folder} ({first_line(error)}); it reads them from training.output_dir, which it "
-                                 "must see (shared storage), and its log says more"]) from None  # fmt: skip
+                raise SpecError(
+                    [
+                        f"vllm role: the server at {self.base_url} could not reload the weights from "
+                        f"{folder} ({first_line(error)}); it reads them from training.output_dir, which it "
+                        "must see (shared storage), and its log says more"
+                    ]
+                ) from None
         finally:
             shutil.rmtree(folder, ignore_errors=True)
             self._tensors = {}

@@ -52,10 +52,29 @@ def server_command(
 ) -> List[str]:
     """vLLM's server for the spec's model, as TRL's ``VLLMClient`` expects it (``trl vllm-serve``'s flags)."""
     training = spec.training
-    command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-               "--host", "0.0.0.0", "--port", str(training.get("vllm_server_port", 8000)), "--dtype", dtype,
-               "--tensor-parallel-size", str(tensor_parallel), "--data-parallel-size", str(data_parallel),
-               "--logprobs-mode", "processed_logprobs", "--max-logprobs", "-1", "--seed", str(training.get("seed", 42))]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(training.get("vllm_server_port", 8000)),
+        "--dtype",
+        dtype,
+        "--tensor-parallel-size",
+        str(tensor_parallel),
+        "--data-parallel-size",
+        str(data_parallel),
+        "--logprobs-mode",
+        "processed_logprobs",
+        "--max-logprobs",
+        "-1",
+        "--seed",
+        str(training.get("seed", 42)),
+    ]
     if training.get("vllm_max_model_length") is not None:
         command += ["--max-model-len", str(training["vllm_max_model_length"])]
     if training.get("vllm_gpu_memory_utilization") is not None:
@@ -176,8 +195,12 @@ def lease(spec: Spec) -> Iterator[None]:
             break
         except OSError as error:
             if time.monotonic() > deadline:
-                raise SpecError([f"training.vllm_server_timeout: the vllm role at {host}:{port} did not answer within "
-                                 f"{timeout_s:.0f} s ({error}); see its log"]) from None  # fmt: skip
+                raise SpecError(
+                    [
+                        f"training.vllm_server_timeout: the vllm role at {host}:{port} did not answer within "
+                        f"{timeout_s:.0f} s ({error}); see its log"
+                    ]
+                ) from None
             time.sleep(POLL_S)
     _HELD[:] = [held]
     try:
@@ -218,8 +241,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     except SpecError as error:
         print(f"posttrain: {error}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
-    command = server_command(spec, model, dtype, options.tensor_parallel_size, options.data_parallel_size,
-                             on_cuda=torch.cuda.is_available())  # fmt: skip
+    command = server_command(
+        spec, model, dtype, options.tensor_parallel_size, options.data_parallel_size, on_cuda=torch.cuda.is_available()
+    )
     log.info("%s", " ".join(command))
     port = lease_port(spec.training.get("vllm_server_port", 8000))
     raise SystemExit(serve(command, port, options.first_contact_s, options.lease_grace_s))

@@ -13,6 +13,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="posttrain-tests-hf-")
 
 import pytest
+
 from helpers import REPO, assert_succeeded, run_template
 
 
@@ -67,4 +68,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "e2e: runs real training jobs through torchx (a minute or more each)")
     config.addinivalue_line("markers", "slurm: needs the Slurm cluster that .ci/run starts")
     config.addinivalue_line("markers", "gpu: needs GPUs; deselected by default, run with pytest -m gpu")
-    config.addinivalue_line("markers", "vllm: needs vLLM (its own environment); deselected by default, run with pytest -m vllm")
+    config.addinivalue_line(
+        "markers", "vllm: needs vLLM (its own environment); deselected by default, run with pytest -m vllm"
+    )

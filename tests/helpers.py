@@ -48,9 +48,13 @@ def start_training(args: Sequence[str], tmp_root: Path, log_path: Path, steps: i
     ``steps`` steps (or two minutes passed)."""
     with log_path.open("w") as log:
         client = subprocess.Popen(
-            [str(Path(sys.executable).parent / "torchx"), *args], cwd=REPO, env=job_env(tmp_root),
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+            [str(Path(sys.executable).parent / "torchx"), *args],
+            cwd=REPO,
+            env=job_env(tmp_root),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     deadline = time.time() + 120
     while log_path.read_text().count("posttrain[0] INFO step ") < steps and time.time() < deadline:
         time.sleep(0.5)
@@ -92,10 +96,20 @@ def run_template(
     """``torchx run -s local_cwd posttrain.<algorithm> --spec templates/<template> -j J`` into output_dir."""
     algorithm = load_template(template)["algorithm"]
     args = [
-        "run", "-s", "local_cwd", f"posttrain.{algorithm}",
-        "--spec", f"templates/{template}", "-j", j, "--rdzv_port", str(free_port()), *extra_args,
-        f"training.output_dir={output_dir}", *overrides,
-    ]  # fmt: skip
+        "run",
+        "-s",
+        "local_cwd",
+        f"posttrain.{algorithm}",
+        "--spec",
+        f"templates/{template}",
+        "-j",
+        j,
+        "--rdzv_port",
+        str(free_port()),
+        *extra_args,
+        f"training.output_dir={output_dir}",
+        *overrides,
+    ]
     return torchx(args, tmp_root, timeout=timeout, **env)
 
 
@@ -105,7 +119,8 @@ def assert_succeeded(result: subprocess.CompletedProcess) -> None:
         return
     errors = [line for line in result.stderr.splitlines() if "Error" in line or "Traceback" in line][:40]
     raise AssertionError(
-        f"exit {result.returncode}\n--- error lines\n" + "\n".join(errors)
+        f"exit {result.returncode}\n--- error lines\n"
+        + "\n".join(errors)
         + f"\n--- stdout\n{result.stdout[-3000:]}\n--- stderr\n{result.stderr[-8000:]}"
     )
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import yaml
+
 from helpers import REPO
 
 README = REPO / "README.md"
@@ -22,6 +23,7 @@ SHELL_LANGUAGES = ("shell", "console", "bash", "sh")
 # Commands not run, by prefix of their text (as parsed: continuations joined, comments dropped).
 LISTED: Dict[str, str] = {
     "pytest": "the suite itself: this test is part of it",
+    "ruff format . && ruff check --fix .": "rewrites the checkout; tests/test_format.py runs ruff's checks",
     "NODES=2 ACCOUNTING=1 bash schedulers_config/slurm_up.sh": (
         "brings up a Slurm cluster and exports SLURM_CONF for it: infrastructure, which .ci/run sets up for "
         "tests/test_slurm.py"
@@ -310,7 +312,9 @@ def plan_commands(commands: Sequence[Command], ci: str) -> List[Plan]:
 README_TEXT = README.read_text()
 DOCS = REPO / "docs"
 # README, then the site's pages in the order its nav lists them
-PAGES = [README] + [DOCS / "pages" / page for page in re.findall(r":\s*(\S+\.md)\s*$", (DOCS / "mkdocs.yml").read_text(), re.M)]
+PAGES = [README] + [
+    DOCS / "pages" / page for page in re.findall(r":\s*(\S+\.md)\s*$", (DOCS / "mkdocs.yml").read_text(), re.M)
+]
 _TEXTS = [page.read_text() for page in PAGES]
 _STARTS = [sum(text.count("\n") for text in _TEXTS[:index]) for index in range(len(_TEXTS))]
 

@@ -8,10 +8,10 @@ import sys
 
 import pytest
 import torchx.specs as specs
-from helpers import REPO, TEMPLATES
 from torchx.components.component_test_base import ComponentTestCase
 
 import posttrain.components
+from helpers import REPO, TEMPLATES
 from posttrain.components import algorithms
 from posttrain.components.arguments import ARGS
 from posttrain.components.messages import SpecError
@@ -63,7 +63,9 @@ def test_topology(j: str, nnodes: str, nproc: str, min_replicas: int, replicas: 
     assert embedded_spec(app)["training"]["output_dir"] == "outputs/sft-tiny"
 
 
-@pytest.mark.parametrize("j, host, port", [("1x2", "localhost", "0"), ("2x8", "${TORCHX_RANK0_HOST:=localhost}", "29512")])
+@pytest.mark.parametrize(
+    "j, host, port", [("1x2", "localhost", "0"), ("2x8", "${TORCHX_RANK0_HOST:=localhost}", "29512")]
+)
 def test_deepspeed_launcher_runs_one_runner_per_node_told_its_rank_and_rank0(j: str, host: str, port: str) -> None:
     app = algorithms.sft(spec=TINY, j=j, launcher="deepspeed", rdzv_port=29512)
     nnodes, nproc = j.split("x")
@@ -80,9 +82,7 @@ def test_deepspeed_launcher_runs_one_runner_per_node_told_its_rank_and_rank0(j: 
 
 def test_rank0_endpoint_becomes_each_schedulers_variable() -> None:
     app = algorithms.sft(spec=TINY, j="2x1", rdzv_port=29511)
-    values = specs.macros.Values(
-        img_root="", app_id="app-1", replica_id="0", rank0_env="TORCHX_RANK0_HOST"
-    )
+    values = specs.macros.Values(img_root="", app_id="app-1", replica_id="0", rank0_env="TORCHX_RANK0_HOST")
     command = values.substitute(app.roles[0].args[1])
     assert "${TORCHX_RANK0_HOST:=localhost}:29511" in command
     assert option(shlex.split(command), "--rdzv_id") == "app-1"
@@ -171,10 +171,12 @@ def test_bad_component_arguments(kwargs: dict, expected: str) -> None:
 
 @pytest.mark.parametrize("retries", [{"max_restarts": 1}, {"max_retries": 2}])
 def test_resume_never_with_retries_is_refused_naming_both(retries: dict) -> None:
-    (flag, count), = retries.items()
+    ((flag, count),) = retries.items()
     with pytest.raises(SpecError) as error:
         algorithms.sft("resume=never", spec=TINY, **retries)
-    assert str(error.value).startswith(f"resume: never and --{flag} {count} disagree: a retry after the first checkpoint")
+    assert str(error.value).startswith(
+        f"resume: never and --{flag} {count} disagree: a retry after the first checkpoint"
+    )
     algorithms.sft("resume=auto", spec=TINY, **retries)
 
 
@@ -224,8 +226,10 @@ class TorchxComponentChecks(ComponentTestCase):
     "modules, absent",
     [
         # the client: --dryrun and `torchx builtins` stay fast
-        ("posttrain.components, posttrain.components.algorithms",
-         ("torch", "trl", "transformers", "deepspeed", "peft", "datasets", "pyarrow")),
+        (
+            "posttrain.components, posttrain.components.algorithms",
+            ("torch", "trl", "transformers", "deepspeed", "peft", "datasets", "pyarrow"),
+        ),
         # the training processes read the spec and the vllm role's variable without the AppDef's machinery (21 ms
         # less start-up per process: torchx.specs, docstring_parser, importlib_metadata)
         ("posttrain.entrypoints.runtime, posttrain.entrypoints.vllm_server", ("torchx", "docstring_parser")),

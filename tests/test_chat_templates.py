@@ -7,9 +7,9 @@ import pytest
 import torch
 import transformers
 from datasets import Dataset
-from helpers import load_template, tiny_job, trainer_with
 from trl.chat_template_utils import qwen2_5_chat_template
 
+from helpers import load_template, tiny_job, trainer_with
 from posttrain.components.messages import SpecError
 from posttrain.components.spec import validate
 from posttrain.entrypoints import runtime, tiny
@@ -43,8 +43,13 @@ def test_chat_rows_with_a_tokenizer_without_a_template_are_one_line_before_any_m
         raw["model"]["name_or_path"] = str(model_dir)
         raw["training"]["output_dir"] = str(tmp_path / algorithm)
         err = run_refused(raw, monkeypatch, capsys)
-        assert err.count(f"posttrain: data.train: its rows are chat messages, and the tokenizer of {model_dir} has no "
-                         "chat template to render them; use a model that has one") == 1, err  # fmt: skip
+        assert (
+            err.count(
+                f"posttrain: data.train: its rows are chat messages, and the tokenizer of {model_dir} has no "
+                "chat template to render them; use a model that has one"
+            )
+            == 1
+        ), err
         assert not (tmp_path / algorithm).exists()
     # text rows need no template
     text = Dataset.from_list([{"text": "Blue is the colour of the sky."}] * 4)
@@ -62,9 +67,14 @@ def test_assistant_only_loss_needs_a_template_trl_can_mark(
     raw["model"] = LLAMA3
     raw["training"].update(output_dir=str(tmp_path / "out"), assistant_only_loss=True)
     err = run_refused(raw, monkeypatch, capsys)
-    assert err.count(f"posttrain: training.assistant_only_loss: the chat template of {tiny.NAME_LLAMA3} has no "
-                     "{% generation %} markers around the assistant's turns, and TRL does not know how to add them "
-                     "to it; add them in a template file given as training.chat_template_path") == 1, err  # fmt: skip
+    assert (
+        err.count(
+            f"posttrain: training.assistant_only_loss: the chat template of {tiny.NAME_LLAMA3} has no "
+            "{% generation %} markers around the assistant's turns, and TRL does not know how to add them "
+            "to it; add them in a template file given as training.chat_template_path"
+        )
+        == 1
+    ), err
 
     # a template file with the markers: the check and TRL take it, and the loss covers only the assistant's turns
     template = tmp_path / "marked.jinja"
@@ -91,8 +101,11 @@ def test_a_chat_template_path_that_is_no_template_file_is_a_tokenizer_the_traine
     with pytest.raises(SpecError, match=r"training.chat_template_path: no such file: chat.jinja \(relative paths"):
         check_chat_template(SimpleNamespace(chat_template_path="chat.jinja"), no_template, chat, "m")
     # a file of another name: the trainer would ask the Hub for a tokenizer of that name
-    with pytest.raises(SpecError, match=r"training.chat_template_path: README.md is a file, and the trainer reads "
-                                        r"templates from .jinja or .j2 files only"):  # fmt: skip
+    with pytest.raises(
+        SpecError,
+        match=r"training.chat_template_path: README.md is a file, and the trainer reads "
+        r"templates from .jinja or .j2 files only",
+    ):
         check_chat_template(SimpleNamespace(chat_template_path="README.md"), no_template, chat, "m")
 
 
@@ -113,5 +126,10 @@ def test_a_reward_model_without_a_chat_template_is_one_line_before_any_model_loa
     raw["rewards"] = rewards
     raw["training"]["output_dir"] = str(tmp_path / "out")
     err = run_refused(raw, monkeypatch, capsys)
-    assert err.count(f"posttrain: rewards.0: data.train's rows are chat messages, which the reward model {reward_dir} "
-                     "scores rendered with its tokenizer's chat template, and it has none") == 1, err  # fmt: skip
+    assert (
+        err.count(
+            f"posttrain: rewards.0: data.train's rows are chat messages, which the reward model {reward_dir} "
+            "scores rendered with its tokenizer's chat template, and it has none"
+        )
+        == 1
+    ), err

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
-from helpers import load_template, tiny_job
 from transformers.modeling_layers import GradientCheckpointingLayer
 
+from helpers import load_template, tiny_job
 from posttrain.components.spec import SpecError, validate
 from posttrain.entrypoints import runtime
 from posttrain.entrypoints.models import import_object
@@ -24,8 +24,12 @@ from posttrain.entrypoints.models import import_object
 
 def _checkpointing_job(tmp_path: Path, algorithm: str, options: Dict[str, Any]) -> runtime.Job:
     """The tiny job with checkpointing on and ``options``, built past the spec's checks (as a plain script would)."""
-    training = {**load_template(f"{algorithm}/tiny.yaml")["training"], "output_dir": str(tmp_path / "out"),
-                "max_steps": 2, "activation_checkpointing": True}  # fmt: skip
+    training = {
+        **load_template(f"{algorithm}/tiny.yaml")["training"],
+        "output_dir": str(tmp_path / "out"),
+        "max_steps": 2,
+        "activation_checkpointing": True,
+    }
     job = tiny_job(tmp_path, algorithm, training=training)
     kwargs = runtime.training_arguments(job.spec, dict(job.spec.training))
     args = import_object(job.spec.config_class)(**{**kwargs, "activation_checkpointing_kwargs": dict(options)})
@@ -87,8 +91,9 @@ def test_sft_takes_selective_checkpointing_and_trains_with_it(tmp_path: Path) ->
 
 def test_offload_is_refused_by_a_job_on_cpu(tmp_path: Path) -> None:
     raw = load_template("sft/tiny.yaml")
-    raw["training"].update(output_dir=str(tmp_path), activation_checkpointing=True,
-                           activation_checkpointing_kwargs={"offload": True})  # fmt: skip
+    raw["training"].update(
+        output_dir=str(tmp_path), activation_checkpointing=True, activation_checkpointing_kwargs={"offload": True}
+    )
     spec = validate(raw)  # offload is the Trainer's: fine on a GPU
     with pytest.raises(SpecError, match=r"training.activation_checkpointing_kwargs: offload: true .* runs on CPU"):
         runtime.training_arguments(spec, dict(spec.training))

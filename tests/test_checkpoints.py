@@ -5,8 +5,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import REPO, sft_spec
 
+from helpers import REPO, sft_spec
 from posttrain.components.spec import SpecError
 from posttrain.entrypoints.checkpoints import (
     INPUTS_FILE,
@@ -21,7 +21,10 @@ from posttrain.entrypoints.checkpoints import (
 )
 from posttrain.entrypoints.summary import SUMMARY_FILE
 
-INPUTS = {"data": {}, "global_batch": {"processes": 1, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1}}
+INPUTS = {
+    "data": {},
+    "global_batch": {"processes": 1, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1},
+}
 
 
 def write_checkpoint(output_dir: Path, step: int, complete: bool = True, max_steps: int = 0) -> Path:
@@ -48,7 +51,9 @@ def test_resume_auto_picks_the_newest_checkpoint_of_the_same_spec(tmp_path: Path
     newest = write_checkpoint(output_dir, 10)
     (output_dir / SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json")))
     assert resolve_resume(spec, output_dir, INPUTS) == str(newest)
-    assert resolve_resume(sft_spec(tmp_path, resume=str(output_dir / "checkpoint-5")), output_dir, INPUTS).endswith("-5")
+    assert resolve_resume(sft_spec(tmp_path, resume=str(output_dir / "checkpoint-5")), output_dir, INPUTS).endswith(
+        "-5"
+    )
 
 
 def test_resume_auto_refuses_a_checkpoint_of_another_spec(tmp_path: Path) -> None:
@@ -70,7 +75,9 @@ def test_resume_never_refuses_to_mix_runs_and_a_bad_path_is_named(tmp_path: Path
     write_checkpoint(output_dir, 10)
     with pytest.raises(SpecError, match="resume: never, but .* already holds checkpoints"):
         resolve_resume(spec, output_dir, INPUTS)
-    with pytest.raises(SpecError, match="resume: '.*nowhere' is neither auto, never nor an existing checkpoint directory"):
+    with pytest.raises(
+        SpecError, match="resume: '.*nowhere' is neither auto, never nor an existing checkpoint directory"
+    ):
         resolve_resume(sft_spec(tmp_path, resume=str(tmp_path / "nowhere")), output_dir, INPUTS)
     (tmp_path / "half").mkdir()
     with pytest.raises(SpecError, match="is not a complete checkpoint"):
@@ -134,7 +141,9 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_previous_whole_one_resumed
     with caplog.at_level("WARNING", logger="posttrain"):
         assert resolve_resume(spec, output_dir, INPUTS) == str(output_dir / "checkpoint-10")
     [line] = caplog.messages
-    assert line.startswith(f"resume: {output_dir / 'checkpoint-20'} is damaged (model.safetensors: cut short at 100 of ")
+    assert line.startswith(
+        f"resume: {output_dir / 'checkpoint-20'} is damaged (model.safetensors: cut short at 100 of "
+    )
     assert line.endswith("resuming from checkpoint-10, leaving it as it is")
     assert (output_dir / "checkpoint-20" / "model.safetensors").stat().st_size == 100  # nothing deleted
     with pytest.raises(SpecError, match=r"checkpoint-20 is not a complete checkpoint: model.safetensors: cut short"):
@@ -176,13 +185,17 @@ def test_resume_auto_stops_where_the_data_or_the_global_batch_changed(tmp_path: 
     halved = job_inputs(spec, dict(spec.training), 1, [("data.train", None)])
     with pytest.raises(SpecError) as error:
         resolve_resume(spec, output_dir, halved)
-    assert "the global batch was 16 (2 x 8 x 1: processes x per device x accumulation) and is now 8 (1 x 8 x 1" in str(error.value)
+    assert "the global batch was 16 (2 x 8 x 1: processes x per device x accumulation) and is now 8 (1 x 8 x 1" in str(
+        error.value
+    )
 
     data.write_text(data.read_text().replace("a", "b", 1))
     edited = job_inputs(spec, dict(spec.training), 2, [("data.train", None)])
     with pytest.raises(SpecError) as error:
         resolve_resume(spec, output_dir, edited)
-    assert str(error.value).startswith(f"resume: auto found {checkpoint}, but data.train ({data}) changed since it was saved;")
+    assert str(error.value).startswith(
+        f"resume: auto found {checkpoint}, but data.train ({data}) changed since it was saved;"
+    )
     continued = sft_spec(tmp_path, data={"train": {"path": str(data)}}, resume=str(checkpoint))
     assert resolve_resume(continued, output_dir, edited) == str(checkpoint)  # a path continues anyway
 
@@ -194,10 +207,14 @@ def test_write_failures_for_want_of_room_end_in_one_line(tmp_path: Path) -> None
         with disk_errors(tmp_path):
             raise OSError(errno.ENOSPC, "No space left on device")
     assert error.value.this_rank_only
-    assert str(error.value).startswith(f"training.output_dir: writing into {tmp_path} failed: No space left on device (")
+    assert str(error.value).startswith(
+        f"training.output_dir: writing into {tmp_path} failed: No space left on device ("
+    )
     with pytest.raises(SpecError, match="failed: the write failed"):
         with disk_errors(tmp_path):
-            raise RuntimeError("[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0; basic_ios::clear: iostream error")
+            raise RuntimeError(
+                "[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0; basic_ios::clear: iostream error"
+            )
     with pytest.raises(OSError):  # any other error keeps its traceback
         with disk_errors(tmp_path):
             raise OSError(errno.EACCES, "Permission denied")

@@ -4,8 +4,8 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import torchx
 
+from helpers import torchx
 from posttrain.components.registry import SPEC_CLASSES
 
 TINY = "templates/sft/tiny.yaml"
@@ -41,8 +41,14 @@ def test_component_help_is_the_docstring(tmp_path: Path) -> None:
     [
         (["training.learnig_rate=1"], "training.learnig_rate: unknown key; did you mean training.learning_rate?"),
         (["-j", "0x1"], "-j '0x1': node and process counts must be at least 1"),
-        (["training.per_device_train_batch_size=0"], "training.per_device_train_batch_size: 0 is out of range; expected per_device_train_batch_size >= 1 (examples per process and step)"),
-        (["training.deepspeed=ds.json"], "training.deepspeed: set by posttrain, not in training; use distributed.deepspeed"),
+        (
+            ["training.per_device_train_batch_size=0"],
+            "training.per_device_train_batch_size: 0 is out of range; expected per_device_train_batch_size >= 1 (examples per process and step)",
+        ),
+        (
+            ["training.deepspeed=ds.json"],
+            "training.deepspeed: set by posttrain, not in training; use distributed.deepspeed",
+        ),
     ],
 )
 def test_bad_input_prints_the_message_alone_and_launches_nothing(tmp_path: Path, args: list, message: str) -> None:

@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import Any, List
 
 import pytest
-from helpers import REPO, load_template, read_json
 
+from helpers import REPO, load_template, read_json
 from posttrain.components import algorithms
 from posttrain.components.messages import SpecError
 from posttrain.components.spec import validate
@@ -36,19 +36,37 @@ def _spec(train: Any, **data: Any) -> Any:
     return validate(raw)
 
 
-@pytest.mark.parametrize("train, data, message", [
-    ([], {}, "data.train: an empty list; give one source, or a list of several to mix"),
-    ([{"path": str(CHAT)}, {"path": str(CHAT), "weight": 2}], {},
-     "data.train.1.weight: weights choose how often an interleaved mixture draws from each source; set data.mix"),
-    ([{"path": str(CHAT)}, {"path": str(CHAT), "weight": 2}], {"mix": "interleave"},
-     "data.train: data.train.1 have a weight and the other sources none; give every source a weight, or none"),
-    ([{"path": str(CHAT), "max_rows": 0}, {"path": str(CHAT)}], {}, "data.train.0.max_rows: 0; expected at least 1"),
-    ({"path": str(CHAT)}, {"mix": "interleave"}, "data.mix: interleave draws from several sources"),
-    ([{"path": str(CHAT)}, {"name": "org/data", "path": str(CHAT)}], {}, "data.train.1: give exactly one of path"),
-    ([{"path": str(CHAT)}, {"path": str(CHAT), "columns": {"a": "prompt", "b": "prompt"}}], {},
-     "data.train.1.columns: a, b are all renamed to prompt"),
-])  # fmt: skip
-def test_a_mixture_that_does_not_hold_together_is_one_line_naming_the_source(train: Any, data: dict, message: str) -> None:
+@pytest.mark.parametrize(
+    "train, data, message",
+    [
+        ([], {}, "data.train: an empty list; give one source, or a list of several to mix"),
+        (
+            [{"path": str(CHAT)}, {"path": str(CHAT), "weight": 2}],
+            {},
+            "data.train.1.weight: weights choose how often an interleaved mixture draws from each source; set data.mix",
+        ),
+        (
+            [{"path": str(CHAT)}, {"path": str(CHAT), "weight": 2}],
+            {"mix": "interleave"},
+            "data.train: data.train.1 have a weight and the other sources none; give every source a weight, or none",
+        ),
+        (
+            [{"path": str(CHAT), "max_rows": 0}, {"path": str(CHAT)}],
+            {},
+            "data.train.0.max_rows: 0; expected at least 1",
+        ),
+        ({"path": str(CHAT)}, {"mix": "interleave"}, "data.mix: interleave draws from several sources"),
+        ([{"path": str(CHAT)}, {"name": "org/data", "path": str(CHAT)}], {}, "data.train.1: give exactly one of path"),
+        (
+            [{"path": str(CHAT)}, {"path": str(CHAT), "columns": {"a": "prompt", "b": "prompt"}}],
+            {},
+            "data.train.1.columns: a, b are all renamed to prompt",
+        ),
+    ],
+)
+def test_a_mixture_that_does_not_hold_together_is_one_line_naming_the_source(
+    train: Any, data: dict, message: str
+) -> None:
     with pytest.raises(SpecError) as error:
         _spec(train, **data)
     assert len(error.value.problems) == 1 and error.value.problems[0].startswith(message), error.value.problems
@@ -62,12 +80,19 @@ def _pc(tmp_path: Path) -> str:
 
 def test_sources_are_renamed_capped_and_concatenated_in_order(tmp_path: Path) -> None:
     qa, pc = _qa(tmp_path), _pc(tmp_path)
-    spec = _spec([{"path": pc, "max_rows": 10},
-                  {"path": qa, "columns": {"question": "prompt", "answer": "completion"}, "max_rows": 5}])  # fmt: skip
+    spec = _spec(
+        [
+            {"path": pc, "max_rows": 10},
+            {"path": qa, "columns": {"question": "prompt", "answer": "completion"}, "max_rows": 5},
+        ]
+    )
     mixed = load_split(spec, "train", seed=0)
     assert len(mixed) == 15 and mixed.column_names == ["prompt", "completion"]
     pairs = [json.loads(line) for line in Path(pc).read_text().splitlines()]
-    assert mixed[:10] == {"prompt": [p["prompt"] for p in pairs[:10]], "completion": [p["completion"] for p in pairs[:10]]}
+    assert mixed[:10] == {
+        "prompt": [p["prompt"] for p in pairs[:10]],
+        "completion": [p["completion"] for p in pairs[:10]],
+    }
     assert mixed[10]["prompt"] == pairs[0]["prompt"]  # the second source's first row follows the first's tenth
     with pytest.raises(SpecError) as error:  # chat messages and prompt/completion pairs: nothing to train on in both
         load_split(_spec([{"path": str(CHAT)}, {"path": pc}]), "train", seed=0)
@@ -106,7 +131,9 @@ def test_a_glob_reads_every_file_it_matches_and_names_a_bad_one(tmp_path: Path) 
     (tmp_path / "part-1.jsonl").write_text('{"text": "x"}\n{"text": \n')
     with pytest.raises(SpecError) as job:
         load_split(spec, "train", seed=0)
-    assert job.value.problems == [f"data.train.path: {tmp_path / 'part-1.jsonl'} line 2 is not valid JSON (Expecting value, column 10)"]
+    assert job.value.problems == [
+        f"data.train.path: {tmp_path / 'part-1.jsonl'} line 2 is not valid JSON (Expecting value, column 10)"
+    ]
     with pytest.raises(SpecError) as client:  # the client, which sees the files, says it before submitting
         algorithms.sft(f"data.train.path={tmp_path / 'part-*.jsonl'}", spec=SFT)
     assert client.value.problems == job.value.problems
@@ -126,7 +153,10 @@ def test_a_resume_knows_a_mixture_changed(tmp_path: Path) -> None:
     reweighted = _spec([{"path": str(CHAT), "weight": 1}, {"path": str(CHAT), "weight": 3}], mix="interleave")
     inputs = [job_inputs(s, dict(s.training), 2, [("data.train", None)])["data"] for s in (spec, reweighted)]
     assert inputs[0] != inputs[1] and inputs[0]["data.train"]["mix"] == "interleave"
-    capped = [job_inputs(_spec({"path": str(CHAT), **cap}), {}, 2, [("data.train", None)])["data"] for cap in ({}, {"max_rows": 9})]
+    capped = [
+        job_inputs(_spec({"path": str(CHAT), **cap}), {}, 2, [("data.train", None)])["data"]
+        for cap in ({}, {"max_rows": 9})
+    ]
     assert capped[0] != capped[1]
 
 
@@ -135,8 +165,13 @@ def test_sft_learns_from_an_interleaved_mixture(tmp_path: Path, monkeypatch: pyt
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("RANK", "0")
     raw = load_template("sft/tiny.yaml")
-    raw["data"] = {"train": [{"path": str(CHAT), "weight": 1}, {"path": qa, "weight": 1,
-                   "columns": {"question": "prompt", "answer": "completion"}}], "mix": "interleave"}  # fmt: skip
+    raw["data"] = {
+        "train": [
+            {"path": str(CHAT), "weight": 1},
+            {"path": qa, "weight": 1, "columns": {"question": "prompt", "answer": "completion"}},
+        ],
+        "mix": "interleave",
+    }
     raw["training"].update(output_dir=str(tmp_path / "out"), max_steps=15, save_steps=100)
     raw["data"]["train"][0] = {"path": _pc(tmp_path), "weight": 1}
     runtime.run("sft", argv=["--spec-json", validate(raw).to_json()])

@@ -17,13 +17,21 @@ from typing import Any, Iterator
 
 import pytest
 import websocket
-from helpers import REPO
 
+from helpers import REPO
 from posttrain.components import reference
 from posttrain.components.registry import SPEC_CLASSES
 
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]  # fmt: skip
+CHROMIUM_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 @pytest.mark.parametrize("algorithm", sorted(SPEC_CLASSES))
@@ -39,8 +47,11 @@ def test_the_reference_pages_match_the_code(algorithm: str) -> None:
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The site built with --strict (a broken link or a page outside the nav fails it), served on localhost."""
     out = tmp_path_factory.mktemp("site")
-    build = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(REPO / "docs/mkdocs.yml"),
-                            "-d", str(out)], capture_output=True, text=True)  # fmt: skip
+    build = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(REPO / "docs/mkdocs.yml"), "-d", str(out)],
+        capture_output=True,
+        text=True,
+    )
     assert build.returncode == 0, build.stderr[-3000:]
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(out))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -55,14 +66,19 @@ class Browser:
     def __init__(self, profile: Path) -> None:
         binary = shutil.which("chromium")
         assert binary, "Debian's chromium is needed for this test (apt-get install chromium; .ci/run installs it)"
-        self.process = subprocess.Popen([binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}",
-                                         "--remote-debugging-port=0", "about:blank"], stderr=subprocess.PIPE, text=True)  # fmt: skip
+        self.process = subprocess.Popen(
+            [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank"],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for line in self.process.stderr:
             listening = re.search(r"DevTools listening on ws://[^:]+:(\d+)/", line)
             if listening:
                 break
         pages = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{listening[1]}/json/list").read())
-        self.socket = websocket.create_connection(next(p for p in pages if p["type"] == "page")["webSocketDebuggerUrl"])
+        page = next(p for p in pages if p["type"] == "page")
+        # no Origin header: Chromium refuses DevTools connections from origins it was not told to allow
+        self.socket = websocket.create_connection(page["webSocketDebuggerUrl"], suppress_origin=True)
         self.ids = itertools.count(1)
 
     def call(self, method: str, **params: Any) -> Any:

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, assert_stopped_once, assert_succeeded, ends, job_env, read_json, run_template, series
 from transformers import AutoModelForCausalLM
+
+from helpers import REPO, assert_stopped_once, assert_succeeded, ends, job_env, read_json, run_template, series
 
 pytestmark = pytest.mark.e2e
 
@@ -111,9 +112,16 @@ def test_deepspeed_launcher_fails_the_job_when_deepspeeds_launch_process_is_kill
     """DeepSpeed's runner itself exits 0 then, leaving the ranks running."""
     output_dir = tmp_path / "out"
     command = [
-        "torchx", "run", "-s", "local_cwd", "posttrain.sft", "--spec", "templates/sft/tiny.yaml", *DEEPSPEED_LAUNCHER,
+        "torchx",
+        "run",
+        "-s",
+        "local_cwd",
+        "posttrain.sft",
+        "--spec",
+        "templates/sft/tiny.yaml",
+        *DEEPSPEED_LAUNCHER,
         "training.output_dir=" + str(output_dir),
-    ]  # fmt: skip
+    ]
     env = job_env(tmp_path, POSTTRAIN_FAULT="hang:0:3")  # rank 0 stops at step 3, so the kill lands mid-run
     job = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     marker, deadline = output_dir / ".posttrain_fault_hang_0_3", time.monotonic() + 300
@@ -131,9 +139,7 @@ def test_deepspeed_launcher_fails_the_job_when_deepspeeds_launch_process_is_kill
 def test_fsdp_on_cpu_stops_before_training_instead_of_running_ddp(tmp_path: Path) -> None:
     output_dir = tmp_path / "out"
     result = run_template("sft/tiny-fsdp.yaml", tmp_path, output_dir)
-    logs = assert_stopped_once(
-        result, "distributed.fsdp: this job sees no GPU, and accelerate runs FSDP on GPUs only"
-    )
+    logs = assert_stopped_once(result, "distributed.fsdp: this job sees no GPU, and accelerate runs FSDP on GPUs only")
     assert "training sft on" not in logs and not (output_dir / "run_summary.json").exists()
 
 
@@ -147,7 +153,9 @@ def test_sft_with_fsdp2_on_gpus_learns_like_ddp_resumes_and_saves_a_plain_model(
     offload = ["distributed.fsdp.cpu_offload=true"]
     crash = {"POSTTRAIN_FAULT": f"exit:{gpus - 1}:25"}  # and a restart resumes from the sharded checkpoint-20
     restarts = [*gpu_args, "--max_restarts", "1"]
-    assert_succeeded(run_template("sft/tiny-fsdp.yaml", tmp_path, fsdp_dir, j=j, extra_args=restarts, overrides=offload, **crash))
+    assert_succeeded(
+        run_template("sft/tiny-fsdp.yaml", tmp_path, fsdp_dir, j=j, extra_args=restarts, overrides=offload, **crash)
+    )
     summary = read_json(fsdp_dir / "run_summary.json")
     assert summary["engine"]["strategy"] == "fsdp" and "nccl" in summary["engine"]["backend"]
     assert summary["resumed_from"] == str(fsdp_dir / "checkpoint-20") and summary["global_steps"] == 40

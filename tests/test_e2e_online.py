@@ -5,8 +5,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import assert_succeeded, ends, read_json, run_template, series
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+from helpers import assert_succeeded, ends, read_json, run_template, series
 
 pytestmark = pytest.mark.e2e
 
@@ -82,9 +83,11 @@ def test_ppo_resumes_from_its_checkpoint(ppo_run: Path, session_tmp: Path) -> No
 def test_rlhf_chain_sft_then_reward_model_then_ppo(sft_1x2: Path, reward_model: Path, session_tmp: Path) -> None:
     output_dir = session_tmp / "ppo-rlhf"
     result = run_template(
-        "ppo/rlhf-tiny.yaml", session_tmp, output_dir,
+        "ppo/rlhf-tiny.yaml",
+        session_tmp,
+        output_dir,
         overrides=[f"model.name_or_path={sft_1x2}", f"rewards.0.model={reward_model}"],
-    )  # fmt: skip
+    )
     assert_succeeded(result)
     assert reward_rise(output_dir, "objective/scores") > 0.2
     assert read_json(output_dir / "run_summary.json")["spec"]["rewards"][0]["model"] == str(reward_model)
@@ -93,22 +96,29 @@ def test_rlhf_chain_sft_then_reward_model_then_ppo(sft_1x2: Path, reward_model: 
 def test_user_reward_function_from_the_workspace(tmp_path: Path) -> None:
     module_dir = tmp_path / "user_code"
     module_dir.mkdir()
-    (module_dir / "my_rewards.py").write_text(textwrap.dedent('''
+    (module_dir / "my_rewards.py").write_text(
+        textwrap.dedent("""
         def says_blue(completions, **columns):
             return [float("blue" in c[0]["content"].lower()) for c in completions]
-    '''))
+    """)
+    )
     output_dir = tmp_path / "out"
     result = run_template(
-        "grpo/tiny.yaml", tmp_path, output_dir, overrides=["rewards=[{function: 'my_rewards:says_blue'}]"],
+        "grpo/tiny.yaml",
+        tmp_path,
+        output_dir,
+        overrides=["rewards=[{function: 'my_rewards:says_blue'}]"],
         PYTHONPATH=str(module_dir),
-    )  # fmt: skip
+    )
     assert_succeeded(result)
     assert reward_rise(output_dir, "reward") >= 0.2
     assert series(output_dir, "rewards/says_blue/mean")
 
 
 def test_unimportable_user_code_stops_the_job_before_the_model_loads(tmp_path: Path) -> None:
-    result = run_template("grpo/tiny.yaml", tmp_path, tmp_path / "out", overrides=["rewards=[{function: 'nowhere:score'}]"])
+    result = run_template(
+        "grpo/tiny.yaml", tmp_path, tmp_path / "out", overrides=["rewards=[{function: 'nowhere:score'}]"]
+    )
     assert result.returncode != 0
     logs = result.stdout + result.stderr
     assert "rewards.0.function: cannot import nowhere:score" in logs and "No module named 'nowhere'" in logs
@@ -127,21 +137,33 @@ def test_ppo_on_gpus_in_bf16_with_a_linear_schedule_and_a_real_shaped_model(tmp_
     assert gpus >= 1, "run with pytest -m gpu on a machine with GPUs"
     tokenizer = tiny.build_tokenizer_llama3()
     config = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=1024, intermediate_size=2816, num_hidden_layers=12,
-        num_attention_heads=16, num_key_value_heads=8, attention_dropout=0.1,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=False,
-    )  # fmt: skip
+        vocab_size=len(tokenizer),
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=12,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        attention_dropout=0.1,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
+    )
     model_dir = tmp_path / "model"
     torch.manual_seed(0)
     LlamaForCausalLM(config).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     output_dir = tmp_path / "out"
     overrides = [
-        f"model.name_or_path={model_dir}", "model.dtype=float32", "training.bf16=true", "training.max_steps=10",
-        "training.lr_scheduler_type=linear", "training.learning_rate=1.0e-5",
-    ]  # fmt: skip
-    result = run_template("ppo/tiny.yaml", tmp_path, output_dir, j=f"1x{gpus}", overrides=overrides,
-                          extra_args=["--gpu", str(gpus)])  # fmt: skip
+        f"model.name_or_path={model_dir}",
+        "model.dtype=float32",
+        "training.bf16=true",
+        "training.max_steps=10",
+        "training.lr_scheduler_type=linear",
+        "training.learning_rate=1.0e-5",
+    ]
+    result = run_template(
+        "ppo/tiny.yaml", tmp_path, output_dir, j=f"1x{gpus}", overrides=overrides, extra_args=["--gpu", str(gpus)]
+    )
     assert_succeeded(result)
     summary = read_json(output_dir / "run_summary.json")
     assert summary["world_size"] == gpus and "nccl" in summary["engine"]["backend"]

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, assert_succeeded, ends, read_json, run_template
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from helpers import REPO, assert_succeeded, ends, read_json, run_template
 
 pytestmark = pytest.mark.e2e
 
@@ -33,7 +34,9 @@ def test_dpo_prefers_chosen(tmp_path: Path) -> None:
 def test_dpo_with_lora_learns_and_saves_the_adapter(tmp_path: Path) -> None:
     output_dir = tmp_path / "dpo-lora"
     lora = "model.lora={r: 16, lora_alpha: 32, target_modules: [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]}"
-    assert_succeeded(run_template("dpo/tiny.yaml", tmp_path, output_dir, overrides=[lora, "training.learning_rate=5e-3"]))
+    assert_succeeded(
+        run_template("dpo/tiny.yaml", tmp_path, output_dir, overrides=[lora, "training.learning_rate=5e-3"])
+    )
     margin_first, margin_last = ends(output_dir, "rewards/margins")
     assert margin_last > 0 and margin_last > margin_first
     assert json.loads((output_dir / "adapter_config.json").read_text())["r"] == 16
@@ -63,7 +66,9 @@ def test_reward_model_ranks_held_out_pairs(reward_model: Path) -> None:
 def test_reward_model_of_a_real_shaped_model_without_a_pad_token(tmp_path: Path) -> None:
     """Llama-3-like: no pad token (EOS pads, as the job sets it), a BOS, dropout; the score is still read right."""
     output_dir = tmp_path / "reward"
-    assert_succeeded(run_template("reward/tiny.yaml", tmp_path, output_dir, overrides=["model.name_or_path=builtin:tiny-llama3"]))
+    assert_succeeded(
+        run_template("reward/tiny.yaml", tmp_path, output_dir, overrides=["model.name_or_path=builtin:tiny-llama3"])
+    )
     _, accuracy = ends(output_dir, "accuracy")
     assert accuracy >= 0.8
     assert held_out_wins(output_dir) >= 0.7

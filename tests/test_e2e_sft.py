@@ -6,15 +6,28 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import REPO, assert_succeeded, ends, job_env, read_json, run_template
 from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from helpers import REPO, assert_succeeded, ends, job_env, read_json, run_template
 
 pytestmark = pytest.mark.e2e
 
 SUMMARY_KEYS = {
-    "algorithm", "world_size", "nnodes", "engine", "global_steps", "train_runtime_s", "train_tokens",
-    "tokens_per_s", "metrics_first", "metrics_last", "resumed_from", "spec", "fast_paths", "generation",
-}  # fmt: skip
+    "algorithm",
+    "world_size",
+    "nnodes",
+    "engine",
+    "global_steps",
+    "train_runtime_s",
+    "train_tokens",
+    "tokens_per_s",
+    "metrics_first",
+    "metrics_last",
+    "resumed_from",
+    "spec",
+    "fast_paths",
+    "generation",
+}
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +61,16 @@ def test_a_run_ends_with_one_line_of_what_it_did_and_where_the_model_is_without_
 ) -> None:
     console = (session_tmp / "sft-1x2.console").read_text()
     said = [line.split("]:", 1)[1] for line in console.splitlines() if re.match(r"sft/0 \[\d\]:.*\S", line)]
-    assert re.fullmatch(rf"posttrain: sft finished 40 steps in \d+ s, loss [\d.]+ -> [\d.]+; model in {sft_1x2}", said[-1])
-    for noise in ("Setting accelerator to CPU", "Writing model shards", "Loading weights", "OMP_NUM_THREADS",
-                  "find_unused_parameters"):  # fmt: skip
+    assert re.fullmatch(
+        rf"posttrain: sft finished 40 steps in \d+ s, loss [\d.]+ -> [\d.]+; model in {sft_1x2}", said[-1]
+    )
+    for noise in (
+        "Setting accelerator to CPU",
+        "Writing model shards",
+        "Loading weights",
+        "OMP_NUM_THREADS",
+        "find_unused_parameters",
+    ):
         assert noise not in console
     others = [line for line in console.splitlines() if line.strip() and not re.search(r"INFO step \d+/40: ", line)]
     assert len(others) <= 8, "\n".join(others)  # torchx's own, the start line, the closing line
@@ -70,7 +90,9 @@ def test_saved_model_reloads_and_generates(sft_1x2: Path) -> None:
     model = AutoModelForCausalLM.from_pretrained(sft_1x2)
     tokenizer = AutoTokenizer.from_pretrained(sft_1x2)
     prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": "What is the capital of Italy?"}], add_generation_prompt=True, return_tensors="pt",
+        [{"role": "user", "content": "What is the capital of Italy?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
         return_dict=True,
     )
     with torch.no_grad():
@@ -119,9 +141,10 @@ def test_distill_the_sft_model_into_a_fresh_one(sft_1x2: Path, tmp_path: Path) -
     assert last <= 0.8 * first, f"loss {first:.3f} -> {last:.3f}"
     summary = read_json(output_dir / "run_summary.json")
     assert summary["algorithm"] == "distill" and summary["world_size"] == 2
-    assert AutoModelForCausalLM.from_pretrained(output_dir).config.vocab_size == AutoModelForCausalLM.from_pretrained(
-        sft_1x2
-    ).config.vocab_size
+    assert (
+        AutoModelForCausalLM.from_pretrained(output_dir).config.vocab_size
+        == AutoModelForCausalLM.from_pretrained(sft_1x2).config.vocab_size
+    )
 
 
 def test_data_is_prepared_once_per_node_and_a_restart_reuses_it(tmp_path: Path) -> None:
@@ -129,8 +152,14 @@ def test_data_is_prepared_once_per_node_and_a_restart_reuses_it(tmp_path: Path) 
     # set is file-backed, so the others, and any later run with the same HF_HOME, load datasets' cache instead
     def cache_lines(attempt: int) -> Counter:
         output_dir = tmp_path / f"run-{attempt}"
-        result = run_template("sft/tiny.yaml", tmp_path, output_dir, j="1x2", overrides=["training.max_steps=2"],
-                              DATASETS_VERBOSITY="info")  # fmt: skip
+        result = run_template(
+            "sft/tiny.yaml",
+            tmp_path,
+            output_dir,
+            j="1x2",
+            overrides=["training.max_steps=2"],
+            DATASETS_VERBOSITY="info",
+        )
         assert_succeeded(result)
         found = re.findall(r"\[(\d)\]:(Caching|Loading cached) processed dataset", result.stdout + result.stderr)
         return Counter(found)

@@ -5,11 +5,10 @@ from pathlib import Path
 from typing import Any, Dict
 
 import pytest
-from helpers import assert_stopped_once, load_template, read_json, refusal, run_template, tiny_job, trainer_with
 
+from helpers import assert_stopped_once, load_template, read_json, refusal, run_template, tiny_job, trainer_with
 from posttrain.components.spec import validate
 from posttrain.entrypoints import runtime
-
 
 pytestmark = pytest.mark.usefixtures("job_process")
 
@@ -17,8 +16,9 @@ pytestmark = pytest.mark.usefixtures("job_process")
 def run_sft(tmp_path: Path, **training: Any) -> Path:
     raw = load_template("sft/tiny.yaml")
     raw["data"]["eval"] = {"path": "templates/data/sft_chat.jsonl"}
-    raw["training"].update(output_dir=str(tmp_path / "out"), max_steps=4, eval_strategy="steps", eval_steps=2,
-                           save_steps=2, **training)  # fmt: skip
+    raw["training"].update(
+        output_dir=str(tmp_path / "out"), max_steps=4, eval_strategy="steps", eval_steps=2, save_steps=2, **training
+    )
     runtime.run("sft", argv=["--spec-json", validate(raw).to_json()])
     return tmp_path / "out"
 
@@ -35,8 +35,13 @@ def test_a_best_model_metric_the_evaluation_does_not_return_is_one_line_before_a
         run_sft(tmp_path, metric_for_best_model="accuracy", eval_on_start=True)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert err.count("posttrain: training.metric_for_best_model: accuracy is not among the metrics the evaluation "
-                     "returns (eval_entropy, eval_loss, eval_mean_token_accuracy, ") == 1, err  # fmt: skip
+    assert (
+        err.count(
+            "posttrain: training.metric_for_best_model: accuracy is not among the metrics the evaluation "
+            "returns (eval_entropy, eval_loss, eval_mean_token_accuracy, "
+        )
+        == 1
+    ), err
     assert "Traceback" not in err
     assert not any("loss" in entry for entry in logged(tmp_path / "out"))  # not one training step
     assert not list((tmp_path / "out").glob("checkpoint-*"))
@@ -54,9 +59,18 @@ def test_without_eval_on_start_it_stops_at_the_first_evaluation(tmp_path: Path, 
 @pytest.mark.e2e
 def test_e2e_every_rank_stops_at_the_first_evaluation_with_one_line(tmp_path: Path) -> None:
     output_dir = tmp_path / "out"
-    result = run_template("sft/tiny.yaml", tmp_path, output_dir, overrides=[
-        "data.eval.path=templates/data/sft_chat.jsonl", "training.eval_strategy=steps", "training.eval_steps=20",
-        "training.eval_on_start=true", "training.metric_for_best_model=accuracy"])  # fmt: skip
+    result = run_template(
+        "sft/tiny.yaml",
+        tmp_path,
+        output_dir,
+        overrides=[
+            "data.eval.path=templates/data/sft_chat.jsonl",
+            "training.eval_strategy=steps",
+            "training.eval_steps=20",
+            "training.eval_on_start=true",
+            "training.metric_for_best_model=accuracy",
+        ],
+    )
     message = "training.metric_for_best_model: accuracy is not among the metrics the evaluation returns"
     assert_stopped_once(result, message)
     assert not list(output_dir.glob("checkpoint-*"))
@@ -78,23 +92,37 @@ def test_the_best_checkpoint_needs_scheduled_evaluations(tmp_path: Path) -> None
     # what transformers did with eval_strategy no (TRL's default), eval_on_start's evaluation or not: it compared no
     # metric, and save_strategy best saved no checkpoint at all
     for on_start in (False, True):
-        trainer = trainer_with(job, max_steps=4, save_strategy="best", metric_for_best_model="loss",
-                               greater_is_better=False, eval_on_start=on_start)  # fmt: skip
+        trainer = trainer_with(
+            job,
+            max_steps=4,
+            save_strategy="best",
+            metric_for_best_model="loss",
+            greater_is_better=False,
+            eval_on_start=on_start,
+        )
         trainer.train()
         assert trainer.state.best_metric is None and not list((tmp_path / "out").glob("checkpoint-*"))
     assert refusal(job, save_strategy="best", metric_for_best_model="eval_loss").startswith(
         "training.save_strategy: best cannot go with eval_strategy: 'no' (TRL's default); expected 'no' or steps or "
         "epoch (best saves a checkpoint when an evaluation"
     )
-    for key, value in (("metric_for_best_model", "eval_loss"), ("greater_is_better", False),
-                       ("load_best_model_at_end", True)):  # fmt: skip
-        assert refusal(job, **{key: value}).startswith(f"training.{key}: {str(value).lower()} does nothing with "
-                                                       "eval_strategy: 'no'")  # fmt: skip
+    for key, value in (
+        ("metric_for_best_model", "eval_loss"),
+        ("greater_is_better", False),
+        ("load_best_model_at_end", True),
+    ):
+        assert refusal(job, **{key: value}).startswith(
+            f"training.{key}: {str(value).lower()} does nothing with eval_strategy: 'no'"
+        )
 
 
 # what transformers' evaluation reads only for a compute_metrics function, which posttrain gives no trainer
-FOR_COMPUTE_METRICS = {"batch_eval_metrics": True, "include_for_metrics": ["inputs", "loss"],
-                       "eval_do_concat_batches": False, "prediction_loss_only": False}  # fmt: skip
+FOR_COMPUTE_METRICS = {
+    "batch_eval_metrics": True,
+    "include_for_metrics": ["inputs", "loss"],
+    "eval_do_concat_batches": False,
+    "prediction_loss_only": False,
+}
 
 
 @pytest.mark.parametrize("algorithm", ["sft", "dpo", "grpo"])

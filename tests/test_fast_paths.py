@@ -30,8 +30,15 @@ def llama(attention: str) -> torch.nn.Module:
 
 
 def qwen2(attention: str) -> torch.nn.Module:
-    config = Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip
+    config = Qwen2Config(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)
     model.config._attn_implementation = attention
@@ -90,8 +97,12 @@ def test_padding_free_stays_off_where_attention_could_cross_rows() -> None:
 
 
 def trainer_spec(tmp_path: Path, **training: object) -> Dict[str, object]:
-    return {"algorithm": "sft", "model": {"name_or_path": tiny.NAME_LLAMA3}, "data": {"train": {"path": "unused.jsonl"}},
-            "training": {"output_dir": str(tmp_path), "max_length": 24, "report_to": "none", **training}}  # fmt: skip
+    return {
+        "algorithm": "sft",
+        "model": {"name_or_path": tiny.NAME_LLAMA3},
+        "data": {"train": {"path": "unused.jsonl"}},
+        "training": {"output_dir": str(tmp_path), "max_length": 24, "report_to": "none", **training},
+    }
 
 
 def sft_trainer(tmp_path: Path, model: torch.nn.Module, **training: object) -> SFTTrainer:
@@ -117,7 +128,9 @@ def test_the_sft_trainer_goes_padding_free_with_max_length_still_enforced(tmp_pa
     assert fast_paths.applied(trainer) == ["padding_free", "no_activation_checkpointing"]  # the second: on CPU
     free = first_batch(trainer)
     assert "attention_mask" not in free and free["input_ids"].shape[0] == 1
-    lengths = torch.diff(torch.tensor((free["position_ids"][0] == 0).nonzero().flatten().tolist() + [free["input_ids"].shape[1]]))
+    lengths = torch.diff(
+        torch.tensor((free["position_ids"][0] == 0).nonzero().flatten().tolist() + [free["input_ids"].shape[1]])
+    )
     assert lengths.max().item() == 24  # the long row was truncated to max_length, as with padding
     # the same rows as TRL's default (padded) collator makes them: the same losses, sequence by sequence
     trainer.data_collator.padding_free = False
@@ -125,15 +138,18 @@ def test_the_sft_trainer_goes_padding_free_with_max_length_still_enforced(tmp_pa
     assert per_sequence_losses(model, free) == pytest.approx(per_sequence_losses(model, padded), abs=1e-5)
 
 
-@pytest.mark.parametrize("training", [{"padding_free": False}, {"padding_free": True, "max_length": None},
-                                      {"packing": True}])  # fmt: skip
+@pytest.mark.parametrize(
+    "training", [{"padding_free": False}, {"padding_free": True, "max_length": None}, {"packing": True}]
+)
 def test_a_key_the_user_set_is_left_alone(tmp_path: Path, training: Dict[str, object]) -> None:
     trainer = sft_trainer(tmp_path, llama("sdpa"), **training)
     expected = training.get("padding_free", False) or training.get("packing", False)
     assert trainer.data_collator.padding_free is expected
 
 
-def test_on_gpus_padding_free_is_a_default_with_flash_attention_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_on_gpus_padding_free_is_a_default_with_flash_attention_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     model = llama("sdpa")
     trainer = sft_trainer(tmp_path, model)
     trainer.data_collator.padding_free = trainer.padding_free = False
@@ -155,8 +171,12 @@ def test_packing_the_model_cannot_keep_apart_is_refused(tmp_path: Path) -> None:
 
 def test_packing_with_an_attention_that_could_cross_rows_is_refused_before_the_job() -> None:
     def spec(attention: str, **training: object) -> Dict[str, object]:
-        return {"algorithm": "sft", "model": {"name_or_path": tiny.NAME, "attn_implementation": attention},
-                "data": {"train": {"path": "x.jsonl"}}, "training": {"output_dir": "out", **training}}  # fmt: skip
+        return {
+            "algorithm": "sft",
+            "model": {"name_or_path": tiny.NAME, "attn_implementation": attention},
+            "data": {"train": {"path": "x.jsonl"}},
+            "training": {"output_dir": "out", **training},
+        }
 
     for switch in ({"packing": True}, {"padding_free": True, "max_length": None}):  # padding-free: no truncation
         key = next(iter(switch))
@@ -167,8 +187,14 @@ def test_packing_with_an_attention_that_could_cross_rows_is_refused_before_the_j
 
 
 def test_liger_is_a_default_on_cuda_only_where_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = validate({"algorithm": "sft", "model": {"name_or_path": tiny.NAME}, "data": {"train": {"path": "x.jsonl"}},
-                     "training": {"output_dir": "out"}})  # fmt: skip
+    spec = validate(
+        {
+            "algorithm": "sft",
+            "model": {"name_or_path": tiny.NAME},
+            "data": {"train": {"path": "x.jsonl"}},
+            "training": {"output_dir": "out"},
+        }
+    )
     installed = {"liger_kernel": object()}
     monkeypatch.setattr(fast_paths.importlib.util, "find_spec", lambda name: installed.get(name))
     assert fast_paths.config_defaults(spec, on_cuda=True) == {"use_liger_kernel": True}
@@ -181,8 +207,14 @@ def test_liger_is_a_default_on_cuda_only_where_installed(monkeypatch: pytest.Mon
 
 def test_activation_checkpointing_is_off_by_default_for_sft_on_cpu_only() -> None:
     def spec(algorithm: str, **training: object):
-        return validate({"algorithm": algorithm, "model": {"name_or_path": tiny.NAME},
-                         "data": {"train": {"path": "x.jsonl"}}, "training": {"output_dir": "out", **training}})  # fmt: skip
+        return validate(
+            {
+                "algorithm": algorithm,
+                "model": {"name_or_path": tiny.NAME},
+                "data": {"train": {"path": "x.jsonl"}},
+                "training": {"output_dir": "out", **training},
+            }
+        )
 
     assert fast_paths.config_defaults(spec("sft"), on_cuda=False) == {"activation_checkpointing": False}
     assert fast_paths.config_defaults(spec("sft"), on_cuda=True) == {}

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Iterator, List
 
 import pytest
-from helpers import REPO, assert_stopped_once, free_port, load_template, run_template, tiny_job, trainer_with
 
+from helpers import REPO, assert_stopped_once, free_port, load_template, run_template, tiny_job, trainer_with
 from posttrain.components.messages import SpecError
 from posttrain.components.registry import SPEC_CLASSES
 from posttrain.components.schema import DataSource
@@ -88,7 +88,10 @@ def test_a_hub_data_set_that_cannot_load_is_one_line(tmp_path: Path) -> None:
     where = "data.train.name: cannot load split"
     with pytest.raises(SpecError) as unreachable:
         load_data(DataSource(name="nobody/nothing"), {}, "data.train", SPEC_CLASSES["sft"].data_formats)
-    assert str(unreachable.value) == f"{where} 'train' of 'nobody/nothing': Couldn't reach 'nobody/nothing' on the Hub (OfflineModeIsEnabled)"  # fmt: skip
+    assert (
+        str(unreachable.value)
+        == f"{where} 'train' of 'nobody/nothing': Couldn't reach 'nobody/nothing' on the Hub (OfflineModeIsEnabled)"
+    )
     (tmp_path / "rows.jsonl").write_text('{"text": "a"}\n')  # load_dataset reads a directory as it reads a hub repo
     with pytest.raises(SpecError) as no_split:
         load_data(DataSource(name=str(tmp_path), split="tset"), {}, "data.train", SPEC_CLASSES["sft"].data_formats)
@@ -115,18 +118,30 @@ def test_an_empty_file_says_so(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "rows, formats, message",
     [
-        ([{"prompt": 1, "completion": "a"}], LM,
-         "column prompt holds numbers (int64); expected text or chat messages (a list of {role, content})"),
-        ([{"prompt": "p", "completion": "a"}, {"prompt": 3, "completion": "b"}], LM,
-         "column prompt holds a number (3) in row 2; expected text or chat messages (a list of {role, content})"),
+        (
+            [{"prompt": 1, "completion": "a"}],
+            LM,
+            "column prompt holds numbers (int64); expected text or chat messages (a list of {role, content})",
+        ),
+        (
+            [{"prompt": "p", "completion": "a"}, {"prompt": 3, "completion": "b"}],
+            LM,
+            "column prompt holds a number (3) in row 2; expected text or chat messages (a list of {role, content})",
+        ),
         ([{"messages": "hello"}], LM, "column messages holds text; expected chat messages (a list of {role, content})"),
         ([{"text": ["a", "b"]}], LM, "column text holds lists of text; expected text"),
-        ([{"prompt": "p", "completion": "a", "label": 1}], KTO,
-         "column label holds numbers (int64); expected true/false"),
-        ([{"prompt": "p", "chosen": "a", "rejected": "b"}, {"prompt": "p", "chosen": "c"}], PREFERENCE,
-         "column rejected is missing or null in 1 of 2 rows (the first: row 2)"),
+        (
+            [{"prompt": "p", "completion": "a", "label": 1}],
+            KTO,
+            "column label holds numbers (int64); expected true/false",
+        ),
+        (
+            [{"prompt": "p", "chosen": "a", "rejected": "b"}, {"prompt": "p", "chosen": "c"}],
+            PREFERENCE,
+            "column rejected is missing or null in 1 of 2 rows (the first: row 2)",
+        ),
     ],
-)  # fmt: skip
+)
 def test_values_of_the_wrong_kind_are_named(tmp_path: Path, rows: List[dict], formats, message: str) -> None:
     assert load_error(write(tmp_path / "rows.jsonl", rows), formats) == f"data.train: {message}"
 
@@ -155,26 +170,30 @@ def test_preference_pairs_that_are_no_pair(tmp_path: Path, monkeypatch: pytest.M
 
 def test_the_trl_configs_own_checks_become_one_training_line(tmp_path: Path) -> None:
     raw = load_template("sft/tiny.yaml")
-    raw["training"].update(output_dir=str(tmp_path / "out"), load_best_model_at_end=True, eval_strategy="steps",
-                           save_strategy="epoch")  # fmt: skip
+    raw["training"].update(
+        output_dir=str(tmp_path / "out"), load_best_model_at_end=True, eval_strategy="steps", save_strategy="epoch"
+    )
     del raw["training"]["save_steps"]  # it would do nothing with save_strategy: epoch
     raw["data"]["eval"] = raw["data"]["train"]
     spec = validate(raw)  # the client cannot tell: only transformers' __post_init__ does
     with pytest.raises(SpecError) as error:
         runtime.build_config(spec, dict(spec.training))
     assert str(error.value) == (
-        'training: --load_best_model_at_end requires the save and eval strategy to match, except when '
+        "training: --load_best_model_at_end requires the save and eval strategy to match, except when "
         '--save_strategy="best", but found; Evaluation strategy: IntervalStrategy.STEPS; '
-        'Save strategy: SaveStrategy.EPOCH'
+        "Save strategy: SaveStrategy.EPOCH"
     )
 
 
 # what the job's environment lacks (the test says so first: it is about a package that is not installed)
 MISSING_PACKAGES = [
-    ({"optim": "adamw_bnb_8bit"}, "bitsandbytes",
-     "training.optim: adamw_bnb_8bit: You need to install `bitsandbytes` in order to use bitsandbytes optimizers"),
+    (
+        {"optim": "adamw_bnb_8bit"},
+        "bitsandbytes",
+        "training.optim: adamw_bnb_8bit: You need to install `bitsandbytes` in order to use bitsandbytes optimizers",
+    ),
     ({"report_to": "wandb"}, "wandb", "training.report_to: wandb: WandbCallback requires wandb to be installed"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("training, package, message", MISSING_PACKAGES, ids=[p for _, p, _ in MISSING_PACKAGES])
@@ -207,8 +226,11 @@ def test_push_to_hub_needs_the_hub_and_a_token_in_the_jobs_environment(
     with pytest.raises(SpecError, match="training.push_to_hub: the job's environment has no Hugging Face token"):
         runtime.check_environment(args)
     monkeypatch.setenv("HF_TOKEN", "hf_test")
-    with pytest.raises(SpecError, match=r"training.push_to_hub: the Hugging Face Hub \(https://huggingface.co\) "
-                                        r"refused the job's token or cannot be reached from the job: "):
+    with pytest.raises(
+        SpecError,
+        match=r"training.push_to_hub: the Hugging Face Hub \(https://huggingface.co\) "
+        r"refused the job's token or cannot be reached from the job: ",
+    ):
         runtime.check_environment(args)  # no network here: the trainer's constructor failed, after the models loaded
     with hub_answering_whoami(accepted="hf_test") as endpoint:
         monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", endpoint)
@@ -257,11 +279,14 @@ def test_fp16_on_cpu_is_refused_rather_than_trained_in_float32(tmp_path: Path) -
     raw = load_template("sft/tiny.yaml")
     raw["training"].update(output_dir=str(tmp_path / "out"), fp16=True)
     spec = validate(raw)  # the client refuses it only where -h names a machine without GPUs
-    with pytest.raises(SpecError, match="training.fp16: float16 mixed precision runs on GPUs only; this job runs on CPU"):
+    with pytest.raises(
+        SpecError, match="training.fp16: float16 mixed precision runs on GPUs only; this job runs on CPU"
+    ):
         runtime.training_arguments(spec, dict(spec.training))
     job = tiny_job(tmp_path, "sft")  # what accelerate does with it on CPU: no autocast, float32
-    args = import_object(spec.config_class)(**{**runtime.training_arguments(job.spec, dict(job.spec.training)),
-                                                "fp16": True})  # fmt: skip
+    args = import_object(spec.config_class)(
+        **{**runtime.training_arguments(job.spec, dict(job.spec.training)), "fp16": True}
+    )
     accelerator = runtime.registry_trainer(runtime.Job(**{**vars(job), "args": args})).accelerator
     assert accelerator.mixed_precision == "fp16" and accelerator.native_amp is False
 
@@ -290,8 +315,14 @@ def test_a_router_loss_without_experts_is_named_before_any_model_loads(tmp_path:
     with pytest.raises(ValueError, match="is not a Mixture-of-Experts model"):  # TRL, once the model is loaded
         trainer_with(job, router_aux_loss_coef=0.01)
     experts = tmp_path / "experts"
-    transformers.MixtralConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                               num_key_value_heads=1, num_local_experts=2).save_pretrained(experts)  # fmt: skip
+    transformers.MixtralConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_local_experts=2,
+    ).save_pretrained(experts)
     check_model_options(validate({**raw, "model": {**raw["model"], "name_or_path": str(experts)}}))
 
 
@@ -306,8 +337,11 @@ def test_the_attention_implementation_is_checked_before_any_model_loads_and_hono
     tokenizer = load_tokenizer(spec.model.name_or_path, spec, "right")
     load_model(spec.model.name_or_path, spec, tokenizer, CAUSAL_LM).save_pretrained(tmp_path / "saved")
     with pytest.raises(SpecError, match=re.escape(toggled)):
-        check_model_options(validate({**raw, "model": {"name_or_path": str(tmp_path / "saved"),
-                                                   "attn_implementation": "flash_attention_2"}}))  # fmt: skip
+        check_model_options(
+            validate(
+                {**raw, "model": {"name_or_path": str(tmp_path / "saved"), "attn_implementation": "flash_attention_2"}}
+            )
+        )
     eager = validate({**raw, "model": {**raw["model"], "attn_implementation": "eager"}})
     check_model_options(eager)
     assert load_model(eager.model.name_or_path, eager, tokenizer, CAUSAL_LM).config._attn_implementation == "eager"
@@ -332,8 +366,11 @@ def test_a_missing_chain_stage_says_an_earlier_run_writes_it(monkeypatch: pytest
     )
     if Path("outputs/sft-tiny").exists():
         pytest.skip("outputs/sft-tiny exists here")
-    with pytest.raises(SpecError, match=r"outputs/sft-tiny \(relative paths start at .*\); it is written by an "
-                                        r"earlier run: training.output_dir of templates/sft/tiny.yaml; run that first"):
+    with pytest.raises(
+        SpecError,
+        match=r"outputs/sft-tiny \(relative paths start at .*\); it is written by an "
+        r"earlier run: training.output_dir of templates/sft/tiny.yaml; run that first",
+    ):
         check_model_path("outputs/sft-tiny")
 
 
@@ -377,8 +414,14 @@ def test_weights_of_another_shape_than_config_json_makes_are_named_before_any_mo
     from posttrain.entrypoints.models import check_weight_shapes
 
     model = tmp_path / "model"
-    config = transformers.LlamaConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                      num_key_value_heads=2, vocab_size=64)  # fmt: skip
+    config = transformers.LlamaConfig(
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        vocab_size=64,
+    )
     transformers.LlamaForCausalLM(config).save_pretrained(model)
     (model / "tokenizer.json").write_text("{}")  # present: what is checked here is the weights
     spec = validate({**load_template("sft/tiny.yaml"), "model": {"name_or_path": str(model)}})
@@ -432,10 +475,19 @@ def test_a_problem_one_rank_alone_sees_stops_every_rank_with_its_message(tmp_pat
     port = str(free_port())
     processes = [
         subprocess.Popen(
-            [sys.executable, "-c", TWO_RANKS], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env={**os.environ, "RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
-                 "BACKEND": backend},
-        )  # fmt: skip
+            [sys.executable, "-c", TWO_RANKS],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={
+                **os.environ,
+                "RANK": str(rank),
+                "WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": port,
+                "BACKEND": backend,
+            },
+        )
         for rank in (0, 1)
     ]
     outputs = [process.communicate(timeout=120)[0] for process in processes]
@@ -503,8 +555,11 @@ def test_e2e_bad_data_stops_before_anything_is_written_by_the_client_where_it_ca
     rows.write_text("\n".join(lines) + "\n")
     output_dir = tmp_path / "out"
     result = run_template("sft/tiny.yaml", tmp_path, output_dir, overrides=[f"data.train.path={rows}"])
-    assert result.returncode == 1 and result.stderr == f"data.train.path: {rows} line 5 is not valid JSON (Expecting " \
-        "',' delimiter, column 145)\n" and "local_cwd://" not in result.stdout  # the client's line; nothing scheduled
+    assert (
+        result.returncode == 1
+        and result.stderr == f"data.train.path: {rows} line 5 is not valid JSON (Expecting ',' delimiter, column 145)\n"
+        and "local_cwd://" not in result.stdout
+    )  # the client's line; nothing scheduled
     lines[4] = json.dumps({"messages": "hello"})  # a value only the job reads
     rows.write_text("\n".join(lines) + "\n")
     result = run_template("sft/tiny.yaml", tmp_path, output_dir, overrides=[f"data.train.path={rows}"])
@@ -516,7 +571,8 @@ def test_e2e_bad_data_stops_before_anything_is_written_by_the_client_where_it_ca
 def test_e2e_a_nan_reward_on_one_rank_stops_every_rank_with_its_name_and_step(tmp_path: Path) -> None:
     module_dir = tmp_path / "user_code"
     module_dir.mkdir()
-    (module_dir / "flaky_rewards.py").write_text(textwrap.dedent('''
+    (module_dir / "flaky_rewards.py").write_text(
+        textwrap.dedent("""
         import math, os
 
         calls = 0
@@ -527,11 +583,15 @@ def test_e2e_a_nan_reward_on_one_rank_stops_every_rank_with_its_name_and_step(tm
             if os.environ["RANK"] == "1" and calls == 3:
                 return [math.nan] * len(completions)
             return [float("blue" in str(c)) for c in completions]
-    '''))
+    """)
+    )
     result = run_template(
-        "grpo/tiny.yaml", tmp_path, tmp_path / "out", overrides=["rewards=[{function: 'flaky_rewards:flaky'}]"],
+        "grpo/tiny.yaml",
+        tmp_path,
+        tmp_path / "out",
+        overrides=["rewards=[{function: 'flaky_rewards:flaky'}]"],
         PYTHONPATH=str(module_dir),
-    )  # fmt: skip
+    )
     logs = assert_stopped_once(result, "rewards.0 (flaky): returned nan at step 3")
     assert "step 3/" not in logs  # the bad step is never logged
 
@@ -553,8 +613,11 @@ def test_rows_the_trainer_drops_are_counted_and_none_left_stops_before_the_first
         data.check_kept_rows(job.spec, trainer_with(job, max_length=24), job.train_dataset, job.eval_dataset)
     rows = len(job.train_dataset)
     for where, total in (("data.train", rows), ("data.eval", 60)):
-        kept = re.search(rf"{where}: the trainer kept (\d+) of {total} rows, dropping those that do not fit "
-                         r"max_length \(24 tokens\)", caplog.text)  # fmt: skip
+        kept = re.search(
+            rf"{where}: the trainer kept (\d+) of {total} rows, dropping those that do not fit "
+            r"max_length \(24 tokens\)",
+            caplog.text,
+        )
         assert kept and 0 < int(kept[1]) < total, caplog.text
     monkeypatch.chdir(REPO)
     monkeypatch.setenv("RANK", "0")

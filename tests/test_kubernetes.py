@@ -15,11 +15,11 @@ from typing import Any, Dict, List
 import jsonschema
 import kubernetes_validate
 import pytest
-from helpers import REPO, TEMPLATES
 from torchx.runner import get_runner
 from torchx.schedulers.kubernetes_scheduler import sanitize_for_serialization
 from torchx.util.strings import normalize_str
 
+from helpers import REPO, TEMPLATES
 from posttrain.components import algorithms
 from posttrain.components.messages import SpecError
 from posttrain.components.registry import SPEC_CLASSES

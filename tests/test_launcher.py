@@ -7,9 +7,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import assert_stopped_once, run_template
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
+from helpers import assert_stopped_once, run_template
 from posttrain.entrypoints import error_file, launcher
 
 
@@ -55,10 +55,13 @@ def test_a_crash_is_one_line_naming_the_exception_and_where_its_traceback_is_kep
         error_file.record_crash(crash, 1, tmp_path / "logs")
     kept = tmp_path / "logs" / "traceback-rank1.txt"
     line = capsys.readouterr().err
-    assert re.fullmatch(rf"posttrain: rank 1 crashed: KeyError: 'judge' \(at test_launcher.py:\d+ in test_a_crash_\w+\); "
-                        rf"traceback in {re.escape(str(kept))}\n", line), line  # fmt: skip
+    assert re.fullmatch(
+        rf"posttrain: rank 1 crashed: KeyError: 'judge' \(at test_launcher.py:\d+ in test_a_crash_\w+\); "
+        rf"traceback in {re.escape(str(kept))}\n",
+        line,
+    ), line
     line = line.strip()
-    assert kept.read_text().startswith("Traceback (most recent call last):") and "{}[\"judge\"]" in kept.read_text()
+    assert kept.read_text().startswith("Traceback (most recent call last):") and '{}["judge"]' in kept.read_text()
     assert error_file.posttrain_line(json.loads((tmp_path / "error.json").read_text())) == line
     monkeypatch.setenv(error_file.LAUNCHER_SAYS, "1")  # under posttrain's launcher, which says it once
     (tmp_path / "file").write_text("")
@@ -74,7 +77,8 @@ def test_a_crash_is_one_line_naming_the_exception_and_where_its_traceback_is_kep
 def test_e2e_a_reward_function_that_raises_on_every_rank_ends_in_one_line(tmp_path: Path) -> None:
     module_dir = tmp_path / "user_code"
     module_dir.mkdir()
-    (module_dir / "judge.py").write_text(textwrap.dedent('''
+    (module_dir / "judge.py").write_text(
+        textwrap.dedent("""
         calls = 0
 
         def score(completions, **columns):
@@ -83,13 +87,21 @@ def test_e2e_a_reward_function_that_raises_on_every_rank_ends_in_one_line(tmp_pa
             if calls == 2:
                 raise ConnectionError("the judge at http://judge:8000 went away")
             return [float("blue" in str(c)) for c in completions]
-    '''))
+    """)
+    )
     output_dir = tmp_path / "out"
     result = run_template(
-        "grpo/tiny.yaml", tmp_path, output_dir, overrides=["rewards=[{function: 'judge:score'}]"], PYTHONPATH=str(module_dir)
+        "grpo/tiny.yaml",
+        tmp_path,
+        output_dir,
+        overrides=["rewards=[{function: 'judge:score'}]"],
+        PYTHONPATH=str(module_dir),
     )
     logs = assert_stopped_once(result, "rank ")
-    line = re.search(r"posttrain: rank (\d) crashed: ConnectionError: the judge at http://judge:8000 went away "
-                     r"\(at judge.py:8 in score\); traceback in (\S+)\n", logs)  # fmt: skip
+    line = re.search(
+        r"posttrain: rank (\d) crashed: ConnectionError: the judge at http://judge:8000 went away "
+        r"\(at judge.py:8 in score\); traceback in (\S+)\n",
+        logs,
+    )
     assert line, logs[-3000:]
     assert "went away" in Path(line[2]).read_text() and Path(line[2]).parent == output_dir / "logs"

@@ -55,13 +55,17 @@ def test_a_second_run_into_a_held_directory_is_refused_naming_the_holder(tmp_pat
         message = str(error.value)
         assert message.startswith(f"training.output_dir: {tmp_path} is held by job sft-abc on host ")
         assert f"(pid {holder.pid}) since " in message
-        assert message.endswith("wait for it, stop it, or use another output_dir (a holder silent for 60 s is taken over)")
+        assert message.endswith(
+            "wait for it, stop it, or use another output_dir (a holder silent for 60 s is taken over)"
+        )
     finally:
         holder.kill()
         holder.wait()
 
 
-def test_a_holder_whose_process_is_gone_is_taken_over_with_a_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_holder_whose_process_is_gone_is_taken_over_with_a_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     holder = holding_process(tmp_path)
     holder.send_signal(signal.SIGKILL)  # no release: the lease file stays
     holder.wait()
@@ -73,9 +77,18 @@ def test_a_holder_whose_process_is_gone_is_taken_over_with_a_line(tmp_path: Path
     assert line.endswith("held it, and that process is gone") and f"(pid {holder.pid}) since " in line
 
 
-def test_a_holder_on_another_host_is_taken_over_only_when_silent(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    elsewhere = {"job": "7781", "attempt": [0, 0], "host": "node-elsewhere", "pid": 1, "since": time.time() - 100,
-                 "heartbeat": time.time() - 5, "token": "f" * 16}  # fmt: skip
+def test_a_holder_on_another_host_is_taken_over_only_when_silent(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    elsewhere = {
+        "job": "7781",
+        "attempt": [0, 0],
+        "host": "node-elsewhere",
+        "pid": 1,
+        "since": time.time() - 100,
+        "heartbeat": time.time() - 5,
+        "token": "f" * 16,
+    }
     (tmp_path / LEASE_FILE).write_text(json.dumps(elsewhere))
     with pytest.raises(SpecError, match="is held by job 7781 on host node-elsewhere .* last heartbeat 5 s ago"):
         acquire(tmp_path)

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
-from helpers import assert_succeeded, log_history, read_json, run_template
 from transformers import TrainerControl, TrainerState
 
+from helpers import assert_succeeded, log_history, read_json, run_template
 from posttrain.components import plot
 from posttrain.entrypoints.metrics import MetricsLog
 
@@ -27,8 +27,9 @@ def lines(path: Path) -> List[Dict[str, Any]]:
 
 
 def state(global_step: int = 0, rank0: bool = True, log_history: List[Dict[str, Any]] = ()) -> TrainerState:
-    return TrainerState(global_step=global_step, epoch=global_step / 10, is_world_process_zero=rank0,
-                        log_history=list(log_history))  # fmt: skip
+    return TrainerState(
+        global_step=global_step, epoch=global_step / 10, is_world_process_zero=rank0, log_history=list(log_history)
+    )
 
 
 def log_steps(callback: MetricsLog, trainer_state: TrainerState, steps: range) -> None:
@@ -150,16 +151,28 @@ def test_the_plot_command_draws_two_runs_side_by_side(tmp_path: Path) -> None:
     write_run(tmp_path / "grpo-b", "grpo", [{"step": s, "loss": 0.2 * s, "reward": -s} for s in (1, 2)])
     output = tmp_path / "both.png"
     result = subprocess.run(
-        [sys.executable, "-m", "posttrain.components.plot", str(tmp_path / "grpo-a"), str(tmp_path / "grpo-b"),
-         "-o", str(output)], capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "posttrain.components.plot",
+            str(tmp_path / "grpo-a"),
+            str(tmp_path / "grpo-b"),
+            "-o",
+            str(output),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert sorted(path.name for path in tmp_path.iterdir()) == ["both.png", "grpo-a", "grpo-b"]
     data = assert_valid_png(output)
     assert data["title"] == "grpo · builtin:tiny-llama · 1 process"
     assert data["runs"]["grpo-a"] == plot.series(lines(tmp_path / "grpo-a" / plot.METRICS_FILE))
-    assert data["runs"]["grpo-b"] == {"loss": {"step": [1, 2], "value": [0.2, 0.4]},
-                                      "reward": {"step": [1, 2], "value": [-1.0, -2.0]}}  # fmt: skip
+    assert data["runs"]["grpo-b"] == {
+        "loss": {"step": [1, 2], "value": [0.2, 0.4]},
+        "reward": {"step": [1, 2], "value": [-1.0, -2.0]},
+    }
 
 
 def test_the_plot_command_names_a_directory_without_metrics(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

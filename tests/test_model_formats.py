@@ -10,8 +10,8 @@ from typing import Dict
 
 import mistral_common
 import pytest
-from helpers import REPO, load_template, read_json
 
+from helpers import REPO, load_template, read_json
 from posttrain.components.messages import SpecError
 from posttrain.components.spec import validate
 from posttrain.entrypoints import runtime
@@ -32,8 +32,16 @@ def mistral_models(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
     built = {}
     for name, (shipped, file, vocab) in FORMATS.items():
         path = tmp_path_factory.mktemp("models") / name
-        config = MistralConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=2, bos_token_id=1, eos_token_id=2)  # fmt: skip
+        config = MistralConfig(
+            vocab_size=vocab,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
         MistralForCausalLM(config).save_pretrained(path)
         shutil.copy(SHIPPED / shipped, path / file)
         built[name] = path
@@ -59,7 +67,9 @@ def test_a_mistral_model_directory_trains_with_its_own_tokenizer_file(
 
     rows = [json.loads(line) for line in (REPO / "templates/data/sft_chat.jsonl").read_text().splitlines()]
     text = tmp_path / "text.jsonl"
-    text.write_text("".join(json.dumps({"text": " ".join(m["content"] for m in row["messages"])}) + "\n" for row in rows))
+    text.write_text(
+        "".join(json.dumps({"text": " ".join(m["content"] for m in row["messages"])}) + "\n" for row in rows)
+    )
     output_dir = _run_sft(tmp_path, mistral_models[name], str(text), monkeypatch)
     summary = read_json(output_dir / "run_summary.json")
     assert summary["metrics_last"]["loss"] < 0.95 * summary["metrics_first"]["loss"], summary["metrics_last"]
@@ -75,7 +85,10 @@ def test_chat_rows_with_mistrals_native_tokenizer_are_one_line(
         _run_sft(tmp_path, mistral_models["tekken"], "templates/data/sft_chat.jsonl", monkeypatch)
     assert stopped.value.code == 2
     err = capsys.readouterr().err
-    assert err.count("posttrain: ") == 1 and "posttrain: data.train: its rows are chat messages, and the tokenizer of" in err
+    assert (
+        err.count("posttrain: ") == 1
+        and "posttrain: data.train: its rows are chat messages, and the tokenizer of" in err
+    )
     assert "has no chat template to render them" in err and not (tmp_path / "out" / "model.safetensors").exists()
 
 
@@ -85,9 +98,13 @@ def test_a_tokenizer_whose_reader_is_missing_is_named_with_its_package(
 ) -> None:
     module = {"tekken": "mistral_common", "sentencepiece": "sentencepiece"}[name]
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda wanted, *a: None if wanted == module else find_spec(wanted, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda wanted, *a: None if wanted == module else find_spec(wanted, *a)
+    )
     with pytest.raises(SpecError) as error:
         check_model_path(str(mistral_models[name]))
     file = FORMATS[name][1]
-    assert error.value.problems[0].startswith(f"model.name_or_path: {mistral_models[name]}'s tokenizer is {file}, which ")
+    assert error.value.problems[0].startswith(
+        f"model.name_or_path: {mistral_models[name]}'s tokenizer is {file}, which "
+    )
     assert error.value.problems[0].endswith(f"pip install {module.replace('_', '-')}")

@@ -11,17 +11,27 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import REPO, assert_stopped_once, assert_succeeded, free_port, job_env, read_json, start_training, torchx
 
+from helpers import REPO, assert_stopped_once, assert_succeeded, free_port, job_env, read_json, start_training, torchx
 from posttrain.entrypoints.checkpoints import complete_checkpoints
 from posttrain.entrypoints.lease import LEASE_FILE
 
 
 def sft_args(output_dir: Path, *overrides: str, j: str = "1x2", port: int = 0) -> list:
     return [
-        "run", "-s", "local_cwd", "posttrain.sft", "--spec", "templates/sft/tiny.yaml", "-j", j,
-        "--rdzv_port", str(port or free_port()), f"training.output_dir={output_dir}", *overrides,
-    ]  # fmt: skip
+        "run",
+        "-s",
+        "local_cwd",
+        "posttrain.sft",
+        "--spec",
+        "templates/sft/tiny.yaml",
+        "-j",
+        j,
+        "--rdzv_port",
+        str(port or free_port()),
+        f"training.output_dir={output_dir}",
+        *overrides,
+    ]
 
 
 @pytest.mark.e2e
@@ -31,8 +41,12 @@ def test_two_runs_started_at_once_into_one_directory_one_trains_and_the_other_is
     clients = [
         subprocess.Popen(
             [str(Path(sys.executable).parent / "torchx"), *sft_args(output_dir, f"training.learning_rate={rate}")],
-            cwd=REPO, env=job_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )  # fmt: skip
+            cwd=REPO,
+            env=job_env(tmp_path),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         for rate in rates
     ]
     outputs = [client.communicate(timeout=600)[0] for client in clients]
@@ -140,7 +154,9 @@ def test_a_job_side_stop_is_the_apps_structured_error_for_library_callers(
     monkeypatch.chdir(REPO)
     for key, value in job_env(tmp_path).items():
         monkeypatch.setenv(key, value)
-    app = algorithms.sft("data.train.path=nope.jsonl", f"training.output_dir={tmp_path / 'out'}", spec="templates/sft/tiny.yaml", j="1x2")
+    app = algorithms.sft(
+        "data.train.path=nope.jsonl", f"training.output_dir={tmp_path / 'out'}", spec="templates/sft/tiny.yaml", j="1x2"
+    )
     with get_runner() as runner:
         handle = runner.run(app, scheduler="local_cwd", cfg={"log_dir": str(tmp_path / "logs")})
         status = runner.wait(handle, wait_interval=1)

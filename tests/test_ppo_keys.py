@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import TEMPLATES, load_template
 from test_ppo_realistic import length
 from test_ppo_realistic import make_trainer as realistic_trainer
 
+from helpers import TEMPLATES, load_template
 from posttrain.components.fields import config_fields
 from posttrain.components.messages import SpecError
 from posttrain.components.registry import PPOSpec
@@ -64,15 +64,25 @@ def test_the_ppo_templates_use_only_honoured_keys(template: str) -> None:
     "key, value, expected",
     [
         ("eval_steps", 10, "training.eval_steps: not supported by posttrain.ppo; PPO does not evaluate"),
-        ("gradient_accumulation_steps", 2, "training.gradient_accumulation_steps: not supported by posttrain.ppo; "
-         "PPO steps the optimizer once per mini-batch; use training.num_mini_batches"),
+        (
+            "gradient_accumulation_steps",
+            2,
+            "training.gradient_accumulation_steps: not supported by posttrain.ppo; "
+            "PPO steps the optimizer once per mini-batch; use training.num_mini_batches",
+        ),
         ("push_to_hub", True, "training.push_to_hub: not supported by posttrain.ppo; PPO does not push to the Hub"),
-        ("torch_compile", True, "training.torch_compile: not supported by posttrain.ppo; "
-         "posttrain's PPO does not compile"),
-        ("neftune_noise_alpha", 5.0, "training.neftune_noise_alpha: not supported by posttrain.ppo; "
-         "posttrain's PPO trainer does not use it"),
+        (
+            "torch_compile",
+            True,
+            "training.torch_compile: not supported by posttrain.ppo; posttrain's PPO does not compile",
+        ),
+        (
+            "neftune_noise_alpha",
+            5.0,
+            "training.neftune_noise_alpha: not supported by posttrain.ppo; posttrain's PPO trainer does not use it",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_refused_key_is_one_line_with_its_reason(key: str, value: Any, expected: str) -> None:
     raw = load_template("ppo/tiny.yaml")
     raw["training"][key] = value
@@ -83,9 +93,14 @@ def test_a_refused_key_is_one_line_with_its_reason(key: str, value: Any, expecte
 def test_honoured_keys_validate_and_refused_values_are_named() -> None:
     raw = load_template("ppo/tiny.yaml")
     raw["training"].update(
-        optim="sgd", optim_args="momentum=0.9", lr_scheduler_type="cosine_with_min_lr",
-        lr_scheduler_kwargs={"min_lr": 1e-5}, activation_checkpointing=True, weight_decay=0.1, warmup_steps=0.1,
-    )  # fmt: skip
+        optim="sgd",
+        optim_args="momentum=0.9",
+        lr_scheduler_type="cosine_with_min_lr",
+        lr_scheduler_kwargs={"min_lr": 1e-5},
+        activation_checkpointing=True,
+        weight_decay=0.1,
+        warmup_steps=0.1,
+    )
     validate(raw)
     raw["training"]["optim"] = "lomo"
     del raw["training"]["optim_args"]  # LOMO reads none
@@ -106,9 +121,14 @@ def make_trainer(tmp_path: Path, **training: Any) -> PPOTrainer:
 
 def test_optim_and_the_scheduler_kwargs_reach_the_optimizer_and_the_schedule(tmp_path: Path) -> None:
     trainer = make_trainer(
-        tmp_path, optim="sgd", optim_args="momentum=0.9", learning_rate=1e-3, weight_decay=0.1,
-        lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr": 1e-5},
-    )  # fmt: skip
+        tmp_path,
+        optim="sgd",
+        optim_args="momentum=0.9",
+        learning_rate=1e-3,
+        weight_decay=0.1,
+        lr_scheduler_type="cosine_with_min_lr",
+        lr_scheduler_kwargs={"min_lr": 1e-5},
+    )
     optimizer = trainer.optimizer.optimizer  # accelerate's wrapper around it
     assert type(optimizer) is torch.optim.SGD and optimizer.defaults["momentum"] == 0.9
     decayed, plain = optimizer.param_groups

@@ -13,9 +13,9 @@ from typing import Any, Dict, List
 import pytest
 import torch
 from datasets import Dataset
-from helpers import load_template
 from transformers import GenerationConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
+from helpers import load_template
 from posttrain.components.messages import SpecError
 from posttrain.components.spec import validate
 from posttrain.entrypoints import tiny
@@ -35,11 +35,20 @@ def tokenizer() -> Any:
 
 def make_trainer(tmp_path: Path, rewards: List[Any], **training: Any) -> PPOTrainer:
     tok = tokenizer()
-    args = PPOConfig(**{
-        "output_dir": str(tmp_path), "use_cpu": True, "report_to": [], "seed": 0, "max_steps": 1,
-        "per_device_train_batch_size": 8, "num_ppo_epochs": 1, "num_mini_batches": 1, "max_completion_length": 12,
-        **training,
-    })  # fmt: skip
+    args = PPOConfig(
+        **{
+            "output_dir": str(tmp_path),
+            "use_cpu": True,
+            "report_to": [],
+            "seed": 0,
+            "max_steps": 1,
+            "per_device_train_batch_size": 8,
+            "num_ppo_epochs": 1,
+            "num_mini_batches": 1,
+            "max_completion_length": 12,
+            **training,
+        }
+    )
     return PPOTrainer(
         policy=tiny.build_model_llama3(tok, LlamaForCausalLM),
         ref_policy=tiny.build_model_llama3(tok, LlamaForCausalLM),
@@ -63,7 +72,11 @@ def rollout(trainer: PPOTrainer, iteration: int = 0) -> Dict[str, Any]:
 
 def test_the_realistic_model_is_shaped_like_real_ones() -> None:
     tok = tokenizer()
-    assert tok.convert_ids_to_tokens(0) == "!" and tok.bos_token_id == len(tok) - 4 and tok.pad_token_id == tok.eos_token_id
+    assert (
+        tok.convert_ids_to_tokens(0) == "!"
+        and tok.bos_token_id == len(tok) - 4
+        and tok.pad_token_id == tok.eos_token_id
+    )
     model = tiny.build_model_llama3(tok, LlamaForCausalLM)
     assert model.config.attention_dropout > 0 and model.generation_config.repetition_penalty != 1.0
 
@@ -75,7 +88,9 @@ def test_plain_text_prompts_start_with_the_tokenizers_bos(tmp_path: Path) -> Non
     assert trainer.rollouts.prompts[0].count(trainer.tokenizer.bos_token_id) == 1
 
 
-def test_rewards_see_each_response_up_to_its_eos_without_padding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_rewards_see_each_response_up_to_its_eos_without_padding(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     seen: List[str] = []
 
     def record(completions: List[Any], **_: Any) -> List[float]:
@@ -84,14 +99,21 @@ def test_rewards_see_each_response_up_to_its_eos_without_padding(tmp_path: Path,
 
     trainer = make_trainer(tmp_path, [record])
     tok = trainer.tokenizer
-    answers = [tok(" blue sky", add_special_tokens=False)["input_ids"], tok(" red", add_special_tokens=False)["input_ids"]]
+    answers = [
+        tok(" blue sky", add_special_tokens=False)["input_ids"],
+        tok(" red", add_special_tokens=False)["input_ids"],
+    ]
     policy = trainer.accelerator.unwrap_model(trainer.model).policy
 
     def generate(input_ids: torch.Tensor, **_: Any) -> torch.Tensor:
         # rows end early and are padded after their EOS, as generate pads finished rows; the last never ends
         rows = []
         for i in range(input_ids.shape[0]):
-            answer = answers[i % 2] + [tok.eos_token_id] if i < 7 else tok(" sky" * 12, add_special_tokens=False)["input_ids"]
+            answer = (
+                answers[i % 2] + [tok.eos_token_id]
+                if i < 7
+                else tok(" sky" * 12, add_special_tokens=False)["input_ids"]
+            )
             rows.append((answer + [tok.pad_token_id] * 12)[:12])
         return torch.cat([input_ids, torch.tensor(rows)], dim=1)
 

@@ -27,35 +27,53 @@ from typing import Dict, Sequence
 
 import pytest
 import yaml
+
 from helpers import REPO, job_env
 from readme_code import (
-    CODE, COMMAND_TIMEOUT_S, ITEMS, LINKED, LISTED, PLANS, README_TEXT, RUN, Command, Item, Plan, Snippet, ci_command,
-    item_id, option, parse_readme, plan_one, where,
-)  # fmt: skip
-
+    CODE,
+    COMMAND_TIMEOUT_S,
+    ITEMS,
+    LINKED,
+    LISTED,
+    PLANS,
+    README_TEXT,
+    RUN,
+    Command,
+    Item,
+    Plan,
+    Snippet,
+    ci_command,
+    item_id,
+    option,
+    parse_readme,
+    plan_one,
+    where,
+)
 
 # --- fast checks: the parser, the plan, the YAML ---------------------------------------------------
 
 
 def test_parser_reads_commands_transcripts_and_snippets() -> None:
-    text = "\n".join([
-        "```shell",
-        "# a comment line",
-        "torchx run -s local_cwd posttrain.sft \\",
-        "    --spec templates/sft/tiny.yaml   # trailing comment",
-        "python -m posttrain.components.plot 'a # b' -o x.png",
-        "```",
-        "```",
-        "$ torchx run posttrain.sft bad=1",
-        "bad: unknown key",
-        "```",
-        "```",
-        "just output",
-        "```",
-        "```python",
-        "print(1)",
-        "```",
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            "```shell",
+            "# a comment line",
+            "torchx run -s local_cwd posttrain.sft \\",
+            "    --spec templates/sft/tiny.yaml   # trailing comment",
+            "python -m posttrain.components.plot 'a # b' -o x.png",
+            "```",
+            "```",
+            "$ torchx run posttrain.sft bad=1",
+            "bad: unknown key",
+            "```",
+            "```",
+            "just output",
+            "```",
+            "```python",
+            "print(1)",
+            "```",
+        ]
+    )
     code = parse_readme(text)
     assert code.commands == [
         Command(3, "torchx run -s local_cwd posttrain.sft --spec templates/sft/tiny.yaml"),
@@ -73,8 +91,12 @@ def test_plans_insert_dryrun_where_a_run_needs_a_cluster_gpus_or_the_hub() -> No
         return plan_one(Command(1, text), text, ci="")
 
     assert plan("torchx run -s slurm posttrain.sft --spec templates/sft/tiny.yaml").argv[:5] == (
-        "torchx", "run", "-s", "slurm", "--dryrun"
-    )  # fmt: skip
+        "torchx",
+        "run",
+        "-s",
+        "slurm",
+        "--dryrun",
+    )
     assert plan("torchx run -s local_cwd posttrain.sft --spec templates/sft/tiny.yaml -j 1x2 --gpu 2").dryrun
     assert plan("torchx run -s local_cwd posttrain.sft --spec templates/sft/qwen2.5-0.5b.yaml").dryrun
     assert plan("torchx run -s local_cwd posttrain.sft --spec templates/sft/tiny-fsdp.yaml").dryrun
@@ -163,9 +185,13 @@ def readme_runs(tmp_path_factory: pytest.TempPathFactory) -> Dict[int, Ran]:
         begin = time.monotonic()
         try:
             result = subprocess.run(
-                ["bash", "-c", shlex.join(argv)], cwd=workdir, env=env, capture_output=True, text=True,
+                ["bash", "-c", shlex.join(argv)],
+                cwd=workdir,
+                env=env,
+                capture_output=True,
+                text=True,
                 timeout=COMMAND_TIMEOUT_S,
-            )  # fmt: skip
+            )
         except subprocess.TimeoutExpired as e:
             result = subprocess.CompletedProcess(argv, -9, str(e.stdout or ""), f"timeout: {COMMAND_TIMEOUT_S} s")
         ran[line] = Ran(result, time.monotonic() - begin, workdir)

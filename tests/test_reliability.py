@@ -17,8 +17,18 @@ from pathlib import Path
 from typing import List
 
 import pytest
-from helpers import REPO, assert_stopped_once, assert_succeeded, free_port, load_template, read_json, run_template, start_training, torchx
 
+from helpers import (
+    REPO,
+    assert_stopped_once,
+    assert_succeeded,
+    free_port,
+    load_template,
+    read_json,
+    run_template,
+    start_training,
+    torchx,
+)
 from posttrain.components import algorithms
 from posttrain.components.messages import SpecError
 from posttrain.components.registry import SPEC_CLASSES
@@ -60,20 +70,44 @@ BAD_INPUTS = [
     ("sft", ["distributed.timeout=5"], "distributed.timeout: unknown key; did you mean distributed.timeout_s?"),
     ("sft", ["model.lora.rnk=8"], "model.lora.rnk: unknown key"),
     # keys the package owns
-    ("sft", ["training.deepspeed=ds.json"], "training.deepspeed: set by posttrain, not in training; use distributed.deepspeed"),
-    ("sft", ["training.use_cpu=true"], "training.use_cpu: set by posttrain, not in training; posttrain sets it from the hardware"),
-    ("sft", ["training.ddp_timeout=10"], "training.ddp_timeout: set by posttrain, not in training; use distributed.timeout_s"),
-    ("sft", ["training.resume_from_checkpoint=x"], "training.resume_from_checkpoint: set by posttrain, not in training; use resume"),
+    (
+        "sft",
+        ["training.deepspeed=ds.json"],
+        "training.deepspeed: set by posttrain, not in training; use distributed.deepspeed",
+    ),
+    (
+        "sft",
+        ["training.use_cpu=true"],
+        "training.use_cpu: set by posttrain, not in training; posttrain sets it from the hardware",
+    ),
+    (
+        "sft",
+        ["training.ddp_timeout=10"],
+        "training.ddp_timeout: set by posttrain, not in training; use distributed.timeout_s",
+    ),
+    (
+        "sft",
+        ["training.resume_from_checkpoint=x"],
+        "training.resume_from_checkpoint: set by posttrain, not in training; use resume",
+    ),
     ("sft", ["training.hub_token=hf_x"], "training.hub_token: set by posttrain, not in training; it is a secret"),
     # wrong types and out-of-range values
     ("sft", ["training.learning_rate=fast"], "training.learning_rate: expected a number; got 'fast'"),
     ("sft", ["training.max_steps=2.5"], "training.max_steps: expected an integer; got '2.5'"),
     ("sft", ["training.bf16=maybe"], "training.bf16: expected true/false or null; got 'maybe'"),
     ("sft", ["training.lr_scheduler_type=cosin"], "training.lr_scheduler_type: expected one of"),
-    ("sft", ["training.per_device_train_batch_size=0"], "training.per_device_train_batch_size: 0 is out of range; expected per_device_train_batch_size >= 1 (examples per process and step)"),
+    (
+        "sft",
+        ["training.per_device_train_batch_size=0"],
+        "training.per_device_train_batch_size: 0 is out of range; expected per_device_train_batch_size >= 1 (examples per process and step)",
+    ),
     ("sft", ["training.learning_rate=-1"], "training.learning_rate: -1.0 is out of range; expected learning_rate > 0"),
     ("sft", ["training.max_steps=0"], "training.max_steps: must be positive, or -1 to train by epochs; got 0"),
-    ("sft", ["model.dtype=bf16"], "model.dtype: input should be 'auto', 'float32', 'bfloat16' or 'float16'; got 'bf16'"),
+    (
+        "sft",
+        ["model.dtype=bf16"],
+        "model.dtype: input should be 'auto', 'float32', 'bfloat16' or 'float16'; got 'bf16'",
+    ),
     ("sft", ["model.trust_remote_code=maybe"], "model.trust_remote_code: input should be a valid boolean"),
     ("sft", ["distributed.timeout_s=0"], "distributed.timeout_s: must be positive; got 0"),
     ("sft", ["resume= "], "resume: expected auto, never or a checkpoint path"),
@@ -85,28 +119,64 @@ BAD_INPUTS = [
     ("sft", ["--launcher", "mpirun"], "--launcher 'mpirun': expected one of torchrun, deepspeed"),
     ("sft", ["--launcher", "deepspeed", "-j", "1:2x1"], "-j 1:2x1: DeepSpeed's launcher runs a fixed number of nodes"),
     ("sft", ["--launcher", "deepspeed", "--max_restarts", "2"], "--max_restarts 2: worker restarts are torchrun's"),
-    ("sft", ["-h", "cpu.small", "distributed.fsdp={}"], "distributed.fsdp: -h cpu.small has no GPU, and accelerate runs FSDP on GPUs only"),
-    ("sft", ["distributed.fsdp={}", "distributed.deepspeed={zero_stage: 2}"], "distributed: deepspeed and fsdp both shard the model"),
+    (
+        "sft",
+        ["-h", "cpu.small", "distributed.fsdp={}"],
+        "distributed.fsdp: -h cpu.small has no GPU, and accelerate runs FSDP on GPUs only",
+    ),
+    (
+        "sft",
+        ["distributed.fsdp={}", "distributed.deepspeed={zero_stage: 2}"],
+        "distributed: deepspeed and fsdp both shard the model",
+    ),
     # batch arithmetic and algorithm-specific settings
-    ("grpo", ["training.num_generations=3"], "training.num_generations: the generation batch (16 = 8 per device x 2 processes x 1 steps) must divide by num_generations (3)"),
+    (
+        "grpo",
+        ["training.num_generations=3"],
+        "training.num_generations: the generation batch (16 = 8 per device x 2 processes x 1 steps) must divide by num_generations (3)",
+    ),
     ("grpo", ["rewards.0.builtin=nope"], "rewards.0.builtin: unknown built-in reward 'nope'"),
-    ("grpo", ["training.reward_weights=[1.0]"], "training.reward_weights: set by posttrain, not in training; use rewards[].weight"),
+    (
+        "grpo",
+        ["training.reward_weights=[1.0]"],
+        "training.reward_weights: set by posttrain, not in training; use rewards[].weight",
+    ),
     ("grpo", ["training.vllm_mode=remote"], "training.vllm_mode: expected one of 'colocate', 'server'; got 'remote'"),
-    ("ppo", ["training.num_mini_batches=3"], "training.num_mini_batches: 3 must divide per_device_train_batch_size (16)"),
+    (
+        "ppo",
+        ["training.num_mini_batches=3"],
+        "training.num_mini_batches: 3 must divide per_device_train_batch_size (16)",
+    ),
     ("ppo", ["model.lora={r: 8}"], "model.lora: posttrain's PPO trains full weights"),
     ("dpo", ["reference_model=org/ref", "model.lora={r: 8}"], "reference_model: not used with model.lora"),
     # malformed overrides
     ("sft", ["training.max_steps"], "override 'training.max_steps': expected key.path=value"),
     ("sft", ["training.max_steps.x=3"], "training.max_steps is a value, not a section"),
     # posttrain loads every model itself; the new algorithms' own keys
-    ("grpo", ["training.trust_remote_code=true"], "training.trust_remote_code: set by posttrain, not in training; use model.trust_remote_code"),
-    ("dpo", ["training.model_init_kwargs={dtype: bfloat16}"], "training.model_init_kwargs: set by posttrain, not in training; posttrain loads the models"),
-    ("distill", ["training.teacher_model_name_or_path=x"], "training.teacher_model_name_or_path: set by posttrain, not in training; use teacher_model"),
+    (
+        "grpo",
+        ["training.trust_remote_code=true"],
+        "training.trust_remote_code: set by posttrain, not in training; use model.trust_remote_code",
+    ),
+    (
+        "dpo",
+        ["training.model_init_kwargs={dtype: bfloat16}"],
+        "training.model_init_kwargs: set by posttrain, not in training; posttrain loads the models",
+    ),
+    (
+        "distill",
+        ["training.teacher_model_name_or_path=x"],
+        "training.teacher_model_name_or_path: set by posttrain, not in training; use teacher_model",
+    ),
     ("distill", ["teacher_model= "], "teacher_model: expected a path or hub id; got an empty string"),
-    ("online_dpo", ["training.reward_model_path=x"], "training.reward_model_path: set by posttrain, not in training; use rewards"),
+    (
+        "online_dpo",
+        ["training.reward_model_path=x"],
+        "training.reward_model_path: set by posttrain, not in training; use rewards",
+    ),
     ("online_dpo", ["rewards=[]"], "rewards: give at least one reward"),
     ("online_dpo", ["reference_model=org/ref", "model.lora={r: 8}"], "reference_model: not used with model.lora"),
-]  # fmt: skip
+]
 
 
 @pytest.fixture(scope="module")
@@ -140,7 +210,9 @@ def test_bad_input_is_rejected_with_its_message_alone(
 @pytest.mark.parametrize("algorithm", sorted(SPEC_CLASSES))
 def test_every_component_names_an_unknown_training_key(monkeypatch: pytest.MonkeyPatch, algorithm: str) -> None:
     monkeypatch.setenv("TORCHX_CONTEXT_NAME", "cli_run")
-    with pytest.raises(SystemExit, match=r"^training.learnig_rate: unknown key; did you mean training.learning_rate\?$"):
+    with pytest.raises(
+        SystemExit, match=r"^training.learnig_rate: unknown key; did you mean training.learning_rate\?$"
+    ):
         getattr(algorithms, algorithm)("training.learnig_rate=1", spec=f"{REPO}/templates/{algorithm}/tiny.yaml")
 
 
@@ -152,7 +224,9 @@ CLI_SAMPLE = [BAD_INPUTS[i] for i in (0, 15, 18, 20, 22, 29, 35, 47, 55, 62)]
 def test_bad_input_through_the_cli_prints_the_message_alone_and_launches_nothing(
     tmp_path: Path, broken_specs: dict, component: str, args: List[str], message: str
 ) -> None:
-    result = torchx(["run", "-s", "local_cwd", f"posttrain.{component}", *resolve(args, broken_specs, component)], tmp_path)
+    result = torchx(
+        ["run", "-s", "local_cwd", f"posttrain.{component}", *resolve(args, broken_specs, component)], tmp_path
+    )
     assert result.returncode == 1, result.stdout + result.stderr
     assert message in result.stderr
     assert "Traceback" not in result.stdout + result.stderr and "usage:" not in result.stderr
@@ -184,13 +258,20 @@ def test_job_side_input_errors_end_every_rank_before_training(tmp_path: Path, ov
 @pytest.mark.parametrize(
     "template, change, message",
     [
-        ("sft/tiny.yaml", {"path": "templates/data/prompts.jsonl"}, "data.train: found columns ['prompt']; expected (messages)"),
-        ("dpo/tiny.yaml", {"path": "templates/data/sft_chat.jsonl"},
-         "data.train: found columns ['messages']; expected (prompt, chosen, rejected) or (chosen, rejected)"),
+        (
+            "sft/tiny.yaml",
+            {"path": "templates/data/prompts.jsonl"},
+            "data.train: found columns ['prompt']; expected (messages)",
+        ),
+        (
+            "dpo/tiny.yaml",
+            {"path": "templates/data/sft_chat.jsonl"},
+            "data.train: found columns ['messages']; expected (prompt, chosen, rejected) or (chosen, rejected)",
+        ),
         ("sft/tiny.yaml", {"path": "{one_row}"}, "data.train: 1 rows cannot give each of the 2 processes one example"),
         ("sft/tiny.yaml", {"model": "nobody/no-such-model"}, "model: cannot load 'nobody/no-such-model'"),
     ],
-)  # fmt: skip
+)
 def test_job_side_checks_in_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, template: str, change: dict, message: str
 ) -> None:
@@ -235,12 +316,17 @@ def test_a_crashing_rank_ends_the_job_within_30_s_in_one_line_its_traceback_kept
     kind, rank, _ = fault.split(":")
     if kind == "raise":
         kept = tmp_path / "out" / "logs" / f"traceback-rank{rank}.txt"
-        line = rf"posttrain: rank {rank} crashed: RuntimeError: posttrain fault injection: raise on rank {rank} at step "
-        assert re.search(line + rf"\d+, t=[\d.]+ \(at callbacks.py:\d+ in _maybe_fire\); traceback in {re.escape(str(kept))}\n",
-                         logs), logs[-3000:]  # fmt: skip
+        line = (
+            rf"posttrain: rank {rank} crashed: RuntimeError: posttrain fault injection: raise on rank {rank} at step "
+        )
+        assert re.search(
+            line + rf"\d+, t=[\d.]+ \(at callbacks.py:\d+ in _maybe_fire\); traceback in {re.escape(str(kept))}\n", logs
+        ), logs[-3000:]
         assert "Traceback (most recent call last)" in kept.read_text() and "Traceback" not in logs
     else:
-        assert re.search(rf"posttrain: rank {rank} \(pid \d+\) exited with code 13 without saying why", logs), logs[-3000:]
+        assert re.search(rf"posttrain: rank {rank} \(pid \d+\) exited with code 13 without saying why", logs), logs[
+            -3000:
+        ]
     job = logs.partition("AppStatus:")[0]  # torchx's closing status repeats the line as the app's structured error
     assert job.count("posttrain: rank") == 1 and "ChildFailedError" not in logs
 
@@ -249,9 +335,13 @@ def test_a_crashing_rank_ends_the_job_within_30_s_in_one_line_its_traceback_kept
 def test_a_hanging_rank_ends_the_job_within_the_timeout(tmp_path: Path) -> None:
     timeout_s = 20
     result = run_template(
-        "sft/tiny.yaml", tmp_path, tmp_path / "out", overrides=[f"distributed.timeout_s={timeout_s}"],
-        POSTTRAIN_FAULT="hang:1:5", timeout=300,
-    )  # fmt: skip
+        "sft/tiny.yaml",
+        tmp_path,
+        tmp_path / "out",
+        overrides=[f"distributed.timeout_s={timeout_s}"],
+        POSTTRAIN_FAULT="hang:1:5",
+        timeout=300,
+    )
     ended = time.time()
     logs = job_logs(result)
     assert result.returncode != 0
@@ -314,9 +404,18 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes_from_it(tmp_path: P
     output_dir = tmp_path / "out"
     log_path = tmp_path / "job.log"
     args = [
-        "run", "-s", "local_cwd", "posttrain.sft", "--spec", SFT, "--rdzv_port", str(free_port()),
-        f"training.output_dir={output_dir}", "training.max_steps=3000", "training.save_steps=100000",
-    ]  # fmt: skip
+        "run",
+        "-s",
+        "local_cwd",
+        "posttrain.sft",
+        "--spec",
+        SFT,
+        "--rdzv_port",
+        str(free_port()),
+        f"training.output_dir={output_dir}",
+        "training.max_steps=3000",
+        "training.save_steps=100000",
+    ]
     job = start_training(args, tmp_path, log_path, steps=5)
     try:
         agent = subprocess.run(
@@ -338,7 +437,10 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes_from_it(tmp_path: P
 
     # a changed max_steps is a different spec, so the checkpoint is named explicitly
     resumed = run_template(
-        "sft/tiny.yaml", tmp_path, output_dir, overrides=[f"training.max_steps={saved_step + 3}", f"resume={checkpoints[0]}"]
+        "sft/tiny.yaml",
+        tmp_path,
+        output_dir,
+        overrides=[f"training.max_steps={saved_step + 3}", f"resume={checkpoints[0]}"],
     )
     assert_succeeded(resumed)
     summary = read_json(output_dir / "run_summary.json")
@@ -347,7 +449,7 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes_from_it(tmp_path: P
 
 # ---------------------------------------------------------------- injection and secrets
 
-NASTY = "it's \"quoted\"; $(touch {sentinel}) `touch {sentinel}` && echo $HOME \\ ünïcödé ${{app_id}}\nsecond line"
+NASTY = 'it\'s "quoted"; $(touch {sentinel}) `touch {sentinel}` && echo $HOME \\ ünïcödé ${{app_id}}\nsecond line'
 
 
 @pytest.mark.e2e
@@ -357,9 +459,13 @@ def test_spec_values_reach_the_job_byte_exactly_and_run_nothing(tmp_path: Path) 
     output_dir = tmp_path / "out"
     secret = "hf_posttrain_test_secret_value"
     result = run_template(
-        "sft/tiny.yaml", tmp_path, output_dir, overrides=["training.max_steps=2", f"training.run_name={nasty}"],
-        HF_TOKEN=secret, WANDB_API_KEY=secret,
-    )  # fmt: skip
+        "sft/tiny.yaml",
+        tmp_path,
+        output_dir,
+        overrides=["training.max_steps=2", f"training.run_name={nasty}"],
+        HF_TOKEN=secret,
+        WANDB_API_KEY=secret,
+    )
     assert_succeeded(result)
     assert not sentinel.exists(), "a spec value was executed"
     assert read_json(output_dir / "run_summary.json")["spec"]["training"]["run_name"] == nasty

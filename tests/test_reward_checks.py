@@ -12,9 +12,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from helpers import load_template, tiny_job, trainer_with
 from trl.trainer.utils import is_async_callable
 
+from helpers import load_template, tiny_job, trainer_with
 from posttrain.components.messages import SpecError
 from posttrain.components.spec import validate
 from posttrain.entrypoints.data import load_data

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TEMPLATES, load_template, sft_spec, tiny_job, trainer_with
 from transformers import LlamaForCausalLM, LlamaForSequenceClassification
 from trl import SFTConfig
 
+from helpers import TEMPLATES, load_template, sft_spec, tiny_job, trainer_with
 from posttrain.components.fields import config_fields
 from posttrain.components.registry import SPEC_CLASSES
 from posttrain.components.spec import SpecError, validate
@@ -66,7 +66,9 @@ def test_wrong_columns_name_found_and_expected(tmp_path: Path) -> None:
     source = validate({**load_template("sft/tiny.yaml"), "data": {"train": {"path": str(path)}}}).data.train
     with pytest.raises(SpecError) as error:
         load_data(source, {}, "data.train", SFT_FORMATS)
-    assert "found columns ['question', 'answer']; expected (messages) or (text) or (prompt, completion)" in str(error.value)
+    assert "found columns ['question', 'answer']; expected (messages) or (text) or (prompt, completion)" in str(
+        error.value
+    )
     renamed = load_data(source, {"question": "prompt", "answer": "completion"}, "data.train", SFT_FORMATS)
     assert renamed.column_names == ["prompt", "completion"]
     with pytest.raises(SpecError, match="data.columns: data.train has no column query"):
@@ -90,9 +92,13 @@ def test_a_save_to_disk_directory_loads_as_a_data_set_or_a_split_of_a_dict(tmp_p
     datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "one"))
     datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows)}).save_to_disk(str(tmp_path / "dict"))
     for saved, split in (("one", "train"), ("dict", "train")):
-        source = validate({**load_template("sft/tiny.yaml"), "data": {"train": {"path": str(tmp_path / saved), "split": split}}})
+        source = validate(
+            {**load_template("sft/tiny.yaml"), "data": {"train": {"path": str(tmp_path / saved), "split": split}}}
+        )
         assert load_data(source.data.train, {}, "data.train", SFT_FORMATS)[:] == rows
-    source = validate({**load_template("sft/tiny.yaml"), "data": {"train": {"path": str(tmp_path / "dict"), "split": "test"}}})
+    source = validate(
+        {**load_template("sft/tiny.yaml"), "data": {"train": {"path": str(tmp_path / "dict"), "split": "test"}}}
+    )
     with pytest.raises(SpecError, match=r"data.train.split: .*dict has no split 'test'; it has train"):
         load_data(source.data.train, {}, "data.train", SFT_FORMATS)
     source = validate({**load_template("sft/tiny.yaml"), "data": {"train": {"path": str(tmp_path)}}})
@@ -103,7 +109,10 @@ def test_a_save_to_disk_directory_loads_as_a_data_set_or_a_split_of_a_dict(tmp_p
 @pytest.mark.parametrize("empty", ['""', '"  "', "[]"])
 def test_empty_prompts_are_refused_naming_the_rows(tmp_path: Path, empty: str) -> None:
     path = tmp_path / "prompts.jsonl"
-    rows = [f'{{"prompt": {empty if row in (2, 4) else chr(34) + "q" + chr(34) if empty != "[]" else "[{" + chr(34) + "role" + chr(34) + ": " + chr(34) + "user" + chr(34) + ", " + chr(34) + "content" + chr(34) + ": " + chr(34) + "q" + chr(34) + "}]"}}}' for row in range(1, 6)]
+    rows = [
+        f'{{"prompt": {empty if row in (2, 4) else chr(34) + "q" + chr(34) if empty != "[]" else "[{" + chr(34) + "role" + chr(34) + ": " + chr(34) + "user" + chr(34) + ", " + chr(34) + "content" + chr(34) + ": " + chr(34) + "q" + chr(34) + "}]"}}}'
+        for row in range(1, 6)
+    ]
     path.write_text("\n".join(rows) + "\n")
     source = validate({**load_template("grpo/tiny.yaml"), "data": {"train": {"path": str(path)}}}).data.train
     with pytest.raises(SpecError) as error:
@@ -145,11 +154,15 @@ def test_templates_point_at_shipped_data() -> None:
 
 
 def test_deepspeed_config_leaves_batch_and_precision_to_the_trainer(tmp_path: Path) -> None:
-    spec = sft_spec(tmp_path, distributed={"deepspeed": {"zero_stage": 3, "offload_optimizer": True, "offload_params": True}})
+    spec = sft_spec(
+        tmp_path, distributed={"deepspeed": {"zero_stage": 3, "offload_optimizer": True, "offload_params": True}}
+    )
     config = deepspeed_config(spec.distributed.deepspeed)
     assert config["train_micro_batch_size_per_gpu"] == "auto" and config["bf16"] == {"enabled": "auto"}
     zero = config["zero_optimization"]
-    assert zero["stage"] == 3 and zero["offload_optimizer"]["device"] == "cpu" and zero["offload_param"]["device"] == "cpu"
+    assert (
+        zero["stage"] == 3 and zero["offload_optimizer"]["device"] == "cpu" and zero["offload_param"]["device"] == "cpu"
+    )
     assert zero["stage3_gather_16bit_weights_on_model_save"] is True
     kwargs = runtime.training_arguments(spec, dict(spec.training))
     assert kwargs["deepspeed"] == config
@@ -218,7 +231,9 @@ def test_online_batches_are_checked_not_shrunk() -> None:
 
     grpo = SimpleNamespace(generation_batch_size=16, num_generations=8, per_device_train_batch_size=8)
     check_online_data(SPEC_CLASSES["grpo"], grpo, 2, 2)
-    with pytest.raises(SpecError, match=r"data.train: 1 prompts, fewer than one batch takes \(16 completions / 8 per prompt = 2\)"):
+    with pytest.raises(
+        SpecError, match=r"data.train: 1 prompts, fewer than one batch takes \(16 completions / 8 per prompt = 2\)"
+    ):
         check_online_data(SPEC_CLASSES["grpo"], grpo, 1, 2)
     ppo = SimpleNamespace(per_device_train_batch_size=16)
     with pytest.raises(SpecError, match=r"\(16 per process x 2 processes = 32\)"):
@@ -233,8 +248,15 @@ BUILT_BY_THE_REGISTRY = sorted(name for name, cls in SPEC_CLASSES.items() if cls
 def test_the_registry_builds_every_trainer_with_its_models(tmp_path: Path, algorithm: str) -> None:
     from transformers.integrations import TensorBoardCallback
 
-    job = tiny_job(tmp_path, algorithm, training={**load_template(f"{algorithm}/tiny.yaml")["training"],
-                                                  "output_dir": str(tmp_path / "out"), "report_to": "tensorboard"})  # fmt: skip
+    job = tiny_job(
+        tmp_path,
+        algorithm,
+        training={
+            **load_template(f"{algorithm}/tiny.yaml")["training"],
+            "output_dir": str(tmp_path / "out"),
+            "report_to": "tensorboard",
+        },
+    )
     spec = job.spec
     trainer = runtime.registry_trainer(job)
     assert type(trainer) is import_object(spec.trainer_class)
@@ -252,8 +274,16 @@ def test_the_registry_builds_every_trainer_with_its_models(tmp_path: Path, algor
 def test_kto_batch_rules_are_the_trainers_own(tmp_path: Path) -> None:
     """The spec refuses what KTOTrainer refuses once the models are loaded, and no more."""
     loose = {"per_device_train_batch_size": 1, "train_sampling_strategy": "random"}
-    job = tiny_job(tmp_path, "kto", training={**load_template("kto/tiny.yaml")["training"], **loose,
-                                              "loss_type": "apo_zero_unpaired", "output_dir": str(tmp_path)})  # fmt: skip
+    job = tiny_job(
+        tmp_path,
+        "kto",
+        training={
+            **load_template("kto/tiny.yaml")["training"],
+            **loose,
+            "loss_type": "apo_zero_unpaired",
+            "output_dir": str(tmp_path),
+        },
+    )
     assert job.spec.min_per_device_batch == 1 and validate(load_template("kto/tiny.yaml")).min_per_device_batch == 2
     runtime.registry_trainer(job)  # no KL term: TRL takes both
     with pytest.raises(SpecError) as refused:
@@ -280,10 +310,19 @@ TRAINER_REFUSALS = [
     ("dpo", {"loss_type": "apo_zero", "f_divergence_type": "js_divergence"}, "is only supported for the following"),
     ("dpo", {"loss_type": "aot", "use_weighting": True}, "WPO-style weighting is not implemented"),
     ("sft", {"padding_free": True, "max_length": 64}, "padding_free=True` without packing"),
-    ("sft", {"activation_checkpointing_kwargs": {"selective": True}, "activation_checkpointing": False},
-     "{'selective': True}` requires `gradient_checkpointing=True`"),
-    ("sft", {"activation_checkpointing_kwargs": {"selective": True, "use_reentrant": True},
-             "activation_checkpointing": True}, "{'selective': True}` requires non-reentrant gradient checkpointing"),
+    (
+        "sft",
+        {"activation_checkpointing_kwargs": {"selective": True}, "activation_checkpointing": False},
+        "{'selective': True}` requires `gradient_checkpointing=True`",
+    ),
+    (
+        "sft",
+        {
+            "activation_checkpointing_kwargs": {"selective": True, "use_reentrant": True},
+            "activation_checkpointing": True,
+        },
+        "{'selective': True}` requires non-reentrant gradient checkpointing",
+    ),
 ]
 
 
@@ -430,9 +469,10 @@ def test_every_key_reaches_the_trainer_as_the_spec_says(tmp_path: Path, algorith
     if expected.ddp_find_unused_parameters is None:  # unset: decided by the loaded model (Job.load_model)
         expected.ddp_find_unused_parameters = False  # the tiny Llama uses every parameter
     differing = {
-        f.name for f in dataclasses.fields(expected)
+        f.name
+        for f in dataclasses.fields(expected)
         if f.init and getattr(trainer.args, f.name) != getattr(expected, f.name)
-    }  # fmt: skip
+    }
     assert differing <= TRAINER_CHANGES.get(algorithm, set()), differing
     for key, value in job.spec.training.items():  # and what the spec says is what the trainer has
         if key not in TRAINER_CHANGES.get(algorithm, set()):
@@ -444,7 +484,13 @@ def test_ddp_searches_for_unused_parameters_only_in_models_that_can_leave_some()
 
     from posttrain.entrypoints.sharding import may_leave_parameters_unused
 
-    small = {"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
-             "num_key_value_heads": 1, "vocab_size": 64}  # fmt: skip
+    small = {
+        "hidden_size": 16,
+        "intermediate_size": 32,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "vocab_size": 64,
+    }
     assert not may_leave_parameters_unused(LlamaForCausalLM(LlamaConfig(**small)))
     assert may_leave_parameters_unused(MixtralForCausalLM(MixtralConfig(**small, num_local_experts=4)))

@@ -7,14 +7,12 @@ from typing import Any
 
 import pytest
 import torch
-from helpers import load_template, refusal, tiny_job, trainer_with
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
+from helpers import load_template, refusal, tiny_job, trainer_with
 from posttrain.components.spec import SpecError, validate
 from posttrain.entrypoints import runtime
 from posttrain.entrypoints.data import check_length_column
-
-
 
 
 def order(trainer: Any) -> list:
@@ -98,14 +96,23 @@ def test_the_job_names_a_missing_length_column_before_any_model_loads(
 ) -> None:
     monkeypatch.setattr(runtime, "load_model", lambda *args, **kwargs: pytest.fail("a model loaded"))
     raw = load_template("dpo/tiny.yaml")
-    raw["training"].update(output_dir=str(tmp_path / "out"), train_sampling_strategy="batch_rebalance",
-                           remove_unused_columns=False, length_column_name="tokens")  # fmt: skip
+    raw["training"].update(
+        output_dir=str(tmp_path / "out"),
+        train_sampling_strategy="batch_rebalance",
+        remove_unused_columns=False,
+        length_column_name="tokens",
+    )
     with pytest.raises(SystemExit) as exit_info:
         runtime.run("dpo", argv=["--spec-json", validate(raw).to_json()])
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.count("posttrain: data.train: train_sampling_strategy: batch_rebalance reads each "
-                                         "row's length (in tokens) from column 'tokens', which data.train does not "
-                                         "have; add it") == 1  # fmt: skip
+    assert (
+        capsys.readouterr().err.count(
+            "posttrain: data.train: train_sampling_strategy: batch_rebalance reads each "
+            "row's length (in tokens) from column 'tokens', which data.train does not "
+            "have; add it"
+        )
+        == 1
+    )
     assert not (tmp_path / "out").exists()
 
 

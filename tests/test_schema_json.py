@@ -12,8 +12,8 @@ from typing import Any, Callable, Dict, Iterator
 import jsonschema
 import pytest
 import yaml
-from helpers import REPO, TEMPLATES, load_template
 
+from helpers import REPO, TEMPLATES, load_template
 from posttrain.components import schema_json, templates
 from posttrain.components.fields import config_default
 from posttrain.components.messages import SpecError
@@ -92,10 +92,16 @@ def test_what_pyyaml_reads_passes_the_schema_as_it_passes_the_validator(tmp_path
     """YAML 1.1 (PyYAML) reads 3e-3 as text and no as false; posttrain takes them as written, and so does the schema:
     a user's CI that loads a spec with PyYAML and checks it with jsonschema passes what torchx run passes."""
     text = (TEMPLATES / "grpo/tiny.yaml").read_text()
-    text = re.sub(r"learning_rate: \S+", "learning_rate: 3e-3", text).replace("args: {target: blue}", "args: {target: blue}\n    weight: 5e-1")
+    text = re.sub(r"learning_rate: \S+", "learning_rate: 3e-3", text).replace(
+        "args: {target: blue}", "args: {target: blue}\n    weight: 5e-1"
+    )
     (tmp_path / "spec.yaml").write_text(text + "  adam_epsilon: 1e-8\n  eval_strategy: no\n")
     raw = yaml.safe_load((tmp_path / "spec.yaml").read_text())
-    assert (raw["training"]["learning_rate"], raw["rewards"][0]["weight"], raw["training"]["eval_strategy"]) == ("3e-3", "5e-1", False)
+    assert (raw["training"]["learning_rate"], raw["rewards"][0]["weight"], raw["training"]["eval_strategy"]) == (
+        "3e-3",
+        "5e-1",
+        False,
+    )
     validator("grpo").validate(raw)
     spec = load_spec(str(tmp_path / "spec.yaml"))
     assert (spec.training["learning_rate"], spec.rewards[0].weight, spec.training["eval_strategy"]) == (3e-3, 0.5, "no")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import List, Tuple
 
 import pytest
+
 from helpers import REPO, assert_succeeded, ends, free_port, read_json, torchx
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
@@ -26,7 +27,9 @@ def slurm_cluster() -> None:
     """CI starts Slurm and must run these; elsewhere they skip with how to start it."""
     ready = bool(os.environ.get("SLURM_CONF")) and subprocess.run(["sinfo"], capture_output=True).returncode == 0
     if not ready:
-        message = "no Slurm: NODES=2 ACCOUNTING=1 bash schedulers_config/slurm_up.sh; export SLURM_CONF=/tmp/slurm/slurm.conf"
+        message = (
+            "no Slurm: NODES=2 ACCOUNTING=1 bash schedulers_config/slurm_up.sh; export SLURM_CONF=/tmp/slurm/slurm.conf"
+        )
         if os.environ.get("CI"):
             pytest.fail(message)
         pytest.skip(message)
@@ -37,12 +40,27 @@ def run_on_slurm(template: str, tmp_path: Path, output_dir: Path, args: List[str
     try:
         result = torchx(
             [
-                "run", "-s", "slurm", "--wait", "--log", "--workspace", "", f"posttrain.{algorithm}",
-                "--spec", f"templates/{template}", "-j", "2x1", "--rdzv_port", str(free_port()), *args,
+                "run",
+                "-s",
+                "slurm",
+                "--wait",
+                "--log",
+                "--workspace",
+                "",
+                f"posttrain.{algorithm}",
+                "--spec",
+                f"templates/{template}",
+                "-j",
+                "2x1",
+                "--rdzv_port",
+                str(free_port()),
+                *args,
                 f"training.output_dir={output_dir}",
             ],
-            tmp_path, timeout=JOB_TIMEOUT_S, **env,
-        )  # fmt: skip
+            tmp_path,
+            timeout=JOB_TIMEOUT_S,
+            **env,
+        )
     except subprocess.TimeoutExpired as timeout:
         pytest.fail(hung_job_report((timeout.stdout or b"").decode()))
     assert_succeeded(result)
@@ -74,9 +92,7 @@ def test_grpo_2x1_on_slurm_raises_the_reward(tmp_path: Path) -> None:
 
 def test_a_failed_job_is_requeued_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:
     output_dir = tmp_path / "requeued"
-    result, _ = run_on_slurm(
-        "sft/tiny.yaml", tmp_path, output_dir, ["--max_retries", "1"], POSTTRAIN_FAULT="exit:0:25"
-    )
+    result, _ = run_on_slurm("sft/tiny.yaml", tmp_path, output_dir, ["--max_retries", "1"], POSTTRAIN_FAULT="exit:0:25")
     logs = result.stdout + result.stderr
     assert "posttrain fault injection: exit on rank 0 at step 25" in logs
     summary = read_json(output_dir / "run_summary.json")

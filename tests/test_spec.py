@@ -6,12 +6,12 @@ from typing import Any, Dict
 
 import pytest
 import yaml
-from helpers import TEMPLATES, load_template
 
+from helpers import TEMPLATES, load_template
+from posttrain.components.fields import config_fields
 from posttrain.components.messages import SpecError
 from posttrain.components.overrides import apply_overrides
 from posttrain.components.registry import SPEC_CLASSES
-from posttrain.components.fields import config_fields
 from posttrain.components.spec import load_spec, spec_from_json, validate
 
 ALL_TEMPLATES = sorted(str(p.relative_to(TEMPLATES)) for p in TEMPLATES.glob("*/*.yaml"))
@@ -98,7 +98,11 @@ def test_reference_model_and_lora_are_exclusive() -> None:
         (("training", "learnig_rate"), 1.0, "training.learnig_rate: unknown key; did you mean training.learning_rate?"),
         (("model", "dtyp"), "auto", "model.dtyp: unknown key; did you mean model.dtype?"),
         (("data", "train", "paht"), "x", "data.train.paht: unknown key; did you mean data.train.path?"),
-        (("model", "learning_rate"), 1.0, "model.learning_rate: unknown key here; it belongs at training.learning_rate"),
+        (
+            ("model", "learning_rate"),
+            1.0,
+            "model.learning_rate: unknown key here; it belongs at training.learning_rate",
+        ),
         (("training", "lora"), {}, "training.lora: unknown key here; it belongs at model.lora"),
         (("model", "lora"), {"rank": 8}, "model.lora.rank: unknown key"),
         (("trainig",), {}, "trainig: unknown key; did you mean training?"),
@@ -139,9 +143,18 @@ def test_package_owned_training_keys_point_to_the_right_place(key: str, hint: st
         ("training", "max_steps", 2.5, "training.max_steps: expected an integer; got 2.5"),
         ("training", "bf16", "yes", "training.bf16: expected true/false or null; got 'yes'"),
         ("training", "lr_scheduler_type", "cosin", "did you mean 'cosine'?"),
-        ("training", "per_device_train_batch_size", 0,
-         "training.per_device_train_batch_size: 0 is out of range; expected per_device_train_batch_size >= 1"),
-        ("training", "learning_rate", -1e-5, "training.learning_rate: -1e-05 is out of range; expected learning_rate > 0"),
+        (
+            "training",
+            "per_device_train_batch_size",
+            0,
+            "training.per_device_train_batch_size: 0 is out of range; expected per_device_train_batch_size >= 1",
+        ),
+        (
+            "training",
+            "learning_rate",
+            -1e-5,
+            "training.learning_rate: -1e-05 is out of range; expected learning_rate > 0",
+        ),
         ("training", "max_steps", 0, "training.max_steps: must be positive, or -1 to train by epochs; got 0"),
         ("model", "dtype", "bf16", "model.dtype: input should be 'auto', 'float32', 'bfloat16' or 'float16'"),
         ("model", "trust_remote_code", "yes", "model.trust_remote_code: input should be a valid boolean"),
@@ -171,16 +184,27 @@ def test_all_problems_are_reported_together() -> None:
         ({"data": {"train": {"path": "a.jsonl", "name": "hub/set"}}}, "data.train: give exactly one of path"),
         ({"data": {"train": {"split": "train"}}}, "data.train: give exactly one of path"),
         # what transformers' Trainer refuses only once the models are loaded
-        ({"training": {"save_strategy": "best", "eval_strategy": "steps"}},
-         "training.save_strategy: best keeps the checkpoint with the best"),
-        ({"distributed": {"deepspeed": {"zero_stage": 3}}, "training": {"auto_find_batch_size": True}},
-         "training.auto_find_batch_size: transformers does not support it with ZeRO-3"),
-        ({"distributed": {"fsdp": {}}, "training": {"save_only_model": True}},
-         "training.save_only_model: distributed.fsdp saves sharded checkpoints"),
-        ({"distributed": {"deepspeed": {"zero_stage": 2}}, "training": {"save_only_model": True, "load_best_model_at_end": True}},
-         "training.save_only_model: with distributed.deepspeed the best model cannot be loaded"),
+        (
+            {"training": {"save_strategy": "best", "eval_strategy": "steps"}},
+            "training.save_strategy: best keeps the checkpoint with the best",
+        ),
+        (
+            {"distributed": {"deepspeed": {"zero_stage": 3}}, "training": {"auto_find_batch_size": True}},
+            "training.auto_find_batch_size: transformers does not support it with ZeRO-3",
+        ),
+        (
+            {"distributed": {"fsdp": {}}, "training": {"save_only_model": True}},
+            "training.save_only_model: distributed.fsdp saves sharded checkpoints",
+        ),
+        (
+            {
+                "distributed": {"deepspeed": {"zero_stage": 2}},
+                "training": {"save_only_model": True, "load_best_model_at_end": True},
+            },
+            "training.save_only_model: with distributed.deepspeed the best model cannot be loaded",
+        ),
     ],
-)  # fmt: skip
+)
 def test_impossible_combinations(change: Dict[str, Any], expected: str) -> None:
     raw = tiny_sft()
     for section, values in change.items():
@@ -194,14 +218,17 @@ def test_impossible_combinations(change: Dict[str, Any], expected: str) -> None:
 def test_eval_data_the_trainer_never_evaluates_on_is_refused() -> None:
     raw = tiny_sft()
     raw["data"]["eval"] = raw["data"]["train"]
-    assert problems_of(raw) == ("data.eval: the trainer never evaluates with eval_strategy: no (TRL's default); set "
-                                "eval_strategy: steps (every eval_steps) or epoch, or eval_on_start: true, or drop "
-                                "data.eval")  # fmt: skip
+    assert problems_of(raw) == (
+        "data.eval: the trainer never evaluates with eval_strategy: no (TRL's default); set "
+        "eval_strategy: steps (every eval_steps) or epoch, or eval_on_start: true, or drop "
+        "data.eval"
+    )
     raw["training"]["eval_on_start"] = True  # transformers evaluates once before training, whatever the strategy
     validate(raw)
     assert problems_of({**raw, "data": {"train": raw["data"]["train"]}}) == (
         "training.eval_on_start: true evaluates on data.eval before training, which the spec does not give; add "
-        "data.eval, or drop eval_on_start")  # fmt: skip
+        "data.eval, or drop eval_on_start"
+    )
     del raw["training"]["eval_on_start"]
     raw["training"].update(eval_strategy="steps", eval_steps=10)
     assert validate(raw).data.eval is not None
@@ -231,7 +258,7 @@ def test_overrides_convert_by_the_type_of_the_field() -> None:
             "training.max_steps=7",
             "training.bf16=false",
             "training.report_to=[tensorboard, wandb]",
-            "training.run_name=it's a \"quoted\" name; $(echo hi) `x` ü",
+            'training.run_name=it\'s a "quoted" name; $(echo hi) `x` ü',
             "training.lr_scheduler_type=cosine_with_min_lr",
             "training.lr_scheduler_kwargs={min_lr: 0.1}",
             "model.revision=0123",
@@ -245,7 +272,7 @@ def test_overrides_convert_by_the_type_of_the_field() -> None:
     assert training["learning_rate"] == 1e-5 and isinstance(training["learning_rate"], float)
     assert training["max_steps"] == 7 and training["bf16"] is False
     assert training["report_to"] == ["tensorboard", "wandb"]
-    assert training["run_name"] == "it's a \"quoted\" name; $(echo hi) `x` ü"
+    assert training["run_name"] == 'it\'s a "quoted" name; $(echo hi) `x` ü'
     assert training["lr_scheduler_kwargs"] == {"min_lr": 0.1}
     assert result["model"]["revision"] == "0123"  # a string field keeps the raw text
     assert result["model"]["lora"] == {"target_modules": ["q_proj", "v_proj"], "r": 8}
@@ -265,8 +292,12 @@ def test_a_removed_key_takes_its_default() -> None:
     raw["training"]["output_dir"] = "out"
     with pytest.raises(SpecError, match="training.vllm_mode: server does nothing with use_vllm: false"):
         validate(apply_overrides(raw, ["training.use_vllm=false"]))
-    without = ["training.use_vllm=false", "~training.vllm_mode", "~training.vllm_gpu_memory_utilization",
-               "~training.vllm_max_model_length"]  # fmt: skip
+    without = [
+        "training.use_vllm=false",
+        "~training.vllm_mode",
+        "~training.vllm_gpu_memory_utilization",
+        "~training.vllm_max_model_length",
+    ]
     spec = validate(apply_overrides(raw, without))
     assert "vllm_mode" not in spec.training and raw["training"]["vllm_mode"] == "server"  # a copy changed
 
@@ -334,7 +365,10 @@ def test_yaml_is_loaded_safely(tmp_path: Path) -> None:
         ({"function": "no_colon"}, "rewards.0.function: expected module:callable"),
         ({"function": "m:f", "model": "path"}, "rewards.0: give exactly one of function"),
         ({"model": "path", "args": {"a": 1}}, "rewards.0.args: only built-in rewards take args"),
-        ({"builtin": "contains", "args": {"target": "x"}, "wieght": 2}, "rewards.0.wieght: unknown key; did you mean rewards.0.weight?"),
+        (
+            {"builtin": "contains", "args": {"target": "x"}, "wieght": 2},
+            "rewards.0.wieght: unknown key; did you mean rewards.0.weight?",
+        ),
     ],
 )
 def test_rewards_are_checked_at_submit_time(reward: Dict[str, Any], expected: str) -> None:
@@ -361,9 +395,14 @@ def test_generation_batch_must_divide_by_num_generations_with_the_world_size_of_
     raw["training"].update(per_device_train_batch_size=4)
     validate(raw, world_size=2)
     raw["training"].update(generation_batch_size=12)
-    assert "generation_batch_size: 12 is not a multiple of the global batch (4 per device x 2 processes = 8)" in problems_of(raw, world_size=2)
+    assert (
+        "generation_batch_size: 12 is not a multiple of the global batch (4 per device x 2 processes = 8)"
+        in problems_of(raw, world_size=2)
+    )
     raw["training"].update(generation_batch_size=None, num_generations=1)
-    assert "training.num_generations: 1 is out of range; expected num_generations >= 2" in problems_of(raw, world_size=2)
+    assert "training.num_generations: 1 is out of range; expected num_generations >= 2" in problems_of(
+        raw, world_size=2
+    )
 
 
 def test_vllm_mode_is_checked() -> None:
@@ -399,7 +438,10 @@ def test_ppo_settings(change: Dict[str, Any], expected: str) -> None:
         ({"zero_stage": 4}, "distributed.deepspeed.zero_stage: input should be 1, 2 or 3"),
         ({"zero_stage": 2, "offload_params": True}, "offload_params: parameter offload needs zero_stage 3"),
         ({"config": "ds.json", "offload_optimizer": True}, "offload is set in your config file"),
-        ({"zero_stage": 2, "stage": 2}, "distributed.deepspeed.stage: unknown key; did you mean distributed.deepspeed.zero_stage?"),
+        (
+            {"zero_stage": 2, "stage": 2},
+            "distributed.deepspeed.stage: unknown key; did you mean distributed.deepspeed.zero_stage?",
+        ),
     ],
 )
 def test_deepspeed_settings(deepspeed: Dict[str, Any], expected: str) -> None:
@@ -411,9 +453,15 @@ def test_deepspeed_settings(deepspeed: Dict[str, Any], expected: str) -> None:
 @pytest.mark.parametrize(
     "distributed, expected",
     [
-        ({"fsdp": {}, "deepspeed": {"zero_stage": 3}}, "distributed: deepspeed and fsdp both shard the model; choose one"),
+        (
+            {"fsdp": {}, "deepspeed": {"zero_stage": 3}},
+            "distributed: deepspeed and fsdp both shard the model; choose one",
+        ),
         ({"fsdp": {"wrap_layers": []}}, "distributed.fsdp.wrap_layers: an empty list shards nothing"),
-        ({"fsdp": {"offload": True}}, "distributed.fsdp.offload: unknown key; did you mean distributed.fsdp.cpu_offload?"),
+        (
+            {"fsdp": {"offload": True}},
+            "distributed.fsdp.offload: unknown key; did you mean distributed.fsdp.cpu_offload?",
+        ),
         ({"fsdp": {"cpu_offload": "yes"}}, "distributed.fsdp.cpu_offload: input should be a valid boolean"),
         ({"fsdp": True}, "distributed.fsdp: input should be a valid dictionary"),
     ],

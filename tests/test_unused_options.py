@@ -6,8 +6,8 @@ from typing import Any, Dict, List
 
 import pytest
 import torch
-from helpers import load_template, refusal, tiny_job, trainer_with
 
+from helpers import load_template, refusal, tiny_job, trainer_with
 from posttrain.components.spec import SpecError, validate
 from posttrain.entrypoints import runtime
 from posttrain.entrypoints.data import check_loss_masks
@@ -16,24 +16,55 @@ TIMINGS = ("runtime", "per_second", "time")
 
 # what each trainer ignores with the tiny templates' settings (TRL's defaults)
 IGNORED: Dict[str, Dict[str, Any]] = {
-    "dpo": {"label_smoothing": 0.1, "discopop_tau": 0.5, "f_alpha_divergence_coef": 0.3, "ref_model_sync_steps": 1,
-            "ref_model_mixup_alpha": 0.5, "precompute_ref_batch_size": 2, "label_smoothing_factor": 0.1},
-    "kto": {"ref_model_sync_steps": 1, "ref_model_mixup_alpha": 0.5, "precompute_ref_batch_size": 2,
-            "label_smoothing_factor": 0.1},
-    "grpo": {"num_completions_to_print": 1, "log_unique_prompts": True, "log_multimodal": False,
-             "entropy_target": 0.5, "entropy_coef_min": 0.1, "entropy_coef_max": 0.5, "entropy_coef_delta": 0.1,
-             "use_bias_correction_kl": False, "ref_model_sync_steps": 1, "label_smoothing_factor": 0.1,
-             "sapo_temperature_pos": 2.0, "vespo_k_pos": 1.0, "num_generations_eval": 2},
+    "dpo": {
+        "label_smoothing": 0.1,
+        "discopop_tau": 0.5,
+        "f_alpha_divergence_coef": 0.3,
+        "ref_model_sync_steps": 1,
+        "ref_model_mixup_alpha": 0.5,
+        "precompute_ref_batch_size": 2,
+        "label_smoothing_factor": 0.1,
+    },
+    "kto": {
+        "ref_model_sync_steps": 1,
+        "ref_model_mixup_alpha": 0.5,
+        "precompute_ref_batch_size": 2,
+        "label_smoothing_factor": 0.1,
+    },
+    "grpo": {
+        "num_completions_to_print": 1,
+        "log_unique_prompts": True,
+        "log_multimodal": False,
+        "entropy_target": 0.5,
+        "entropy_coef_min": 0.1,
+        "entropy_coef_max": 0.5,
+        "entropy_coef_delta": 0.1,
+        "use_bias_correction_kl": False,
+        "ref_model_sync_steps": 1,
+        "label_smoothing_factor": 0.1,
+        "sapo_temperature_pos": 2.0,
+        "vespo_k_pos": 1.0,
+        "num_generations_eval": 2,
+    },
     "rloo": {"ref_model_sync_steps": 1, "num_completions_to_print": 1, "label_smoothing_factor": 0.1},
     "orpo": {"max_completion_length": 4, "label_smoothing_factor": 0.1},
     "reward": {"label_smoothing_factor": 0.1},
     "distill": {"label_smoothing_factor": 0.1, "log_unique_prompts": True},
     "online_dpo": {"label_smoothing_factor": 0.1},
-    "sft": {"packing_strategy": "wrapped", "do_train": True, "do_eval": True, "do_predict": True,
-            "per_device_eval_batch_size": 2, "eval_accumulation_steps": 2, "eval_delay": 1,
-            "eval_do_concat_batches": False, "eval_packing": False, "metric_for_best_model": "eval_loss",
-            "greater_is_better": True},
-}  # fmt: skip
+    "sft": {
+        "packing_strategy": "wrapped",
+        "do_train": True,
+        "do_eval": True,
+        "do_predict": True,
+        "per_device_eval_batch_size": 2,
+        "eval_accumulation_steps": 2,
+        "eval_delay": 1,
+        "eval_do_concat_batches": False,
+        "eval_packing": False,
+        "metric_for_best_model": "eval_loss",
+        "greater_is_better": True,
+    },
+}
 
 
 def logged(job: Any, **training: Any) -> List[Dict[str, float]]:
@@ -94,7 +125,6 @@ def test_sfts_text_column_is_mapped_with_data_columns(tmp_path: Path) -> None:
     assert "map yours with data.columns" in refusal(job, dataset_text_field="content")
 
 
-
 def test_sfts_loss_masks_need_their_kind_of_rows(tmp_path: Path) -> None:
     from datasets import Dataset
 
@@ -128,6 +158,11 @@ def test_the_job_checks_the_loss_masks_before_any_model_loads(
     with pytest.raises(SystemExit) as exit_info:
         runtime.run("sft", argv=["--spec-json", validate(raw).to_json()])
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.count("posttrain: training.completion_only_loss: true masks the prompt of "
-                                         "prompt/completion rows, and data.train has messages") == 1  # fmt: skip
+    assert (
+        capsys.readouterr().err.count(
+            "posttrain: training.completion_only_loss: true masks the prompt of "
+            "prompt/completion rows, and data.train has messages"
+        )
+        == 1
+    )
     assert not (tmp_path / "out").exists()

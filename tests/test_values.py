@@ -11,8 +11,8 @@ from typing import Any, Dict
 
 import pytest
 import yaml
-from helpers import REPO, load_template
 
+from helpers import REPO, load_template
 from posttrain.components import algorithms, values
 from posttrain.components.fields import config_fields
 from posttrain.components.messages import SpecError
@@ -31,8 +31,23 @@ def test_every_row_names_fields_the_installed_trl_has() -> None:
         assert having, f"{row['field']}: no config class has it any more"
         if "configs" in row:
             assert having == named, f"{row['field']}: missing from {set(named) - set(having)}"
-        kinds = {"field", "configs", "range", "choices", "also", "when", "unless", "requires", "keys", "needs",
-                 "pattern", "expected", "unused", "length_of", "reason"}
+        kinds = {
+            "field",
+            "configs",
+            "range",
+            "choices",
+            "also",
+            "when",
+            "unless",
+            "requires",
+            "keys",
+            "needs",
+            "pattern",
+            "expected",
+            "unused",
+            "length_of",
+            "reason",
+        }
         assert row["reason"].strip() and set(row) <= kinds
         conditional = "when" in row or "unless" in row
         assert conditional <= ("requires" in row or "unused" in row or "keys" in row)
@@ -67,8 +82,16 @@ BAD_VALUES = [
     ("grpo", {"temperature": 0.0}, "training.temperature: 0.0 is out of range; expected temperature > 0"),
     ("online_dpo", {"temperature": 0}, "training.temperature: 0 is out of range; expected temperature > 0"),
     ("dpo", {"beta": -0.1}, "training.beta: -0.1 is out of range; expected beta >= 0"),
-    ("dpo", {"label_smoothing": 0.7}, "training.label_smoothing: 0.7 is out of range; expected 0 <= label_smoothing <= 0.5"),
-    ("kto", {"desirable_weight": -1.0}, "training.desirable_weight: -1.0 is out of range; expected desirable_weight > 0"),
+    (
+        "dpo",
+        {"label_smoothing": 0.7},
+        "training.label_smoothing: 0.7 is out of range; expected 0 <= label_smoothing <= 0.5",
+    ),
+    (
+        "kto",
+        {"desirable_weight": -1.0},
+        "training.desirable_weight: -1.0 is out of range; expected desirable_weight > 0",
+    ),
     ("grpo", {"num_iterations": 0}, "training.num_iterations: 0 is out of range; expected num_iterations >= 1"),
     ("rloo", {"steps_per_generation": 0}, "training.steps_per_generation: 0 is out of range"),
     ("grpo", {"generation_batch_size": -16}, "training.generation_batch_size: -16 is out of range"),
@@ -82,50 +105,172 @@ BAD_VALUES = [
     ("orpo", {"beta": -1.0}, "training.beta: -1.0 is out of range"),
     ("sft", {"adam_beta2": 1.0}, "training.adam_beta2: 1.0 is out of range; expected 0 <= adam_beta2 < 1"),
     ("reward", {"weight_decay": -0.01}, "training.weight_decay: -0.01 is out of range"),
-    ("sft", {"loss_type": "nl"}, "training.loss_type: expected one of 'nll', 'dft', 'chunked_nll'; got 'nl'; did you mean 'nll'?"),
+    (
+        "sft",
+        {"loss_type": "nl"},
+        "training.loss_type: expected one of 'nll', 'dft', 'chunked_nll'; got 'nl'; did you mean 'nll'?",
+    ),
     ("dpo", {"loss_type": "ipp"}, "training.loss_type: expected one of 'sigmoid', 'hinge', 'ipo'"),
     ("dpo", {"loss_type": ["sigmoid", "bogus"]}, "training.loss_type: expected items from one of 'sigmoid'"),
     ("dpo", {"f_divergence_type": "kl"}, "training.f_divergence_type: expected one of 'reverse_kl', 'forward_kl'"),
     ("grpo", {"loss_type": "ppo"}, "training.loss_type: expected one of 'grpo', 'dr_grpo', 'dapo', 'bnpo', 'cispo'"),
-    ("grpo", {"importance_sampling_level": "seq"}, "training.importance_sampling_level: expected one of 'token', 'sequence'"),
-    ("grpo", {"scale_rewards": "all"}, "training.scale_rewards: expected one of 'group', 'batch', 'none' or true/false"),
+    (
+        "grpo",
+        {"importance_sampling_level": "seq"},
+        "training.importance_sampling_level: expected one of 'token', 'sequence'",
+    ),
+    (
+        "grpo",
+        {"scale_rewards": "all"},
+        "training.scale_rewards: expected one of 'group', 'batch', 'none' or true/false",
+    ),
     ("kto", {"loss_type": "sigmoid"}, "training.loss_type: expected one of 'kto', 'apo_zero_unpaired'"),
     # combinations (the first key is the one named; tests/test_runtime.py builds TRL's trainers with them)
-    ("grpo", {"beta": 0.0, "sync_ref_model": True}, "training.beta: 0.0 cannot go with sync_ref_model: true; expected beta > 0"),
-    ("dpo", {"label_smoothing": 0.0, "loss_type": ["sigmoid", "exo_pair"]}, "training.label_smoothing: 0.0 cannot go with loss_type: [sigmoid, exo_pair]; expected label_smoothing > 0"),
-    ("dpo", {"f_divergence_type": "js_divergence", "loss_type": "apo_zero"}, "training.f_divergence_type: js_divergence cannot go with loss_type: apo_zero; expected reverse_kl"),
-    ("sft", {"max_length": 64, "padding_free": True}, "training.max_length: 64 cannot go with padding_free: true, packing: false (TRL's default); expected null"),
-    ("dpo", {"optim_args": "betas=(0.9,0.95)", "optim": "sgd"}, "training.optim_args: betas=(0.9,0.95) is not key=value pairs separated by commas (transformers splits the text at each comma"),
-    ("sft", {"optim_args": "eps=1e-6"}, "training.optim_args: eps=1e-6 cannot go with optim: adamw_torch_fused (TRL's default); expected null or '' (transformers reads no optim_args for this optimizer"),
+    (
+        "grpo",
+        {"beta": 0.0, "sync_ref_model": True},
+        "training.beta: 0.0 cannot go with sync_ref_model: true; expected beta > 0",
+    ),
+    (
+        "dpo",
+        {"label_smoothing": 0.0, "loss_type": ["sigmoid", "exo_pair"]},
+        "training.label_smoothing: 0.0 cannot go with loss_type: [sigmoid, exo_pair]; expected label_smoothing > 0",
+    ),
+    (
+        "dpo",
+        {"f_divergence_type": "js_divergence", "loss_type": "apo_zero"},
+        "training.f_divergence_type: js_divergence cannot go with loss_type: apo_zero; expected reverse_kl",
+    ),
+    (
+        "sft",
+        {"max_length": 64, "padding_free": True},
+        "training.max_length: 64 cannot go with padding_free: true, packing: false (TRL's default); expected null",
+    ),
+    (
+        "dpo",
+        {"optim_args": "betas=(0.9,0.95)", "optim": "sgd"},
+        "training.optim_args: betas=(0.9,0.95) is not key=value pairs separated by commas (transformers splits the text at each comma",
+    ),
+    (
+        "sft",
+        {"optim_args": "eps=1e-6"},
+        "training.optim_args: eps=1e-6 cannot go with optim: adamw_torch_fused (TRL's default); expected null or '' (transformers reads no optim_args for this optimizer",
+    ),
     # the keys of a mapping (tests/test_checkpointing_options.py trains with them)
-    ("dpo", {"activation_checkpointing_kwargs": {"selective": True}}, "training.activation_checkpointing_kwargs.selective: unknown key; valid keys here: debug, determinism_check, early_stop, preserve_rng_state, use_reentrant (torch.utils.checkpoint's options; also every_n_layers and offload for sft"),
-    ("grpo", {"gradient_checkpointing_kwargs": {"every_n_layers": 2}}, "training.gradient_checkpointing_kwargs.every_n_layers: unknown key"),
-    ("sft", {"activation_checkpointing_kwargs": {"use_reentrent": False}}, "training.activation_checkpointing_kwargs.use_reentrent: unknown key; did you mean training.activation_checkpointing_kwargs.use_reentrant?"),
-    ("sft", {"lr_scheduler_kwargs": {"min_lr_rate": 0.1}, "lr_scheduler_type": "cosine"}, "training.lr_scheduler_kwargs.min_lr_rate: unknown key; valid keys here: last_epoch, num_cycles (the options of transformers' cosine schedules)"),
-    ("sft", {"lr_scheduler_kwargs": {"num_cycles": 2}}, "training.lr_scheduler_kwargs.num_cycles: unknown key; none are taken with lr_scheduler_type: constant (transformers passes no options"),
-    ("grpo", {"lr_scheduler_kwargs": {"min_lr": 0.0, "min_lr_rate": 0.1}, "lr_scheduler_type": "cosine_with_min_lr"}, "training.lr_scheduler_kwargs: needs exactly one of min_lr, min_lr_rate with lr_scheduler_type: cosine_with_min_lr; got min_lr, min_lr_rate"),
-    ("dpo", {"accelerator_config": {"split_batch": True}}, "training.accelerator_config.split_batch: unknown key; did you mean training.accelerator_config.split_batches? (the fields of transformers' AcceleratorConfig)"),
+    (
+        "dpo",
+        {"activation_checkpointing_kwargs": {"selective": True}},
+        "training.activation_checkpointing_kwargs.selective: unknown key; valid keys here: debug, determinism_check, early_stop, preserve_rng_state, use_reentrant (torch.utils.checkpoint's options; also every_n_layers and offload for sft",
+    ),
+    (
+        "grpo",
+        {"gradient_checkpointing_kwargs": {"every_n_layers": 2}},
+        "training.gradient_checkpointing_kwargs.every_n_layers: unknown key",
+    ),
+    (
+        "sft",
+        {"activation_checkpointing_kwargs": {"use_reentrent": False}},
+        "training.activation_checkpointing_kwargs.use_reentrent: unknown key; did you mean training.activation_checkpointing_kwargs.use_reentrant?",
+    ),
+    (
+        "sft",
+        {"lr_scheduler_kwargs": {"min_lr_rate": 0.1}, "lr_scheduler_type": "cosine"},
+        "training.lr_scheduler_kwargs.min_lr_rate: unknown key; valid keys here: last_epoch, num_cycles (the options of transformers' cosine schedules)",
+    ),
+    (
+        "sft",
+        {"lr_scheduler_kwargs": {"num_cycles": 2}},
+        "training.lr_scheduler_kwargs.num_cycles: unknown key; none are taken with lr_scheduler_type: constant (transformers passes no options",
+    ),
+    (
+        "grpo",
+        {"lr_scheduler_kwargs": {"min_lr": 0.0, "min_lr_rate": 0.1}, "lr_scheduler_type": "cosine_with_min_lr"},
+        "training.lr_scheduler_kwargs: needs exactly one of min_lr, min_lr_rate with lr_scheduler_type: cosine_with_min_lr; got min_lr, min_lr_rate",
+    ),
+    (
+        "dpo",
+        {"accelerator_config": {"split_batch": True}},
+        "training.accelerator_config.split_batch: unknown key; did you mean training.accelerator_config.split_batches? (the fields of transformers' AcceleratorConfig)",
+    ),
     # generation_kwargs: the keys of what generates (transformers' GenerationConfig, vLLM's SamplingParams or requests)
-    ("grpo", {"generation_kwargs": {"temprature": 0.5}}, "training.generation_kwargs.temprature: unknown key; did you mean training.generation_kwargs.temperature? (without vLLM they go to transformers' GenerationConfig, which keeps any other key, and generate ignores it)"),
-    ("rloo", {"generation_kwargs": {"max_tokens": 8}}, "training.generation_kwargs.max_tokens: unknown key; did you mean training.generation_kwargs.max_new_tokens?"),
-    ("grpo", {"generation_kwargs": {"max_new_tokens": 8}, "use_vllm": True}, "training.generation_kwargs.max_new_tokens: unknown key; did you mean training.generation_kwargs.max_tokens? (colocated vLLM makes its SamplingParams of them"),
-    ("distill", {"generation_kwargs": {"do_sample": True}, "use_vllm": True, "vllm_mode": "server"}, "training.generation_kwargs.do_sample: unknown key; the nearest of the 52 valid keys here"),
-    ("sft", {"dataset_kwargs": {"skip_prepare_dataset": True}}, "training.dataset_kwargs: not supported by posttrain.sft; the data is text, messages or prompt and completion"),
+    (
+        "grpo",
+        {"generation_kwargs": {"temprature": 0.5}},
+        "training.generation_kwargs.temprature: unknown key; did you mean training.generation_kwargs.temperature? (without vLLM they go to transformers' GenerationConfig, which keeps any other key, and generate ignores it)",
+    ),
+    (
+        "rloo",
+        {"generation_kwargs": {"max_tokens": 8}},
+        "training.generation_kwargs.max_tokens: unknown key; did you mean training.generation_kwargs.max_new_tokens?",
+    ),
+    (
+        "grpo",
+        {"generation_kwargs": {"max_new_tokens": 8}, "use_vllm": True},
+        "training.generation_kwargs.max_new_tokens: unknown key; did you mean training.generation_kwargs.max_tokens? (colocated vLLM makes its SamplingParams of them",
+    ),
+    (
+        "distill",
+        {"generation_kwargs": {"do_sample": True}, "use_vllm": True, "vllm_mode": "server"},
+        "training.generation_kwargs.do_sample: unknown key; the nearest of the 52 valid keys here",
+    ),
+    (
+        "sft",
+        {"dataset_kwargs": {"skip_prepare_dataset": True}},
+        "training.dataset_kwargs: not supported by posttrain.sft; the data is text, messages or prompt and completion",
+    ),
     # values that do nothing with others (tests/test_runtime.py builds the trainer with them)
-    ("grpo", {"vllm_mode": "server"}, "training.vllm_mode: server does nothing with use_vllm: false (TRL's default); set use_vllm: true, or drop it (TRL generates with transformers' generate then"),
-    ("rloo", {"vllm_server_base_url": "http://vllm:8000", "use_vllm": True}, "training.vllm_server_base_url: http://vllm:8000 does nothing with use_vllm: true, vllm_mode: colocate (TRL's default); set vllm_mode: server, or drop it"),
-    ("online_dpo", {"vllm_tensor_parallel_size": 2, "use_vllm": True, "vllm_mode": "server"}, "training.vllm_tensor_parallel_size: 2 does nothing with use_vllm: true, vllm_mode: server; set vllm_mode: colocate, or drop it"),
-    ("sft", {"eval_steps": 5}, "training.eval_steps: 5 does nothing with eval_strategy: 'no' (TRL's default); set eval_strategy: steps, or drop it"),
-    ("dpo", {"save_steps": 20, "save_strategy": "epoch"}, "training.save_steps: 20 does nothing with save_strategy: epoch; set save_strategy: steps"),
-    ("sft", {"logging_steps": 1, "logging_strategy": "epoch"}, "training.logging_steps: 1 does nothing with logging_strategy: epoch, eval_strategy: 'no' (TRL's default); set logging_strategy: steps"),
+    (
+        "grpo",
+        {"vllm_mode": "server"},
+        "training.vllm_mode: server does nothing with use_vllm: false (TRL's default); set use_vllm: true, or drop it (TRL generates with transformers' generate then",
+    ),
+    (
+        "rloo",
+        {"vllm_server_base_url": "http://vllm:8000", "use_vllm": True},
+        "training.vllm_server_base_url: http://vllm:8000 does nothing with use_vllm: true, vllm_mode: colocate (TRL's default); set vllm_mode: server, or drop it",
+    ),
+    (
+        "online_dpo",
+        {"vllm_tensor_parallel_size": 2, "use_vllm": True, "vllm_mode": "server"},
+        "training.vllm_tensor_parallel_size: 2 does nothing with use_vllm: true, vllm_mode: server; set vllm_mode: colocate, or drop it",
+    ),
+    (
+        "sft",
+        {"eval_steps": 5},
+        "training.eval_steps: 5 does nothing with eval_strategy: 'no' (TRL's default); set eval_strategy: steps, or drop it",
+    ),
+    (
+        "dpo",
+        {"save_steps": 20, "save_strategy": "epoch"},
+        "training.save_steps: 20 does nothing with save_strategy: epoch; set save_strategy: steps",
+    ),
+    (
+        "sft",
+        {"logging_steps": 1, "logging_strategy": "epoch"},
+        "training.logging_steps: 1 does nothing with logging_strategy: epoch, eval_strategy: 'no' (TRL's default); set logging_strategy: steps",
+    ),
     # Liger's fused cross-entropy in a trainer that fuses the LM head itself (SFT: Liger on by default on GPUs)
-    ("sft", {"liger_kernel_config": {"fused_linear_cross_entropy": True}}, "training.liger_kernel_config: fused_linear_cross_entropy: true cannot go with Liger kernels (on by default on GPUs) in trl:SFTTrainer"),
-    ("grpo", {"liger_kernel_config": {"fused_linear_cross_entropy": True}, "use_liger_kernel": True}, "training.liger_kernel_config: fused_linear_cross_entropy: true cannot go with Liger kernels in trl:GRPOTrainer"),
-    ("sft", {"activation_checkpointing_kwargs": {"selective": True}, "activation_checkpointing": False}, "training.activation_checkpointing_kwargs: selective: true cannot go with activation_checkpointing: false"),
-]  # fmt: skip
+    (
+        "sft",
+        {"liger_kernel_config": {"fused_linear_cross_entropy": True}},
+        "training.liger_kernel_config: fused_linear_cross_entropy: true cannot go with Liger kernels (on by default on GPUs) in trl:SFTTrainer",
+    ),
+    (
+        "grpo",
+        {"liger_kernel_config": {"fused_linear_cross_entropy": True}, "use_liger_kernel": True},
+        "training.liger_kernel_config: fused_linear_cross_entropy: true cannot go with Liger kernels in trl:GRPOTrainer",
+    ),
+    (
+        "sft",
+        {"activation_checkpointing_kwargs": {"selective": True}, "activation_checkpointing": False},
+        "training.activation_checkpointing_kwargs: selective: true cannot go with activation_checkpointing: false",
+    ),
+]
 
 
-@pytest.mark.parametrize("algorithm, training, message", BAD_VALUES, ids=[f"{a}-{next(iter(t))}" for a, t, _ in BAD_VALUES])
+@pytest.mark.parametrize(
+    "algorithm, training, message", BAD_VALUES, ids=[f"{a}-{next(iter(t))}" for a, t, _ in BAD_VALUES]
+)
 def test_bad_values_name_the_key_the_value_and_what_is_allowed(algorithm: str, training: dict, message: str) -> None:
     with pytest.raises(SpecError) as error:
         validate(spec_with(algorithm, **training))
@@ -151,8 +296,10 @@ VALID_VALUES = [
     ("dpo", {"loss_type": "ipo", "f_divergence_type": "js_divergence"}),
     ("sft", {"padding_free": True, "max_length": None}),
     ("sft", {"padding_free": True, "packing": True, "max_length": 64}),
-    ("sft", {"activation_checkpointing": True,
-             "activation_checkpointing_kwargs": {"selective": True, "every_n_layers": 2}}),
+    (
+        "sft",
+        {"activation_checkpointing": True, "activation_checkpointing_kwargs": {"selective": True, "every_n_layers": 2}},
+    ),
     ("reward", {"gradient_checkpointing_kwargs": {"every_n_layers": 2, "offload": False}}),
     ("ppo", {"activation_checkpointing_kwargs": {"every_n_layers": 2, "use_reentrant": False}}),
     ("sft", {"lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": {"min_lr_rate": 0.1}}),
@@ -224,11 +371,13 @@ def test_exponents_in_posttrain_sections_are_numbers_too(tmp_path: Path) -> None
 @pytest.mark.parametrize(
     "edit, message",
     [
-        (lambda t: t.replace("  max_steps: 40\n", "  max_steps: 40\n  max_steps: 50\n"),
-         "at line 14, column 3: key 'max_steps' is given twice in one mapping"),
+        (
+            lambda t: t.replace("  max_steps: 40\n", "  max_steps: 40\n  max_steps: 50\n"),
+            "at line 14, column 3: key 'max_steps' is given twice in one mapping",
+        ),
         (lambda t: t.replace("algorithm: sft", "algorithm: sft\nmodel: [oops"), "is not valid YAML at line"),
     ],
-)  # fmt: skip
+)
 def test_yaml_mistakes_are_one_line_with_their_place(tmp_path: Path, edit: Any, message: str) -> None:
     (tmp_path / "spec.yaml").write_text(edit((REPO / "templates/sft/tiny.yaml").read_text()))
     with pytest.raises(SpecError) as error:
@@ -237,14 +386,22 @@ def test_yaml_mistakes_are_one_line_with_their_place(tmp_path: Path, edit: Any, 
 
 
 SPEC_MISTAKES = [
-    ({"training": {"output_dir": ""}}, "training.output_dir: required; the directory the job writes the model and checkpoints to; got ''"),
+    (
+        {"training": {"output_dir": ""}},
+        "training.output_dir: required; the directory the job writes the model and checkpoints to; got ''",
+    ),
     ({"training": {"output_dir": None}}, "training.output_dir: required"),
-    ({"model": {"name_or_path": " "}}, "model.name_or_path: expected a path, a hub id or builtin:tiny-llama; got an empty string"),
+    (
+        {"model": {"name_or_path": " "}},
+        "model.name_or_path: expected a path, a hub id or builtin:tiny-llama; got an empty string",
+    ),
     ({"reference_model": ""}, "reference_model: expected a path or hub id; got an empty string"),
-    ({"data": {"train": {"path": "templates/data/preference.jsonl", "split": "test"}}},
-     "data.train.split: 'test' applies to hub data sets (data.train.name); a local file is one split: remove it"),
+    (
+        {"data": {"train": {"path": "templates/data/preference.jsonl", "split": "test"}}},
+        "data.train.split: 'test' applies to hub data sets (data.train.name); a local file is one split: remove it",
+    ),
     ({"resume": "atuo"}, "resume: 'atuo' is neither auto nor never; did you mean auto?"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("change, message", SPEC_MISTAKES)
@@ -258,7 +415,9 @@ def test_spec_mistakes(change: dict, message: str) -> None:
 
 
 def test_an_unclosed_list_in_an_override_is_refused() -> None:
-    with pytest.raises(SpecError, match=r"override 'model.lora.target_modules=\[q_proj, v_proj': .* not YAML flow syntax"):
+    with pytest.raises(
+        SpecError, match=r"override 'model.lora.target_modules=\[q_proj, v_proj': .* not YAML flow syntax"
+    ):
         algorithms.sft("model.lora.target_modules=[q_proj, v_proj", spec=f"{REPO}/templates/sft/tiny.yaml")
 
 
@@ -266,14 +425,19 @@ def test_elastic_j_is_checked_at_every_node_count() -> None:
     """A generation batch that divides at 2 nodes but not at 1: refused, naming the node count."""
     overrides = ["training.per_device_train_batch_size=3", "training.num_generations=6"]
     algorithms.grpo(*overrides, spec=f"{REPO}/templates/grpo/tiny.yaml", j="2x1")
-    with pytest.raises(SpecError, match=r"training.num_generations: the generation batch \(3 = .*\(at 1 nodes of -j 1:2x1\)"):
+    with pytest.raises(
+        SpecError, match=r"training.num_generations: the generation batch \(3 = .*\(at 1 nodes of -j 1:2x1\)"
+    ):
         algorithms.grpo(*overrides, spec=f"{REPO}/templates/grpo/tiny.yaml", j="1:2x1")
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
-        ({"min_chars": "ten", "max_chars": 20}, "rewards.0.builtin: length_band.min_chars: expected an integer; got 'ten'"),
+        (
+            {"min_chars": "ten", "max_chars": 20},
+            "rewards.0.builtin: length_band.min_chars: expected an integer; got 'ten'",
+        ),
         ({"target": 5}, "rewards.0.builtin: contains.target: expected a string or null; got 5"),
     ],
 )
@@ -347,8 +511,9 @@ def test_warmup_is_refused_with_the_schedules_transformers_makes_without_it() ->
     for schedule in [s.value for s in TYPE_TO_SCHEDULER_FUNCTION]:
         dropped = first_rates(schedule, warmup=5) == first_rates(schedule, warmup=0)
         assert dropped == (schedule in row["when"]["lr_scheduler_type"]), schedule
-    with pytest.raises(SpecError, match="training.warmup_steps: 5 cannot go with lr_scheduler_type: constant; "
-                                        "expected 0"):
+    with pytest.raises(
+        SpecError, match="training.warmup_steps: 5 cannot go with lr_scheduler_type: constant; expected 0"
+    ):
         validate(spec_with("sft", warmup_steps=5))
     validate(spec_with("sft", warmup_steps=5, lr_scheduler_type="constant_with_warmup"))
     validate(spec_with("sft", warmup_steps=0.0))  # 0.0, as an override writes it, is no warmup too
@@ -426,26 +591,50 @@ def test_the_schedule_options_are_those_transformers_hands_each_schedule() -> No
 # renamed onto one name, batches TRL's config divides, options TRL's generating configs refuse, coefficients whose
 # sign reverses their term, lists that pair item by item with another field, and echoes of what a user wrote.
 LAST_VALUES = [
-    ("grpo", {"rewards": [{"builtin": "contains", "args": {"target": "blue"}, "weight": float("nan")}]},
-     "rewards.0.weight: input should be a finite number; got nan"),
+    (
+        "grpo",
+        {"rewards": [{"builtin": "contains", "args": {"target": "blue"}, "weight": float("nan")}]},
+        "rewards.0.weight: input should be a finite number; got nan",
+    ),
     ("sft", {"training": {"learning_rate": float("inf")}}, "training.learning_rate: .inf is not a finite number"),
-    ("grpo", {"training": {"generation_kwargs": {"temperature": float("nan")}}},
-     "training.generation_kwargs: {temperature: .nan} holds a number that is not finite"),
-    ("dpo", {"data": {"train": {"path": "templates/data/preference.jsonl"}, "columns": {"a": "prompt", "b": "prompt"}}},
-     "data.columns: a, b are all renamed to prompt; rename one to each name"),
-    ("grpo", {"data": {"eval": {"path": "templates/data/prompts.jsonl"}},
-              "training": {"eval_strategy": "steps", "eval_steps": 5, "per_device_eval_batch_size": 3}},
-     "training.per_device_eval_batch_size: the evaluation batch (3 per device x 2 processes = 6) must divide by "
-     "num_generations (8); use a multiple of 4"),
+    (
+        "grpo",
+        {"training": {"generation_kwargs": {"temperature": float("nan")}}},
+        "training.generation_kwargs: {temperature: .nan} holds a number that is not finite",
+    ),
+    (
+        "dpo",
+        {"data": {"train": {"path": "templates/data/preference.jsonl"}, "columns": {"a": "prompt", "b": "prompt"}}},
+        "data.columns: a, b are all renamed to prompt; rename one to each name",
+    ),
+    (
+        "grpo",
+        {
+            "data": {"eval": {"path": "templates/data/prompts.jsonl"}},
+            "training": {"eval_strategy": "steps", "eval_steps": 5, "per_device_eval_batch_size": 3},
+        },
+        "training.per_device_eval_batch_size: the evaluation batch (3 per device x 2 processes = 6) must divide by "
+        "num_generations (8); use a multiple of 4",
+    ),
     ("grpo", {"training": {"auto_find_batch_size": True}}, "training.auto_find_batch_size: true is not taken here"),
     ("rloo", {"training": {"auto_find_batch_size": True}}, "training.auto_find_batch_size: true is not taken here"),
-    ("reward", {"training": {"center_rewards_coefficient": -0.01}},
-     "training.center_rewards_coefficient: -0.01 is out of range; expected center_rewards_coefficient >= 0"),
-    ("dpo", {"training": {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0]}},
-     "training.loss_weights: 1 values for 2 in loss_type ([sigmoid, sft]); give one per item"),
-    ("dpo", {"training": {"loss_weights": [1.0, 0.5]}}, "training.loss_weights: 2 values for 1 in loss_type ([sigmoid])"),
+    (
+        "reward",
+        {"training": {"center_rewards_coefficient": -0.01}},
+        "training.center_rewards_coefficient: -0.01 is out of range; expected center_rewards_coefficient >= 0",
+    ),
+    (
+        "dpo",
+        {"training": {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0]}},
+        "training.loss_weights: 1 values for 2 in loss_type ([sigmoid, sft]); give one per item",
+    ),
+    (
+        "dpo",
+        {"training": {"loss_weights": [1.0, 0.5]}},
+        "training.loss_weights: 2 values for 1 in loss_type ([sigmoid])",
+    ),
     ("sft", {"training": {"x" * 3000: 1}}, f"training.{'x' * 80}... (3000 characters): unknown key"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("algorithm, change, message", LAST_VALUES, ids=[m.split(":")[0] for _, _, m in LAST_VALUES])
@@ -459,8 +648,14 @@ def test_the_last_values_the_client_let_through_are_one_line_each(algorithm: str
     assert len(error.value.problems[0]) < 400
 
 
-@pytest.mark.parametrize("training", [{"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, 0.5]},
-                                      {"loss_weights": [2.0]}, {"center_rewards_coefficient": 0.01}])  # fmt: skip
+@pytest.mark.parametrize(
+    "training",
+    [
+        {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, 0.5]},
+        {"loss_weights": [2.0]},
+        {"center_rewards_coefficient": 0.01},
+    ],
+)
 def test_the_same_keys_with_values_trl_takes_pass(tmp_path: Path, training: dict) -> None:
     from posttrain.entrypoints.models import import_object
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from helpers import (
     REPO,
     assert_stopped_once,
@@ -28,7 +29,6 @@ from helpers import (
     run_template,
     torchx,
 )
-
 from posttrain.components.spec import validate
 from posttrain.entrypoints import runtime
 from posttrain.entrypoints.data import load_data
@@ -54,7 +54,9 @@ def vllm_logprobs(llm, ids) -> torch.Tensor:
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    out = llm.generate([TokensPrompt(prompt_token_ids=ids)], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False)
+    out = llm.generate(
+        [TokensPrompt(prompt_token_ids=ids)], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False
+    )
     return torch.tensor([next(iter(d.values())).logprob for d in out[0].prompt_logprobs[1:]])
 
 
@@ -106,8 +108,13 @@ def test_after_training_vllm_generates_with_the_trained_weights(tmp_path: Path) 
     synced = vllm_logprobs(generation.llm, ids)
     trainer.save_model(str(tmp_path / "out"))
 
-    fresh = subprocess.run([sys.executable, "-c", FRESH_VLLM, str(tmp_path / "out"), json.dumps(ids)],
-                           cwd=REPO, capture_output=True, text=True, timeout=300)  # fmt: skip
+    fresh = subprocess.run(
+        [sys.executable, "-c", FRESH_VLLM, str(tmp_path / "out"), json.dumps(ids)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert fresh.returncode == 0, fresh.stderr[-3000:]
     line = next(line for line in fresh.stdout.splitlines() if line.startswith("LOGPROBS "))
     assert torch.equal(synced, torch.tensor(json.loads(line.removeprefix("LOGPROBS "))))
@@ -133,14 +140,17 @@ def assert_learned_with_vllm(output_dir: Path, mode: str, weight_sync: str) -> N
     assert last - first >= 0.2
     generation = read_json(output_dir / "run_summary.json")["generation"]
     assert {k: generation[k] for k in ("engine", "mode", "weight_sync")} == {
-        "engine": "vllm", "mode": mode, "weight_sync": weight_sync
-    }  # fmt: skip
+        "engine": "vllm",
+        "mode": mode,
+        "weight_sync": weight_sync,
+    }
     assert generation["tokens_per_s"] > 0
 
 
 def test_a_head_size_vllm_cannot_run_on_cpu_is_one_line_before_vllm_starts(tmp_path: Path) -> None:
-    result = run_template("grpo/tiny-vllm.yaml", tmp_path, tmp_path / "out", j="1x1",
-                          overrides=["model.name_or_path=builtin:tiny-llama3"])  # fmt: skip
+    result = run_template(
+        "grpo/tiny-vllm.yaml", tmp_path, tmp_path / "out", j="1x1", overrides=["model.name_or_path=builtin:tiny-llama3"]
+    )
     logs = assert_stopped_once(result, "model.name_or_path: head size 16; vLLM on CPU takes 32, 64")
     # no rank's traceback (torchrun's own ChildFailedError report is the launcher's), and vLLM never started
     assert not re.search(r"\[\d+\]:(\[rank\d+\]: )?Traceback", logs), logs[-4000:]
@@ -163,9 +173,20 @@ def test_the_server_roles_weights_after_a_sync_are_the_trainers(tmp_path: Path) 
     raw["training"].update(output_dir=str(tmp_path / "out"), vllm_server_port=port, vllm_server_timeout=600)
     spec = validate(raw)
     (tmp_path / "out").mkdir()
-    role = subprocess.Popen([sys.executable, "-m", "posttrain.entrypoints.vllm_server", "--spec-json", spec.to_json(),
-                             "--first-contact-s", "600"], cwd=REPO, env=job_env(tmp_path),
-                            start_new_session=True)  # fmt: skip
+    role = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "posttrain.entrypoints.vllm_server",
+            "--spec-json",
+            spec.to_json(),
+            "--first-contact-s",
+            "600",
+        ],
+        cwd=REPO,
+        env=job_env(tmp_path),
+        start_new_session=True,
+    )
     try:
         with pytest.MonkeyPatch.context() as env:
             env.setenv(HOST_VARIABLE, "localhost")
@@ -208,8 +229,14 @@ def server_logprobs(port: int, model: str, ids) -> torch.Tensor:
 
 def test_grpo_with_a_vllm_server_role_raises_the_reward_and_ends_with_training(tmp_path: Path) -> None:
     output_dir = tmp_path / "out"
-    result = run_template("grpo/tiny-vllm-server.yaml", tmp_path, output_dir, j="1x2", timeout=900,
-                          overrides=[f"training.vllm_server_port={free_port()}"])  # fmt: skip
+    result = run_template(
+        "grpo/tiny-vllm-server.yaml",
+        tmp_path,
+        output_dir,
+        j="1x2",
+        timeout=900,
+        overrides=[f"training.vllm_server_port={free_port()}"],
+    )
     assert_succeeded(result)
     assert_learned_with_vllm(output_dir, "server", "safetensors_reload")
     assert "stopping vLLM's server: training ended" in result.stdout + result.stderr
@@ -230,8 +257,26 @@ def test_grpo_with_vllm_on_gpus_raises_the_reward(tmp_path: Path, mode: str) -> 
     extra_args = ["--gpu", "1"] + (["--vllm_gpu", "1"] if mode == "server" else [])
     overrides = [f"training.vllm_mode={mode}", "training.vllm_gpu_memory_utilization=0.3"]
     overrides += [f"training.vllm_server_port={free_port()}"] if mode == "server" else []
-    result = torchx(["run", "-s", "local_cwd", "-cfg", "auto_set_cuda_visible_devices=True", "posttrain.grpo",
-                     "--spec", "templates/grpo/tiny-vllm-server.yaml", "-j", "1x1", "--rdzv_port", str(free_port()),
-                     *extra_args, f"training.output_dir={output_dir}", *overrides], tmp_path, timeout=900)  # fmt: skip
+    result = torchx(
+        [
+            "run",
+            "-s",
+            "local_cwd",
+            "-cfg",
+            "auto_set_cuda_visible_devices=True",
+            "posttrain.grpo",
+            "--spec",
+            "templates/grpo/tiny-vllm-server.yaml",
+            "-j",
+            "1x1",
+            "--rdzv_port",
+            str(free_port()),
+            *extra_args,
+            f"training.output_dir={output_dir}",
+            *overrides,
+        ],
+        tmp_path,
+        timeout=900,
+    )
     assert_succeeded(result)
     assert_learned_with_vllm(output_dir, mode, "nccl" if mode == "server" else "load_weights")

@@ -5,9 +5,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import load_template
 from transformers import LlamaForCausalLM
 
+from helpers import load_template
 from posttrain.components.spec import SpecError, validate
 from posttrain.entrypoints import summary, tiny, vllm_generation
 from posttrain.entrypoints.vllm_generation import config_problems, head_size_problem, training_dtype
@@ -22,14 +22,23 @@ def grpo_vllm(**training: object):
 @pytest.mark.parametrize(
     "training, message",
     [
-        ({"vllm_gpu_memory_utilization": 0}, "training.vllm_gpu_memory_utilization: 0 is out of range; expected 0 < vllm_gpu_memory_utilization <= 1"),
+        (
+            {"vllm_gpu_memory_utilization": 0},
+            "training.vllm_gpu_memory_utilization: 0 is out of range; expected 0 < vllm_gpu_memory_utilization <= 1",
+        ),
         ({"vllm_gpu_memory_utilization": 1.5}, "training.vllm_gpu_memory_utilization: 1.5 is out of range"),
-        ({"vllm_tensor_parallel_size": 0}, "training.vllm_tensor_parallel_size: 0 is out of range; expected vllm_tensor_parallel_size >= 1"),
-        ({"vllm_max_model_length": 0}, "training.vllm_max_model_length: 0 is out of range; expected vllm_max_model_length >= 1"),
+        (
+            {"vllm_tensor_parallel_size": 0},
+            "training.vllm_tensor_parallel_size: 0 is out of range; expected vllm_tensor_parallel_size >= 1",
+        ),
+        (
+            {"vllm_max_model_length": 0},
+            "training.vllm_max_model_length: 0 is out of range; expected vllm_max_model_length >= 1",
+        ),
         ({"vllm_model_impl": "vllmm"}, "training.vllm_model_impl: "),
         ({"vllm_mode": "colocated"}, "training.vllm_mode: "),
     ],
-)  # fmt: skip
+)
 def test_vllm_settings_are_validated_with_the_key(training: dict, message: str) -> None:
     with pytest.raises(SpecError) as error:
         grpo_vllm(**training)
@@ -92,7 +101,12 @@ def test_the_vllm_builtin_is_tiny_llama3_with_heads_of_32_and_the_same_weights()
 
 def test_the_summary_says_how_completions_were_generated_without_vllm() -> None:
     trainer = SimpleNamespace(args=SimpleNamespace(use_vllm=False))
-    assert summary.generation(trainer) == {"engine": "transformers", "mode": None, "weight_sync": None, "tokens_per_s": None}
+    assert summary.generation(trainer) == {
+        "engine": "transformers",
+        "mode": None,
+        "weight_sync": None,
+        "tokens_per_s": None,
+    }
 
 
 def test_a_weight_reload_the_server_cannot_do_is_one_line(tmp_path: Path) -> None:

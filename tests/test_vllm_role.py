@@ -4,11 +4,11 @@ import re
 from typing import Any
 
 import pytest
-from helpers import TEMPLATES
 from test_kubernetes import check
 from torchx.runner import get_runner
 from torchx.schedulers.kubernetes_scheduler import sanitize_for_serialization
 
+from helpers import TEMPLATES
 from posttrain.components import algorithms
 from posttrain.components.messages import SpecError
 
@@ -58,7 +58,10 @@ def test_rloo_and_online_dpo_take_the_role_too() -> None:
     [
         ({"vllm_tp": 0}, "--vllm_tp 0: must be at least 1"),
         ({"vllm_replicas": 0}, "--vllm_replicas 0: must be at least 1"),
-        ({"vllm_gpu": 2, "vllm_tp": 2, "vllm_replicas": 2}, "--vllm_gpu: 2 GPUs cannot hold 2 replica(s) of --vllm_tp 2"),
+        (
+            {"vllm_gpu": 2, "vllm_tp": 2, "vllm_replicas": 2},
+            "--vllm_gpu: 2 GPUs cannot hold 2 replica(s) of --vllm_tp 2",
+        ),
         ({"gpu": 8}, "--vllm_gpu 0: the trainers have GPUs and TRL moves the weights to the server over NCCL"),
         ({"vllm_h": "gpu.h100.9"}, "--vllm_h 'gpu.h100.9': unknown named resource"),
     ],
@@ -96,4 +99,6 @@ def test_kubernetes_gang_schedules_both_roles_in_one_volcano_job() -> None:
     assert server["ports"] == [{"containerPort": 8000, "name": "http"}]
     for name in ("grpo-0", "grpo-1"):
         command = tasks[name]["template"]["spec"]["containers"][0]["command"][2].split(" && ", 1)[1]
-        assert command.startswith("POSTTRAIN_VLLM_HOST=${SLURM_JOB_NODELIST_HET_GROUP_2:-${VC_VLLM_0_HOSTS:-localhost}}")
+        assert command.startswith(
+            "POSTTRAIN_VLLM_HOST=${SLURM_JOB_NODELIST_HET_GROUP_2:-${VC_VLLM_0_HOSTS:-localhost}}"
+        )

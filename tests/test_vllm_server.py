@@ -18,8 +18,8 @@ from types import SimpleNamespace
 from typing import Any, List, Tuple
 
 import pytest
-from helpers import REPO, free_port, load_template
 
+from helpers import REPO, free_port, load_template
 from posttrain.components.messages import SpecError
 from posttrain.components.spec import validate
 from posttrain.components.vllm_role import HOST_VARIABLE
@@ -114,8 +114,10 @@ def test_the_servers_own_end_fails_the_role_with_its_code_or_1(ending: str, code
 def test_sigterm_ends_the_role_with_0_and_stops_the_server(tmp_path: Path) -> None:
     port, pid_file = free_port(), tmp_path / "child.pid"
     child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
-    code = (f"from posttrain.entrypoints.vllm_server import serve; "
-            f"serve([{sys.executable!r}, '-c', {child!r}], {port}, 60, 0)")  # fmt: skip
+    code = (
+        f"from posttrain.entrypoints.vllm_server import serve; "
+        f"serve([{sys.executable!r}, '-c', {child!r}], {port}, 60, 0)"
+    )
     role = subprocess.Popen([sys.executable, "-c", code], cwd=REPO)
     deadline = time.monotonic() + 20
     while not pid_file.exists() or not pid_file.read_text():
