@@ -30,7 +30,6 @@ class SFTSpec(Spec):
 
     algorithm: Literal["sft"]
     config_class: ClassVar[str] = "trl:SFTConfig"
-    trainer_class: ClassVar[Optional[str]] = "trl:SFTTrainer"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = LANGUAGE_MODELLING_FORMATS
     fast_paths: ClassVar[Tuple[str, ...]] = ("padding_free", "use_liger_kernel", "no_activation_checkpointing")
     rows_hold_input_ids: ClassVar[bool] = True
@@ -80,7 +79,6 @@ class DPOSpec(_ReferenceSpec):
 
     algorithm: Literal["dpo"]
     config_class: ClassVar[str] = "trl:DPOConfig"
-    trainer_class: ClassVar[Optional[str]] = "trl:DPOTrainer"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PREFERENCE_FORMATS
     refused_training_keys: ClassVar[Dict[str, str]] = {
         "padding_free": "TRL 1.16's DPOTrainer turns it off with a warning (temporarily unavailable there)",
@@ -92,7 +90,6 @@ class RewardSpec(Spec):
 
     algorithm: Literal["reward"]
     config_class: ClassVar[str] = "trl:RewardConfig"
-    trainer_class: ClassVar[Optional[str]] = "trl:RewardTrainer"
     model_class: ClassVar[str] = "AutoModelForSequenceClassification"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PREFERENCE_FORMATS
     lora_task: ClassVar[str] = "SEQ_CLS"
@@ -103,7 +100,6 @@ class KTOSpec(_ReferenceSpec):
 
     algorithm: Literal["kto"]
     config_class: ClassVar[str] = "trl:KTOConfig"
-    trainer_class: ClassVar[Optional[str]] = "trl:KTOTrainer"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = (("prompt", "completion", "label"),)
 
 
@@ -112,7 +108,6 @@ class ORPOSpec(Spec):
 
     algorithm: Literal["orpo"]
     config_class: ClassVar[str] = "trl.experimental.orpo:ORPOConfig"
-    trainer_class: ClassVar[Optional[str]] = "trl.experimental.orpo:ORPOTrainer"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PREFERENCE_FORMATS
     refused_training_keys: ClassVar[Dict[str, str]] = {
         "remove_unused_columns": "ORPO's collator needs every column, so TRL's trainer sets it to false whatever it is",
@@ -124,7 +119,6 @@ class GRPOSpec(_GroupSpec):
 
     algorithm: Literal["grpo"]
     config_class: ClassVar[str] = "trl:GRPOConfig"
-    trainer_class: ClassVar[Optional[str]] = "trl:GRPOTrainer"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PROMPT_FORMATS
 
 
@@ -133,7 +127,6 @@ class RLOOSpec(_GroupSpec):
 
     algorithm: Literal["rloo"]
     config_class: ClassVar[str] = "trl:RLOOConfig"
-    trainer_class: ClassVar[Optional[str]] = "trl:RLOOTrainer"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PROMPT_FORMATS
 
 
@@ -148,10 +141,9 @@ class DistillSpec(Spec):
     algorithm: Literal["distill"]
     teacher_model: str
     config_class: ClassVar[str] = "trl:DistillationConfig"
-    trainer_class: ClassVar[Optional[str]] = "trl:DistillationTrainer"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PROMPT_FORMATS
     generates: ClassVar[bool] = True
-    extra_models: ClassVar[Dict[str, str]] = {"teacher_model": "teacher_model"}
+    extra_models: ClassVar[Tuple[str, ...]] = ("teacher_model",)
     package_owned_training_keys: ClassVar[Dict[str, str]] = {
         "teacher_model_name_or_path": "use teacher_model at the top level of the spec",
         "teacher_model_revision": "posttrain loads the teacher with model's revision and options",
@@ -194,7 +186,6 @@ class OnlineDPOSpec(_ReferenceSpec, _OnlineSpec):
 
     algorithm: Literal["online_dpo"]
     config_class: ClassVar[str] = "trl.experimental.online_dpo:OnlineDPOConfig"
-    trainer_class: ClassVar[Optional[str]] = "trl.experimental.online_dpo:OnlineDPOTrainer"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PROMPT_FORMATS
     package_owned_training_keys: ClassVar[Dict[str, str]] = {
         **_OnlineSpec.package_owned_training_keys,
@@ -230,9 +221,8 @@ class PPOSpec(_OnlineSpec):
     reference_model: Optional[str] = None
     value_model: Optional[str] = None
     config_class: ClassVar[str] = "posttrain.entrypoints.ppo_trainer:PPOConfig"
-    trainer_class: ClassVar[Optional[str]] = None  # entrypoints/ppo.py wires policy, value and rewards
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PROMPT_FORMATS
-    extra_models: ClassVar[Dict[str, str]] = {"reference_model": "ref_policy", "value_model": "value_model"}
+    extra_models: ClassVar[Tuple[str, ...]] = ("reference_model", "value_model")
 
     # the fields of PPOConfig that posttrain's PPO trainer (or the runtime around it) reads; keep in step
     # with entrypoints/ppo_trainer.py (the registry does not import it: the client stays light)

@@ -173,8 +173,6 @@ class Spec(_Strict):
 
     # the class ``training`` is handed to, "module:Class"
     config_class: ClassVar[str]
-    # the trainer the job builds, "module:Class" (None: the entrypoint builds its own)
-    trainer_class: ClassVar[Optional[str]]
     # the transformers auto class the trained model is loaded with
     model_class: ClassVar[str] = "AutoModelForCausalLM"
     # column sets the training data may have (any one of them), after data.columns renames
@@ -187,14 +185,19 @@ class Spec(_Strict):
     rows_hold_input_ids: ClassVar[bool] = False
     # PEFT task type of the trained model under model.lora
     lora_task: ClassVar[str] = "CAUSAL_LM"
-    # models besides the policy, as the spec field naming each -> the trainer's keyword for it
-    extra_models: ClassVar[Dict[str, str]] = {}
+    # models besides the policy, by the spec field naming each: checked at submit, loaded by the entrypoint
+    extra_models: ClassVar[Tuple[str, ...]] = ()
     # algorithm-specific training keys the package owns, beside PACKAGE_OWNED_TRAINING_KEYS
     package_owned_training_keys: ClassVar[Dict[str, str]] = {}
     # fields of the config class that the trainer does not honour: refused, with the reason, never ignored
     refused_training_keys: ClassVar[Dict[str, str]] = {}
     # the job's fast paths this algorithm takes where the user leaves their keys unset (entrypoints/fast_paths.py)
     fast_paths: ClassVar[Tuple[str, ...]] = ()
+
+    @classmethod
+    def trainer_name(cls) -> str:
+        """The trainer, "module:Class", as messages name it: each config class ``XConfig`` goes with ``XTrainer``."""
+        return cls.config_class.replace("Config", "Trainer")
 
     @classmethod
     def name(cls) -> str:
@@ -309,11 +312,11 @@ class Spec(_Strict):
         liger = training.get("use_liger_kernel", "use_liger_kernel" in self.fast_paths)  # SFT: on by default on GPUs
         options = training.get("liger_kernel_config")
         fused = isinstance(options, dict) and options.get("fused_linear_cross_entropy")
-        if fused and liger is True and self.trainer_class in FUSED_LM_HEAD_TRAINERS:
+        if fused and liger is True and self.trainer_name() in FUSED_LM_HEAD_TRAINERS:
             default = "" if "use_liger_kernel" in training else " (on by default on GPUs)"
             found.append(
                 "training.liger_kernel_config: fused_linear_cross_entropy: true cannot go with Liger kernels"
-                f"{default} in {self.trainer_class}, which fuses the LM head with the loss itself; drop it"
+                f"{default} in {self.trainer_name()}, which fuses the LM head with the loss itself; drop it"
             )
         ds = self.distributed.deepspeed
         if ds is not None and ds.zero_stage == 3 and training.get("auto_find_batch_size") is True:
@@ -332,7 +335,7 @@ class _ReferenceSpec(Spec):
     """
 
     reference_model: Optional[str] = None
-    extra_models: ClassVar[Dict[str, str]] = {"reference_model": "ref_model"}
+    extra_models: ClassVar[Tuple[str, ...]] = ("reference_model",)
 
     def problems(self, world_size: Optional[int]) -> List[str]:
         found = super().problems(world_size)

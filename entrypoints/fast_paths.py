@@ -78,7 +78,7 @@ def switch_to_padding_free(trainer: Any, spec: Spec) -> None:
     padding-free batches and the model could let sequences see each other,
     the job stops and says why.
     """
-    collator, training = trainer.data_collator, spec.training
+    collator, training = getattr(trainer, "data_collator", None), spec.training
     if "padding_free" not in spec.fast_paths or not hasattr(collator, "padding_free"):
         return
     model = trainer.accelerator.unwrap_model(trainer.model)

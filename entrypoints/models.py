@@ -4,9 +4,9 @@ The trained model, a frozen reference, a teacher, a value model and reward
 models all come from :func:`load_model`, so ``model``'s options (dtype,
 revision, trust_remote_code, attention implementation) apply to each alike,
 and the built-in tiny models (``tiny.py``) work wherever a model is named. Which extra
-models an algorithm loads, and the trainer keyword each goes to, is the
-registry's ``extra_models``; where each one's path comes from is
-:data:`EXTRA_MODELS` here.
+models an algorithm has is its spec class's ``extra_models`` (checked at submit);
+its entrypoint loads each and hands it to the trainer's keyword for it; where each
+one's path comes from is :data:`EXTRA_MODELS` here.
 """
 
 import dataclasses
@@ -129,7 +129,8 @@ EXTRA_MODELS: Dict[str, Tuple[Callable[[Spec], Optional[str]], str]] = {
 
 
 def load_extra_model(field: str, spec: Spec, tokenizer: Any) -> Any:
-    """The model the registry's ``extra_models`` names by its spec field, or None where there is none to load."""
+    """The model the spec field ``field`` names (one of the spec class's ``extra_models``), or None where there is
+    none to load."""
     if field not in EXTRA_MODELS:
         raise KeyError(f"extra model {field!r}: no loader for it; add one to models.EXTRA_MODELS")
     path_of, model_class = EXTRA_MODELS[field]

@@ -1,6 +1,14 @@
-"""PPO with posttrain's own trainer (``posttrain.entrypoints.ppo_trainer``).
+"""PPO with posttrain's own trainer (``posttrain.entrypoints.ppo_trainer``; TRL 1.x has none).
 
-torchx run -s local_cwd posttrain.ppo --spec templates/ppo/tiny.yaml
+    torchx run -s local_cwd posttrain.ppo --spec templates/ppo/tiny.yaml
+
+Data: ``prompt`` rows. Models: the policy; the frozen reference (``reference_model``, else a second load of the
+policy); the value model (``value_model``, else the reward model where the rewards hold exactly one, else the
+policy's weights with a fresh score head); the spec's ``rewards`` (reward models, functions, built-ins, weighted).
+Logs: ``objective/scores``, ``objective/kl``, ``objective/kl_coef``, ``objective/non_score_reward``,
+``objective/entropy``, ``loss/policy``, ``loss/value``, ``policy/approxkl``, ``policy/clipfrac``, ``val/clipfrac``,
+``val/explained_variance``. Saves the policy and ``value_model/``. Refused: every field of ``PPOConfig`` the trainer
+does not honour, each with its reason (``PPOSpec.refused_training_keys``).
 """
 
 from posttrain.entrypoints.ppo_trainer import PPOTrainer
@@ -8,13 +16,14 @@ from posttrain.entrypoints.runtime import Job, run
 
 
 def build_trainer(job: Job) -> PPOTrainer:
-    """The policy, then the reference and value models (the registry's extra_models), then the rewards."""
     policy = job.load_model()
-    models = job.load_extra_models()  # ref_policy, value_model
+    ref_policy = job.load_extra_model("reference_model")
+    value_model = job.load_extra_model("value_model")
     reward_funcs, reward_tokenizers = job.load_rewards()
     return PPOTrainer(
         policy=policy,
-        **models,
+        ref_policy=ref_policy,
+        value_model=value_model,
         reward_funcs=reward_funcs,
         reward_processing_classes=reward_tokenizers,
         reward_weights=[reward.weight for reward in job.spec.rewards],

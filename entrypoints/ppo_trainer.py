@@ -127,6 +127,10 @@ class PPOConfig(TrainingArguments):
         default=None, metadata={"help": "subtracted from the score of responses that never emit EOS"}
     )
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.disable_tqdm = True  # PPOTrainer draws no progress bar: ProgressLog's lines are its progress
+
 
 # ---------------------------------------------------------------- models
 

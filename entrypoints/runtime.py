@@ -1,8 +1,9 @@
 """The life of a job, which every algorithm's entrypoint shares.
 
-An entrypoint calls :func:`run` with its algorithm's name (and, only if the
-registry names no trainer, a function building its own). :func:`run` does
-the rest, in an order that fails early and cheaply:
+An entrypoint calls :func:`run` with its algorithm's name and the function
+that builds its trainer from a :class:`Job` (the trainer's constructor, called
+in the entrypoint, as in TRL's own scripts). :func:`run` does the rest, in an
+order that fails early and cheaply:
 
 1. parse and re-validate the spec (``--spec-json``), before importing a model;
 2. create the process group with ``distributed.timeout_s`` on every backend
@@ -52,7 +53,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
-from transformers import PrinterCallback
+from transformers import PrinterCallback, Trainer
 from transformers.utils import logging as transformers_logging
 
 from posttrain.components.fields import config_fields, config_value
@@ -126,50 +127,24 @@ class Job:
             self.args.ddp_find_unused_parameters = may_leave_parameters_unused(model)
         return model
 
-    def load_extra_models(self) -> Dict[str, Any]:
-        """The algorithm's other models (reference, teacher, value), by the trainer keyword each goes to."""
-        extra_models = self.spec.extra_models.items()
-        return {kwarg: load_extra_model(field, self.spec, self.tokenizer) for field, kwarg in extra_models}
+    def load_extra_model(self, field: str) -> Any:
+        """The model the spec field ``field`` names (``reference_model``, ``teacher_model``, ``value_model``), loaded
+        with the tokenizer checked against the policy's; None where there is none (a reference under LoRA)."""
+        return load_extra_model(field, self.spec, self.tokenizer)
 
     def load_rewards(self) -> Tuple[List[Any], List[Optional[Any]]]:
         """``(reward_funcs, reward_processing_classes)`` with the reward models loaded."""
         return load_reward_models(self.rewards, self.spec)
 
     @property
-    def trainer_kwargs(self) -> Dict[str, Any]:
-        """What every TRL trainer takes besides its model(s)."""
-        return {
-            "args": self.args,
-            "train_dataset": self.train_dataset,
-            "eval_dataset": self.eval_dataset,
-            "processing_class": self.tokenizer,
-            "peft_config": lora_config(self.spec),
-            "callbacks": self.callbacks,
-        }
+    def peft_config(self) -> Optional[Any]:
+        """PEFT's LoraConfig from ``model.lora``, or None."""
+        return lora_config(self.spec)
 
 
-def registry_trainer(job: Job) -> Any:
-    """The registry's trainer with the model, the extra models, the rewards where the spec has them, and the rest."""
-    spec = job.spec
-    if spec.trainer_class is None:
-        raise TypeError(f"{spec.algorithm}: the registry names no trainer; its entrypoint passes build_trainer to run")
-    trainer_class = import_object(spec.trainer_class)
-    models = {"model": job.load_model(), **job.load_extra_models()}
-    if has_rewards(spec):
-        models["reward_funcs"], models["reward_processing_classes"] = job.load_rewards()
-    trainer = trainer_class(**models, **job.trainer_kwargs)
-    fast_paths.switch_to_padding_free(trainer, spec)
-    return trainer
-
-
-def run(
-    algorithm: str, build_trainer: Optional[Callable[[Job], Any]] = None, argv: Optional[Sequence[str]] = None
-) -> None:
-    """Runs one training job: the whole life of an entrypoint.
-
-    ``build_trainer`` builds the trainer from the :class:`Job`; by default
-    :func:`registry_trainer`, for every algorithm whose spec class names a trainer.
-    """
+def run(algorithm: str, build_trainer: Callable[[Job], Any], argv: Optional[Sequence[str]] = None) -> None:
+    """Runs one training job: the whole life of an entrypoint; ``build_trainer`` builds its trainer from the
+    :class:`Job`, once every check has passed."""
     parser = argparse.ArgumentParser(prog=f"python -m posttrain.entrypoints.{algorithm}")
     parser.add_argument("--spec-json", required=True, help="the validated spec, as the component embedded it")
     options = parser.parse_args(argv)
@@ -182,7 +157,7 @@ def run(
         if spec.algorithm != algorithm:
             raise SpecError([f"algorithm: the spec is for {spec.algorithm!r}, this entrypoint runs {algorithm!r}"])
         with vllm_server.lease(spec):  # a job with a vllm role: rank 0 tells it when training ends
-            _train(algorithm, spec, build_trainer or registry_trainer)
+            _train(algorithm, spec, build_trainer)
     except SpecError as error:
         # every rank meets the same error (the checks agree across ranks, see distributed.all_ranks_agree): one says
         # it; an error this rank may have met alone is said by this rank (else the job would end without a word)
@@ -254,7 +229,7 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
         callbacks += [fault] if fault is not None else []
         callbacks += [reward_check] if has_rewards(spec) else []
         # a progress bar on a terminal (the trainer's own); plain lines in files and pipes, and for our PPO
-        lines = args.disable_tqdm or spec.trainer_class is None
+        lines = args.disable_tqdm
         job = Job(
             spec,
             args,
@@ -265,8 +240,9 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
             rewards=inputs.rewards,
         )
         trainer = build(job)
+        fast_paths.switch_to_padding_free(trainer, spec)
         check_kept_rows(spec, trainer, inputs.train_dataset, inputs.eval_dataset)
-        if lines and spec.trainer_class is not None:
+        if lines and isinstance(trainer, Trainer):
             trainer.remove_callback(PrinterCallback)  # its raw dicts would repeat the lines
         strategy.check_engine(trainer)
 
@@ -345,7 +321,6 @@ def check_environment(args: Any) -> None:
     """What the config needs of the job's environment, before any model loads: the packages ``optim`` and
     ``report_to`` need (looked up as the trainer will), and for ``push_to_hub`` the Hub, reached with the token."""
     import huggingface_hub
-    from transformers import Trainer
     from transformers.integrations import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
 
     try:

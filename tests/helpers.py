@@ -1,5 +1,6 @@
 """Test helpers: running the real ``torchx`` CLI and reading what a run wrote."""
 
+import importlib
 import json
 import os
 import re
@@ -183,6 +184,23 @@ def tiny_job(tmp_path: Path, algorithm: str, **changes: Any) -> Any:
     return runtime.Job(spec, args, tokenizer, data, None, callbacks=[], rewards=resolve_rewards(spec))
 
 
+def build_trainer(job: Any) -> Any:
+    """The trainer the algorithm's entrypoint builds from the job, with the fast paths ``run`` switches on after."""
+    from posttrain.entrypoints import fast_paths
+
+    trainer = importlib.import_module(f"posttrain.entrypoints.{job.spec.algorithm}").build_trainer(job)
+    fast_paths.switch_to_padding_free(trainer, job.spec)
+    return trainer
+
+
+def run_entrypoint(algorithm: str, spec_json: str) -> None:
+    """Runs the algorithm's entrypoint in this process, as ``python -m posttrain.entrypoints.<algorithm>``."""
+    from posttrain.entrypoints import runtime
+
+    entrypoint = importlib.import_module(f"posttrain.entrypoints.{algorithm}")
+    runtime.run(algorithm, entrypoint.build_trainer, argv=["--spec-json", spec_json])
+
+
 def trainer_with(job: Any, train_dataset: Any = None, **training: Any) -> Any:
     """The trainer the job builds, with ``training`` set on its config beyond what the spec allows."""
     from posttrain.entrypoints import runtime
@@ -191,7 +209,7 @@ def trainer_with(job: Any, train_dataset: Any = None, **training: Any) -> Any:
     kwargs = {**runtime.training_arguments(job.spec, dict(job.spec.training)), **training}
     args = import_object(job.spec.config_class)(**kwargs)
     dataset = job.train_dataset if train_dataset is None else train_dataset
-    return runtime.registry_trainer(runtime.Job(**{**vars(job), "args": args, "train_dataset": dataset}))
+    return build_trainer(runtime.Job(**{**vars(job), "args": args, "train_dataset": dataset}))
 
 
 def refusal(job: Any, **training: Any) -> str:

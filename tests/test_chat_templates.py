@@ -9,7 +9,7 @@ import transformers
 from datasets import Dataset
 from trl.chat_template_utils import qwen2_5_chat_template
 
-from helpers import load_template, tiny_job, trainer_with
+from helpers import load_template, run_entrypoint, tiny_job, trainer_with
 from posttrain.components.messages import SpecError
 from posttrain.components.spec import validate
 from posttrain.entrypoints import runtime, tiny
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("job_process")
 def run_refused(raw: dict, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> str:
     with monkeypatch.context() as patch, pytest.raises(SystemExit) as exit_info:
         patch.setattr(runtime, "load_model", lambda *args, **kwargs: pytest.fail("a model loaded"))
-        runtime.run(raw["algorithm"], argv=["--spec-json", validate(raw).to_json()])
+        run_entrypoint(raw["algorithm"], validate(raw).to_json())
     assert exit_info.value.code == 2
     return capsys.readouterr().err
 

@@ -16,7 +16,7 @@ from typing import Any, Dict, List
 import pytest
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from helpers import load_template, tiny_job
+from helpers import build_trainer, load_template, tiny_job
 from posttrain.components.spec import SpecError, validate
 from posttrain.entrypoints import runtime
 from posttrain.entrypoints.models import import_object
@@ -57,7 +57,7 @@ def test_options_the_spec_refuses_fail_in_the_trainers_first_step(
         validate(raw)
     (key,) = options
     assert refused.value.problems[0].startswith(f"training.activation_checkpointing_kwargs.{key}: unknown key")
-    trainer = runtime.registry_trainer(_checkpointing_job(tmp_path, algorithm, options))
+    trainer = build_trainer(_checkpointing_job(tmp_path, algorithm, options))
     with pytest.raises(ValueError, match=re.escape(trl_says)):
         trainer.train()
 
@@ -72,7 +72,7 @@ def test_every_n_layers_holds_where_the_spec_takes_it(tmp_path: Path, algorithm:
     else:
         with pytest.raises(SpecError, match="every_n_layers: unknown key"):
             validate(raw)
-    trainer = runtime.registry_trainer(_checkpointing_job(tmp_path, algorithm, options))
+    trainer = build_trainer(_checkpointing_job(tmp_path, algorithm, options))
     trainer.train()
     # the tiny model's two layers: every second one is checkpointed; DPO turned checkpointing off and on again
     # around the reference's forward without every_n_layers, so both are
@@ -84,7 +84,7 @@ def test_sft_takes_selective_checkpointing_and_trains_with_it(tmp_path: Path) ->
     raw = load_template("sft/tiny.yaml")
     raw["training"].update(activation_checkpointing=True, activation_checkpointing_kwargs=options)
     validate(raw)
-    trainer = runtime.registry_trainer(_checkpointing_job(tmp_path, "sft", options))
+    trainer = build_trainer(_checkpointing_job(tmp_path, "sft", options))
     trainer.train()
     assert trainer.state.global_step == 2
 
@@ -97,6 +97,6 @@ def test_offload_is_refused_by_a_job_on_cpu(tmp_path: Path) -> None:
     spec = validate(raw)  # offload is the Trainer's: fine on a GPU
     with pytest.raises(SpecError, match=r"training.activation_checkpointing_kwargs: offload: true .* runs on CPU"):
         runtime.training_arguments(spec, dict(spec.training))
-    trainer = runtime.registry_trainer(_checkpointing_job(tmp_path, "sft", {"offload": True}))
+    trainer = build_trainer(_checkpointing_job(tmp_path, "sft", {"offload": True}))
     with pytest.raises(RuntimeError, match="pin_memory=True requires a CUDA"):  # what transformers would do
         trainer.train()

@@ -7,11 +7,10 @@ from typing import Any, List
 
 import pytest
 
-from helpers import REPO, load_template, read_json
+from helpers import REPO, load_template, read_json, run_entrypoint
 from posttrain.components import algorithms
 from posttrain.components.messages import SpecError
 from posttrain.components.spec import validate
-from posttrain.entrypoints import runtime
 from posttrain.entrypoints.checkpoints import job_inputs
 from posttrain.entrypoints.data import load_split
 
@@ -174,6 +173,6 @@ def test_sft_learns_from_an_interleaved_mixture(tmp_path: Path, monkeypatch: pyt
     }
     raw["training"].update(output_dir=str(tmp_path / "out"), max_steps=15, save_steps=100)
     raw["data"]["train"][0] = {"path": _pc(tmp_path), "weight": 1}
-    runtime.run("sft", argv=["--spec-json", validate(raw).to_json()])
+    run_entrypoint("sft", validate(raw).to_json())
     summary = read_json(tmp_path / "out" / "run_summary.json")
     assert summary["metrics_last"]["loss"] < 0.8 * summary["metrics_first"]["loss"], summary["metrics_last"]

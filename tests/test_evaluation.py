@@ -6,7 +6,16 @@ from typing import Any, Dict
 
 import pytest
 
-from helpers import assert_stopped_once, load_template, read_json, refusal, run_template, tiny_job, trainer_with
+from helpers import (
+    assert_stopped_once,
+    load_template,
+    read_json,
+    refusal,
+    run_entrypoint,
+    run_template,
+    tiny_job,
+    trainer_with,
+)
 from posttrain.components.spec import validate
 from posttrain.entrypoints import runtime
 
@@ -19,7 +28,7 @@ def run_sft(tmp_path: Path, **training: Any) -> Path:
     raw["training"].update(
         output_dir=str(tmp_path / "out"), max_steps=4, eval_strategy="steps", eval_steps=2, save_steps=2, **training
     )
-    runtime.run("sft", argv=["--spec-json", validate(raw).to_json()])
+    run_entrypoint("sft", validate(raw).to_json())
     return tmp_path / "out"
 
 

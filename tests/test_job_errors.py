@@ -22,7 +22,17 @@ from typing import Iterator, List
 
 import pytest
 
-from helpers import REPO, assert_stopped_once, free_port, load_template, run_template, tiny_job, trainer_with
+from helpers import (
+    REPO,
+    assert_stopped_once,
+    build_trainer,
+    free_port,
+    load_template,
+    run_entrypoint,
+    run_template,
+    tiny_job,
+    trainer_with,
+)
 from posttrain.components.messages import SpecError
 from posttrain.components.registry import SPEC_CLASSES
 from posttrain.components.schema import DataSource
@@ -287,7 +297,7 @@ def test_fp16_on_cpu_is_refused_rather_than_trained_in_float32(tmp_path: Path) -
     args = import_object(spec.config_class)(
         **{**runtime.training_arguments(job.spec, dict(job.spec.training)), "fp16": True}
     )
-    accelerator = runtime.registry_trainer(runtime.Job(**{**vars(job), "args": args})).accelerator
+    accelerator = build_trainer(runtime.Job(**{**vars(job), "args": args})).accelerator
     assert accelerator.mixed_precision == "fp16" and accelerator.native_amp is False
 
 
@@ -507,7 +517,7 @@ def test_run_prints_on_rank_0_alone_and_writes_nothing(
     for rank, printed in (("0", 1), ("1", 0)):
         monkeypatch.setenv("RANK", rank)
         with pytest.raises(SystemExit) as exit_info:
-            runtime.run("sft", argv=["--spec-json", spec_json])
+            run_entrypoint("sft", spec_json)
         assert exit_info.value.code == 2
         assert capsys.readouterr().err.count(f"posttrain: model.name_or_path: no such directory: {tmp_path}") == printed
     assert not (tmp_path / "out").exists()
@@ -536,7 +546,7 @@ def test_a_model_that_fails_to_load_on_one_rank_is_said_by_that_rank(
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", disk_full)
     monkeypatch.setenv("RANK", "1")
     with pytest.raises(SystemExit) as exit_info:
-        runtime.run("sft", argv=["--spec-json", validate(raw).to_json()])
+        run_entrypoint("sft", validate(raw).to_json())
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert err.count(f"posttrain: model: cannot load '{tmp_path / 'model'}': [Errno 28] No space left on device") == 1
@@ -624,7 +634,7 @@ def test_rows_the_trainer_drops_are_counted_and_none_left_stops_before_the_first
     raw = load_template("reward/tiny.yaml")
     raw["training"].update(output_dir=str(tmp_path / "out"), max_length=2)
     with pytest.raises(SystemExit) as exit_info:
-        runtime.run("reward", argv=["--spec-json", validate(raw).to_json()])
+        run_entrypoint("reward", validate(raw).to_json())
     assert exit_info.value.code == 2
     dropped = f"posttrain: data.train: the trainer dropped all {rows} rows, none fitting max_length (2 tokens)"
     assert capsys.readouterr().err.count(dropped) == 1

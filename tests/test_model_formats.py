@@ -11,10 +11,9 @@ from typing import Dict
 import mistral_common
 import pytest
 
-from helpers import REPO, load_template, read_json
+from helpers import REPO, load_template, read_json, run_entrypoint
 from posttrain.components.messages import SpecError
 from posttrain.components.spec import validate
-from posttrain.entrypoints import runtime
 from posttrain.entrypoints.models import check_model_path
 
 SHIPPED = Path(mistral_common.__file__).parent / "data"
@@ -55,7 +54,7 @@ def _run_sft(tmp_path: Path, model: Path, data: str, monkeypatch: pytest.MonkeyP
     raw["model"]["name_or_path"] = str(model)
     raw["data"]["train"]["path"] = data
     raw["training"].update(output_dir=str(tmp_path / "out"), max_steps=12, save_steps=100)
-    runtime.run("sft", argv=["--spec-json", validate(raw).to_json()])
+    run_entrypoint("sft", validate(raw).to_json())
     return tmp_path / "out"
 
 

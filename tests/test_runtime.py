@@ -10,7 +10,7 @@ import torch
 from transformers import LlamaForCausalLM, LlamaForSequenceClassification
 from trl import SFTConfig
 
-from helpers import TEMPLATES, load_template, sft_spec, tiny_job, trainer_with
+from helpers import TEMPLATES, build_trainer, load_template, sft_spec, tiny_job, trainer_with
 from posttrain.components.fields import config_fields
 from posttrain.components.registry import SPEC_CLASSES
 from posttrain.components.spec import SpecError, validate
@@ -241,11 +241,13 @@ def test_online_batches_are_checked_not_shrunk() -> None:
     check_online_data(SPEC_CLASSES["sft"], ppo, 1, 2)
 
 
-BUILT_BY_THE_REGISTRY = sorted(name for name, cls in SPEC_CLASSES.items() if cls.trainer_class is not None)
+TRL_ALGORITHMS = sorted(name for name, cls in SPEC_CLASSES.items() if cls.config_class.startswith("trl"))
+# the attribute a TRL trainer keeps each extra model in
+EXTRA_MODEL_ATTRIBUTES = {"reference_model": "ref_model", "teacher_model": "teacher_model"}
 
 
-@pytest.mark.parametrize("algorithm", BUILT_BY_THE_REGISTRY)
-def test_the_registry_builds_every_trainer_with_its_models(tmp_path: Path, algorithm: str) -> None:
+@pytest.mark.parametrize("algorithm", TRL_ALGORITHMS)
+def test_every_entrypoint_builds_its_trainer_with_its_models(tmp_path: Path, algorithm: str) -> None:
     from transformers.integrations import TensorBoardCallback
 
     job = tiny_job(
@@ -258,12 +260,12 @@ def test_the_registry_builds_every_trainer_with_its_models(tmp_path: Path, algor
         },
     )
     spec = job.spec
-    trainer = runtime.registry_trainer(job)
-    assert type(trainer) is import_object(spec.trainer_class)
+    trainer = build_trainer(job)
+    assert type(trainer) is import_object(spec.trainer_name())
     if spec.model_class == "AutoModelForSequenceClassification":
         assert isinstance(trainer.model, LlamaForSequenceClassification) and trainer.model.config.num_labels == 1
-    for keyword in spec.extra_models.values():
-        assert isinstance(getattr(trainer, keyword), torch.nn.Module), keyword  # loaded by the job, not by TRL
+    for field in spec.extra_models:  # loaded by the job, not by TRL
+        assert isinstance(getattr(trainer, EXTRA_MODEL_ATTRIBUTES[field]), torch.nn.Module), field
     if has_rewards(spec):
         assert len(trainer.reward_funcs) == len(spec.rewards)
     if "reward_weights" in config_fields(spec.config_class):
@@ -285,7 +287,7 @@ def test_kto_batch_rules_are_the_trainers_own(tmp_path: Path) -> None:
         },
     )
     assert job.spec.min_per_device_batch == 1 and validate(load_template("kto/tiny.yaml")).min_per_device_batch == 2
-    runtime.registry_trainer(job)  # no KL term: TRL takes both
+    build_trainer(job)  # no KL term: TRL takes both
     with pytest.raises(SpecError) as refused:
         validate({**load_template("kto/tiny.yaml"), "training": {**job.spec.training, "loss_type": "kto"}})
     assert [p.split(":")[0] for p in refused.value.problems] == [f"training.{key}" for key in loose]
@@ -294,7 +296,7 @@ def test_kto_batch_rules_are_the_trainers_own(tmp_path: Path) -> None:
         kwargs.update(loss_type="kto", per_device_train_batch_size=2, train_sampling_strategy="sequential")
         args = import_object(job.spec.config_class)(**{**kwargs, key: value})
         with pytest.raises(ValueError, match="batch size must be > 1|requires `train_sampling_strategy='sequential'`"):
-            runtime.registry_trainer(runtime.Job(**{**vars(job), "args": args}))
+            build_trainer(runtime.Job(**{**vars(job), "args": args}))
 
 
 # what the spec refuses together (value_rules' requires rows; Spec._trainer_problems), with the message of TRL's
@@ -340,7 +342,7 @@ def test_what_the_spec_refuses_together_the_trainer_refuses(
     kwargs = {**runtime.training_arguments(job.spec, dict(job.spec.training)), **together}
     args = import_object(job.spec.config_class)(**kwargs)
     with pytest.raises((ValueError, NotImplementedError), match=re.escape(trl_says)):
-        runtime.registry_trainer(runtime.Job(**{**vars(job), "args": args}))  # once the models are loaded
+        build_trainer(runtime.Job(**{**vars(job), "args": args}))  # once the models are loaded
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo", "bnpo", "cispo", "sapo", "luspo", "vespo"])
@@ -401,7 +403,7 @@ def test_reward_models_load_through_the_jobs_loader_with_their_tokenizers(tmp_pa
     assert callable(funcs[0]) and tokenizers[0] is None
     assert isinstance(funcs[1], LlamaForSequenceClassification) and funcs[1].config.num_labels == 1
     assert tokenizers[1].padding_side == "right" and funcs[1].config.pad_token_id == tokenizers[1].pad_token_id
-    trainer = runtime.registry_trainer(job)  # TRL takes the loaded model and tokenizer as they are
+    trainer = build_trainer(job)  # TRL takes the loaded model and tokenizer as they are
     assert isinstance(trainer.reward_funcs[1], LlamaForSequenceClassification)
     assert trainer.reward_processing_classes[1].padding_side == "right"
     assert job.args.reward_weights == [1.0, 0.5]
@@ -456,15 +458,13 @@ TRAINER_CHANGES = {
 }
 
 
-@pytest.mark.parametrize("algorithm", BUILT_BY_THE_REGISTRY + ["ppo"])
+@pytest.mark.parametrize("algorithm", TRL_ALGORITHMS + ["ppo"])
 def test_every_key_reaches_the_trainer_as_the_spec_says(tmp_path: Path, algorithm: str) -> None:
     """The live trainer's config equals the config built from the spec's training plus the package's fields."""
     import dataclasses
 
-    from posttrain.entrypoints import ppo
-
     job = tiny_job(tmp_path, algorithm)
-    trainer = ppo.build_trainer(job) if algorithm == "ppo" else runtime.registry_trainer(job)
+    trainer = build_trainer(job)
     expected = import_object(job.spec.config_class)(**runtime.training_arguments(job.spec, dict(job.spec.training)))
     if expected.ddp_find_unused_parameters is None:  # unset: decided by the loaded model (Job.load_model)
         expected.ddp_find_unused_parameters = False  # the tiny Llama uses every parameter

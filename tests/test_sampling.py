@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
-from helpers import load_template, refusal, tiny_job, trainer_with
+from helpers import load_template, refusal, run_entrypoint, tiny_job, trainer_with
 from posttrain.components.spec import SpecError, validate
 from posttrain.entrypoints import runtime
 from posttrain.entrypoints.data import check_length_column
@@ -103,7 +103,7 @@ def test_the_job_names_a_missing_length_column_before_any_model_loads(
         length_column_name="tokens",
     )
     with pytest.raises(SystemExit) as exit_info:
-        runtime.run("dpo", argv=["--spec-json", validate(raw).to_json()])
+        run_entrypoint("dpo", validate(raw).to_json())
     assert exit_info.value.code == 2
     assert (
         capsys.readouterr().err.count(

@@ -64,11 +64,10 @@ def test_the_registry_names_what_the_job_imports(algorithm: str) -> None:
     config = imported(cls.config_class)
     assert issubclass(config, transformers.TrainingArguments)
     assert {f.name for f in dataclasses.fields(config) if f.init} == set(config_fields(cls.config_class))
-    if cls.trainer_class is not None:
-        assert issubclass(imported(cls.trainer_class), transformers.Trainer)
-        parameters = inspect.signature(imported(cls.trainer_class)).parameters
-        assert set(cls.extra_models.values()) <= set(parameters), "extra models go to the trainer's own keywords"
-        assert ("reward_funcs" in parameters) == ("rewards" in cls.model_fields)
+    trainer = imported(cls.trainer_name())
+    source = inspect.getsource(importlib.import_module(f"posttrain.entrypoints.{algorithm}"))
+    assert f"return {trainer.__name__}(" in source, "the entrypoint calls its trainer's constructor, in plain sight"
+    assert ("reward_funcs" in inspect.signature(trainer).parameters) == ("rewards" in cls.model_fields)
     assert hasattr(transformers, cls.model_class)
     assert cls.data_formats and all(cls.data_formats)
     assert set(cls.extra_models) <= set(cls.model_fields), "each extra model is a spec field"

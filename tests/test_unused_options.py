@@ -7,7 +7,7 @@ from typing import Any, Dict, List
 import pytest
 import torch
 
-from helpers import load_template, refusal, tiny_job, trainer_with
+from helpers import load_template, refusal, run_entrypoint, tiny_job, trainer_with
 from posttrain.components.spec import SpecError, validate
 from posttrain.entrypoints import runtime
 from posttrain.entrypoints.data import check_loss_masks
@@ -156,7 +156,7 @@ def test_the_job_checks_the_loss_masks_before_any_model_loads(
     raw = load_template("sft/tiny.yaml")  # chat messages
     raw["training"].update(output_dir=str(tmp_path / "out"), completion_only_loss=True)
     with pytest.raises(SystemExit) as exit_info:
-        runtime.run("sft", argv=["--spec-json", validate(raw).to_json()])
+        run_entrypoint("sft", validate(raw).to_json())
     assert exit_info.value.code == 2
     assert (
         capsys.readouterr().err.count(

@@ -21,6 +21,7 @@ from helpers import (
     REPO,
     assert_stopped_once,
     assert_succeeded,
+    build_trainer,
     ends,
     free_port,
     job_env,
@@ -97,7 +98,7 @@ def test_after_training_vllm_generates_with_the_trained_weights(tmp_path: Path) 
     args = import_object(spec.config_class)(**runtime.training_arguments(spec, dict(spec.training)))
     tokenizer = load_tokenizer(spec.model.name_or_path, spec, "left")
     data = load_data(spec.data.train, spec.data.columns, "data.train", spec.data_formats)
-    trainer = runtime.registry_trainer(runtime.Job(spec, args, tokenizer, data, None, [], resolve_rewards(spec)))
+    trainer = build_trainer(runtime.Job(spec, args, tokenizer, data, None, [], resolve_rewards(spec)))
     generation = trainer.vllm_generation
     assert generation.llm.llm_engine.model_config.dtype == torch.float32  # the training's, not vLLM's bf16
     ids = tokenizer(TEXT)["input_ids"]
