@@ -11,8 +11,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from posttrain.components.local_files import CLIENT_BYTES, local_data_problems
-from posttrain.components.spec import load_spec
+from posttrain.components.spec.loading import load_spec
+from posttrain.components.spec.local_files import CLIENT_BYTES, local_data_problems
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES_MIB = (1, 8, 64)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from benchmarks.harness import PYTHON_BIN, REPO, run_env
-from posttrain.components.registry import SPEC_CLASSES
+from posttrain.components.spec.registry import SPEC_CLASSES
 
 BASELINE = [sys.executable, "-c", "import torchx.specs"]
 

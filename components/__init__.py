@@ -10,7 +10,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "SpecError": "posttrain.components.messages",
+    "SpecError": "posttrain.components.spec.messages",
     **{
         name: "posttrain.components.algorithms"
         for name in ("distill", "dpo", "grpo", "kto", "online_dpo", "orpo", "ppo", "reward", "rloo", "sft")

@@ -22,9 +22,9 @@ from torchx.components.structured_arg import StructuredNameArgument
 from torchx.specs import macros
 
 from posttrain.components import vllm_role
-from posttrain.components.local_files import local_data_problems, local_model_problems
-from posttrain.components.messages import SpecError
-from posttrain.components.spec import load_spec
+from posttrain.components.spec.loading import load_spec
+from posttrain.components.spec.local_files import local_data_problems, local_model_problems
+from posttrain.components.spec.messages import SpecError
 from posttrain.components.vllm_role import VllmServer
 
 # The entry point torchx's CLI sets; a component called from it exits with the

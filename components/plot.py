@@ -1,128 +1,19 @@
-"""Training curves: one PNG of a run's ``metrics.jsonl``, or of several runs side by side.
+"""Training curves of runs, side by side: one PNG of their ``metrics.jsonl``.
 
     python -m posttrain.components.plot outputs/sft-tiny
     python -m posttrain.components.plot outputs/dpo-lr1e-5 outputs/dpo-lr1e-6 -o dpo.png
 
-Every job draws its own ``curves.png`` at the end with :func:`draw` (the
-``MetricsLog`` callback); this command draws the same figure from runs'
-directories, one line per run on each metric's plot, the legend naming each
-run by its directory. The plotted series are embedded in the PNG as JSON
-(text chunk :data:`DATA_KEY`), so the figure's data can be checked or reused.
-
-matplotlib is imported only inside :func:`draw`: importing
-``posttrain.components`` must stay fast and work without it.
+The figure is the one every job draws as its ``curves.png``
+(``posttrain.entrypoints.curves``), one line per run on each metric's plot,
+the legend naming each run by its directory.
 """
 
 import argparse
 import json
-import os
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
-METRICS_FILE = "metrics.jsonl"
-CURVES_FILE = "curves.png"
-DATA_KEY = "posttrain:series"
-
-# What is plotted, in this order, where logged. Algorithms name the same quantity differently:
-# TRL's GRPO/RLOO log `reward`, our PPO `objective/scores`; DPO `rewards/margins`, the reward trainer `margin`.
-PLOTTED = (
-    "loss",
-    "eval_loss",
-    "reward",
-    "objective/scores",
-    "rewards/margins",
-    "rewards/accuracies",
-    "margin",
-    "accuracy",
-    "kl",
-    "objective/kl",
-    "learning_rate",
-)
-
-# {metric: {"step": [...], "value": [...]}}
-Series = Dict[str, Dict[str, List[float]]]
-
-
-def read_metrics(path: Path) -> List[Dict[str, Any]]:
-    """The records of a ``metrics.jsonl``; a line torn by a crash mid-write is skipped."""
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and "step" in record:
-            records.append(record)
-    return records
-
-
-def series(records: Sequence[Mapping[str, Any]]) -> Series:
-    """The plotted metrics' values against the step, in :data:`PLOTTED` order.
-
-    >>> series([{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.5, "eval_loss": 1.7}])
-    {'loss': {'step': [1, 2], 'value': [2.0, 1.5]}, 'eval_loss': {'step': [2], 'value': [1.7]}}
-    """
-    found: Series = {}
-    for metric in PLOTTED:
-        points = [(r["step"], r[metric]) for r in records if _is_number(r.get(metric))]
-        if points:
-            found[metric] = {"step": [s for s, _ in points], "value": [float(v) for _, v in points]}
-    return found
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def run_title(algorithm: str, model: str, world_size: int) -> str:
-    """``sft · builtin:tiny-llama · 2 processes``: what ran, for a figure's title."""
-    return f"{algorithm} · {model} · {world_size} process{'es' if world_size != 1 else ''}"
-
-
-def draw(runs: Sequence[Tuple[str, Series]], title: str, path: Path) -> Dict[str, Any]:
-    """Writes the figure of ``runs`` (label, series) to ``path``, atomically; returns the embedded data.
-
-    One plot per metric any run logged, one line per run on it.
-    """
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure  # not pyplot: no global state, no GUI backend
-
-    metrics = [m for m in PLOTTED if any(m in run_series for _, run_series in runs)]
-    columns = min(3, max(len(metrics), 1))
-    rows = max(-(-len(metrics) // columns), 1)
-    figure = Figure(figsize=(5 * columns, 3.4 * rows + 0.6), layout="constrained")
-    FigureCanvasAgg(figure)
-    figure.suptitle(title)
-    axes = figure.subplots(rows, columns, squeeze=False).ravel()
-    for ax, metric in zip(axes, metrics):
-        for label, run_series in runs:
-            if metric in run_series:
-                points = run_series[metric]
-                few = len(points["step"]) <= 30  # markers make short runs' points visible
-                ax.plot(points["step"], points["value"], marker="." if few else None, label=label)
-        ax.set_title(metric)
-        ax.set_xlabel("step")
-        ax.grid(alpha=0.3)
-        if len(runs) > 1:
-            ax.legend(fontsize="small")
-    for ax in axes[len(metrics) :]:
-        ax.set_visible(False)
-    if not metrics:  # e.g. logging_steps past max_steps: an empty figure would look broken
-        axes[0].set_visible(True)
-        axes[0].text(0.5, 0.5, "no metrics logged", ha="center", va="center", transform=axes[0].transAxes)
-    data = {"title": title, "runs": {label: run_series for label, run_series in runs}}
-    temporary = path.with_name(path.name + ".tmp")
-    figure.savefig(temporary, format="png", dpi=100, metadata={DATA_KEY: json.dumps(data)})
-    os.replace(temporary, path)
-    return data
-
-
-def read_embedded(path: Path) -> Dict[str, Any]:
-    """The data :func:`draw` embedded in a PNG."""
-    from PIL import Image  # matplotlib's own PNG writer
-
-    with Image.open(path) as image:
-        return json.loads(image.text[DATA_KEY])
+from posttrain.entrypoints.curves import CURVES_FILE, METRICS_FILE, Series, draw, read_metrics, run_title, series
 
 
 def run_of(directory: Path) -> Tuple[str, Series, Optional[str]]:

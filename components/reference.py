@@ -18,10 +18,10 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from posttrain.components.fields import LORA_CONFIG, TABLE_PATH, config_fields
-from posttrain.components.registry import SPEC_CLASSES
 from posttrain.components.schema_json import spec_schema, write_each_algorithm
-from posttrain.components.values import rows_for
+from posttrain.components.spec.fields import LORA_CONFIG, TABLE_PATH, config_fields
+from posttrain.components.spec.registry import SPEC_CLASSES
+from posttrain.components.spec.values import rows_for
 
 PAGES_DIR = Path(__file__).resolve().parents[1] / "docs" / "pages" / "reference"
 

@@ -25,11 +25,11 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Type
 
-from posttrain.components.fields import LORA_CONFIG, TABLE_PATH, FieldType, config_fields
-from posttrain.components.registry import SPEC_CLASSES
-from posttrain.components.schema import Spec
-from posttrain.components.spec import BOOLEAN_WORDS, EXPONENT_NUMBER
-from posttrain.components.values import Range, rows_for
+from posttrain.components.spec.fields import LORA_CONFIG, TABLE_PATH, FieldType, config_fields
+from posttrain.components.spec.loading import BOOLEAN_WORDS, EXPONENT_NUMBER
+from posttrain.components.spec.registry import SPEC_CLASSES
+from posttrain.components.spec.schema import Spec
+from posttrain.components.spec.values import Range, rows_for
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_DIR = Path(__file__).with_name("schemas")

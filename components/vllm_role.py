@@ -12,16 +12,15 @@ A spec that names its own server (``vllm_server_base_url`` or
 """
 
 import dataclasses
-from typing import TYPE_CHECKING, List, Mapping, Optional
+from typing import List, Mapping, Optional
 
-from posttrain.components.messages import SpecError
+import torchx.specs as specs
 
-if TYPE_CHECKING:
-    import torchx.specs as specs
+from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.schema import VLLM_HOST_VARIABLE
 
 ROLE = "vllm"
 MODULE = "posttrain.entrypoints.vllm_server"
-HOST_VARIABLE = "POSTTRAIN_VLLM_HOST"  # the trainers' side reads it (entrypoints/vllm_generation.py)
 RESTART_GRACE_S = 300  # how long the server waits for a trainer torchrun restarts
 
 
@@ -55,10 +54,7 @@ class VllmServer:
             )
         return found
 
-    def resource(self, cpu: int, memMB: int) -> "specs.Resource":
-        # imported here: the training processes read HOST_VARIABLE from this module, and they need no torchx
-        import torchx.specs as specs
-
+    def resource(self, cpu: int, memMB: int) -> specs.Resource:
         if self.h is not None:
             try:
                 return specs.named_resources[self.h]
@@ -88,7 +84,7 @@ def host_assignment(trainer_nodes: int) -> str:
     (Kubernetes): every pod has ``VC_<TASK>_HOSTS``, the role's task is
     ``vllm-0``; local_cwd: this host. "$$" escapes torchx's macro substitution.
     """
-    return f"{HOST_VARIABLE}=$${{SLURM_JOB_NODELIST_HET_GROUP_{trainer_nodes}:-$${{VC_VLLM_0_HOSTS:-localhost}}}}"
+    return f"{VLLM_HOST_VARIABLE}=$${{SLURM_JOB_NODELIST_HET_GROUP_{trainer_nodes}:-$${{VC_VLLM_0_HOSTS:-localhost}}}}"
 
 
 def server_args(server: VllmServer, first_contact_s: int, max_restarts: int) -> List[str]:

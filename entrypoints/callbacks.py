@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
-from posttrain.components.messages import SpecError
+from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints.distributed import collective_device
 
 log = logging.getLogger("posttrain")

@@ -17,8 +17,8 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 from trl.chat_template_utils import get_training_chat_template, has_generation_markers
 from trl.data_utils import is_conversational
 
-from posttrain.components.messages import SpecError
-from posttrain.components.schema import Spec
+from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.schema import Spec
 from posttrain.entrypoints.models import load_tokenizer
 from posttrain.entrypoints.rewards import RewardFunction
 

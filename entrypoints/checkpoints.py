@@ -25,10 +25,10 @@ from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from transformers import TrainerCallback
 
-from posttrain.components.fields import config_value
-from posttrain.components.messages import SpecError
-from posttrain.components.schema import Spec
-from posttrain.components.spec import NOT_TRAINING_RELEVANT, spec_diff
+from posttrain.components.spec.fields import config_value
+from posttrain.components.spec.loading import NOT_TRAINING_RELEVANT, spec_diff
+from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.schema import Spec
 from posttrain.entrypoints.distributed import env_rank, says_any
 from posttrain.entrypoints.summary import SUMMARY_FILE
 

@@ -10,17 +10,17 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type
 
-from posttrain.components.data_sources import is_glob, matched_paths
-from posttrain.components.fields import config_value
-from posttrain.components.local_files import (
+from posttrain.components.spec.data_sources import is_glob, matched_paths
+from posttrain.components.spec.fields import config_value
+from posttrain.components.spec.local_files import (
     check_text,
     column_problem,
     json_error,
     not_a_data_file,
     not_a_saved_data_set,
 )
-from posttrain.components.messages import SpecError
-from posttrain.components.schema import DataSource, Spec
+from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.schema import DataSource, Spec
 from posttrain.entrypoints.distributed import env_rank
 
 log = logging.getLogger("posttrain")

@@ -20,7 +20,7 @@ from typing import Iterator, List, Optional, Sequence
 import torch
 import torch.distributed as dist
 
-from posttrain.components.messages import SpecError
+from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints.deepspeed_launcher import DONE_DIR_ENV
 
 log = logging.getLogger("posttrain")

@@ -32,8 +32,13 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from posttrain.components.messages import SpecError
-from posttrain.components.schema import CHECKPOINTING_OPTIONS, CHECKPOINTING_SWITCHES, PACKING_AWARE_ATTENTION, Spec
+from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.schema import (
+    CHECKPOINTING_OPTIONS,
+    CHECKPOINTING_SWITCHES,
+    PACKING_AWARE_ATTENTION,
+    Spec,
+)
 
 log = logging.getLogger("posttrain")
 

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import IO, Optional, Tuple
 
-from posttrain.components.messages import SpecError
+from posttrain.components.spec.messages import SpecError
 
 log = logging.getLogger("posttrain")
 

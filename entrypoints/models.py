@@ -20,9 +20,9 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 
-from posttrain.components.local_files import model_directory_problem
-from posttrain.components.messages import SpecError
-from posttrain.components.schema import Spec
+from posttrain.components.spec.local_files import model_directory_problem
+from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.schema import Spec
 from posttrain.entrypoints.checkpoints import file_problem
 from posttrain.entrypoints.data import first_line
 

@@ -16,7 +16,7 @@ import torch.nn as nn
 from accelerate import Accelerator
 from transformers import GenerationConfig, PreTrainedModel
 
-from posttrain.components.rewards import completion_text
+from posttrain.components.spec.rewards import completion_text
 from posttrain.entrypoints.ppo_math import gae, kl_per_token, positions, response_logprobs, until_first, whiten
 
 

@@ -15,7 +15,7 @@ import torch.nn as nn
 from transformers import PreTrainedModel, Trainer, TrainingArguments
 from transformers.modeling_layers import GradientCheckpointingLayer
 
-from posttrain.components.registry import PPOSpec
+from posttrain.components.spec.registry import PPOSpec
 
 
 def enable_activation_checkpointing(model: PreTrainedModel, options: Optional[Dict[str, Any]]) -> None:

@@ -24,10 +24,10 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 from transformers import TrainerCallback
 from trl.trainer.utils import is_async_callable
 
-from posttrain.components.fields import config_value
-from posttrain.components.messages import SpecError
-from posttrain.components.rewards import BUILTIN_REWARDS, RewardFunction, builtin_reward
-from posttrain.components.schema import Spec
+from posttrain.components.spec.fields import config_value
+from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.rewards import BUILTIN_REWARDS, RewardFunction, builtin_reward
+from posttrain.components.spec.schema import Spec
 from posttrain.entrypoints import distributed
 from posttrain.entrypoints.data import first_line
 from posttrain.entrypoints.models import (

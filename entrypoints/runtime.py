@@ -56,10 +56,10 @@ import torch
 from transformers import PrinterCallback, Trainer
 from transformers.utils import logging as transformers_logging
 
-from posttrain.components.fields import config_fields, config_value
-from posttrain.components.messages import SpecError
-from posttrain.components.schema import CHECKPOINTING_OPTIONS, Spec
-from posttrain.components.spec import spec_from_json
+from posttrain.components.spec.fields import config_fields, config_value
+from posttrain.components.spec.loading import spec_from_json
+from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.schema import CHECKPOINTING_OPTIONS, Spec
 from posttrain.entrypoints import checkpoints, distributed, fast_paths, lease, vllm_generation, vllm_server
 from posttrain.entrypoints.callbacks import BestMetricCheck, FaultInjection, Preemption, ProgressLog, TokenCounter
 from posttrain.entrypoints.chat_templates import check_chat_template, check_reward_templates

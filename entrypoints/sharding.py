@@ -13,9 +13,9 @@ from typing import Any, ClassVar, Dict
 
 import torch
 
-from posttrain.components.fields import config_value
-from posttrain.components.messages import SpecError
-from posttrain.components.schema import DeepSpeedSpec, DistributedSpec, FSDPSpec
+from posttrain.components.spec.fields import config_value
+from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.schema import DeepSpeedSpec, DistributedSpec, FSDPSpec
 from posttrain.entrypoints import distributed
 from posttrain.entrypoints.summary import engine
 

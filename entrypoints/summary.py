@@ -5,7 +5,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from posttrain.components.schema import Spec
+from posttrain.components.spec.schema import Spec
 from posttrain.entrypoints import fast_paths
 from posttrain.entrypoints.callbacks import TokenCounter
 from posttrain.entrypoints.distributed import backend_for, world_size

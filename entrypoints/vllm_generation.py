@@ -40,9 +40,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
-from posttrain.components.messages import SpecError
-from posttrain.components.schema import Spec
-from posttrain.components.vllm_role import HOST_VARIABLE
+from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, Spec
 from posttrain.entrypoints.data import first_line
 
 # vLLM 0.32's CPU attention (CPUAttentionBackend.get_supported_head_sizes); tests/test_vllm.py checks it
@@ -128,7 +127,7 @@ def prepare(spec: Spec, training: Mapping[str, Any], on_cpu: bool) -> Dict[str, 
     if on_cpu:
         _write_and_reload(vllm_client.VLLMClient, Path(training["output_dir"]))
     STATS["weight_sync"] = "safetensors_reload" if on_cpu else "nccl"
-    host = os.environ.get(HOST_VARIABLE)
+    host = os.environ.get(VLLM_HOST_VARIABLE)
     return {"vllm_server_host": host} if host else {}
 
 
@@ -253,7 +252,7 @@ def _role_health_check(check_server: Callable[..., Any]) -> Callable[..., Any]:
 
         from posttrain.entrypoints.vllm_server import POLL_S, role_exited
 
-        where = "the vllm role's server" if os.environ.get(HOST_VARIABLE) else "the vLLM server"
+        where = "the vllm role's server" if os.environ.get(VLLM_HOST_VARIABLE) else "the vLLM server"
         deadline = time.monotonic() + total_timeout
         while True:
             try:

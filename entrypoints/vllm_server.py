@@ -31,10 +31,9 @@ import sys
 import time
 from typing import Iterator, List, Optional, Sequence
 
-from posttrain.components.messages import SpecError
-from posttrain.components.schema import Spec
-from posttrain.components.spec import spec_from_json
-from posttrain.components.vllm_role import HOST_VARIABLE
+from posttrain.components.spec.loading import spec_from_json
+from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, Spec
 from posttrain.entrypoints.vllm_generation import server_model
 
 log = logging.getLogger("posttrain.vllm_server")
@@ -181,7 +180,7 @@ def lease(spec: Spec) -> Iterator[None]:
     An exception just drops it: with torchrun restarts (``--max_restarts``) the
     server waits its grace for the restarted rank 0.
     """
-    host = os.environ.get(HOST_VARIABLE)
+    host = os.environ.get(VLLM_HOST_VARIABLE)
     if not host or int(os.environ.get("RANK", "0")) != 0:
         yield
         return

@@ -156,7 +156,7 @@ def ends(output_dir: Path, key: str) -> tuple:
 
 def sft_spec(tmp_path: Path, **changes: Any) -> Any:
     """The tiny SFT template validated, writing under ``tmp_path``, with top-level sections replaced by ``changes``."""
-    from posttrain.components.spec import validate
+    from posttrain.components.spec.loading import validate
 
     raw = load_template("sft/tiny.yaml")
     raw["training"]["output_dir"] = str(tmp_path / "out")
@@ -166,8 +166,8 @@ def sft_spec(tmp_path: Path, **changes: Any) -> Any:
 
 def tiny_job(tmp_path: Path, algorithm: str, **changes: Any) -> Any:
     """The job ``run`` would build from the algorithm's tiny template, every extra model the template's built-in one."""
-    from posttrain.components.registry import SPEC_CLASSES
-    from posttrain.components.spec import validate
+    from posttrain.components.spec.loading import validate
+    from posttrain.components.spec.registry import SPEC_CLASSES
     from posttrain.entrypoints import runtime
     from posttrain.entrypoints.data import load_data
     from posttrain.entrypoints.models import import_object, load_tokenizer
@@ -214,7 +214,7 @@ def trainer_with(job: Any, train_dataset: Any = None, **training: Any) -> Any:
 
 def refusal(job: Any, **training: Any) -> str:
     """What the spec says of the job's spec with ``training`` added."""
-    from posttrain.components.spec import SpecError, validate
+    from posttrain.components.spec.loading import SpecError, validate
 
     with pytest.raises(SpecError) as error:
         validate({**job.spec.model_dump(), "training": {**job.spec.training, **training}})

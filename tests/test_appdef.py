@@ -14,8 +14,8 @@ import posttrain.components
 from helpers import REPO, TEMPLATES
 from posttrain.components import algorithms
 from posttrain.components.arguments import ARGS
-from posttrain.components.messages import SpecError
-from posttrain.components.registry import SPEC_CLASSES
+from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.registry import SPEC_CLASSES
 
 TINY = str(TEMPLATES / "sft" / "tiny.yaml")
 
@@ -230,8 +230,8 @@ class TorchxComponentChecks(ComponentTestCase):
             "posttrain.components, posttrain.components.algorithms",
             ("torch", "trl", "transformers", "deepspeed", "peft", "datasets", "pyarrow"),
         ),
-        # the training processes read the spec and the vllm role's variable without the AppDef's machinery (21 ms
-        # less start-up per process: torchx.specs, docstring_parser, importlib_metadata)
+        # the training processes read the spec without the AppDef's machinery (21 ms less start-up per process:
+        # torchx.specs, docstring_parser, importlib_metadata)
         ("posttrain.entrypoints.runtime, posttrain.entrypoints.vllm_server", ("torchx", "docstring_parser")),
     ],
     ids=["client", "job"],
@@ -240,6 +240,31 @@ def test_each_side_imports_only_what_it_needs(modules: str, absent: tuple) -> No
     code = f"import sys, {modules}; print(sorted(m for m in sys.modules if m.split('.')[0] in {absent!r}))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_the_job_imports_nothing_from_components_but_the_spec_package() -> None:
+    """Every import in entrypoints/ of posttrain.components is of posttrain.components.spec, at module level."""
+    import ast
+
+    outside, nested = [], []
+    for path in sorted((REPO / "entrypoints").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            for name in names:
+                if name.startswith("posttrain.components") and not name.startswith("posttrain.components.spec"):
+                    outside.append(f"{path.name}:{node.lineno} {name}")
+    for path in sorted((REPO / "components").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef):  # an import inside a function: a circle held open, or laziness
+                nested += [
+                    f"{path.relative_to(REPO)}:{inner.lineno}"
+                    for inner in ast.walk(node)
+                    if isinstance(inner, ast.ImportFrom) and (inner.module or "").startswith("posttrain.")
+                ]
+    assert not outside, f"the job imports from components/ outside components/spec: {outside}"
+    assert not nested, f"posttrain imports inside functions in components/: {nested}"
 
 
 def test_torchx_finds_only_the_components_in_the_component_module() -> None:
@@ -252,7 +277,7 @@ def test_torchx_finds_only_the_components_in_the_component_module() -> None:
 
 def test_a_job_reads_its_spec_without_the_appdef_builder() -> None:
     code = (
-        "import sys, posttrain.components.spec; "
+        "import sys, posttrain.components.spec.loading; "
         "print('posttrain.components.appdef' in sys.modules, 'posttrain.components.algorithms' in sys.modules); "
         "from posttrain.components import SpecError, sft; print(SpecError.__name__, sft.__name__)"
     )

@@ -10,8 +10,8 @@ from datasets import Dataset
 from trl.chat_template_utils import qwen2_5_chat_template
 
 from helpers import load_template, run_entrypoint, tiny_job, trainer_with
-from posttrain.components.messages import SpecError
-from posttrain.components.spec import validate
+from posttrain.components.spec.loading import validate
+from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints import runtime, tiny
 from posttrain.entrypoints.chat_templates import check_chat_template
 

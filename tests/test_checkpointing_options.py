@@ -17,7 +17,7 @@ import pytest
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from helpers import build_trainer, load_template, tiny_job
-from posttrain.components.spec import SpecError, validate
+from posttrain.components.spec.loading import SpecError, validate
 from posttrain.entrypoints import runtime
 from posttrain.entrypoints.models import import_object
 

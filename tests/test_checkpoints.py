@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, sft_spec
-from posttrain.components.spec import SpecError
+from posttrain.components.spec.loading import SpecError
 from posttrain.entrypoints.checkpoints import (
     INPUTS_FILE,
     SPEC_FILE,

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from helpers import torchx
-from posttrain.components.registry import SPEC_CLASSES
+from posttrain.components.spec.registry import SPEC_CLASSES
 
 TINY = "templates/sft/tiny.yaml"
 

@@ -9,8 +9,8 @@ import pytest
 
 from helpers import REPO, load_template, read_json, run_entrypoint
 from posttrain.components import algorithms
-from posttrain.components.messages import SpecError
-from posttrain.components.spec import validate
+from posttrain.components.spec.loading import validate
+from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints.checkpoints import job_inputs
 from posttrain.entrypoints.data import load_split
 

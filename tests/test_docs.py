@@ -20,7 +20,7 @@ import websocket
 
 from helpers import REPO
 from posttrain.components import reference
-from posttrain.components.registry import SPEC_CLASSES
+from posttrain.components.spec.registry import SPEC_CLASSES
 
 CHROMIUM_FLAGS = [
     "--headless",

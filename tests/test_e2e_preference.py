@@ -23,11 +23,11 @@ def test_dpo_prefers_chosen(tmp_path: Path) -> None:
     # what the run wrote for people: the metrics as logged, and a figure of exactly those
     from test_metrics import assert_metrics_match_the_trainer, assert_valid_png
 
-    from posttrain.components import plot
+    from posttrain.entrypoints import curves
 
     records = assert_metrics_match_the_trainer(output_dir)
-    data = assert_valid_png(output_dir / plot.CURVES_FILE)
-    assert data["runs"] == {output_dir.name: plot.series(records)}
+    data = assert_valid_png(output_dir / curves.CURVES_FILE)
+    assert data["runs"] == {output_dir.name: curves.series(records)}
     assert {"loss", "rewards/margins", "rewards/accuracies"} <= set(data["runs"][output_dir.name])
 
 

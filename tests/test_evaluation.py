@@ -16,7 +16,7 @@ from helpers import (
     tiny_job,
     trainer_with,
 )
-from posttrain.components.spec import validate
+from posttrain.components.spec.loading import validate
 from posttrain.entrypoints import runtime
 
 pytestmark = pytest.mark.usefixtures("job_process")

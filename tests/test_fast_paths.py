@@ -15,8 +15,8 @@ from transformers import LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from trl import SFTConfig, SFTTrainer
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-from posttrain.components.messages import SpecError
-from posttrain.components.spec import validate
+from posttrain.components.spec.loading import validate
+from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints import fast_paths, runtime, tiny
 
 ATTENTION = ["sdpa", "eager"]

@@ -79,7 +79,7 @@ from trl import (
 from trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
 from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
-from posttrain.components.rewards import BUILTIN_REWARDS
+from posttrain.components.spec.rewards import BUILTIN_REWARDS
 from posttrain.entrypoints import tiny
 
 settings = json.loads(sys.argv[1])

@@ -5,12 +5,13 @@ import importlib
 
 import pytest
 
-from posttrain.components import fields
-from posttrain.components.fields import TABLE_PATH, FieldType, config_fields, generate_table, render_table
+from posttrain.components.spec import fields
+from posttrain.components.spec.field_table import generate_table, render_table
+from posttrain.components.spec.fields import TABLE_PATH, FieldType, config_fields
 
 
 def test_the_shipped_table_matches_the_installed_trl_and_peft() -> None:
-    """Fails when trl/peft/transformers drift: run `python -m posttrain.components.fields`."""
+    """Fails when trl/peft/transformers drift: run `python -m posttrain.components.spec.field_table`."""
     assert TABLE_PATH.read_text() == render_table(generate_table())
 
 
@@ -43,7 +44,7 @@ def test_override_conversion(field_type: FieldType, text: str, expected: object)
 
 
 def test_client_modules_doctests() -> None:
-    for name in ("fields", "spec", "appdef", "messages", "overrides"):
+    for name in ("spec.fields", "spec.loading", "appdef", "spec.messages", "spec.overrides"):
         module = importlib.import_module(f"posttrain.components.{name}")
         result = doctest.testmod(module)
         assert result.failed == 0, name

@@ -33,10 +33,10 @@ from helpers import (
     tiny_job,
     trainer_with,
 )
-from posttrain.components.messages import SpecError
-from posttrain.components.registry import SPEC_CLASSES
-from posttrain.components.schema import DataSource
-from posttrain.components.spec import validate
+from posttrain.components.spec.loading import validate
+from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.registry import SPEC_CLASSES
+from posttrain.components.spec.schema import DataSource
 from posttrain.entrypoints import data, runtime
 from posttrain.entrypoints.data import load_data
 from posttrain.entrypoints.models import (
@@ -456,7 +456,7 @@ TWO_RANKS = textwrap.dedent("""
     import os
     from datetime import timedelta
     from types import SimpleNamespace
-    from posttrain.components.messages import SpecError
+    from posttrain.components.spec.messages import SpecError
     from posttrain.entrypoints import distributed
     from posttrain.entrypoints.rewards import RewardCheck
 

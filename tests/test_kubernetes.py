@@ -21,8 +21,8 @@ from torchx.util.strings import normalize_str
 
 from helpers import REPO, TEMPLATES
 from posttrain.components import algorithms
-from posttrain.components.messages import SpecError
-from posttrain.components.registry import SPEC_CLASSES
+from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.registry import SPEC_CLASSES
 
 KUBERNETES_VERSION = "1.30"
 VOLCANO_SCHEMA = json.loads((REPO / "schedulers_config" / "volcano-job.schema.json").read_text())

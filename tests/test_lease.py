@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from posttrain.components.messages import SpecError
+from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints import lease
 from posttrain.entrypoints.lease import LEASE_FILE, acquire, read_holder
 

@@ -8,9 +8,10 @@ from typing import Dict, List
 import pytest
 
 from helpers import TEMPLATES
-from posttrain.components import algorithms, local_files
-from posttrain.components.messages import SpecError
-from posttrain.components.spec import load_spec
+from posttrain.components import algorithms
+from posttrain.components.spec import local_files
+from posttrain.components.spec.loading import load_spec
+from posttrain.components.spec.messages import SpecError
 
 SFT = str(TEMPLATES / "sft/tiny.yaml")
 

@@ -12,6 +12,7 @@ from transformers import TrainerControl, TrainerState
 
 from helpers import assert_succeeded, log_history, read_json, run_template
 from posttrain.components import plot
+from posttrain.entrypoints import curves
 from posttrain.entrypoints.metrics import MetricsLog
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -46,7 +47,7 @@ def assert_valid_png(path: Path) -> Dict[str, Any]:
     with Image.open(path) as image:
         image.load()
         assert image.format == "PNG" and image.width > 300 and image.height > 200
-    return plot.read_embedded(path)
+    return curves.read_embedded(path)
 
 
 def test_plot_doctests() -> None:
@@ -102,7 +103,7 @@ def test_a_resume_keeps_the_checkpoints_steps_and_continues(tmp_path: Path) -> N
 
 
 def test_a_fresh_start_empties_an_old_file(tmp_path: Path) -> None:
-    (tmp_path / plot.METRICS_FILE).write_text('{"loss": 1.0, "step": 1}\n')
+    (tmp_path / curves.METRICS_FILE).write_text('{"loss": 1.0, "step": 1}\n')
     callback = MetricsLog(tmp_path, "sft", "m", 1)
     callback.on_train_begin(None, state(), TrainerControl())
     assert callback.path.read_text() == ""
@@ -124,11 +125,11 @@ def test_the_end_of_training_draws_the_logged_curves(tmp_path: Path) -> None:
         callback.on_log(None, trainer_state, TrainerControl(), logs={**logs, "grad_norm": 3.0})
     callback.on_log(None, trainer_state, TrainerControl(), logs={"eval_loss": 0.3, "eval_runtime": 0.1})
     callback.on_train_end(None, trainer_state, TrainerControl())
-    data = assert_valid_png(tmp_path / "dpo-run" / plot.CURVES_FILE)
+    data = assert_valid_png(tmp_path / "dpo-run" / curves.CURVES_FILE)
     assert data["title"] == "dpo · builtin:tiny-llama · 2 processes"
     drawn = data["runs"]["dpo-run"]
     assert list(drawn) == ["loss", "eval_loss", "rewards/margins", "rewards/accuracies", "learning_rate"]
-    assert drawn == plot.series(lines(callback.path))
+    assert drawn == curves.series(lines(callback.path))
     assert drawn["loss"] == {"step": [1, 2, 3, 4, 5], "value": [1.0, 0.5, 1 / 3, 0.25, 0.2]}
     assert not list((tmp_path / "dpo-run").glob("*.tmp"))
 
@@ -141,7 +142,7 @@ def test_a_figure_that_cannot_be_drawn_does_not_fail_the_run(tmp_path: Path, cap
 
 def write_run(directory: Path, algorithm: str, records: List[Dict[str, Any]]) -> None:
     directory.mkdir(parents=True)
-    (directory / plot.METRICS_FILE).write_text("".join(json.dumps(record) + "\n" for record in records))
+    (directory / curves.METRICS_FILE).write_text("".join(json.dumps(record) + "\n" for record in records))
     summary = {"algorithm": algorithm, "world_size": 1, "spec": {"model": {"name_or_path": "builtin:tiny-llama"}}}
     (directory / "run_summary.json").write_text(json.dumps(summary))
 
@@ -168,7 +169,7 @@ def test_the_plot_command_draws_two_runs_side_by_side(tmp_path: Path) -> None:
     assert sorted(path.name for path in tmp_path.iterdir()) == ["both.png", "grpo-a", "grpo-b"]
     data = assert_valid_png(output)
     assert data["title"] == "grpo · builtin:tiny-llama · 1 process"
-    assert data["runs"]["grpo-a"] == plot.series(lines(tmp_path / "grpo-a" / plot.METRICS_FILE))
+    assert data["runs"]["grpo-a"] == curves.series(lines(tmp_path / "grpo-a" / curves.METRICS_FILE))
     assert data["runs"]["grpo-b"] == {
         "loss": {"step": [1, 2], "value": [0.2, 0.4]},
         "reward": {"step": [1, 2], "value": [-1.0, -2.0]},
@@ -196,7 +197,7 @@ def test_the_client_imports_no_matplotlib() -> None:
 
 def assert_metrics_match_the_trainer(output_dir: Path) -> List[Dict[str, Any]]:
     """metrics.jsonl holds trainer_state.json's log history (its closing entry left out), entry for entry."""
-    records = lines(output_dir / plot.METRICS_FILE)
+    records = lines(output_dir / curves.METRICS_FILE)
     assert records == log_history(output_dir)
     assert [record["step"] for record in records] == list(range(1, 41))
     return records
@@ -206,9 +207,9 @@ def assert_metrics_match_the_trainer(output_dir: Path) -> List[Dict[str, Any]]:
 def test_a_run_writes_its_metrics_and_curves(sft_1x2: Path) -> None:
     records = assert_metrics_match_the_trainer(sft_1x2)
     assert all({"loss", "learning_rate", "epoch", "step"} <= set(record) for record in records)
-    data = assert_valid_png(sft_1x2 / plot.CURVES_FILE)
+    data = assert_valid_png(sft_1x2 / curves.CURVES_FILE)
     assert data["title"] == "sft · builtin:tiny-llama · 2 processes"
-    assert data["runs"] == {sft_1x2.name: plot.series(records)}
+    assert data["runs"] == {sft_1x2.name: curves.series(records)}
     assert list(data["runs"][sft_1x2.name]) == ["loss", "learning_rate"]
 
 
@@ -217,11 +218,11 @@ def test_a_crashed_run_leaves_its_history_and_the_next_run_continues_it(tmp_path
     output_dir = tmp_path / "out"
     crashed = run_template("sft/tiny.yaml", tmp_path, output_dir, POSTTRAIN_FAULT="exit:1:25")
     assert crashed.returncode != 0
-    steps = [record["step"] for record in lines(output_dir / plot.METRICS_FILE)]
+    steps = [record["step"] for record in lines(output_dir / curves.METRICS_FILE)]
     assert steps in (list(range(1, 25)), list(range(1, 26))), steps  # rank 0 may log step 25 before the job ends
-    assert not (output_dir / plot.CURVES_FILE).exists()
+    assert not (output_dir / curves.CURVES_FILE).exists()
     # the next run resumes from checkpoint-20: the crashed attempt's later steps are dropped, none doubled
     assert_succeeded(run_template("sft/tiny.yaml", tmp_path, output_dir))
     assert read_json(output_dir / "run_summary.json")["resumed_from"] == str(output_dir / "checkpoint-20")
     assert_metrics_match_the_trainer(output_dir)
-    assert_valid_png(output_dir / plot.CURVES_FILE)
+    assert_valid_png(output_dir / curves.CURVES_FILE)

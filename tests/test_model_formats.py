@@ -12,8 +12,8 @@ import mistral_common
 import pytest
 
 from helpers import REPO, load_template, read_json, run_entrypoint
-from posttrain.components.messages import SpecError
-from posttrain.components.spec import validate
+from posttrain.components.spec.loading import validate
+from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints.models import check_model_path
 
 SHIPPED = Path(mistral_common.__file__).parent / "data"

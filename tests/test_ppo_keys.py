@@ -16,10 +16,10 @@ from test_ppo_realistic import length
 from test_ppo_realistic import make_trainer as realistic_trainer
 
 from helpers import TEMPLATES, load_template
-from posttrain.components.fields import config_fields
-from posttrain.components.messages import SpecError
-from posttrain.components.registry import PPOSpec
-from posttrain.components.spec import validate
+from posttrain.components.spec.fields import config_fields
+from posttrain.components.spec.loading import validate
+from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.registry import PPOSpec
 from posttrain.entrypoints.ppo_trainer import PPOConfig, PPOTrainer
 
 FIELDS = set(config_fields(PPOSpec.config_class))

@@ -16,8 +16,8 @@ from datasets import Dataset
 from transformers import GenerationConfig, LlamaForCausalLM, LlamaForSequenceClassification
 
 from helpers import load_template
-from posttrain.components.messages import SpecError
-from posttrain.components.spec import validate
+from posttrain.components.spec.loading import validate
+from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints import tiny
 from posttrain.entrypoints.models import check_same_tokenizer
 from posttrain.entrypoints.ppo_math import response_logprobs

@@ -128,7 +128,7 @@ def test_every_readme_command_is_run_or_listed() -> None:
 def test_readme_yaml_blocks_are_valid_spec_fragments() -> None:
     """A full spec validates (one of distributed.deepspeed/fsdp at a time: they exclude each other);
     a ``rewards:`` block validates in every algorithm that takes rewards."""
-    from posttrain.components.spec import validate
+    from posttrain.components.spec.loading import validate
 
     assert CODE.yaml_blocks, "README has no YAML blocks"
     for block in CODE.yaml_blocks:
@@ -207,7 +207,7 @@ def show(item: Item, ran: Ran) -> str:
 
 def check_png(workdir: Path, argv: Sequence[str]) -> None:
     """A plot command wrote a PNG holding each named run's curves."""
-    from posttrain.components.plot import read_embedded
+    from posttrain.entrypoints.curves import read_embedded
 
     png = workdir / option(argv, "-o", "--output")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{png} is not a PNG"

@@ -30,8 +30,8 @@ from helpers import (
     torchx,
 )
 from posttrain.components import algorithms
-from posttrain.components.messages import SpecError
-from posttrain.components.registry import SPEC_CLASSES
+from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.registry import SPEC_CLASSES
 
 SFT = "templates/sft/tiny.yaml"
 
@@ -276,7 +276,7 @@ def test_job_side_checks_in_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, template: str, change: dict, message: str
 ) -> None:
     """What the job checks before any model loads, each mechanism launched once above; the messages here."""
-    from posttrain.components.spec import validate
+    from posttrain.components.spec.loading import validate
     from posttrain.entrypoints.data import fit_batch, load_data
     from posttrain.entrypoints.models import load_tokenizer
 
@@ -483,7 +483,7 @@ def test_secrets_never_appear_in_dryrun(tmp_path: Path) -> None:
 
 
 def test_remote_code_is_off_unless_the_spec_says_so() -> None:
-    from posttrain.components.spec import load_spec
+    from posttrain.components.spec.loading import load_spec
 
     assert load_spec(str(REPO / SFT)).model.trust_remote_code is False
 

@@ -4,8 +4,8 @@ import doctest
 
 import pytest
 
-from posttrain.components import rewards
-from posttrain.components.rewards import BUILTIN_REWARDS, builtin_reward
+from posttrain.components.spec import rewards
+from posttrain.components.spec.rewards import BUILTIN_REWARDS, builtin_reward
 
 CHAT = [[{"role": "assistant", "content": "The sky is blue."}], [{"role": "assistant", "content": "No."}]]
 

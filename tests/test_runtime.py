@@ -11,9 +11,9 @@ from transformers import LlamaForCausalLM, LlamaForSequenceClassification
 from trl import SFTConfig
 
 from helpers import TEMPLATES, build_trainer, load_template, sft_spec, tiny_job, trainer_with
-from posttrain.components.fields import config_fields
-from posttrain.components.registry import SPEC_CLASSES
-from posttrain.components.spec import SpecError, validate
+from posttrain.components.spec.fields import config_fields
+from posttrain.components.spec.loading import SpecError, validate
+from posttrain.components.spec.registry import SPEC_CLASSES
 from posttrain.entrypoints import deepspeed_launcher, distributed, runtime, summary, tiny
 from posttrain.entrypoints.data import check_online_data, fit_batch, load_data
 from posttrain.entrypoints.models import EXTRA_MODELS, import_object, load_tokenizer

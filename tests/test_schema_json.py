@@ -15,11 +15,11 @@ import yaml
 
 from helpers import REPO, TEMPLATES, load_template
 from posttrain.components import schema_json, templates
-from posttrain.components.fields import config_default
-from posttrain.components.messages import SpecError
-from posttrain.components.registry import SPEC_CLASSES
 from posttrain.components.schema_json import SCHEMA_DIR, render, schema_path, spec_schema
-from posttrain.components.spec import load_spec, validate
+from posttrain.components.spec.fields import config_default
+from posttrain.components.spec.loading import load_spec, validate
+from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.registry import SPEC_CLASSES
 
 ALL_TEMPLATES = sorted(str(p.relative_to(TEMPLATES)) for p in TEMPLATES.glob("*/*.yaml"))
 MODELINE = "# yaml-language-server: $schema=../../components/schemas/{algorithm}.schema.json"

@@ -8,11 +8,11 @@ import pytest
 import yaml
 
 from helpers import TEMPLATES, load_template
-from posttrain.components.fields import config_fields
-from posttrain.components.messages import SpecError
-from posttrain.components.overrides import apply_overrides
-from posttrain.components.registry import SPEC_CLASSES
-from posttrain.components.spec import load_spec, spec_from_json, validate
+from posttrain.components.spec.fields import config_fields
+from posttrain.components.spec.loading import load_spec, spec_from_json, validate
+from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.overrides import apply_overrides
+from posttrain.components.spec.registry import SPEC_CLASSES
 
 ALL_TEMPLATES = sorted(str(p.relative_to(TEMPLATES)) for p in TEMPLATES.glob("*/*.yaml"))
 

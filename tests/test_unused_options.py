@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers import load_template, refusal, run_entrypoint, tiny_job, trainer_with
-from posttrain.components.spec import SpecError, validate
+from posttrain.components.spec.loading import SpecError, validate
 from posttrain.entrypoints import runtime
 from posttrain.entrypoints.data import check_loss_masks
 

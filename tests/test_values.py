@@ -13,12 +13,13 @@ import pytest
 import yaml
 
 from helpers import REPO, load_template
-from posttrain.components import algorithms, values
-from posttrain.components.fields import config_fields
-from posttrain.components.messages import SpecError
-from posttrain.components.registry import SPEC_CLASSES
-from posttrain.components.spec import load_spec, validate
-from posttrain.components.values import Range, rules
+from posttrain.components import algorithms
+from posttrain.components.spec import values
+from posttrain.components.spec.fields import config_fields
+from posttrain.components.spec.loading import load_spec, validate
+from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.registry import SPEC_CLASSES
+from posttrain.components.spec.values import Range, rules
 
 CONFIGS = sorted({cls.config_class for cls in SPEC_CLASSES.values()})
 

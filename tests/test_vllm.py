@@ -30,7 +30,7 @@ from helpers import (
     run_template,
     torchx,
 )
-from posttrain.components.spec import validate
+from posttrain.components.spec.loading import validate
 from posttrain.entrypoints import runtime
 from posttrain.entrypoints.data import load_data
 from posttrain.entrypoints.models import import_object, load_tokenizer
@@ -76,7 +76,7 @@ def test_generation_keys_with_vllm_are_those_the_installed_vllm_takes() -> None:
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
-    from posttrain.components.values import rules
+    from posttrain.components.spec.values import rules
 
     keys = {row["when"].get("vllm_mode"): set(row["keys"]) for row in rules() if row["field"] == "generation_kwargs"}
     public = lambda names: {name for name in names if not name.startswith("_")}  # noqa: E731
@@ -165,7 +165,7 @@ def test_the_server_roles_weights_after_a_sync_are_the_trainers(tmp_path: Path) 
     """
     from trl.generation.vllm_client import VLLMClient
 
-    from posttrain.components.vllm_role import HOST_VARIABLE
+    from posttrain.components.spec.schema import VLLM_HOST_VARIABLE
     from posttrain.entrypoints import vllm_server
     from posttrain.entrypoints.models import CAUSAL_LM, load_model
 
@@ -190,7 +190,7 @@ def test_the_server_roles_weights_after_a_sync_are_the_trainers(tmp_path: Path) 
     )
     try:
         with pytest.MonkeyPatch.context() as env:
-            env.setenv(HOST_VARIABLE, "localhost")
+            env.setenv(VLLM_HOST_VARIABLE, "localhost")
             kwargs = runtime.training_arguments(spec, dict(spec.training))  # patches TRL's VLLMClient for CPU
             assert kwargs["vllm_server_host"] == "localhost"
             with vllm_server.lease(spec):

@@ -8,7 +8,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from helpers import load_template
-from posttrain.components.spec import SpecError, validate
+from posttrain.components.spec.loading import SpecError, validate
 from posttrain.entrypoints import summary, tiny, vllm_generation
 from posttrain.entrypoints.vllm_generation import config_problems, head_size_problem, training_dtype
 

@@ -10,7 +10,7 @@ from torchx.schedulers.kubernetes_scheduler import sanitize_for_serialization
 
 from helpers import TEMPLATES
 from posttrain.components import algorithms
-from posttrain.components.messages import SpecError
+from posttrain.components.spec.messages import SpecError
 
 SERVER = str(TEMPLATES / "grpo" / "tiny-vllm-server.yaml")
 COLOCATE = str(TEMPLATES / "grpo" / "tiny-vllm.yaml")

@@ -20,9 +20,9 @@ from typing import Any, List, Tuple
 import pytest
 
 from helpers import REPO, free_port, load_template
-from posttrain.components.messages import SpecError
-from posttrain.components.spec import validate
-from posttrain.components.vllm_role import HOST_VARIABLE
+from posttrain.components.spec.loading import validate
+from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.schema import VLLM_HOST_VARIABLE
 from posttrain.entrypoints import vllm_generation, vllm_server
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
@@ -148,7 +148,7 @@ def listen() -> Tuple[socket.socket, int]:
 
 
 def test_rank0_holds_the_lease_and_says_done_only_at_a_clean_end(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv(HOST_VARIABLE, "localhost")
+    monkeypatch.setenv(VLLM_HOST_VARIABLE, "localhost")
     monkeypatch.setenv("RANK", "0")
     listener, port = listen()
     spec = server_spec(tmp_path, port)
@@ -171,7 +171,7 @@ def test_rank0_holds_the_lease_and_says_done_only_at_a_clean_end(tmp_path: Path,
 
 
 def test_no_role_to_lease_from_is_one_line_naming_the_timeout(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv(HOST_VARIABLE, "localhost")
+    monkeypatch.setenv(VLLM_HOST_VARIABLE, "localhost")
     monkeypatch.setattr(vllm_server, "POLL_S", 0.2)
     with pytest.raises(SpecError, match=r"^training.vllm_server_timeout: the vllm role at localhost:\d+ did not"):
         with vllm_server.lease(server_spec(tmp_path, free_port(), timeout_s=1)):
@@ -179,7 +179,7 @@ def test_no_role_to_lease_from_is_one_line_naming_the_timeout(tmp_path: Path, mo
 
 
 def test_role_exited_sees_the_role_close_its_end(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv(HOST_VARIABLE, "localhost")
+    monkeypatch.setenv(VLLM_HOST_VARIABLE, "localhost")
     listener, port = listen()
     with listener, vllm_server.lease(server_spec(tmp_path, port)):
         role_side, _ = listener.accept()

@@ -4,9 +4,9 @@
 ``model.lora`` to PEFT's ``LoraConfig``. The client must check those keys at
 submit time without importing trl (``--dryrun`` and ``torchx builtins`` stay
 fast), so ``config_fields.json`` holds a table of every field's accepted types,
-generated from the installed packages::
+generated from the installed packages by ``field_table.py``::
 
-    python -m posttrain.components.fields   # rewrites config_fields.json
+    python -m posttrain.components.spec.field_table   # rewrites config_fields.json
 
 A test regenerates the table in memory and fails when it drifts from the
 installed trl/peft/transformers.
@@ -29,15 +29,8 @@ import yaml
 
 TABLE_PATH = Path(__file__).with_name("config_fields.json")
 
-# PEFT's LoraConfig: ``model.lora``'s fields. The algorithms' config classes come from the registry.
+# PEFT's LoraConfig: ``model.lora``'s fields. The algorithms' config classes are the registry's.
 LORA_CONFIG = "peft:LoraConfig"
-
-
-def config_classes() -> List[str]:
-    """The classes whose fields the table holds, as ``module:Class`` import paths."""
-    from posttrain.components.registry import SPEC_CLASSES  # the registry's spec classes read this table
-
-    return sorted({cls.config_class for cls in SPEC_CLASSES.values()} | {LORA_CONFIG})
 
 
 # Kinds a value can have, in the order an override's text is tried against them.
@@ -229,68 +222,6 @@ def _kind_of(annotation: Any) -> str:
     return "any"
 
 
-def fields_of_class(cls: type) -> Dict[str, Dict[str, Any]]:
-    """The init fields of a dataclass: their FieldType as JSON, and their default where JSON can hold it."""
-    hints = typing.get_type_hints(cls)
-    described = {}
-    for f in dataclasses.fields(cls):
-        if not f.init:
-            continue
-        entry = field_type(hints[f.name]).to_json()
-        if f.metadata.get("choices") and entry["choices"] is None:  # TRL's own list of valid values
-            entry["choices"] = list(f.metadata["choices"])
-            entry["kinds"] = [kind if kind != "str" else "choice" for kind in entry["kinds"]]
-        default = _json_default(f)
-        if default is not _NO_MATCH:
-            entry["default"] = default
-        if f.metadata.get("help"):  # the package's own help text: the schemas' hover text and the spec reference
-            entry["help"] = " ".join(str(f.metadata["help"]).split())
-        described[f.name] = entry
-    return described
-
-
-def _json_default(f: "dataclasses.Field[Any]") -> Any:
-    if f.default is not dataclasses.MISSING:
-        value = f.default
-    elif f.default_factory is not dataclasses.MISSING:
-        value = f.default_factory()
-    else:
-        return _NO_MATCH
-    if isinstance(value, enum.Enum):
-        value = value.value
-    try:
-        return json.loads(json.dumps(value))
-    except (TypeError, ValueError):
-        return _NO_MATCH
-
-
-def generate_table() -> Dict[str, Dict[str, Dict[str, Any]]]:
-    """Builds the table from the installed packages (imports trl and peft)."""
-    import importlib
-    import os
-
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # ORPO lives in trl.experimental
-    from posttrain.components.values import rows_for
-
-    table = {}
-    for target in config_classes():
-        module_name, _, attr = target.partition(":")
-        fields = fields_of_class(getattr(importlib.import_module(module_name), attr))
-        for row in rows_for(target, fields):  # what TRL documents beyond its annotations
-            _widen(fields[row["field"]], row.get("also", []), row.get("choices"))
-        table[target] = dict(sorted(fields.items()))
-    return table
-
-
-def _widen(entry: Dict[str, Any], also: List[str], choices: Optional[List[Any]]) -> None:
-    """Adds the kinds and the documented choices of a value-rules row to a field's table entry."""
-    kinds = list(entry["kinds"]) + [kind for kind in also if kind not in entry["kinds"]]
-    if choices is not None:
-        entry["choices"] = list(choices)
-        kinds = [kind if kind != "str" else "choice" for kind in kinds]
-    entry["kinds"] = [kind for kind in KINDS + ("choice",) if kind in kinds]
-
-
 @functools.lru_cache(maxsize=None)
 def _table() -> Dict[str, Dict[str, Dict[str, Any]]]:
     return json.loads(TABLE_PATH.read_text())
@@ -310,13 +241,3 @@ def config_default(class_name: str, field: str) -> Any:
 def config_value(class_name: str, values: Mapping[str, Any], field: str) -> Any:
     """A field's value in ``values`` (a spec's ``training``), else the config class's default."""
     return values[field] if field in values else config_default(class_name, field)
-
-
-def render_table(table: Mapping[str, Any]) -> str:
-    """The canonical text of config_fields.json."""
-    return json.dumps(table, indent=1, sort_keys=True) + "\n"
-
-
-if __name__ == "__main__":
-    TABLE_PATH.write_text(render_table(generate_table()))
-    print(f"wrote {TABLE_PATH}")

@@ -23,8 +23,8 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import yaml
 
-from posttrain.components.fields import config_fields, config_value
-from posttrain.components.messages import cut, unknown_message
+from posttrain.components.spec.fields import config_fields, config_value
+from posttrain.components.spec.messages import cut, unknown_message
 
 RULES_DIR = Path(__file__).with_name("value_rules")
 

@@ -15,8 +15,8 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from posttrain.components.fields import LORA_CONFIG, FieldType, config_fields, field_type
-from posttrain.components.messages import (
+from posttrain.components.spec.fields import LORA_CONFIG, FieldType, config_fields, field_type
+from posttrain.components.spec.messages import (
     SpecError,
     cut,
     known_paths,
@@ -25,10 +25,10 @@ from posttrain.components.messages import (
     unknown_in,
     unknown_mapping_keys,
 )
-from posttrain.components.overrides import apply_overrides
-from posttrain.components.registry import SPEC_CLASSES
-from posttrain.components.schema import Spec
-from posttrain.components.values import (
+from posttrain.components.spec.overrides import apply_overrides
+from posttrain.components.spec.registry import SPEC_CLASSES
+from posttrain.components.spec.schema import Spec
+from posttrain.components.spec.values import (
     combination_problems,
     finite_problems,
     key_problems,

@@ -20,8 +20,8 @@ import re
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from posttrain.components.data_sources import DATA_SUFFIXES, is_glob, matched_paths
-from posttrain.components.messages import SpecError
+from posttrain.components.spec.data_sources import DATA_SUFFIXES, is_glob, matched_paths
+from posttrain.components.spec.messages import SpecError
 
 # How much of a file the client reads: every check of a small file in well under a second (a bigger file's
 # columns are left to the job, since rows past this could hold a column the first ones lack)

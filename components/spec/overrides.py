@@ -12,10 +12,10 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Type
 import yaml
 from pydantic import BaseModel
 
-from posttrain.components.fields import LORA_CONFIG, FieldType, config_fields, field_type
-from posttrain.components.messages import SpecError, cut, model_in
-from posttrain.components.registry import SPEC_CLASSES
-from posttrain.components.schema import Spec
+from posttrain.components.spec.fields import LORA_CONFIG, FieldType, config_fields, field_type
+from posttrain.components.spec.messages import SpecError, cut, model_in
+from posttrain.components.spec.registry import SPEC_CLASSES
+from posttrain.components.spec.schema import Spec
 
 
 def apply_overrides(

@@ -8,10 +8,12 @@ a component in ``algorithms.py``, a three-line entrypoint, a template and its
 tests.
 """
 
+import difflib
+import fnmatch
 from typing import ClassVar, Dict, List, Literal, Optional, Tuple, Type
 
-from posttrain.components.fields import config_value
-from posttrain.components.schema import (
+from posttrain.components.spec.fields import config_fields, config_value
+from posttrain.components.spec.schema import (
     CHECKPOINTING_OPTIONS,
     CHECKPOINTING_SWITCHES,
     Spec,
@@ -168,10 +170,6 @@ EVALUATION_FIELDS = (
 
 def evaluation_fields(config_class: str) -> List[str]:
     """The fields of ``config_class`` that configure an evaluation."""
-    import fnmatch
-
-    from posttrain.components.fields import config_fields
-
     fields = config_fields(config_class)
     return sorted(key for key in fields if any(fnmatch.fnmatchcase(key, pattern) for pattern in EVALUATION_FIELDS))
 
@@ -343,14 +341,9 @@ class PPOSpec(_OnlineSpec):
         config_class: str, honoured: frozenset, rules: Tuple[Tuple[Tuple[str, ...], str], ...]
     ) -> Dict[str, str]:
         """Every field of ``config_class`` that is neither honoured nor package-owned, with its reason."""
-        import difflib
-        import fnmatch
-
-        from posttrain.components.fields import config_fields
-
         try:
             fields = config_fields(config_class)
-        except KeyError:  # the table predates this config (python -m posttrain.components.fields rewrites it)
+        except KeyError:  # the table predates this config (python -m posttrain.components.spec.fields rewrites it)
             return {}
         owned = _OnlineSpec.owned_training_keys()
         refused = {}

@@ -6,7 +6,7 @@ import glob
 from pathlib import Path
 from typing import Any, Dict, List
 
-from posttrain.components.messages import cut
+from posttrain.components.spec.messages import cut
 
 # What a local data file's name ends with: one split; a directory save_to_disk wrote may hold several
 DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv")

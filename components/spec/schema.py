@@ -15,11 +15,11 @@ from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict
 
-from posttrain.components.data_sources import data_problems
-from posttrain.components.fields import config_fields, config_value
-from posttrain.components.messages import cut
-from posttrain.components.rewards import check_builtin
-from posttrain.components.values import generation_batch_problems, least_per_device_batch
+from posttrain.components.spec.data_sources import data_problems
+from posttrain.components.spec.fields import config_fields, config_value
+from posttrain.components.spec.messages import cut
+from posttrain.components.spec.rewards import check_builtin
+from posttrain.components.spec.values import generation_batch_problems, least_per_device_batch
 
 # Keys of TRL's config classes that the package sets itself: where to go instead.
 PACKAGE_OWNED_TRAINING_KEYS: Dict[str, str] = {
@@ -50,6 +50,9 @@ PACKING_AWARE_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2
 CHECKPOINTING_SWITCHES = ("activation_checkpointing", "gradient_checkpointing")
 CHECKPOINTING_OPTIONS = ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs")
 # TRL's trainers that fuse the LM head with the loss themselves: they refuse Liger's fused linear cross-entropy
+# where a job with vllm_mode: server finds its vllm role's host: the component sets it from the scheduler's host
+# variables (components/vllm_role.py), the trainers and the role read it (entrypoints/vllm_*.py)
+VLLM_HOST_VARIABLE = "POSTTRAIN_VLLM_HOST"
 FUSED_LM_HEAD_TRAINERS = ("trl:SFTTrainer", "trl:DPOTrainer", "trl:KTOTrainer", "trl:GRPOTrainer", "trl:RLOOTrainer")
 
 

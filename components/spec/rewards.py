@@ -11,6 +11,8 @@ import re
 import typing
 from typing import Any, Callable, Dict, List, Optional
 
+from posttrain.components.spec.fields import field_type  # the spec's own type rules, for argument values too
+
 RewardFunction = Callable[..., List[float]]
 
 _LAST_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
@@ -130,8 +132,6 @@ def check_builtin(name: str, args: Dict[str, Any]) -> List[str]:
         signature.bind(**args)
     except TypeError as error:
         return [f"{name}: {error}; arguments: {signature}"]
-    from posttrain.components.fields import field_type  # the spec's own type rules, for argument values too
-
     hints = typing.get_type_hints(factory)
     wrong = [(key, field_type(hints[key]).check(value)) for key, value in args.items()]
     if any(problem for _, problem in wrong):
