@@ -25,6 +25,7 @@ from posttrain.components import vllm_role
 from posttrain.components.spec.loading import load_spec
 from posttrain.components.spec.local_files import local_data_problems, local_model_problems
 from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.schema import runs_vllm_server
 from posttrain.components.vllm_role import VllmServer
 
 # The entry point torchx's CLI sets; a component called from it exits with the
@@ -220,7 +221,7 @@ def build_appdef(
             f"resume: never and {retry} disagree: a retry after the first checkpoint would be refused (resume: never "
             "refuses a directory that holds checkpoints); use resume: auto, or drop the retries"
         )
-    serve = vllm_role.wanted(validated.training)
+    serve = runs_vllm_server(validated.training)
     if serve:
         problems += server.problems(trainer_gpus=resource.gpu)
     elif not server.is_default:

@@ -12,7 +12,7 @@ A spec that names its own server (``vllm_server_base_url`` or
 """
 
 import dataclasses
-from typing import List, Mapping, Optional
+from typing import List, Optional
 
 import torchx.specs as specs
 
@@ -65,16 +65,6 @@ class VllmServer:
     @property
     def is_default(self) -> bool:
         return self == VllmServer()
-
-
-def wanted(training: Mapping[str, object]) -> bool:
-    """Whether the spec asks for a server the job runs: server mode and no server of its own."""
-    return (
-        bool(training.get("use_vllm"))
-        and training.get("vllm_mode", "colocate") == "server"
-        and not training.get("vllm_server_base_url")
-        and "vllm_server_host" not in training
-    )
 
 
 def host_assignment(trainer_nodes: int) -> str:

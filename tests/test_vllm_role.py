@@ -11,6 +11,7 @@ from torchx.schedulers.kubernetes_scheduler import sanitize_for_serialization
 from helpers import TEMPLATES
 from posttrain.components import algorithms
 from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.registry import SPEC_CLASSES
 
 SERVER = str(TEMPLATES / "grpo" / "tiny-vllm-server.yaml")
 COLOCATE = str(TEMPLATES / "grpo" / "tiny-vllm.yaml")
@@ -23,6 +24,22 @@ def app(spec: str = SERVER, algorithm: str = "grpo", *overrides: str, **kwargs: 
 def dryrun(scheduler: str, cfg: dict, **kwargs: Any) -> Any:
     with get_runner() as runner:
         return runner.dryrun(app(**kwargs), scheduler, cfg=cfg).request
+
+
+def test_the_components_that_place_a_vllm_role_are_the_registrys() -> None:
+    """``--vllm_*`` where the spec class runs a vllm role; elsewhere server mode is refused at submit, in one line."""
+    import inspect
+
+    for algorithm, cls in SPEC_CLASSES.items():
+        parameters = inspect.signature(getattr(algorithms, algorithm)).parameters
+        placing = {name for name in parameters if name.startswith("vllm_")}
+        assert placing == ({"vllm_h", "vllm_gpu", "vllm_replicas", "vllm_tp"} if cls.vllm_role else set()), algorithm
+    with pytest.raises(SpecError) as refused:
+        app(str(TEMPLATES / "distill" / "tiny.yaml"), "distill", "training.use_vllm=true", "training.vllm_mode=server")
+    assert refused.value.problems == [
+        "training.vllm_mode: server needs the job's vllm role beside the trainers, which posttrain.distill does not "
+        "run; use vllm_mode: colocate, or a server of your own (vllm_server_base_url)"
+    ]
 
 
 def test_server_mode_adds_a_vllm_role_the_trainers_find() -> None:

@@ -185,6 +185,7 @@ class OnlineDPOSpec(_ReferenceSpec, _OnlineSpec):
     algorithm: Literal["online_dpo"]
     config_class: ClassVar[str] = "trl.experimental.online_dpo:OnlineDPOConfig"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PROMPT_FORMATS
+    vllm_role: ClassVar[bool] = True
     package_owned_training_keys: ClassVar[Dict[str, str]] = {
         **_OnlineSpec.package_owned_training_keys,
         "reward_model_path": "use rewards: [{model: <path or hub id>}]",

@@ -53,6 +53,18 @@ CHECKPOINTING_OPTIONS = ("activation_checkpointing_kwargs", "gradient_checkpoint
 # where a job with vllm_mode: server finds its vllm role's host: the component sets it from the scheduler's host
 # variables (components/vllm_role.py), the trainers and the role read it (entrypoints/vllm_*.py)
 VLLM_HOST_VARIABLE = "POSTTRAIN_VLLM_HOST"
+
+
+def runs_vllm_server(training: Dict[str, Any]) -> bool:
+    """Whether ``training`` asks for a vLLM server the job runs: server mode, and no server of its own."""
+    return (
+        bool(training.get("use_vllm"))
+        and training.get("vllm_mode", "colocate") == "server"
+        and not training.get("vllm_server_base_url")
+        and "vllm_server_host" not in training
+    )
+
+
 FUSED_LM_HEAD_TRAINERS = ("trl:SFTTrainer", "trl:DPOTrainer", "trl:KTOTrainer", "trl:GRPOTrainer", "trl:RLOOTrainer")
 
 
@@ -196,6 +208,9 @@ class Spec(_Strict):
     refused_training_keys: ClassVar[Dict[str, str]] = {}
     # the job's fast paths this algorithm takes where the user leaves their keys unset (entrypoints/fast_paths.py)
     fast_paths: ClassVar[Tuple[str, ...]] = ()
+    # with vllm_mode: server (and no server of the spec's own) the job gets a vllm role, placed by the component's
+    # --vllm_* arguments (components/vllm_role.py); where False, server mode is refused at submit
+    vllm_role: ClassVar[bool] = False
 
     @classmethod
     def trainer_name(cls) -> str:
@@ -239,6 +254,11 @@ class Spec(_Strict):
             if close:  # the job would look for a checkpoint directory of that name
                 found.append(f"resume: {cut(repr(self.resume))} is neither auto nor never; did you mean {close[0]}?")
         found += self.distributed.problems()
+        if runs_vllm_server(training) and not self.vllm_role:
+            found.append(
+                f"training.vllm_mode: server needs the job's vllm role beside the trainers, which posttrain.{self.name()} "
+                "does not run; use vllm_mode: colocate, or a server of your own (vllm_server_base_url)"
+            )
         if not isinstance(training.get("output_dir"), str) or not training["output_dir"].strip():
             # an empty or null one would make the job write into its working directory, the checkout
             got = "" if "output_dir" not in training else f"; got {cut(repr(training['output_dir']))}"
@@ -396,6 +416,7 @@ class _GroupSpec(_OnlineSpec):
     """GRPO and RLOO: advantages compare ``num_generations`` completions of each prompt."""
 
     groups: ClassVar[bool] = True
+    vllm_role: ClassVar[bool] = True
 
     def problems(self, world_size: Optional[int]) -> List[str]:
         found = super().problems(world_size)
