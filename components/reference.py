@@ -123,7 +123,7 @@ def render(algorithm: str) -> str:
                 each = f" (in a list, each item: `{name}.{key}.0`, `{name}.{key}.1`, ...)" if listed else ""
                 lines += ["", f"### `{name}.{key}`{each}", "", _cell(sub.get("description", "")), ""]
                 lines += _section_table(sub["properties"], sub.get("required", []), f"{name}.{key}.")
-    refused = {**cls.owned_training_keys(), **cls.refused_training_keys}
+    refused = {**cls.owned_keys, **cls.refused_keys}
     lines += [
         "",
         "## `training`",

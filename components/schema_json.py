@@ -191,7 +191,7 @@ def _as_pyyaml_reads(prop: Dict[str, Any], field: FieldType) -> Dict[str, Any]:
 
 def training_schema(cls: Type[Spec]) -> Dict[str, Any]:
     """``training``: the TRL config's fields less the ones posttrain owns (those are errors, as in the validator)."""
-    owned, refused = cls.owned_training_keys(), cls.refused_training_keys
+    owned, refused = cls.owned_keys, cls.refused_keys
     schema = table_schema(cls.config_class, exclude=[*owned, *refused])
     pointers = "; ".join(f"{key}: {where}" for key, where in sorted({**owned, **refused}.items()))
     schema["description"] = f"Fields of {cls.config_class} (from config_fields.json). Not allowed here: {pointers}."

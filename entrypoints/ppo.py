@@ -8,7 +8,7 @@ policy's weights with a fresh score head); the spec's ``rewards`` (reward models
 Logs: ``objective/scores``, ``objective/kl``, ``objective/kl_coef``, ``objective/non_score_reward``,
 ``objective/entropy``, ``loss/policy``, ``loss/value``, ``policy/approxkl``, ``policy/clipfrac``, ``val/clipfrac``,
 ``val/explained_variance``. Saves the policy and ``value_model/``. Refused: every field of ``PPOConfig`` the trainer
-does not honour, each with its reason (``PPOSpec.refused_training_keys``).
+does not honour, each with its reason (``PPOSpec.refused_keys``).
 """
 
 from posttrain.entrypoints.ppo_trainer import PPOTrainer

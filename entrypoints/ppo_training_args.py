@@ -53,7 +53,7 @@ def create_optimizer(args: TrainingArguments, model: nn.Module) -> torch.optim.O
     APOLLO); ``weight_decay`` applies to every weight but biases and norms
     (``Trainer.get_decay_parameter_names``, which uses no Trainer state).
     """
-    for key, refused in PPOSpec.refused_training_values.items():
+    for key, refused in PPOSpec.refused_values.items():
         value = getattr(args, key)
         value = getattr(value, "value", value)  # OptimizerNames, SchedulerType
         if value in refused:

@@ -35,8 +35,8 @@ def problems_of(raw: Any) -> str:
 
 
 def test_every_field_is_exactly_one_of_honoured_owned_or_refused() -> None:
-    honoured, owned = PPOSpec.HONOURED_BY_PPO, set(PPOSpec.owned_training_keys())
-    refused = set(PPOSpec.refused_training_keys)
+    honoured, owned = PPOSpec.honoured_keys, set(PPOSpec.owned_keys)
+    refused = set(PPOSpec.refused_keys)
     assert not honoured - FIELDS, "honoured names that PPOConfig no longer has"
     assert not set(refused) - FIELDS
     for field in FIELDS:
@@ -46,15 +46,15 @@ def test_every_field_is_exactly_one_of_honoured_owned_or_refused() -> None:
 
 
 def test_the_refused_values_name_real_choices() -> None:
-    for key, values in PPOSpec.refused_training_values.items():
-        assert key in PPOSpec.HONOURED_BY_PPO
+    for key, values in PPOSpec.refused_values.items():
+        assert key in PPOSpec.honoured_keys
         choices = config_fields(PPOSpec.config_class)[key].choices
         assert choices is not None and set(values) <= set(choices), key
 
 
 @pytest.mark.parametrize("template", sorted(p.name for p in (TEMPLATES / "ppo").glob("*.yaml")))
 def test_the_ppo_templates_use_only_honoured_keys(template: str) -> None:
-    assert set(load_template(f"ppo/{template}")["training"]) <= PPOSpec.HONOURED_BY_PPO
+    assert set(load_template(f"ppo/{template}")["training"]) <= PPOSpec.honoured_keys
 
 
 # ---------------------------------------------------------------- the validator

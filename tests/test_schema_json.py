@@ -60,7 +60,7 @@ def test_training_and_lora_come_from_the_field_table() -> None:
     grpo = spec_schema("grpo")["properties"]["training"]["properties"]
     assert (grpo["top_p"]["anyOf"][0]["exclusiveMinimum"], grpo["top_p"]["anyOf"][0]["maximum"]) == (0, 1)
     assert "cosine" in props["lr_scheduler_type"]["enum"]
-    assert not set(SPEC_CLASSES["sft"].owned_training_keys()) & set(props)  # package-owned: errors
+    assert not set(SPEC_CLASSES["sft"].owned_keys) & set(props)  # package-owned: errors
     assert "deepspeed" in training["description"]
     lora = schema["$defs"]["ModelSpec"]["properties"]["lora"]["anyOf"][0]
     assert lora["additionalProperties"] is False and lora["properties"]["r"]["type"] == "integer"

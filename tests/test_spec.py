@@ -127,7 +127,7 @@ def test_unknown_keys_name_the_nearest_valid_key(path: tuple, value: Any, expect
         ("hub_token", "HF_TOKEN environment variable"),
     ],
 )
-def test_package_owned_training_keys_point_to_the_right_place(key: str, hint: str) -> None:
+def test_owned_keys_point_to_the_right_place(key: str, hint: str) -> None:
     raw = tiny_sft()
     raw["training"][key] = "x"
     message = problems_of(raw)

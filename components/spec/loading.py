@@ -191,15 +191,15 @@ def _spec_class(raw: Mapping[str, Any], algorithm: Optional[str]) -> Type[Spec]:
 
 def _unknown_keys(raw: Mapping[str, Any], cls: Type[Spec]) -> Iterator[str]:
     """Unknown keys everywhere, each with the nearest valid key; package-owned keys with their place."""
-    owned = cls.owned_training_keys()
+    owned = cls.owned_keys
     training_fields = config_fields(cls.config_class)
     paths = list(known_paths(cls))
-    paths += [f"training.{k}" for k in training_fields if k not in owned and k not in cls.refused_training_keys]
+    paths += [f"training.{k}" for k in training_fields if k not in owned and k not in cls.refused_keys]
     paths += [f"model.lora.{k}" for k in config_fields(LORA_CONFIG)]
     yield from unknown_in(raw, cls, "", paths)
     training = raw.get("training")
     if isinstance(training, dict):
-        refused = cls.refused_training_keys
+        refused = cls.refused_keys
         for key in training:
             if key in owned:
                 yield f"training.{key}: set by posttrain, not in training; {owned[key]}"

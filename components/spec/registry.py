@@ -16,6 +16,7 @@ from posttrain.components.spec.fields import config_fields, config_value
 from posttrain.components.spec.schema import (
     CHECKPOINTING_OPTIONS,
     CHECKPOINTING_SWITCHES,
+    OWNED_KEYS,
     Spec,
     _GroupSpec,
     _OnlineSpec,
@@ -35,11 +36,12 @@ class SFTSpec(Spec):
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = LANGUAGE_MODELLING_FORMATS
     fast_paths: ClassVar[Tuple[str, ...]] = ("padding_free", "use_liger_kernel", "no_activation_checkpointing")
     rows_hold_input_ids: ClassVar[bool] = True
-    refused_training_keys: ClassVar[Dict[str, str]] = {
+    refused_keys: ClassVar[Dict[str, str]] = {
         # TRL reads one key of it, skip_prepare_dataset, which only works on rows tokenized already (input_ids)
         "dataset_kwargs": "the data is text, messages or prompt and completion, which the trainer must tokenize",
     }
-    package_owned_training_keys: ClassVar[Dict[str, str]] = {
+    owned_keys: ClassVar[Dict[str, str]] = {
+        **OWNED_KEYS,
         "dataset_text_field": "the data's text column is text: map yours with data.columns (e.g. {content: text})",
     }
 
@@ -82,7 +84,7 @@ class DPOSpec(_ReferenceSpec):
     algorithm: Literal["dpo"]
     config_class: ClassVar[str] = "trl:DPOConfig"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PREFERENCE_FORMATS
-    refused_training_keys: ClassVar[Dict[str, str]] = {
+    refused_keys: ClassVar[Dict[str, str]] = {
         "padding_free": "TRL 1.16's DPOTrainer turns it off with a warning (temporarily unavailable there)",
     }
 
@@ -111,7 +113,7 @@ class ORPOSpec(Spec):
     algorithm: Literal["orpo"]
     config_class: ClassVar[str] = "trl.experimental.orpo:ORPOConfig"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PREFERENCE_FORMATS
-    refused_training_keys: ClassVar[Dict[str, str]] = {
+    refused_keys: ClassVar[Dict[str, str]] = {
         "remove_unused_columns": "ORPO's collator needs every column, so TRL's trainer sets it to false whatever it is",
     }
 
@@ -146,7 +148,8 @@ class DistillSpec(Spec):
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PROMPT_FORMATS
     generates: ClassVar[bool] = True
     extra_models: ClassVar[Tuple[str, ...]] = ("teacher_model",)
-    package_owned_training_keys: ClassVar[Dict[str, str]] = {
+    owned_keys: ClassVar[Dict[str, str]] = {
+        **OWNED_KEYS,
         "teacher_model_name_or_path": "use teacher_model at the top level of the spec",
         "teacher_model_revision": "posttrain loads the teacher with model's revision and options",
         "teacher_model_init_kwargs": "posttrain loads the teacher with model's dtype and options",
@@ -186,11 +189,11 @@ class OnlineDPOSpec(_ReferenceSpec, _OnlineSpec):
     config_class: ClassVar[str] = "trl.experimental.online_dpo:OnlineDPOConfig"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PROMPT_FORMATS
     vllm_role: ClassVar[bool] = True
-    package_owned_training_keys: ClassVar[Dict[str, str]] = {
-        **_OnlineSpec.package_owned_training_keys,
+    owned_keys: ClassVar[Dict[str, str]] = {
+        **_OnlineSpec.owned_keys,
         "reward_model_path": "use rewards: [{model: <path or hub id>}]",
     }
-    refused_training_keys: ClassVar[Dict[str, str]] = {
+    refused_keys: ClassVar[Dict[str, str]] = {
         "remove_unused_columns": "online DPO's rows are prompts, which the model's forward does not take: true "
         "removes every column and training fails as it starts (false is TRL's default)",
         **dict.fromkeys(evaluation_fields(config_class), NO_ONLINE_DPO_EVALUATION),
@@ -211,8 +214,8 @@ class PPOSpec(_OnlineSpec):
     score head; ``reference_model`` defaults to a second load of the policy.
 
     ``training`` takes only the fields the trainer honours
-    (``HONOURED_BY_PPO``); every other field of its config is refused with the
-    reason (``refused_training_keys``, computed from the field table, so a
+    (``honoured_keys``); every other field of its config is refused with the
+    reason (``refused_keys``, computed from the field table, so a
     field a new transformers adds is refused until the trainer honours it).
     """
 
@@ -225,7 +228,7 @@ class PPOSpec(_OnlineSpec):
 
     # the fields of PPOConfig that posttrain's PPO trainer (or the runtime around it) reads; keep in step
     # with entrypoints/ppo_trainer.py (the registry does not import it: the client stays light)
-    HONOURED_BY_PPO: ClassVar[frozenset] = frozenset(
+    honoured_keys: ClassVar[frozenset] = frozenset(
         {
             # PPO's own
             "num_ppo_epochs",
@@ -288,7 +291,7 @@ class PPOSpec(_OnlineSpec):
         }
     )
     # why a field is refused: the first rule with a matching (fnmatch) pattern; the rest get a generic reason
-    REFUSAL_REASONS: ClassVar[Tuple[Tuple[Tuple[str, ...], str], ...]] = (
+    refusal_reasons: ClassVar[Tuple[Tuple[Tuple[str, ...], str], ...]] = (
         (
             ("gradient_accumulation_steps",),
             "PPO steps the optimizer once per mini-batch; use training.num_mini_batches",
@@ -319,7 +322,7 @@ class PPOSpec(_OnlineSpec):
         (("average_tokens_across_devices",), "PPO averages each loss over its mini-batch; DDP averages across ranks"),
     )
     # values of honoured fields that need HF Trainer's own loop: value -> why
-    refused_training_values: ClassVar[Dict[str, Dict[str, str]]] = {
+    refused_values: ClassVar[Dict[str, Dict[str, str]]] = {
         "optim": dict.fromkeys(
             (
                 "lomo",
@@ -346,7 +349,7 @@ class PPOSpec(_OnlineSpec):
             fields = config_fields(config_class)
         except KeyError:  # the table predates this config (python -m posttrain.components.spec.fields rewrites it)
             return {}
-        owned = _OnlineSpec.owned_training_keys()
+        owned = _OnlineSpec.owned_keys
         refused = {}
         for key in sorted(set(fields) - honoured - set(owned)):
             matching = (why for patterns, why in rules if any(fnmatch.fnmatchcase(key, p) for p in patterns))
@@ -357,7 +360,7 @@ class PPOSpec(_OnlineSpec):
             refused[key] = reason
         return refused
 
-    refused_training_keys: ClassVar[Dict[str, str]] = _refusals(config_class, HONOURED_BY_PPO, REFUSAL_REASONS)
+    refused_keys: ClassVar[Dict[str, str]] = _refusals(config_class, honoured_keys, refusal_reasons)
     del _refusals
 
     def problems(self, world_size: Optional[int]) -> List[str]:
@@ -370,7 +373,7 @@ class PPOSpec(_OnlineSpec):
                 found.append(f"distributed.{sharding}: posttrain's PPO runs on DDP; remove distributed.{sharding}")
         if self.data.eval is not None:
             found.append("data.eval: PPO does not evaluate; its logs score every rollout; remove data.eval")
-        for key, refused in self.refused_training_values.items():
+        for key, refused in self.refused_values.items():
             value = training.get(key)
             if isinstance(value, str) and value in refused:
                 found.append(f"training.{key}: {value!r} is not supported by posttrain.ppo; {refused[value]}")

@@ -21,8 +21,8 @@ from posttrain.components.spec.messages import cut
 from posttrain.components.spec.rewards import check_builtin
 from posttrain.components.spec.values import generation_batch_problems, least_per_device_batch
 
-# Keys of TRL's config classes that the package sets itself: where to go instead.
-PACKAGE_OWNED_TRAINING_KEYS: Dict[str, str] = {
+# Keys of TRL's config classes that posttrain owns (sets itself) for every algorithm: where to go instead.
+OWNED_KEYS: Dict[str, str] = {
     "deepspeed": "use distributed.deepspeed",
     "fsdp": "use distributed.fsdp",
     "fsdp_config": "use distributed.fsdp",
@@ -202,10 +202,13 @@ class Spec(_Strict):
     lora_task: ClassVar[str] = "CAUSAL_LM"
     # models besides the policy, by the spec field naming each: checked at submit, loaded by the entrypoint
     extra_models: ClassVar[Tuple[str, ...]] = ()
-    # algorithm-specific training keys the package owns, beside PACKAGE_OWNED_TRAINING_KEYS
-    package_owned_training_keys: ClassVar[Dict[str, str]] = {}
-    # fields of the config class that the trainer does not honour: refused, with the reason, never ignored
-    refused_training_keys: ClassVar[Dict[str, str]] = {}
+    # One vocabulary for the training keys a user may not set, one table of each per algorithm:
+    # owned: posttrain sets the key itself (the message says where to go instead);
+    owned_keys: ClassVar[Dict[str, str]] = OWNED_KEYS
+    # refused: a field of the config class the trainer does not honour, with the reason (never ignored);
+    refused_keys: ClassVar[Dict[str, str]] = {}
+    # and values of honoured keys refused, by key, with the reason
+    refused_values: ClassVar[Dict[str, Dict[str, str]]] = {}
     # the job's fast paths this algorithm takes where the user leaves their keys unset (entrypoints/fast_paths.py)
     fast_paths: ClassVar[Tuple[str, ...]] = ()
     # with vllm_mode: server (and no server of the spec's own) the job gets a vllm role, placed by the component's
@@ -221,10 +224,6 @@ class Spec(_Strict):
     def name(cls) -> str:
         """The algorithm's name: its ``algorithm`` literal (``sft``, ``dpo``, ...)."""
         return typing.get_args(cls.model_fields["algorithm"].annotation)[0]
-
-    @classmethod
-    def owned_training_keys(cls) -> Dict[str, str]:
-        return {**PACKAGE_OWNED_TRAINING_KEYS, **cls.package_owned_training_keys}
 
     @property
     def min_per_device_batch(self) -> int:
@@ -289,7 +288,7 @@ class Spec(_Strict):
 
         The ones within ``training`` alone are rows of the value table (``requires``, ``unused``).
         """
-        found, training, refused = [], self.training, self.refused_training_keys
+        found, training, refused = [], self.training, self.refused_keys
         if "eval_strategy" in config_fields(self.config_class) and "eval_strategy" not in refused:
             evaluation = config_value(self.config_class, training, "eval_strategy")
             if evaluation not in (None, "no") and self.data.eval is None:
@@ -401,7 +400,7 @@ class _OnlineSpec(Spec):
 
     rewards: List[RewardSource]
     generates: ClassVar[bool] = True
-    package_owned_training_keys: ClassVar[Dict[str, str]] = {"reward_weights": "use rewards[].weight"}
+    owned_keys: ClassVar[Dict[str, str]] = {**OWNED_KEYS, "reward_weights": "use rewards[].weight"}
 
     def problems(self, world_size: Optional[int]) -> List[str]:
         found = super().problems(world_size)
