@@ -1,4 +1,4 @@
-"""``run_summary.json``: what ran and what it learned. Its keys are a contract (DESIGN.md)."""
+"""``run_summary.json``: what ran and what it learned. Its keys are a contract (docs/pages/outputs.md)."""
 
 import os
 import statistics

@@ -219,7 +219,7 @@ def test_on_gpus_the_group_has_gloo_beside_nccl_for_posttrain_flags(tmp_path: Pa
     for backend, device in (("cuda:nccl,cpu:gloo", "cpu"), ("nccl", "cuda"), ("gloo", "cpu")):
         monkeypatch.setattr(torch.distributed, "get_backend", lambda group=None, found=backend: found)
         assert distributed.collective_device() == device
-    # run_summary.json's engine names the backend of the gradients' device, as DESIGN.md's contract has it
+    # run_summary.json's engine names the backend of the gradients' device, as the contract has it (docs/pages/outputs.md)
     named_by_device = (("cuda:nccl,cpu:gloo", "cuda", "nccl"), ("gloo", "cpu", "gloo"), ("nccl", "cuda", "nccl"))
     for backend, device, named in named_by_device:
         monkeypatch.setattr(torch.distributed, "get_backend", lambda group=None, found=backend: found)
