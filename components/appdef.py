@@ -210,11 +210,7 @@ def build_appdef(
     if h is not None and resource.gpu == 0:
         if validated.training.get("fp16"):
             problems.append(f"training.fp16: -h {h} has no GPU, and fp16 mixed precision needs one; use bf16 or none")
-        if validated.distributed.fsdp is not None:
-            problems.append(
-                f"distributed.fsdp: -h {h} has no GPU, and accelerate runs FSDP on GPUs only; "
-                "shard on CPU with distributed.deepspeed"
-            )
+        problems += validated.distributed.gpu_problems(f"-h {h} has no GPU")
     if validated.resume == "never" and (max_retries > 0 or max_restarts > 0):
         retry = f"--max_restarts {max_restarts}" if max_restarts > 0 else f"--max_retries {max_retries}"
         problems.append(

@@ -1,15 +1,17 @@
 """One strategy per ``distributed`` choice: DDP (one process too), DeepSpeed, FSDP.
 
-Everything that differs between them is here, and only here: the hardware
+Everything that differs between them in the job is here: the hardware
 check, the process group's set-up, the training arguments that turn the
 strategy on, the preparation of the final save, the check that the live
-trainer runs what was asked, and the teardown. :func:`strategy_for` picks
-one from the spec's ``distributed`` section.
+trainer runs what was asked, and the teardown. What a strategy refuses (of
+the hardware, of ``training``) is said by the spec's ``distributed`` section
+(``components/spec/schema.py``), which the client asks at submit and the
+hardware check here asks again. :func:`strategy_for` picks one from it.
 """
 
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, ClassVar, Dict
+from typing import Any, Dict
 
 import torch
 
@@ -23,14 +25,15 @@ from posttrain.entrypoints.summary import engine
 class Strategy:
     """What every strategy does; each subclass changes what differs."""
 
-    # the strategy's name, as the spec's distributed section and run_summary.json's engine say it
-    name: ClassVar[str]
-
     def __init__(self, spec: DistributedSpec) -> None:
+        self.spec = spec
         self.timeout = timedelta(seconds=spec.timeout_s)
 
     def check_hardware(self) -> None:
-        """Refuses, before anything starts, hardware this strategy cannot run on."""
+        """Refuses, before anything starts, hardware this strategy cannot run on (as the spec's section says)."""
+        problems = [] if torch.cuda.is_available() else self.spec.gpu_problems("this job sees no GPU")
+        if problems:
+            raise SpecError(problems)
 
     def init_process_group(self) -> None:
         """Creates the process group with ``distributed.timeout_s`` (with use_cpu transformers ignores ddp_timeout)."""
@@ -47,8 +50,8 @@ class Strategy:
         a run never trains, or reports itself, as what it is not.
         """
         ran = engine(trainer)["strategy"]
-        if ran != self.name:
-            name = self.name
+        if ran != self.spec.strategy:
+            name = self.spec.strategy
             raise SpecError([f"distributed.{name}: asked for {name}, but the trainer set up {ran}; not training"])
         return ran
 
@@ -66,8 +69,6 @@ class Strategy:
 class DDP(Strategy):
     """Data parallel (one process is the degenerate case): every rank holds the whole model."""
 
-    name = "ddp"
-
     def check_engine(self, trainer: Any) -> str:
         # nothing was asked beyond plain data parallelism: one process runs "single", several "ddp"
         return engine(trainer)["strategy"]
@@ -75,8 +76,6 @@ class DDP(Strategy):
 
 class DeepSpeed(Strategy):
     """DeepSpeed ZeRO through the HF integration, on CPU or GPU."""
-
-    name = "deepspeed"
 
     def __init__(self, spec: DistributedSpec) -> None:
         super().__init__(spec)
@@ -105,20 +104,9 @@ class DeepSpeed(Strategy):
 class FSDP(Strategy):
     """FSDP2 through the HF integration; GPUs only."""
 
-    name = "fsdp"
-
     def __init__(self, spec: DistributedSpec) -> None:
         super().__init__(spec)
         self.fsdp = spec.fsdp
-
-    def check_hardware(self) -> None:
-        if not torch.cuda.is_available():
-            raise SpecError(
-                [
-                    "distributed.fsdp: this job sees no GPU, and accelerate runs FSDP on GPUs only (on CPU it trains "
-                    "plain DDP instead); run on GPUs, or shard on CPU with distributed.deepspeed"
-                ]
-            )
 
     def trainer_arguments(self, config_class: str, training: Dict[str, Any]) -> Dict[str, Any]:
         return fsdp_arguments(self.fsdp, config_class, training)

@@ -123,6 +123,30 @@ class DeepSpeedSpec(_Strict):
     offload_params: bool = False
     config: Optional[str] = None
 
+    def problems(self) -> List[str]:
+        found = []
+        if (self.config is None) == (self.zero_stage is None):
+            found.append(
+                "distributed.deepspeed: give zero_stage (1, 2 or 3, with optional offload) or config "
+                "(the path of a DeepSpeed JSON), not both or neither"
+            )
+        if self.config is not None and (self.offload_optimizer or self.offload_params):
+            found.append("distributed.deepspeed: offload is set in your config file, not beside config")
+        if self.offload_params and self.zero_stage != 3:
+            found.append("distributed.deepspeed.offload_params: parameter offload needs zero_stage 3")
+        return found
+
+    def training_problems(self, training: Dict[str, Any]) -> List[str]:
+        if self.zero_stage == 3 and training.get("auto_find_batch_size") is True:
+            return [
+                "training.auto_find_batch_size: transformers does not support it with ZeRO-3; remove it, "
+                "or use zero_stage 1 or 2"
+            ]
+        return []
+
+    def gpu_problems(self, no_gpu: str) -> List[str]:
+        return []  # DeepSpeed shards on CPU too
+
 
 class FSDPSpec(_Strict):
     """FSDP2 through accelerate: every decoder layer sharded on its own, then the rest of the model.
@@ -138,7 +162,29 @@ class FSDPSpec(_Strict):
     cpu_offload: bool = False
     wrap_layers: Optional[List[str]] = None
 
+    def problems(self) -> List[str]:
+        if self.wrap_layers is not None and not self.wrap_layers:
+            return ["distributed.fsdp.wrap_layers: an empty list shards nothing; remove it to wrap the decoder layers"]
+        return []
 
+    def training_problems(self, training: Dict[str, Any]) -> List[str]:
+        if training.get("save_only_model") is True and training.get("load_best_model_at_end") is not True:
+            return [
+                "training.save_only_model: distributed.fsdp saves sharded checkpoints, the optimizer's state "
+                "with the model's; remove it"
+            ]
+        return []
+
+    def gpu_problems(self, no_gpu: str) -> List[str]:
+        """Where the job has no GPU (``no_gpu`` says how it is known): accelerate would train plain DDP instead."""
+        return [
+            f"distributed.fsdp: {no_gpu}, and accelerate runs FSDP on GPUs only (on CPU it trains plain DDP "
+            "instead); run on GPUs, or shard on CPU with distributed.deepspeed"
+        ]
+
+
+# Each sharding section says what its strategy refuses, of the hardware and of ``training``: the client asks it at
+# submit, the job's strategy (entrypoints/sharding.py) before it starts
 class DistributedSpec(_Strict):
     """How the job is distributed; ``timeout_s`` bounds every collective (every backend)."""
 
@@ -146,28 +192,42 @@ class DistributedSpec(_Strict):
     deepspeed: Optional[DeepSpeedSpec] = None
     fsdp: Optional[FSDPSpec] = None
 
+    @property
+    def sharding(self) -> Optional[Union[DeepSpeedSpec, FSDPSpec]]:
+        """The sharding section, or None for plain data parallelism."""
+        return self.deepspeed or self.fsdp
+
+    @property
+    def strategy(self) -> str:
+        """The strategy's name, as ``run_summary.json``'s engine says it (one process: ``single``, not ``ddp``)."""
+        return "deepspeed" if self.deepspeed else "fsdp" if self.fsdp else "ddp"
+
     def problems(self) -> List[str]:
         found = []
         if self.timeout_s <= 0:
             found.append(f"distributed.timeout_s: must be positive; got {self.timeout_s}")
         if self.deepspeed is not None and self.fsdp is not None:
             found.append("distributed: deepspeed and fsdp both shard the model; choose one of them")
-        if self.fsdp is not None and self.fsdp.wrap_layers is not None and not self.fsdp.wrap_layers:
-            found.append(
-                "distributed.fsdp.wrap_layers: an empty list shards nothing; remove it to wrap the decoder layers"
-            )
-        ds = self.deepspeed
-        if ds is not None:
-            if (ds.config is None) == (ds.zero_stage is None):
-                found.append(
-                    "distributed.deepspeed: give zero_stage (1, 2 or 3, with optional offload) or config "
-                    "(the path of a DeepSpeed JSON), not both or neither"
-                )
-            if ds.config is not None and (ds.offload_optimizer or ds.offload_params):
-                found.append("distributed.deepspeed: offload is set in your config file, not beside config")
-            if ds.offload_params and ds.zero_stage != 3:
-                found.append("distributed.deepspeed.offload_params: parameter offload needs zero_stage 3")
+        for section in (self.deepspeed, self.fsdp):
+            found += section.problems() if section is not None else []
         return found
+
+    def training_problems(self, training: Dict[str, Any]) -> List[str]:
+        """What the strategy refuses of ``training``."""
+        if self.sharding is None:
+            return []
+        found = []
+        if training.get("save_only_model") is True and training.get("load_best_model_at_end") is True:
+            found.append(
+                f"training.save_only_model: with distributed.{self.strategy} the best model cannot be "
+                "loaded at the end from checkpoints without their sharded state; drop it or "
+                "load_best_model_at_end"
+            )
+        return found + self.sharding.training_problems(training)
+
+    def gpu_problems(self, no_gpu: str) -> List[str]:
+        """What the strategy refuses where the job has no GPU; ``no_gpu`` says how that is known."""
+        return self.sharding.gpu_problems(no_gpu) if self.sharding is not None else []
 
 
 class Spec(_Strict):
@@ -318,19 +378,7 @@ class Spec(_Strict):
                 "training.save_strategy: best keeps the checkpoint with the best metric_for_best_model, "
                 "which is unset; set it (e.g. eval_loss)"
             )
-        sharded = [key for key in ("deepspeed", "fsdp") if getattr(self.distributed, key) is not None]
-        only_model = training.get("save_only_model") is True
-        if sharded and only_model and training.get("load_best_model_at_end") is True:
-            found.append(
-                f"training.save_only_model: with distributed.{sharded[0]} the best model cannot be "
-                "loaded at the end from checkpoints without their sharded state; drop it or "
-                "load_best_model_at_end"
-            )
-        elif self.distributed.fsdp is not None and only_model:
-            found.append(
-                "training.save_only_model: distributed.fsdp saves sharded checkpoints, the optimizer's state "
-                "with the model's; remove it"
-            )
+        found += self.distributed.training_problems(training)
         liger = training.get("use_liger_kernel", "use_liger_kernel" in self.fast_paths)  # SFT: on by default on GPUs
         options = training.get("liger_kernel_config")
         fused = isinstance(options, dict) and options.get("fused_linear_cross_entropy")
@@ -339,12 +387,6 @@ class Spec(_Strict):
             found.append(
                 "training.liger_kernel_config: fused_linear_cross_entropy: true cannot go with Liger kernels"
                 f"{default} in {self.trainer_name()}, which fuses the LM head with the loss itself; drop it"
-            )
-        ds = self.distributed.deepspeed
-        if ds is not None and ds.zero_stage == 3 and training.get("auto_find_batch_size") is True:
-            found.append(
-                "training.auto_find_batch_size: transformers does not support it with ZeRO-3; remove it, "
-                "or use zero_stage 1 or 2"
             )
         return found
 
