@@ -14,6 +14,8 @@ from typing import Any, Dict, List, Sequence
 import pytest
 import yaml
 
+from posttrain.entrypoints import curves
+
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO / "templates"
 
@@ -201,6 +203,14 @@ def run_entrypoint(algorithm: str, spec_json: str) -> None:
     runtime.run(algorithm, entrypoint.build_trainer, argv=["--spec-json", spec_json])
 
 
+def stopped_in_process(algorithm: str, spec_json: str, capsys: pytest.CaptureFixture) -> str:
+    """Runs the entrypoint in this process, expecting a stop (exit 2, one ``posttrain:`` line); what it printed."""
+    with pytest.raises(SystemExit) as exit_info:
+        run_entrypoint(algorithm, spec_json)
+    assert exit_info.value.code == 2
+    return capsys.readouterr().err
+
+
 def trainer_with(job: Any, train_dataset: Any = None, **training: Any) -> Any:
     """The trainer the job builds, with ``training`` set on its config beyond what the spec allows."""
     from posttrain.entrypoints import runtime
@@ -219,3 +229,35 @@ def refusal(job: Any, **training: Any) -> str:
     with pytest.raises(SpecError) as error:
         validate({**job.spec.model_dump(), "training": {**job.spec.training, **training}})
     return str(error.value)
+
+
+# ---------------------------------------------------------------- what a run wrote: metrics.jsonl, curves.png
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def lines(path: Path) -> List[Dict[str, Any]]:
+    """The records, less their wall-clock ``time`` (checked: there, and never going back, where written)."""
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    times = [record.pop("time") for record in records if "time" in record]
+    assert all(isinstance(t, float) for t in times) and times == sorted(times), times
+    return records
+
+
+def assert_valid_png(path: Path) -> Dict[str, Any]:
+    """The file is a PNG that PIL decodes; returns the data embedded in it."""
+    from PIL import Image
+
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    with Image.open(path) as image:
+        image.load()
+        assert image.format == "PNG" and image.width > 300 and image.height > 200
+    return curves.read_embedded(path)
+
+
+def assert_metrics_match_the_trainer(output_dir: Path) -> List[Dict[str, Any]]:
+    """metrics.jsonl holds trainer_state.json's log history (its closing entry left out), entry for entry."""
+    records = lines(output_dir / curves.METRICS_FILE)
+    assert records == log_history(output_dir)
+    assert [record["step"] for record in records] == list(range(1, 41))
+    return records

@@ -9,7 +9,7 @@ import transformers
 from datasets import Dataset
 from trl.chat_template_utils import qwen2_5_chat_template
 
-from helpers import load_template, run_entrypoint, tiny_job, trainer_with
+from helpers import load_template, stopped_in_process, tiny_job, trainer_with
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints import runtime, tiny
@@ -23,11 +23,9 @@ pytestmark = pytest.mark.usefixtures("job_process")
 
 
 def run_refused(raw: dict, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> str:
-    with monkeypatch.context() as patch, pytest.raises(SystemExit) as exit_info:
+    with monkeypatch.context() as patch:
         patch.setattr(runtime, "load_model", lambda *args, **kwargs: pytest.fail("a model loaded"))
-        run_entrypoint(raw["algorithm"], validate(raw).to_json())
-    assert exit_info.value.code == 2
-    return capsys.readouterr().err
+        return stopped_in_process(raw["algorithm"], validate(raw).to_json(), capsys)
 
 
 def test_chat_rows_with_a_tokenizer_without_a_template_are_one_line_before_any_model_loads(

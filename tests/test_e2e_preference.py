@@ -21,8 +21,7 @@ def test_dpo_prefers_chosen(tmp_path: Path) -> None:
     assert margin_last > 0 and margin_last > margin_first
     assert read_json(output_dir / "run_summary.json")["engine"]["strategy"] == "ddp"
     # what the run wrote for people: the metrics as logged, and a figure of exactly those
-    from test_metrics import assert_metrics_match_the_trainer, assert_valid_png
-
+    from helpers import assert_metrics_match_the_trainer, assert_valid_png
     from posttrain.entrypoints import curves
 
     records = assert_metrics_match_the_trainer(output_dir)

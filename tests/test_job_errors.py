@@ -28,8 +28,8 @@ from helpers import (
     build_trainer,
     free_port,
     load_template,
-    run_entrypoint,
     run_template,
+    stopped_in_process,
     tiny_job,
     trainer_with,
 )
@@ -516,10 +516,12 @@ def test_run_prints_on_rank_0_alone_and_writes_nothing(
     spec_json = validate(raw).to_json()
     for rank, printed in (("0", 1), ("1", 0)):
         monkeypatch.setenv("RANK", rank)
-        with pytest.raises(SystemExit) as exit_info:
-            run_entrypoint("sft", spec_json)
-        assert exit_info.value.code == 2
-        assert capsys.readouterr().err.count(f"posttrain: model.name_or_path: no such directory: {tmp_path}") == printed
+        assert (
+            stopped_in_process("sft", spec_json, capsys).count(
+                f"posttrain: model.name_or_path: no such directory: {tmp_path}"
+            )
+            == printed
+        )
     assert not (tmp_path / "out").exists()
 
 
@@ -545,10 +547,7 @@ def test_a_model_that_fails_to_load_on_one_rank_is_said_by_that_rank(
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", disk_full)
     monkeypatch.setenv("RANK", "1")
-    with pytest.raises(SystemExit) as exit_info:
-        run_entrypoint("sft", validate(raw).to_json())
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
+    err = stopped_in_process("sft", validate(raw).to_json(), capsys)
     assert err.count(f"posttrain: model: cannot load '{tmp_path / 'model'}': [Errno 28] No space left on device") == 1
 
 
@@ -633,9 +632,7 @@ def test_rows_the_trainer_drops_are_counted_and_none_left_stops_before_the_first
     monkeypatch.setenv("RANK", "0")
     raw = load_template("reward/tiny.yaml")
     raw["training"].update(output_dir=str(tmp_path / "out"), max_length=2)
-    with pytest.raises(SystemExit) as exit_info:
-        run_entrypoint("reward", validate(raw).to_json())
-    assert exit_info.value.code == 2
+    err = stopped_in_process("reward", validate(raw).to_json(), capsys)
     dropped = f"posttrain: data.train: the trainer dropped all {rows} rows, none fitting max_length (2 tokens)"
-    assert capsys.readouterr().err.count(dropped) == 1
+    assert err.count(dropped) == 1
     assert not list((tmp_path / "out").glob("checkpoint-*"))

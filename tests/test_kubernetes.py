@@ -10,7 +10,7 @@ needs: resources and GPU limits, env, the c10d port, the rank-0 endpoint that
 import copy
 import json
 import re
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 import jsonschema
 import kubernetes_validate
@@ -19,14 +19,11 @@ from torchx.runner import get_runner
 from torchx.schedulers.kubernetes_scheduler import sanitize_for_serialization
 from torchx.util.strings import normalize_str
 
-from helpers import REPO, TEMPLATES
+from helpers import TEMPLATES
+from kubernetes_checks import check, pods, resource_problems
 from posttrain.components import algorithms
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.registry import SPEC_CLASSES
-
-KUBERNETES_VERSION = "1.30"
-VOLCANO_SCHEMA = json.loads((REPO / "schedulers_config" / "volcano-job.schema.json").read_text())
-_QUANTITY = re.compile(r"^(\d+(?:\.\d+)?)(m|k|M|G|T|Ki|Mi|Gi|Ti)?$")
 
 
 def request(algorithm: str, **kwargs: Any) -> Dict[str, Any]:
@@ -35,34 +32,6 @@ def request(algorithm: str, **kwargs: Any) -> Dict[str, Any]:
     with get_runner() as runner:
         info = runner.dryrun(app, "kubernetes", cfg={"queue": "default"})
     return sanitize_for_serialization(info.request.resource)
-
-
-def pods(job: Dict[str, Any]) -> List[Dict[str, Any]]:
-    return [
-        {"apiVersion": "v1", "kind": "Pod", "metadata": task["template"]["metadata"], "spec": task["template"]["spec"]}
-        for task in job["spec"]["tasks"]
-    ]
-
-
-def resource_problems(pod: Dict[str, Any]) -> List[str]:
-    """What the schemas cannot see: quantities must be well-formed, and limits positive."""
-    found = []
-    for container in pod["spec"]["containers"]:
-        for kind in ("limits", "requests"):
-            for name, value in container.get("resources", {}).get(kind, {}).items():
-                match = _QUANTITY.match(str(value))
-                if match is None:
-                    found.append(f"{container['name']}.{kind}.{name}: not a quantity: {value!r}")
-                elif kind == "limits" and float(match.group(1)) <= 0:
-                    found.append(f"{container['name']}.{kind}.{name}: must be positive: {value!r}")
-    return found
-
-
-def check(job: Dict[str, Any]) -> None:
-    jsonschema.validate(job, VOLCANO_SCHEMA)
-    for pod in pods(job):
-        kubernetes_validate.validate(pod, KUBERNETES_VERSION, strict=True)
-        assert resource_problems(pod) == []
 
 
 @pytest.mark.parametrize("algorithm", sorted(SPEC_CLASSES))

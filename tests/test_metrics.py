@@ -10,21 +10,19 @@ from typing import Any, Dict, List
 import pytest
 from transformers import TrainerControl, TrainerState
 
-from helpers import assert_succeeded, log_history, read_json, run_template
+from helpers import (
+    assert_metrics_match_the_trainer,
+    assert_succeeded,
+    assert_valid_png,
+    lines,
+    read_json,
+    run_template,
+)
 from posttrain.components import plot
 from posttrain.entrypoints import curves
 from posttrain.entrypoints.metrics import MetricsLog
 
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 CLOSING = {"train_runtime": 9.0, "train_samples_per_second": 1.0, "train_steps_per_second": 1.0, "train_loss": 1.0}
-
-
-def lines(path: Path) -> List[Dict[str, Any]]:
-    """The records, less their wall-clock ``time`` (checked: there, and never going back, where written)."""
-    records = [json.loads(line) for line in path.read_text().splitlines()]
-    times = [record.pop("time") for record in records if "time" in record]
-    assert all(isinstance(t, float) for t in times) and times == sorted(times), times
-    return records
 
 
 def state(global_step: int = 0, rank0: bool = True, log_history: List[Dict[str, Any]] = ()) -> TrainerState:
@@ -37,17 +35,6 @@ def log_steps(callback: MetricsLog, trainer_state: TrainerState, steps: range) -
     for step in steps:
         trainer_state.global_step, trainer_state.epoch = step, step / 10
         callback.on_log(None, trainer_state, TrainerControl(), logs={"loss": 5.0 - step / 10, "epoch": step / 10})
-
-
-def assert_valid_png(path: Path) -> Dict[str, Any]:
-    """The file is a PNG that PIL decodes; returns the data embedded in it."""
-    from PIL import Image
-
-    assert path.read_bytes()[:8] == PNG_SIGNATURE
-    with Image.open(path) as image:
-        image.load()
-        assert image.format == "PNG" and image.width > 300 and image.height > 200
-    return curves.read_embedded(path)
 
 
 def test_plot_doctests() -> None:
@@ -193,14 +180,6 @@ def test_the_client_imports_no_matplotlib() -> None:
 
 
 # ---------------------------------------------------------------- real runs
-
-
-def assert_metrics_match_the_trainer(output_dir: Path) -> List[Dict[str, Any]]:
-    """metrics.jsonl holds trainer_state.json's log history (its closing entry left out), entry for entry."""
-    records = lines(output_dir / curves.METRICS_FILE)
-    assert records == log_history(output_dir)
-    assert [record["step"] for record in records] == list(range(1, 41))
-    return records
 
 
 @pytest.mark.e2e

@@ -12,8 +12,6 @@ from typing import Any
 
 import pytest
 import torch
-from test_ppo_realistic import length
-from test_ppo_realistic import make_trainer as realistic_trainer
 
 from helpers import TEMPLATES, load_template
 from posttrain.components.spec.fields import config_fields
@@ -21,6 +19,8 @@ from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.registry import PPOSpec
 from posttrain.entrypoints.ppo_trainer import PPOConfig, PPOTrainer
+from ppo_setup import length
+from ppo_setup import make_trainer as realistic_trainer
 
 FIELDS = set(config_fields(PPOSpec.config_class))
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers.trainer_pt_utils import LengthGroupedSampler
 
-from helpers import load_template, refusal, run_entrypoint, tiny_job, trainer_with
+from helpers import load_template, refusal, stopped_in_process, tiny_job, trainer_with
 from posttrain.components.spec.loading import SpecError, validate
 from posttrain.entrypoints import runtime
 from posttrain.entrypoints.data import check_length_column
@@ -102,11 +102,8 @@ def test_the_job_names_a_missing_length_column_before_any_model_loads(
         remove_unused_columns=False,
         length_column_name="tokens",
     )
-    with pytest.raises(SystemExit) as exit_info:
-        run_entrypoint("dpo", validate(raw).to_json())
-    assert exit_info.value.code == 2
     assert (
-        capsys.readouterr().err.count(
+        stopped_in_process("dpo", validate(raw).to_json(), capsys).count(
             "posttrain: data.train: train_sampling_strategy: batch_rebalance reads each "
             "row's length (in tokens) from column 'tokens', which data.train does not "
             "have; add it"

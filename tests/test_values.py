@@ -325,9 +325,10 @@ def test_values_trl_accepts_are_accepted_by_the_validator_and_by_trl(
     from posttrain.entrypoints.models import import_object
 
     spec = validate(spec_with(algorithm, **training))
+    assert {key: spec.training[key] for key in training} == training  # accepted as given
     kwargs = {**spec.training, "output_dir": str(tmp_path), "use_cpu": True, "report_to": "none"}
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    import_object(spec.config_class)(**kwargs)  # TRL's own __post_init__ checks
+    import_object(spec.config_class)(**kwargs)  # and TRL's own __post_init__ checks pass
 
 
 def test_a_combination_names_the_default_it_meets() -> None:
@@ -662,4 +663,6 @@ def test_the_same_keys_with_values_trl_takes_pass(tmp_path: Path, training: dict
 
     algorithm = "reward" if "center_rewards_coefficient" in training else "dpo"
     spec = validate(spec_with(algorithm, **training))
-    import_object(spec.config_class)(**{**spec.training, "output_dir": str(tmp_path), "use_cpu": True})
+    assert {key: spec.training[key] for key in training} == training  # accepted as given
+    config = import_object(spec.config_class)(**{**spec.training, "output_dir": str(tmp_path), "use_cpu": True})
+    assert all(getattr(config, key) == value for key, value in training.items())  # and TRL keeps them

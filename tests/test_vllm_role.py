@@ -4,11 +4,11 @@ import re
 from typing import Any
 
 import pytest
-from test_kubernetes import check
 from torchx.runner import get_runner
 from torchx.schedulers.kubernetes_scheduler import sanitize_for_serialization
 
 from helpers import TEMPLATES
+from kubernetes_checks import check
 from posttrain.components import algorithms
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.registry import SPEC_CLASSES
