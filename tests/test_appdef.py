@@ -11,7 +11,7 @@ import torchx.specs as specs
 from torchx.components.component_test_base import ComponentTestCase
 
 import posttrain.components
-from helpers import REPO, TEMPLATES
+from helpers import REPO, TEMPLATES, TYPO_OVERRIDE
 from posttrain.components import algorithms
 from posttrain.components.arguments import ARGS
 from posttrain.components.spec.messages import SpecError
@@ -182,7 +182,7 @@ def test_resume_never_with_retries_is_refused_naming_both(retries: dict) -> None
 
 def test_library_callers_get_a_spec_error_not_a_system_exit() -> None:
     with pytest.raises(SpecError, match="did you mean training.learning_rate"):
-        algorithms.sft("training.learnig_rate=1", spec=TINY)
+        algorithms.sft(TYPO_OVERRIDE, spec=TINY)
 
 
 @pytest.mark.parametrize("algorithm", sorted(SPEC_CLASSES))

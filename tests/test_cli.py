@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import torchx
+from helpers import TYPO_MESSAGE, TYPO_OVERRIDE, torchx
 from posttrain.components.spec.registry import SPEC_CLASSES
 
 TINY = "templates/sft/tiny.yaml"
@@ -39,7 +39,7 @@ def test_component_help_is_the_docstring(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["training.learnig_rate=1"], "training.learnig_rate: unknown key; did you mean training.learning_rate?"),
+        ([TYPO_OVERRIDE], TYPO_MESSAGE),
         (["-j", "0x1"], "-j '0x1': node and process counts must be at least 1"),
         (
             ["training.per_device_train_batch_size=0"],

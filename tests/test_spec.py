@@ -7,7 +7,7 @@ from typing import Any, Dict
 import pytest
 import yaml
 
-from helpers import TEMPLATES, load_template
+from helpers import TEMPLATES, TYPO_MESSAGE, load_template
 from posttrain.components.spec.fields import config_fields
 from posttrain.components.spec.loading import load_spec, spec_from_json, validate
 from posttrain.components.spec.messages import SpecError
@@ -94,7 +94,7 @@ def test_reference_model_and_lora_are_exclusive() -> None:
 @pytest.mark.parametrize(
     "path, value, expected",
     [
-        (("training", "learnig_rate"), 1.0, "training.learnig_rate: unknown key; did you mean training.learning_rate?"),
+        (("training", "learnig_rate"), 1.0, TYPO_MESSAGE),
         (("model", "dtyp"), "auto", "model.dtyp: unknown key; did you mean model.dtype?"),
         (("data", "train", "paht"), "x", "data.train.paht: unknown key; did you mean data.train.path?"),
         (
