@@ -1,14 +1,17 @@
 """SFT, and distillation from the SFT model, end to end through the real ``torchx run -s local_cwd``: they learn, and say so."""
 
+import json
 import re
 from collections import Counter
 from pathlib import Path
+from typing import Any, List
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from helpers import REPO, assert_succeeded, ends, job_env, read_json, run_template
+from posttrain.entrypoints import tiny
 
 pytestmark = pytest.mark.e2e
 
@@ -133,12 +136,40 @@ def test_library_use_as_in_the_design(tmp_path: Path, monkeypatch: pytest.Monkey
     assert read_json(output_dir / "run_summary.json")["global_steps"] == 20
 
 
+def mean_kl_to_teacher(student: Any, teacher: Any, tokenizer: Any, prompts: List[Any], new_tokens: int = 16) -> float:
+    """KL(teacher || student) per completion token, on the teacher's greedy completions of fixed prompts."""
+    tokenizer.padding_side = "left"
+    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    start = batch.input_ids.shape[1]
+    with torch.no_grad():
+        sequences = teacher.generate(
+            **batch, max_new_tokens=new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+        )
+        completion = sequences[:, start:] != tokenizer.pad_token_id
+        attention = torch.cat([batch.attention_mask, completion.long()], dim=1)
+        teacher_logps = torch.log_softmax(teacher(sequences, attention_mask=attention).logits[:, start - 1 : -1], -1)
+        student_logps = torch.log_softmax(student(sequences, attention_mask=attention).logits[:, start - 1 : -1], -1)
+        kl = (teacher_logps.exp() * (teacher_logps - student_logps)).sum(-1)
+    return float((kl * completion).sum() / completion.sum())
+
+
 def test_distill_the_sft_model_into_a_fresh_one(sft_1x2: Path, tmp_path: Path) -> None:
     output_dir = tmp_path / "distill"
     result = run_template("distill/tiny.yaml", tmp_path, output_dir, overrides=[f"teacher_model={sft_1x2}"])
     assert_succeeded(result)
     first, last = ends(output_dir, "loss")
     assert last <= 0.8 * first, f"loss {first:.3f} -> {last:.3f}"
+    # the loss is measured on the student's own samples, which change as it learns: measure it off-policy too,
+    # on the teacher's completions of fixed prompts, the fresh student (the built-in model) against the trained one
+    prompts = [json.loads(line)["prompt"] for line in (REPO / "templates/data/prompts.jsonl").read_text().splitlines()]
+    teacher, tokenizer = AutoModelForCausalLM.from_pretrained(sft_1x2).eval(), AutoTokenizer.from_pretrained(sft_1x2)
+    fresh = tiny.build_model(tiny.build_tokenizer(), LlamaForCausalLM).eval()
+    before = mean_kl_to_teacher(fresh, teacher, tokenizer, prompts[:16])
+    after = mean_kl_to_teacher(
+        AutoModelForCausalLM.from_pretrained(output_dir).eval(), teacher, tokenizer, prompts[:16]
+    )
+    assert after <= 0.6 * before, f"KL to the teacher on its own completions: {before:.3f} -> {after:.3f}"
     summary = read_json(output_dir / "run_summary.json")
     assert summary["algorithm"] == "distill" and summary["world_size"] == 2
     assert (
