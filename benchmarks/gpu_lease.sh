@@ -33,6 +33,6 @@ sft sft-flex-packed32 --override model.attn_implementation=flex_attention traini
   training.max_length=null training.per_device_train_batch_size=32 --plain per_device_train_batch_size=32
 
 timeout 200 python3 -m pytest -m "gpu and not vllm" -p no:cacheprovider -q \
-  tests/test_e2e_distributed.py tests/test_e2e_online.py > "$out/pytest-gpu.log" 2>&1
+  tests/e2e/test_distributed.py tests/e2e/test_online.py > "$out/pytest-gpu.log" 2>&1
 echo "== pytest -m 'gpu and not vllm' (exit $?)"
 tail -5 "$out/pytest-gpu.log"

@@ -8,7 +8,7 @@ Measured gains: BENCHMARKS.md.
 - ``padding_free`` (SFT): each batch is one row, its sequences one after
   another with positions restarting at 0, and no padding at all; TRL's
   default pads every row to the batch's longest. Per-sequence losses are
-  those of the padded batch (tests/test_fast_paths.py) because the mask
+  those of the padded batch (tests/unit/test_fast_paths.py) because the mask
   transformers builds from the positions keeps each sequence to itself. That
   holds for transformers' own models with a mask-aware attention
   implementation; for any other model the path stays off and the job says

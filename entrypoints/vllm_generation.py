@@ -44,7 +44,7 @@ from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, Spec
 from posttrain.entrypoints.data import first_line
 
-# vLLM 0.32's CPU attention (CPUAttentionBackend.get_supported_head_sizes); tests/test_vllm.py checks it
+# vLLM 0.32's CPU attention (CPUAttentionBackend.get_supported_head_sizes); tests/e2e/test_vllm.py checks it
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 # where TRL 1.16 builds vLLM (the module imports LLM by name), the class that owns it, its weight-sync method

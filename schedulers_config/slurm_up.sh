@@ -9,7 +9,7 @@
 # Usage:  [NODES=2] [ACCOUNTING=1] bash schedulers_config/slurm_up.sh
 #         export SLURM_CONF=$SLURM_ROOT/slurm.conf   # for sinfo/sbatch/srun/torchx
 #         bash schedulers_config/slurm_up.sh down      # cancel its jobs, stop every daemon by its recorded PID
-# Used by .ci/run (NODES=2 ACCOUNTING=1) for the Slurm end-to-end tests (tests/test_slurm.py).
+# Used by .ci/run (NODES=2 ACCOUNTING=1) for the Slurm end-to-end tests (tests/e2e/test_slurm.py).
 set -euo pipefail
 SLURM_ROOT=${SLURM_ROOT:-/tmp/slurm}
 NODES=${NODES:-1}

@@ -2,8 +2,8 @@
 each command planned. README and the site's pages (in the site's order) are read as one text; a line number is
 one of that text, which :func:`where` names as a file and its line.
 
-The parser and the planner behind tests/test_readme.py (which says what is run and how); kept apart so
-that the tests read as tests.
+The parser and the planner behind tests/unit/test_readme.py and tests/e2e/test_readme.py (which says what
+is run and how); kept apart so that the tests read as tests.
 """
 
 import re
@@ -23,22 +23,22 @@ SHELL_LANGUAGES = ("shell", "console", "bash", "sh")
 # Commands not run, by prefix of their text (as parsed: continuations joined, comments dropped).
 LISTED: Dict[str, str] = {
     "pytest": "the suite itself: this test is part of it",
-    "ruff format . && ruff check --fix .": "rewrites the checkout; tests/test_format.py runs ruff's checks",
+    "ruff format . && ruff check --fix .": "rewrites the checkout; tests/unit/test_format.py runs ruff's checks",
     "NODES=2 ACCOUNTING=1 bash schedulers_config/slurm_up.sh": (
         "brings up a Slurm cluster and exports SLURM_CONF for it: infrastructure, which .ci/run sets up for "
-        "tests/test_slurm.py"
+        "tests/e2e/test_slurm.py"
     ),
     "bash schedulers_config/slurm_up.sh down": "stops that Slurm cluster: infrastructure (.ci/run does it)",
     "torchx status slurm://torchx/<job id>": (
-        "needs the id of a live Slurm job; tests/test_slurm.py runs torchx status and log on real ones"
+        "needs the id of a live Slurm job; tests/e2e/test_slurm.py runs torchx status and log on real ones"
     ),
     "docker build ": "needs a Docker daemon and a registry to push to",
     "python3 -m venv .venv-vllm": "builds the vLLM environment: .ci/run builds it and runs the vLLM tests there",
     "torchx run -s local_cwd posttrain.grpo --spec templates/grpo/tiny-vllm.yaml": (
-        "needs the vLLM environment: tests/test_vllm.py runs this template there (.ci/run)"
+        "needs the vLLM environment: tests/e2e/test_vllm.py runs this template there (.ci/run)"
     ),
     "torchx run -s local_cwd posttrain.grpo --spec templates/grpo/tiny-vllm-server.yaml": (
-        "needs the vLLM environment: tests/test_vllm.py runs this template there (.ci/run)"
+        "needs the vLLM environment: tests/e2e/test_vllm.py runs this template there (.ci/run)"
     ),
 }
 # Set-up steps a `&&` chain may begin with: not run (the environment running this test is what they

@@ -24,11 +24,9 @@ import pytest
 
 from helpers import (
     REPO,
-    assert_stopped_once,
     build_trainer,
     free_port,
     load_template,
-    run_template,
     stopped_in_process,
     tiny_job,
     trainer_with,
@@ -552,65 +550,6 @@ def test_a_model_that_fails_to_load_on_one_rank_is_said_by_that_rank(
 
 
 # ---------------------------------------------------------------- through torchx (-m e2e)
-
-
-@pytest.mark.e2e
-def test_e2e_bad_data_stops_before_anything_is_written_by_the_client_where_it_can_and_else_by_the_job(
-    tmp_path: Path,
-) -> None:
-    rows = tmp_path / "rows.jsonl"
-    lines = (REPO / "templates/data/sft_chat.jsonl").read_text().splitlines()
-    lines[4] = lines[4][:-1]  # the closing brace of line 5
-    rows.write_text("\n".join(lines) + "\n")
-    output_dir = tmp_path / "out"
-    result = run_template("sft/tiny.yaml", tmp_path, output_dir, overrides=[f"data.train.path={rows}"])
-    assert (
-        result.returncode == 1
-        and result.stderr == f"data.train.path: {rows} line 5 is not valid JSON (Expecting ',' delimiter, column 145)\n"
-        and "local_cwd://" not in result.stdout
-    )  # the client's line; nothing scheduled
-    lines[4] = json.dumps({"messages": "hello"})  # a value only the job reads
-    rows.write_text("\n".join(lines) + "\n")
-    result = run_template("sft/tiny.yaml", tmp_path, output_dir, overrides=[f"data.train.path={rows}"])
-    assert_stopped_once(result, "data.train: column messages holds text in row 5")
-    assert not output_dir.exists() or not any(output_dir.iterdir())
-
-
-@pytest.mark.e2e
-def test_e2e_a_nan_reward_on_one_rank_stops_every_rank_with_its_name_and_step(tmp_path: Path) -> None:
-    module_dir = tmp_path / "user_code"
-    module_dir.mkdir()
-    (module_dir / "flaky_rewards.py").write_text(
-        textwrap.dedent("""
-        import math, os
-
-        calls = 0
-
-        def flaky(completions, **columns):
-            global calls
-            calls += 1
-            if os.environ["RANK"] == "1" and calls == 3:
-                return [math.nan] * len(completions)
-            return [float("blue" in str(c)) for c in completions]
-    """)
-    )
-    result = run_template(
-        "grpo/tiny.yaml",
-        tmp_path,
-        tmp_path / "out",
-        overrides=["rewards=[{function: 'flaky_rewards:flaky'}]"],
-        PYTHONPATH=str(module_dir),
-    )
-    logs = assert_stopped_once(result, "rewards.0 (flaky): returned nan at step 3")
-    assert "step 3/" not in logs  # the bad step is never logged
-
-
-@pytest.mark.e2e
-def test_e2e_a_missing_chain_stage_names_the_run_that_writes_it(tmp_path: Path) -> None:
-    output_dir = tmp_path / "out"
-    result = run_template("sft/tiny.yaml", tmp_path, output_dir, overrides=["model.name_or_path=outputs/nope-stage"])
-    assert_stopped_once(result, "model.name_or_path: no such directory: outputs/nope-stage")
-    assert "it is written by an earlier run" in result.stderr and not output_dir.exists()
 
 
 def test_rows_the_trainer_drops_are_counted_and_none_left_stops_before_the_first_step(

@@ -7,12 +7,10 @@ from typing import Any, Dict
 import pytest
 
 from helpers import (
-    assert_stopped_once,
     load_template,
     read_json,
     refusal,
     run_entrypoint,
-    run_template,
     stopped_in_process,
     tiny_job,
     trainer_with,
@@ -67,26 +65,6 @@ def test_without_eval_on_start_it_stops_at_the_first_evaluation(tmp_path: Path, 
     assert err.count("posttrain: training.metric_for_best_model: eval_rewards/margins is not") == 1
     steps = [entry["step"] for entry in logged(tmp_path / "out") if "loss" in entry]
     assert steps == [1, 2]
-
-
-@pytest.mark.e2e
-def test_e2e_every_rank_stops_at_the_first_evaluation_with_one_line(tmp_path: Path) -> None:
-    output_dir = tmp_path / "out"
-    result = run_template(
-        "sft/tiny.yaml",
-        tmp_path,
-        output_dir,
-        overrides=[
-            "data.eval.path=templates/data/sft_chat.jsonl",
-            "training.eval_strategy=steps",
-            "training.eval_steps=20",
-            "training.eval_on_start=true",
-            "training.metric_for_best_model=accuracy",
-        ],
-    )
-    message = "training.metric_for_best_model: accuracy is not among the metrics the evaluation returns"
-    assert_stopped_once(result, message)
-    assert not list(output_dir.glob("checkpoint-*"))
 
 
 def test_a_metric_the_evaluation_returns_picks_the_best_checkpoint(tmp_path: Path) -> None:

