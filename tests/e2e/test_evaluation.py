@@ -1,4 +1,4 @@
-"""The evaluation's settings the job checks where they can first be known: at the first evaluation."""
+"""The evaluation's settings the job checks at the first evaluation, on every rank of a real two-process job."""
 
 from pathlib import Path
 

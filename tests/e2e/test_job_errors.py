@@ -1,15 +1,11 @@
-"""The job fails fast and clearly: one ``posttrain: <problem>`` line per problem, from rank 0 alone, exit 2.
-
-In process, one test per message (data, models, the TRL config, ranks
-agreeing; rewards: ``test_reward_checks.py``); three real ``torchx run`` launches (``-m e2e``): bad data (the
-client's line, then the job's), a reward returning NaN on one rank, a missing chain stage.
+"""The job fails fast and clearly, through the real ``torchx run``: bad data (the client's line, then the job's), a
+reward returning NaN on one rank, a missing earlier run's output; each one ``posttrain:`` line (in process, one test
+per message: ``tests/unit/test_job_errors.py``).
 """
 
 import json
-import logging
 import textwrap
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -18,18 +14,6 @@ from helpers import (
     assert_stopped_once,
     run_template,
 )
-
-
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_home" / "datasets"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    logger = logging.getLogger("posttrain")
-    handlers, propagate = list(logger.handlers), logger.propagate
-    yield
-    logger.handlers, logger.propagate = handlers, propagate  # run() adds its handler
-
 
 # ---------------------------------------------------------------- data
 

@@ -1,4 +1,4 @@
-"""metrics.jsonl and curves.png: the callback, the figure, the plot command, and real runs."""
+"""metrics.jsonl and curves.png as real runs write them (the callback, the figure, the plot command: unit tests)."""
 
 from pathlib import Path
 

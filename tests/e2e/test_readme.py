@@ -1,20 +1,7 @@
-"""README's code, run: every shell command and Python snippet in README.md is executed here, or listed with why not.
-
-A small parser reads README's fenced blocks: ```shell / ```console / ```bash give commands (``\\``
-continuations joined, ``#`` comments dropped, ``$`` prompts read with the output shown after them),
-```python gives snippets, ```yaml gives spec fragments (validated), an untagged block is output (or a
-``$`` transcript). Each command is then
-
-- run as written, from a scratch directory that links ``templates/`` and ``components/`` of the
-  checkout, so the relative ``outputs/...`` of README's commands land in a temp dir;
-- run with ``--dryrun`` inserted after ``torchx run -s X`` where it needs a cluster, GPUs or a hub
-  download (and with its ``<placeholders>`` filled in);
-- or listed in ``LISTED`` / ``SET_UP`` (``readme_code.py``, the parser and planner) with the reason it is
-  not run.
-
-A README command that is none of these fails :func:`test_every_readme_command_is_run_or_listed`.
-The runs happen once, in README order, in one directory (later commands read earlier ones'
-``outputs/``), in the module fixture :func:`readme_runs`; a test per command checks its result.
+"""README's and the site's code, run: every command and snippet the parser plans (``readme_code.py``; what it
+plans and why: ``tests/unit/test_readme.py``) runs once, in order, in one scratch directory that links the
+checkout's ``templates/`` and ``components/`` (later commands read earlier ones' ``outputs/``), in the module
+fixture :func:`readme_runs`; a test per command checks its result, and a shown console against the run's.
 """
 
 import re

@@ -1,9 +1,6 @@
-"""Reliability and security through the real CLI and real jobs.
-
-Bad input is rejected before anything is scheduled (or, where only the job
-can tell, before the model loads); a crashing or hanging rank ends the job
-in bounded time with its traceback visible; restarts and preemption resume;
-spec values cannot inject commands; secrets stay out of args, specs and logs.
+"""Reliability and security through real jobs: input only the job can tell stops it before the model loads; a
+crashing or hanging rank ends the job in bounded time with its traceback kept; restarts and preemption resume;
+spec values reach the job byte for byte and run nothing. (Bad input at submit: ``tests/unit/test_reliability.py``.)
 """
 
 import os

@@ -1,8 +1,8 @@
 """The job fails fast and clearly: one ``posttrain: <problem>`` line per problem, from rank 0 alone, exit 2.
 
 In process, one test per message (data, models, the TRL config, ranks
-agreeing; rewards: ``test_reward_checks.py``); three real ``torchx run`` launches (``-m e2e``): bad data (the
-client's line, then the job's), a reward returning NaN on one rank, a missing chain stage.
+agreeing; rewards: ``test_reward_checks.py``); the real ``torchx run`` launches are in
+``tests/e2e/test_job_errors.py``.
 """
 
 import contextlib

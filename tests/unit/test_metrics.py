@@ -1,4 +1,4 @@
-"""metrics.jsonl and curves.png: the callback, the figure, the plot command, and real runs."""
+"""metrics.jsonl and curves.png: the callback, the figure and the plot command (real runs: tests/e2e)."""
 
 import doctest
 import json

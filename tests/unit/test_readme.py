@@ -13,26 +13,15 @@ continuations joined, ``#`` comments dropped, ``$`` prompts read with the output
   not run.
 
 A README command that is none of these fails :func:`test_every_readme_command_is_run_or_listed`.
-The runs happen once, in README order, in one directory (later commands read earlier ones'
-``outputs/``), in the module fixture :func:`readme_runs`; a test per command checks its result.
+The runs are ``tests/e2e/test_readme.py``'s.
 """
-
-import shlex
-import subprocess
-import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Dict
 
 import pytest
 import yaml
 
-from helpers import REPO, job_env
+from helpers import REPO
 from readme_code import (
     CODE,
-    COMMAND_TIMEOUT_S,
-    ITEMS,
-    LINKED,
     LISTED,
     PLANS,
     README_TEXT,
@@ -144,52 +133,3 @@ def test_readme_yaml_blocks_are_valid_spec_fragments() -> None:
                 validate({**spec, **fragment})
         else:
             raise AssertionError(f"{where(block.line)}: a YAML block this test does not know how to check")
-
-
-# --- the runs, in README order ---------------------------------------------------------------------
-
-
-@dataclass
-class Ran:
-    result: subprocess.CompletedProcess
-    seconds: float
-    workdir: Path
-
-
-@pytest.fixture(scope="module")
-def readme_runs(tmp_path_factory: pytest.TempPathFactory) -> Dict[int, Ran]:
-    """Runs every README command and snippet this test runs, once, in README order, in one scratch dir."""
-    root = tmp_path_factory.mktemp("readme")
-    workdir = root / "checkout"
-    workdir.mkdir()
-    for name in LINKED:
-        (workdir / name).symlink_to(REPO / name)
-    env = job_env(root)
-    ran: Dict[int, Ran] = {}
-    started = time.monotonic()
-    for item in ITEMS:
-        if isinstance(item, Plan) and item.how == "duplicate":
-            continue
-        if isinstance(item, Plan):
-            line, argv = item.command.line, list(item.argv)
-        else:
-            line = item.line
-            script = workdir / f"readme_snippet_L{line}.py"
-            script.write_text(item.code)
-            argv = ["python", script.name]
-        begin = time.monotonic()
-        try:
-            result = subprocess.run(
-                ["bash", "-c", shlex.join(argv)],
-                cwd=workdir,
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=COMMAND_TIMEOUT_S,
-            )
-        except subprocess.TimeoutExpired as e:
-            result = subprocess.CompletedProcess(argv, -9, str(e.stdout or ""), f"timeout: {COMMAND_TIMEOUT_S} s")
-        ran[line] = Ran(result, time.monotonic() - begin, workdir)
-        print(f"{where(line)}: exit {result.returncode} in {ran[line].seconds:.1f} s: {shlex.join(argv)}")
-    print(f"README: {len(ran)} runs in {time.monotonic() - started:.0f} s")
-    return ran

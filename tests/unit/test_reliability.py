@@ -1,9 +1,6 @@
-"""Reliability and security through the real CLI and real jobs.
-
-Bad input is rejected before anything is scheduled (or, where only the job
-can tell, before the model loads); a crashing or hanging rank ends the job
-in bounded time with its traceback visible; restarts and preemption resume;
-spec values cannot inject commands; secrets stay out of args, specs and logs.
+"""Reliability and security at submit and in process: bad input is rejected before anything is scheduled, through
+the real CLI too (the message alone, nothing launched); the job's own checks in process; a rank waiting says where
+on SIGUSR1; secrets stay out of args. (Real jobs that crash, hang, restart: ``tests/e2e/test_reliability.py``.)
 """
 
 import json
