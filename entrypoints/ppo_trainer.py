@@ -69,11 +69,13 @@ biases and norms, ``lr_scheduler_type`` with ``lr_scheduler_kwargs`` and
 ``warmup_steps`` through ``get_scheduler``, ``report_to`` through the
 integration callbacks, ``log_level`` through transformers' logging, and
 activation checkpointing (applied in eval mode too, see
-:func:`~posttrain.entrypoints.ppo_training_args.enable_activation_checkpointing`).
+:func:`enable_activation_checkpointing`).
 """
 
 import dataclasses
+import functools
 import json
+import math
 import shutil
 import time
 from pathlib import Path
@@ -82,11 +84,13 @@ from typing import Any, Dict, Literal, Optional, Sequence, Tuple
 import torch
 import torch.nn as nn
 from accelerate import Accelerator
-from transformers import PreTrainedModel, TrainerControl, TrainerState, TrainingArguments, get_scheduler
+from transformers import PreTrainedModel, Trainer, TrainerControl, TrainerState, TrainingArguments, get_scheduler
 from transformers.integrations import get_reporting_integration_callbacks
+from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging as hf_logging
 
+from posttrain.components.spec.registry import PPOSpec
 from posttrain.entrypoints.checkpoints import checkpoint_steps
 from posttrain.entrypoints.ppo_math import (
     adapted_kl_coef,
@@ -97,7 +101,6 @@ from posttrain.entrypoints.ppo_math import (
     value_loss,
 )
 from posttrain.entrypoints.ppo_rollout import Rollouts
-from posttrain.entrypoints.ppo_training_args import create_optimizer, enable_activation_checkpointing, every
 
 
 @dataclasses.dataclass
@@ -130,6 +133,68 @@ class PPOConfig(TrainingArguments):
     def __post_init__(self) -> None:
         super().__post_init__()
         self.disable_tqdm = True  # PPOTrainer draws no progress bar: ProgressLog's lines are its progress
+
+
+# ---------------------------------------------------------------- TrainingArguments, honoured as HF's Trainer does
+
+
+def enable_activation_checkpointing(model: PreTrainedModel, options: Optional[Dict[str, Any]]) -> None:
+    """HF's activation checkpointing (``activation_checkpointing_kwargs``), applied in eval mode too.
+
+    HF checkpoints a decoder layer only while the layer is in training mode,
+    and this trainer keeps every model in eval mode (no dropout), so HF's
+    switch alone would checkpoint nothing. HF still marks the layers (every
+    ``every_n_layers``-th) and builds the checkpoint function (``offload``,
+    ``use_reentrant``, ...); here each marked layer runs through that function
+    whenever gradients are recorded, its forward unchanged (in eval mode).
+    """
+    kwargs = dict(options or {})
+    every_n_layers, offload = kwargs.pop("every_n_layers", 1), kwargs.pop("offload", False)
+    model.activation_checkpointing_enable(
+        activation_checkpointing_kwargs=kwargs or None, every_n_layers=every_n_layers, offload=offload
+    )
+    for layer in model.modules():
+        if isinstance(layer, GradientCheckpointingLayer) and layer.gradient_checkpointing:
+            layer.forward = functools.partial(_checkpointed_forward, layer)
+
+
+def _checkpointed_forward(layer: GradientCheckpointingLayer, *args: Any, **kwargs: Any) -> Any:
+    forward = type(layer).forward  # HF's: in eval mode the layer's own forward, not checkpointed
+    if torch.is_grad_enabled() and not layer.training:  # in training mode HF's forward checkpoints itself
+        return layer._gradient_checkpointing_func(functools.partial(forward, layer, **kwargs), *args)
+    return forward(layer, *args, **kwargs)
+
+
+def create_optimizer(args: TrainingArguments, model: nn.Module) -> torch.optim.Optimizer:
+    """The optimizer HF's Trainer builds: ``optim`` and ``optim_args`` through its own helper, weight decay apart.
+
+    ``Trainer.get_optimizer_cls_and_kwargs`` reads ``optim``, ``optim_args``,
+    ``learning_rate``, the Adam fields and ``optim_target_modules`` (GaLore,
+    APOLLO); ``weight_decay`` applies to every weight but biases and norms
+    (``Trainer.get_decay_parameter_names``, which uses no Trainer state).
+    """
+    for key, refused in PPOSpec.refused_values.items():
+        value = getattr(args, key)
+        value = getattr(value, "value", value)  # OptimizerNames, SchedulerType
+        if value in refused:
+            raise ValueError(f"{key}={value!r} is not supported by posttrain's PPO: {refused[value]}")
+    decay = set(Trainer.get_decay_parameter_names(None, model))
+    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    groups: Any = [
+        {"params": [p for name, p in named if name in decay], "weight_decay": args.weight_decay},
+        {"params": [p for name, p in named if name not in decay], "weight_decay": 0.0},
+    ]
+    optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
+    kwargs = dict(kwargs)
+    groups = kwargs.pop("params", groups)  # GaLore, APOLLO: their own groups over optim_target_modules
+    return optimizer_cls(groups, **kwargs)
+
+
+def every(steps: float, max_steps: int) -> int:
+    """``logging_steps``, ``save_steps`` in iterations: below 1 a fraction of ``max_steps`` (as HF's); 0 never."""
+    if steps <= 0:
+        return 0
+    return max(1, math.ceil(max_steps * steps)) if steps < 1 else int(steps)
 
 
 # ---------------------------------------------------------------- models
