@@ -19,10 +19,6 @@ from posttrain.entrypoints import curves
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO / "templates"
 
-# The misspelt training key the tests use, and the one place its full message is written
-TYPO_OVERRIDE = "training.learnig_rate=1"
-TYPO_MESSAGE = "training.learnig_rate: unknown key; did you mean training.learning_rate?"
-
 
 def job_env(tmp_root: Path, **extra: str) -> Dict[str, str]:
     """The environment of a CLI run: this interpreter's ``python`` first on PATH, caches in a temp dir."""

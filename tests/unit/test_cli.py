@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TYPO_MESSAGE, TYPO_OVERRIDE, torchx
+from golden_messages import BATCH_OF_ZERO, DEEPSPEED_IS_OWNED, NO_NODES, TYPO_MESSAGE, TYPO_OVERRIDE
+from helpers import torchx
 from posttrain.components.spec.registry import SPEC_CLASSES
 
 TINY = "templates/sft/tiny.yaml"
@@ -40,14 +41,14 @@ def test_component_help_is_the_docstring(tmp_path: Path) -> None:
     "args, message",
     [
         ([TYPO_OVERRIDE], TYPO_MESSAGE),
-        (["-j", "0x1"], "-j '0x1': node and process counts must be at least 1"),
+        (["-j", "0x1"], NO_NODES),
         (
             ["training.per_device_train_batch_size=0"],
-            "training.per_device_train_batch_size: 0 is out of range; expected per_device_train_batch_size >= 1 (examples per process and step)",
+            BATCH_OF_ZERO,
         ),
         (
             ["training.deepspeed=ds.json"],
-            "training.deepspeed: set by posttrain, not in training; use distributed.deepspeed",
+            DEEPSPEED_IS_OWNED,
         ),
     ],
 )

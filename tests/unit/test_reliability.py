@@ -11,10 +11,29 @@ from typing import List
 
 import pytest
 
-from helpers import (
-    REPO,
+from golden_messages import (
+    BATCH_OF_ZERO,
+    BF16_AND_FP16,
+    DATA_KEY_TYPO,
+    DEEPSPEED_IS_OWNED,
+    KEY_IN_THE_WRONG_SECTION,
+    MINI_BATCHES_NOT_DIVIDING,
+    MODEL_KEY_TYPO,
+    MORE_MIN_THAN_MAX_NODES,
+    NO_NODES,
+    NOT_A_BOOLEAN,
+    NOT_A_NUMBER,
+    PPO_WITH_LORA,
+    REFERENCE_WITH_LORA,
+    REWARD_WEIGHTS_ARE_OWNED,
     TYPO_MESSAGE,
     TYPO_OVERRIDE,
+    UNKNOWN_VLLM_MODE,
+    ZERO_STEPS,
+    ZERO_TIMEOUT,
+)
+from helpers import (
+    REPO,
     load_template,
     torchx,
 )
@@ -28,9 +47,9 @@ SFT = "templates/sft/tiny.yaml"
 BAD_INPUTS = [
     # component arguments
     ("sft", ["-j", "2x"], "-j '2x': expected [MIN:]NNODESxNPROC"),
-    ("sft", ["-j", "0x1"], "-j '0x1': node and process counts must be at least 1"),
+    ("sft", ["-j", "0x1"], NO_NODES),
     ("sft", ["-j", "1x0"], "-j '1x0': node and process counts must be at least 1"),
-    ("sft", ["-j", "3:2x1"], "-j '3:2x1': the minimum node count 3 exceeds the maximum 2"),
+    ("sft", ["-j", "3:2x1"], MORE_MIN_THAN_MAX_NODES),
     ("sft", ["-j", "two"], "-j 'two': expected"),
     ("sft", ["--tee", "5"], "--tee 5: expected 0 (none), 1 (stdout), 2 (stderr) or 3 (both)"),
     ("sft", ["--rdzv_port", "0"], "--rdzv_port 0: expected a TCP port in 1..65535"),
@@ -52,9 +71,9 @@ BAD_INPUTS = [
     ("sft", ["algorithm=sfft"], "algorithm: unknown 'sfft'; expected one of"),
     # unknown and misplaced keys, at every level
     ("sft", [TYPO_OVERRIDE], TYPO_MESSAGE),
-    ("sft", ["model.dtyp=auto"], "model.dtyp: unknown key; did you mean model.dtype?"),
-    ("sft", ["data.train.paht=x.jsonl"], "data.train.paht: unknown key; did you mean data.train.path?"),
-    ("sft", ["model.learning_rate=1"], "model.learning_rate: unknown key here; it belongs at training.learning_rate"),
+    ("sft", ["model.dtyp=auto"], MODEL_KEY_TYPO),
+    ("sft", ["data.train.paht=x.jsonl"], DATA_KEY_TYPO),
+    ("sft", ["model.learning_rate=1"], KEY_IN_THE_WRONG_SECTION),
     ("sft", ["trainig.max_steps=1"], "trainig: unknown key; did you mean training?"),
     ("sft", ["distributed.timeout=5"], "distributed.timeout: unknown key; did you mean distributed.timeout_s?"),
     ("sft", ["model.lora.rnk=8"], "model.lora.rnk: unknown key"),
@@ -62,7 +81,7 @@ BAD_INPUTS = [
     (
         "sft",
         ["training.deepspeed=ds.json"],
-        "training.deepspeed: set by posttrain, not in training; use distributed.deepspeed",
+        DEEPSPEED_IS_OWNED,
     ),
     (
         "sft",
@@ -81,27 +100,27 @@ BAD_INPUTS = [
     ),
     ("sft", ["training.hub_token=hf_x"], "training.hub_token: set by posttrain, not in training; it is a secret"),
     # wrong types and out-of-range values
-    ("sft", ["training.learning_rate=fast"], "training.learning_rate: expected a number; got 'fast'"),
+    ("sft", ["training.learning_rate=fast"], NOT_A_NUMBER),
     ("sft", ["training.max_steps=2.5"], "training.max_steps: expected an integer; got '2.5'"),
     ("sft", ["training.bf16=maybe"], "training.bf16: expected true/false or null; got 'maybe'"),
     ("sft", ["training.lr_scheduler_type=cosin"], "training.lr_scheduler_type: expected one of"),
     (
         "sft",
         ["training.per_device_train_batch_size=0"],
-        "training.per_device_train_batch_size: 0 is out of range; expected per_device_train_batch_size >= 1 (examples per process and step)",
+        BATCH_OF_ZERO,
     ),
     ("sft", ["training.learning_rate=-1"], "training.learning_rate: -1.0 is out of range; expected learning_rate > 0"),
-    ("sft", ["training.max_steps=0"], "training.max_steps: must be positive, or -1 to train by epochs; got 0"),
+    ("sft", ["training.max_steps=0"], ZERO_STEPS),
     (
         "sft",
         ["model.dtype=bf16"],
         "model.dtype: input should be 'auto', 'float32', 'bfloat16' or 'float16'; got 'bf16'",
     ),
-    ("sft", ["model.trust_remote_code=maybe"], "model.trust_remote_code: input should be a valid boolean"),
-    ("sft", ["distributed.timeout_s=0"], "distributed.timeout_s: must be positive; got 0"),
+    ("sft", ["model.trust_remote_code=maybe"], NOT_A_BOOLEAN),
+    ("sft", ["distributed.timeout_s=0"], ZERO_TIMEOUT),
     ("sft", ["resume= "], "resume: expected auto, never or a checkpoint path"),
     # impossible combinations and hardware
-    ("sft", ["training.bf16=true", "training.fp16=true"], "training.bf16, training.fp16: at most one can be true"),
+    ("sft", ["training.bf16=true", "training.fp16=true"], BF16_AND_FP16),
     ("sft", ["model.dtype=float16", "training.bf16=true"], "model.dtype: float16 contradicts training.bf16: true"),
     ("sft", ["data.train.name=org/set"], "data.train: give exactly one of path"),
     ("sft", ["-h", "cpu.small", "training.fp16=true"], "training.fp16: -h cpu.small has no GPU"),
@@ -128,16 +147,16 @@ BAD_INPUTS = [
     (
         "grpo",
         ["training.reward_weights=[1.0]"],
-        "training.reward_weights: set by posttrain, not in training; use rewards[].weight",
+        REWARD_WEIGHTS_ARE_OWNED,
     ),
-    ("grpo", ["training.vllm_mode=remote"], "training.vllm_mode: expected one of 'colocate', 'server'; got 'remote'"),
+    ("grpo", ["training.vllm_mode=remote"], UNKNOWN_VLLM_MODE),
     (
         "ppo",
         ["training.num_mini_batches=3"],
-        "training.num_mini_batches: 3 must divide per_device_train_batch_size (16)",
+        MINI_BATCHES_NOT_DIVIDING,
     ),
-    ("ppo", ["model.lora={r: 8}"], "model.lora: posttrain's PPO trains full weights"),
-    ("dpo", ["reference_model=org/ref", "model.lora={r: 8}"], "reference_model: not used with model.lora"),
+    ("ppo", ["model.lora={r: 8}"], PPO_WITH_LORA),
+    ("dpo", ["reference_model=org/ref", "model.lora={r: 8}"], REFERENCE_WITH_LORA),
     # malformed overrides
     ("sft", ["training.max_steps"], "override 'training.max_steps': expected key.path=value"),
     ("sft", ["training.max_steps.x=3"], "training.max_steps is a value, not a section"),
@@ -164,7 +183,7 @@ BAD_INPUTS = [
         "training.reward_model_path: set by posttrain, not in training; use rewards",
     ),
     ("online_dpo", ["rewards=[]"], "rewards: give at least one reward"),
-    ("online_dpo", ["reference_model=org/ref", "model.lora={r: 8}"], "reference_model: not used with model.lora"),
+    ("online_dpo", ["reference_model=org/ref", "model.lora={r: 8}"], REFERENCE_WITH_LORA),
 ]
 
 

@@ -10,6 +10,7 @@ import torch
 from transformers import LlamaForCausalLM, LlamaForSequenceClassification
 from trl import SFTConfig
 
+from golden_messages import VLLM_MODE_WITHOUT_VLLM
 from helpers import TEMPLATES, build_trainer, load_template, sft_spec, tiny_job, trainer_with
 from posttrain.components.spec.fields import config_fields
 from posttrain.components.spec.loading import SpecError, validate
@@ -390,7 +391,7 @@ def test_vllms_options_without_use_vllm_do_nothing_in_the_trainer(tmp_path: Path
 
     job = tiny_job(tmp_path, algorithm)
     unused = {"vllm_mode": "server", "vllm_server_base_url": "http://127.0.0.1:9", "vllm_gpu_memory_utilization": 0.9}
-    with pytest.raises(SpecError, match="training.vllm_mode: server does nothing with use_vllm: false"):
+    with pytest.raises(SpecError, match=VLLM_MODE_WITHOUT_VLLM):
         validate({**job.spec.model_dump(), "training": {**job.spec.training, **unused}})
     trainer = trainer_with(job, **unused)
     assert not trainer.use_vllm and isinstance(trainer.generation_config, GenerationConfig)

@@ -7,7 +7,24 @@ from typing import Any, Dict
 import pytest
 import yaml
 
-from helpers import TEMPLATES, TYPO_MESSAGE, load_template
+from golden_messages import (
+    BF16_AND_FP16,
+    DATA_KEY_TYPO,
+    KEY_IN_THE_WRONG_SECTION,
+    MINI_BATCHES_NOT_DIVIDING,
+    MODEL_KEY_TYPO,
+    NOT_A_BOOLEAN,
+    NOT_A_NUMBER,
+    PPO_WITH_LORA,
+    REFERENCE_WITH_LORA,
+    REWARD_WEIGHTS_ARE_OWNED,
+    TYPO_MESSAGE,
+    UNKNOWN_VLLM_MODE,
+    VLLM_MODE_WITHOUT_VLLM,
+    ZERO_STEPS,
+    ZERO_TIMEOUT,
+)
+from helpers import TEMPLATES, load_template
 from posttrain.components.spec.fields import config_fields
 from posttrain.components.spec.loading import load_spec, spec_from_json, validate
 from posttrain.components.spec.messages import SpecError
@@ -88,19 +105,19 @@ def test_reference_model_and_lora_are_exclusive() -> None:
     raw["reference_model"] = "some/model"
     validate(raw)
     raw["model"]["lora"] = {"r": 8}
-    assert "reference_model: not used with model.lora" in problems_of(raw)
+    assert REFERENCE_WITH_LORA in problems_of(raw)
 
 
 @pytest.mark.parametrize(
     "path, value, expected",
     [
         (("training", "learnig_rate"), 1.0, TYPO_MESSAGE),
-        (("model", "dtyp"), "auto", "model.dtyp: unknown key; did you mean model.dtype?"),
-        (("data", "train", "paht"), "x", "data.train.paht: unknown key; did you mean data.train.path?"),
+        (("model", "dtyp"), "auto", MODEL_KEY_TYPO),
+        (("data", "train", "paht"), "x", DATA_KEY_TYPO),
         (
             ("model", "learning_rate"),
             1.0,
-            "model.learning_rate: unknown key here; it belongs at training.learning_rate",
+            KEY_IN_THE_WRONG_SECTION,
         ),
         (("training", "lora"), {}, "training.lora: unknown key here; it belongs at model.lora"),
         (("model", "lora"), {"rank": 8}, "model.lora.rank: unknown key"),
@@ -138,7 +155,7 @@ def test_owned_keys_point_to_the_right_place(key: str, hint: str) -> None:
 @pytest.mark.parametrize(
     "section, key, value, expected",
     [
-        ("training", "learning_rate", "fast", "training.learning_rate: expected a number; got 'fast'"),
+        ("training", "learning_rate", "fast", NOT_A_NUMBER),
         ("training", "max_steps", 2.5, "training.max_steps: expected an integer; got 2.5"),
         ("training", "bf16", "yes", "training.bf16: expected true/false or null; got 'yes'"),
         ("training", "lr_scheduler_type", "cosin", "did you mean 'cosine'?"),
@@ -154,11 +171,11 @@ def test_owned_keys_point_to_the_right_place(key: str, hint: str) -> None:
             -1e-5,
             "training.learning_rate: -1e-05 is out of range; expected learning_rate > 0",
         ),
-        ("training", "max_steps", 0, "training.max_steps: must be positive, or -1 to train by epochs; got 0"),
+        ("training", "max_steps", 0, ZERO_STEPS),
         ("model", "dtype", "bf16", "model.dtype: input should be 'auto', 'float32', 'bfloat16' or 'float16'"),
-        ("model", "trust_remote_code", "yes", "model.trust_remote_code: input should be a valid boolean"),
+        ("model", "trust_remote_code", "yes", NOT_A_BOOLEAN),
         ("model", "lora", {"r": "eight"}, "model.lora.r: expected an integer; got 'eight'"),
-        ("distributed", "timeout_s", 0, "distributed.timeout_s: must be positive; got 0"),
+        ("distributed", "timeout_s", 0, ZERO_TIMEOUT),
     ],
 )
 def test_wrong_types_and_values_name_key_and_expectation(section: str, key: str, value: Any, expected: str) -> None:
@@ -178,7 +195,7 @@ def test_all_problems_are_reported_together() -> None:
 @pytest.mark.parametrize(
     "change, expected",
     [
-        ({"training": {"bf16": True, "fp16": True}}, "training.bf16, training.fp16: at most one can be true"),
+        ({"training": {"bf16": True, "fp16": True}}, BF16_AND_FP16),
         ({"model": {"dtype": "float16"}, "training": {"bf16": True}}, "model.dtype: float16 contradicts training.bf16"),
         ({"data": {"train": {"path": "a.jsonl", "name": "hub/set"}}}, "data.train: give exactly one of path"),
         ({"data": {"train": {"split": "train"}}}, "data.train: give exactly one of path"),
@@ -289,7 +306,7 @@ def test_an_override_value_keeps_equals_signs_and_spaces() -> None:
 def test_a_removed_key_takes_its_default() -> None:
     raw = load_template("grpo/tiny-vllm-server.yaml")
     raw["training"]["output_dir"] = "out"
-    with pytest.raises(SpecError, match="training.vllm_mode: server does nothing with use_vllm: false"):
+    with pytest.raises(SpecError, match=VLLM_MODE_WITHOUT_VLLM):
         validate(apply_overrides(raw, ["training.use_vllm=false"]))
     without = [
         "training.use_vllm=false",
@@ -382,7 +399,7 @@ def test_online_algorithms_need_a_reward_and_own_reward_weights() -> None:
     assert "rewards: give at least one reward" in problems_of(raw)
     raw = load_template("rloo/tiny.yaml")
     raw["training"]["reward_weights"] = [1.0]
-    assert "training.reward_weights: set by posttrain, not in training; use rewards[].weight" in problems_of(raw)
+    assert REWARD_WEIGHTS_ARE_OWNED in problems_of(raw)
 
 
 def test_generation_batch_must_divide_by_num_generations_with_the_world_size_of_j() -> None:
@@ -409,13 +426,13 @@ def test_vllm_mode_is_checked() -> None:
     raw["training"].update(use_vllm=True, vllm_mode="colocate")
     validate(raw)
     raw["training"]["vllm_mode"] = "remote"
-    assert "training.vllm_mode: expected one of 'colocate', 'server'; got 'remote'" in problems_of(raw)
+    assert UNKNOWN_VLLM_MODE in problems_of(raw)
 
 
 @pytest.mark.parametrize(
     "change, expected",
     [
-        ({"num_mini_batches": 3}, "training.num_mini_batches: 3 must divide per_device_train_batch_size (16)"),
+        ({"num_mini_batches": 3}, MINI_BATCHES_NOT_DIVIDING),
         ({"gradient_accumulation_steps": 2}, "use training.num_mini_batches"),
         ({"kl_estimator": "k2"}, "training.kl_estimator: expected one of 'k1', 'k3'; got 'k2'"),
     ],
@@ -426,7 +443,7 @@ def test_ppo_settings(change: Dict[str, Any], expected: str) -> None:
     assert expected in problems_of(raw)
     raw = load_template("ppo/tiny.yaml")
     raw["model"]["lora"] = {"r": 8}
-    assert "model.lora: posttrain's PPO trains full weights" in problems_of(raw)
+    assert PPO_WITH_LORA in problems_of(raw)
 
 
 @pytest.mark.parametrize(
