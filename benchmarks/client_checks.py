@@ -1,4 +1,4 @@
-"""The client's data checks before it submits (``components/local_files.py``): their time on a JSONL file of the
+"""The client's data checks before it submits (``components/spec/local_files.py``): their time on a JSONL file of the
 shipped chat rows at several sizes (the checks read at most ``CLIENT_BYTES``; target: well under a second).
 
     python -m benchmarks.client_checks [--repeats 5]

@@ -1,4 +1,4 @@
-"""Training curves of runs, side by side: one PNG of their ``metrics.jsonl``.
+"""Training curves: one PNG of a run's ``metrics.jsonl``, or of several runs side by side.
 
     python -m posttrain.components.plot outputs/sft-tiny
     python -m posttrain.components.plot outputs/dpo-lr1e-5 outputs/dpo-lr1e-6 -o dpo.png

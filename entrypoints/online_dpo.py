@@ -8,8 +8,8 @@ prefers the better one against the reference (``reference_model``, else a second
 transformers' ``generate``, or vLLM (``use_vllm``; ``vllm_mode: server`` adds the job's ``vllm`` role).
 Logs: ``loss``, ``objective/scores``, ``objective/scores_margin``, ``objective/kl``, ``objective/entropy``,
 ``rewards/chosen``, ``rewards/rejected``, ``rewards/margins``. Refused: evaluation (``data.eval``, ``eval_*``:
-TRL's trainer runs the model's forward on prompt rows, which fails), ``remove_unused_columns: true``,
-``reward_model_path`` (use ``rewards: [{model: ...}]``).
+TRL's trainer runs the model's forward on prompt rows, which fails), ``remove_unused_columns`` (false, TRL's
+default, is what its prompt rows need), ``reward_model_path`` (use ``rewards: [{model: ...}]``).
 """
 
 from trl.experimental.online_dpo import OnlineDPOTrainer

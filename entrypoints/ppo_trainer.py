@@ -62,7 +62,7 @@ Checkpoints (``checkpoint-N/``) hold the training state (``ppo_model.pt``,
 ``trainer_state.json`` in HF Trainer's format.
 
 Of TrainingArguments it honours what ``PPOSpec.honoured_keys`` (in
-``components/registry.py``) lists; the validator refuses the rest, with the
+``components/spec/registry.py``) lists; the validator refuses the rest, with the
 reason. As HF's Trainer does: ``optim``, ``optim_args`` and the Adam fields
 through ``Trainer.get_optimizer_cls_and_kwargs``, ``weight_decay`` on all but
 biases and norms, ``lr_scheduler_type`` with ``lr_scheduler_kwargs`` and

@@ -13,3 +13,7 @@ It imports no torchx, torch, trl or transformers: the component validates a
 spec before anything is scheduled, and the job, which imports nothing else
 from ``components/``, validates it again before loading a model.
 """
+
+from posttrain.components.spec.loading import load_spec, spec_from_json, validate  # the library's loading API
+
+__all__ = ["load_spec", "spec_from_json", "validate"]

@@ -205,7 +205,7 @@ def local_model_problems(spec: Any) -> List[str]:
     """The client's check of each model directory the spec names that it can see (a hub id, a built-in, a chain
     stage not written yet: the job's)."""
     named = [("model.name_or_path", spec.model.name_or_path)]
-    named += [(field, getattr(spec, field, None)) for field in ("reference_model", "teacher_model", "value_model")]
+    named += [(field, getattr(spec, field)) for field in spec.extra_models]
     named += [(f"rewards.{index}.model", reward.model) for index, reward in enumerate(getattr(spec, "rewards", []))]
     problems = []
     for where, name_or_path in named:

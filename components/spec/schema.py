@@ -49,7 +49,6 @@ PACKING_AWARE_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2
 # activation checkpointing's switch and its options, each by its name in transformers 5 and by its old one
 CHECKPOINTING_SWITCHES = ("activation_checkpointing", "gradient_checkpointing")
 CHECKPOINTING_OPTIONS = ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs")
-# TRL's trainers that fuse the LM head with the loss themselves: they refuse Liger's fused linear cross-entropy
 # where a job with vllm_mode: server finds its vllm role's host: the component sets it from the scheduler's host
 # variables (components/vllm_role.py), the trainers and the role read it (entrypoints/vllm_*.py)
 VLLM_HOST_VARIABLE = "POSTTRAIN_VLLM_HOST"
@@ -65,6 +64,7 @@ def runs_vllm_server(training: Dict[str, Any]) -> bool:
     )
 
 
+# TRL's trainers that fuse the LM head with the loss themselves: they refuse Liger's fused linear cross-entropy
 FUSED_LM_HEAD_TRAINERS = ("trl:SFTTrainer", "trl:DPOTrainer", "trl:KTOTrainer", "trl:GRPOTrainer", "trl:RLOOTrainer")
 
 

@@ -289,7 +289,7 @@ def test_job_side_checks_in_process(
 
 
 def test_a_rank_prints_where_it_waits_on_sigusr1_and_goes_on() -> None:
-    # how a hung job says where it hangs (tests/test_slurm.py signals the ranks of a job that outlives its test)
+    # how a hung job says where it hangs (tests/e2e/test_slurm.py signals the ranks of a job that outlives its test)
     code = """if True:
         import os, signal, time
         from posttrain.entrypoints import distributed
