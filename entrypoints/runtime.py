@@ -175,6 +175,13 @@ def run(algorithm: str, build_trainer: Callable[[Job], Any], argv: Optional[Sequ
     distributed.report_done()
 
 
+def built_trainer(job: Job, build_trainer: Callable[[Job], Any]) -> Any:
+    """The entrypoint's trainer, with the fast paths that can only be switched on once it is built."""
+    trainer = build_trainer(job)
+    fast_paths.switch_to_padding_free(trainer, job.spec)
+    return trainer
+
+
 def quiet_libraries() -> None:
     """What libraries print that tells a user nothing: DeepSpeed's warning from every rank that it found no GPU (on
     a CPU job), the progress bars of saving and loading weights in a log (a file or a pipe, not a terminal), and
@@ -239,8 +246,7 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
             callbacks=callbacks + [ProgressLog()] * lines,
             rewards=inputs.rewards,
         )
-        trainer = build(job)
-        fast_paths.switch_to_padding_free(trainer, spec)
+        trainer = built_trainer(job, build)
         check_kept_rows(spec, trainer, inputs.train_dataset, inputs.eval_dataset)
         if lines and isinstance(trainer, Trainer):
             trainer.remove_callback(PrinterCallback)  # its raw dicts would repeat the lines

@@ -77,10 +77,6 @@ class DDP(Strategy):
 class DeepSpeed(Strategy):
     """DeepSpeed ZeRO through the HF integration, on CPU or GPU."""
 
-    def __init__(self, spec: DistributedSpec) -> None:
-        super().__init__(spec)
-        self.deepspeed = spec.deepspeed
-
     def init_process_group(self) -> None:
         """The process group, then DeepSpeed's communication layer adopting it.
 
@@ -93,7 +89,7 @@ class DeepSpeed(Strategy):
             _import_deepspeed().init_distributed(dist_backend=backend, timeout=self.timeout)
 
     def trainer_arguments(self, config_class: str, training: Dict[str, Any]) -> Dict[str, Any]:
-        return {"deepspeed": deepspeed_config(self.deepspeed)}
+        return {"deepspeed": deepspeed_config(self.spec.deepspeed)}
 
     def teardown(self, trainer: Any) -> None:
         super().teardown(trainer)
@@ -104,12 +100,8 @@ class DeepSpeed(Strategy):
 class FSDP(Strategy):
     """FSDP2 through the HF integration; GPUs only."""
 
-    def __init__(self, spec: DistributedSpec) -> None:
-        super().__init__(spec)
-        self.fsdp = spec.fsdp
-
     def trainer_arguments(self, config_class: str, training: Dict[str, Any]) -> Dict[str, Any]:
-        return fsdp_arguments(self.fsdp, config_class, training)
+        return fsdp_arguments(self.spec.fsdp, config_class, training)
 
     def prepare_final_save(self, trainer: Any) -> None:
         # checkpoints stay sharded (each rank writes its part); the final model is one from_pretrained directory

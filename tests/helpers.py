@@ -187,12 +187,11 @@ def tiny_job(tmp_path: Path, algorithm: str, **changes: Any) -> Any:
 
 
 def build_trainer(job: Any) -> Any:
-    """The trainer the algorithm's entrypoint builds from the job, with the fast paths ``run`` switches on after."""
-    from posttrain.entrypoints import fast_paths
+    """The trainer the algorithm's entrypoint builds from the job, as ``run`` has it built."""
+    from posttrain.entrypoints import runtime
 
-    trainer = importlib.import_module(f"posttrain.entrypoints.{job.spec.algorithm}").build_trainer(job)
-    fast_paths.switch_to_padding_free(trainer, job.spec)
-    return trainer
+    entrypoint = importlib.import_module(f"posttrain.entrypoints.{job.spec.algorithm}")
+    return runtime.built_trainer(job, entrypoint.build_trainer)
 
 
 def run_entrypoint(algorithm: str, spec_json: str) -> None:

@@ -2,8 +2,8 @@
 
 One pydantic model per section (``model``, ``data``, ``distributed``,
 ``rewards``); :class:`Spec` is the whole document, and its class-level
-attributes describe what an algorithm *is* (its TRL config and trainer, the
-data it reads, whether it generates). Each algorithm fills them in once, in
+attributes describe what an algorithm *is* (its TRL config, the data it
+reads, whether it generates, the keys it refuses). Each algorithm fills them in once, in
 ``registry.py``.
 """
 
