@@ -32,6 +32,7 @@ def main(
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--nproc", type=int, nargs="+", default=[1, 2], help="processes per run, one case each")
     parser.add_argument("--gpu", action="store_true", help="a 0.5B model on the GPUs (one process per GPU), with MFU")
+    parser.add_argument("--model", choices=sorted(workload.GPU_SHAPES), default="0.5b", help="the shape on GPUs")
     parser.add_argument("--peak-tflops", type=float, default=PEAK_TFLOPS, help="per-GPU peak, for MFU")
     parser.add_argument("--override", nargs="*", default=[], help="posttrain spec overrides, key.path=value")
     parser.add_argument("--plain", nargs="*", default=[], help="plain TRL settings, key=value (YAML values)")
@@ -45,12 +46,12 @@ def main(
     import yaml
 
     work = options.work or Path(tempfile.mkdtemp(prefix="bench-workload-"))
-    model = workload.build_model_dir(work / ("model-gpu" if options.gpu else "model"), gpu=options.gpu)
+    gpu_shape = options.model if options.gpu else None
+    model = workload.build_model_dir(work / (f"model-{gpu_shape}" if options.gpu else "model"), gpu_shape)
     data = workload.write_rows(work / f"{algorithm}.jsonl", rows(n_rows, seed=0, scale=4 if options.gpu else 1))
     params = workload.parameter_count(model)
     training = {
         "max_steps": options.steps,
-        "per_device_train_batch_size": 8,
         "learning_rate": 1e-3,
         "logging_steps": 1,
         "seed": 0,
@@ -59,12 +60,14 @@ def main(
         "bf16": options.gpu,
         **(training or {}),
     }
+    if not options.gpu:  # on GPUs each side takes its own default: TRL's 8 rows, posttrain's the memory allows
+        training.setdefault("per_device_train_batch_size", 8)
     plain_training = {"include_num_input_tokens_seen": "non_padding", "use_cpu": not options.gpu}
     plain_training.update({k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in options.plain)})
     device = "GPU" if options.gpu else "CPU"
     print(
         f"{algorithm}: model {params / 1e6:.1f}M parameters, {n_rows} rows ({data}), {options.steps} steps, "
-        f"batch 8 per process, {device}",
+        f"batch {training.get('per_device_train_batch_size', 'by default')} per process, {device}",
         flush=True,
     )
 

@@ -15,6 +15,9 @@ run:
   job's own start-up: imports, data, model, the first step);
 - ``peak_rss_mb``: the largest resident set of any process of the run
   (``wait4``'s ``ru_maxrss`` over the whole process tree);
+- ``peak_gpu_mb`` (GPU runs): the most GPU memory in use, all GPUs together,
+  as ``nvidia-smi`` reports it twice a second (the allocator's cache
+  included: what the run holds, not what its tensors need);
 - the loss at every logged step (GRPO: the reward, its loss says little).
 
 Medians over the repeats per side; the ratio is posttrain / plain TRL.
@@ -38,7 +41,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 PYTHON_BIN = Path(sys.executable).parent
 SECONDS = ("first_step_s", "worker_start_s", "worker_to_first_step_s")
-FIGURES = ("tokens_per_s", *SECONDS, "peak_rss_mb")
+FIGURES = ("tokens_per_s", *SECONDS, "peak_rss_mb", "peak_gpu_mb")
 
 
 @dataclass
@@ -47,6 +50,7 @@ class Run:
     first_step_s: float
     worker_start_s: float
     peak_rss_mb: float
+    peak_gpu_mb: float  # nan on CPU
     per_step: str  # the logged value compared at each step: loss, or reward
     values: Dict[int, float]  # per_step at each logged step
 
@@ -178,10 +182,20 @@ def _watch_worker_start(root: int, finished: threading.Event, delays: List[float
         finished.wait(0.05)
 
 
+def _watch_gpu_memory(finished: threading.Event, peaks: List[float]) -> None:
+    """Appends the GPUs' memory in use, summed, every half second until ``finished``."""
+    query = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]
+    while not finished.wait(0.5):
+        used = subprocess.run(query, capture_output=True, text=True, check=False).stdout.split()
+        peaks.append(sum(float(mb) for mb in used))
+
+
 def measure(command: List[str], work: Path, gpus: int, per_step: str = "loss") -> Run:
     """Runs ``command`` to the end; its figures from ``work/output/metrics.jsonl``, ``/proc`` and the tree's rusage."""
     log_path = work / "run.log"
-    finished, worker_starts = threading.Event(), []
+    finished, worker_starts, gpu_memory = threading.Event(), [], []
+    if gpus:
+        threading.Thread(target=_watch_gpu_memory, args=(finished, gpu_memory), daemon=True).start()
     started = time.time()
     with log_path.open("w") as log:
         process = subprocess.Popen(command, cwd=REPO, env=run_env(work, gpus), stdout=log, stderr=subprocess.STDOUT)
@@ -202,6 +216,7 @@ def measure(command: List[str], work: Path, gpus: int, per_step: str = "loss") -
         first_step_s=steps[0]["time"] - started,
         worker_start_s=worker_starts[0] if worker_starts else float("nan"),
         peak_rss_mb=usage.ru_maxrss / 1024,
+        peak_gpu_mb=max(gpu_memory, default=float("nan")),
         per_step=per_step,
         values={r["step"]: r[per_step] for r in records if per_step in r},
     )
@@ -251,6 +266,8 @@ def table(title: str, runs: Dict[str, List[Run]]) -> str:
         "| --- | ---: | ---: | ---: |",
     ]
     for name in ours:
+        if ours[name] != ours[name] and theirs[name] != theirs[name]:  # nan on both sides: not measured (CPU)
+            continue
         digits = 2 if name in SECONDS else 1 if name in FIGURES else 4
         lines.append(
             f"| {name} | {ours[name]:.{digits}f} | {theirs[name]:.{digits}f} | {ours[name] / theirs[name]:.2f} |"

@@ -6,8 +6,9 @@ same way by both sides (``from_pretrained`` and ``load_dataset("json")``):
 - a byte-level BPE tokenizer trained on the synthetic text (vocabulary 8,192,
   ChatML template, its own pad token);
 - a Llama: on CPU 4 layers, hidden 256, 8 heads of 32, grouped KV (about
-  4.9M parameters); with ``gpu=True`` Qwen2.5-0.5B's shape (24 layers, hidden
-  896, vocabulary 151,936: about 0.49B parameters), random weights, bf16;
+  4.9M parameters); on GPUs Qwen2.5-0.5B's shape (24 layers, hidden 896,
+  vocabulary 151,936: about 0.49B parameters) or Qwen2.5-1.5B's (28 layers,
+  hidden 1,536: about 1.5B), random weights, bf16;
 - chat rows whose answers have log-normal lengths (median 60 words, 5 to 300
   on CPU, 4 times longer on GPU): tens to hundreds of tokens with a long tail,
   as instruction data has; preference rows with two answers of independent
@@ -18,7 +19,7 @@ import json
 import math
 import random
 from pathlib import Path
-from typing import Dict, Iterator, List
+from typing import Dict, Iterator, List, Optional
 
 CPU_SHAPE = dict(
     hidden_size=256,
@@ -28,15 +29,26 @@ CPU_SHAPE = dict(
     num_key_value_heads=4,
     tie_word_embeddings=True,
 )
-GPU_SHAPE = dict(
-    hidden_size=896,
-    intermediate_size=4864,
-    num_hidden_layers=24,
-    num_attention_heads=14,
-    num_key_value_heads=2,
-    tie_word_embeddings=True,
-    vocab_size=151936,
-)  # Qwen2.5-0.5B
+GPU_SHAPES = {  # Qwen2.5's
+    "0.5b": dict(
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        vocab_size=151936,
+    ),
+    "1.5b": dict(
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        vocab_size=151936,
+    ),
+}
 
 
 def _words(rng: random.Random, count: int) -> List[str]:
@@ -103,8 +115,9 @@ def write_rows(path: Path, rows: Iterator[Dict]) -> Path:
     return path
 
 
-def build_model_dir(path: Path, gpu: bool = False) -> Path:
-    """Writes the tokenizer and a randomly initialised Llama (seed 0) to ``path``; returns it."""
+def build_model_dir(path: Path, gpu_shape: Optional[str] = None) -> Path:
+    """Writes the tokenizer and a randomly initialised Llama (seed 0) to ``path``; returns it. ``gpu_shape``: one of
+    ``GPU_SHAPES``, in bf16; else the CPU's small one."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -129,7 +142,7 @@ def build_model_dir(path: Path, gpu: bool = False) -> Path:
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=bpe, pad_token=special[0], eos_token=special[1], chat_template=CHAT_TEMPLATE
     )
-    shape = dict(GPU_SHAPE if gpu else CPU_SHAPE)
+    shape = dict(CPU_SHAPE if gpu_shape is None else GPU_SHAPES[gpu_shape])
     shape.setdefault("vocab_size", len(tokenizer))
     config = LlamaConfig(
         max_position_embeddings=4096,
@@ -139,7 +152,7 @@ def build_model_dir(path: Path, gpu: bool = False) -> Path:
         **shape,
     )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(torch.bfloat16 if gpu else torch.float32)
+    model = LlamaForCausalLM(config).to(torch.float32 if gpu_shape is None else torch.bfloat16)
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path

@@ -61,6 +61,17 @@ def load_tokenizer(name_or_path: str, spec: Spec, padding_side: str) -> Any:
     return tokenizer
 
 
+def model_attention(spec: Spec) -> Optional[str]:
+    """The attention implementation the models load with (fast_paths.attention_implementation), registered
+    with transformers where it is posttrain's own."""
+    from posttrain.entrypoints import attention, fast_paths
+
+    implementation = fast_paths.attention_implementation(spec)
+    if implementation == attention.NAME:
+        attention.register()
+    return implementation
+
+
 def load_model(name_or_path: str, spec: Spec, tokenizer: Any, model_class: str) -> Any:
     """Loads a model with a transformers auto class (``AutoModelForCausalLM``, ...) named by ``model_class``.
 
@@ -71,21 +82,21 @@ def load_model(name_or_path: str, spec: Spec, tokenizer: Any, model_class: str) 
 
     from posttrain.entrypoints import tiny
 
-    model = spec.model
+    model, implementation = spec.model, model_attention(spec)
     scores = "SequenceClassification" in model_class
     if name_or_path in tiny.BUILTINS:
         head = transformers.LlamaForSequenceClassification if scores else transformers.LlamaForCausalLM
         built = tiny.BUILTINS[name_or_path][1](tokenizer, head)
-        if model.attn_implementation is not None:
-            built.set_attn_implementation(model.attn_implementation)
+        if implementation is not None:
+            built.set_attn_implementation(implementation)
         return built.to(getattr(torch, model.dtype)) if model.dtype != "auto" else built
     kwargs: Dict[str, Any] = {
         "revision": model.revision,
         "trust_remote_code": model.trust_remote_code,
         "dtype": model.dtype,
     }
-    if model.attn_implementation is not None:
-        kwargs["attn_implementation"] = model.attn_implementation
+    if implementation is not None:
+        kwargs["attn_implementation"] = implementation
     if scores:
         kwargs["num_labels"] = 1
     loaded = _from_pretrained(getattr(transformers, model_class), name_or_path, **kwargs)
@@ -184,7 +195,7 @@ def check_model_options(spec: Spec) -> None:
 
     from posttrain.entrypoints import tiny
 
-    model, implementation = spec.model, spec.model.attn_implementation
+    model, implementation = spec.model, model_attention(spec)
     router_loss = spec.training.get("router_aux_loss_coef")
     builds = implementation is not None or model.lora is not None  # else the config alone answers
     if not builds and not router_loss:

@@ -281,11 +281,9 @@ def _check_inputs(spec: Spec, output_dir: Path, world_size: int, reward_check: R
     if spec.data.eval is not None:
         datasets.append(("data.eval", load_split(spec, "eval", seed)))
     # a generating algorithm's batch is tied to num_generations or mini-batches: checked, never shrunk
-    training = (
-        dict(spec.training)
-        if spec.generates
-        else fit_batch(spec.training, spec.config_class, len(train_dataset), world_size, spec.min_per_device_batch)
-    )
+    training = {**fast_paths.gpu_batch(spec, torch.cuda.is_available()), **spec.training}
+    if not spec.generates:
+        training = fit_batch(training, spec.config_class, len(train_dataset), world_size, spec.min_per_device_batch)
     inputs_record = checkpoints.job_inputs(spec, training, world_size, datasets)
     resume_from = checkpoints.resolve_resume(spec, output_dir, inputs_record)
     if resume_from is not None and already_finished(output_dir, Path(resume_from), training.get("max_steps", -1)):
@@ -404,7 +402,7 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
     if has_rewards(spec) and "reward_weights" in config_fields(spec.config_class):
         kwargs["reward_weights"] = [reward.weight for reward in spec.rewards]  # else the trainer takes them itself
     kwargs.update(strategy_for(spec.distributed).trainer_arguments(spec.config_class, kwargs))
-    kwargs.update(fast_paths.config_defaults(spec, on_cuda=not on_cpu))
+    kwargs.update(fast_paths.config_defaults(spec, on_cuda=not on_cpu, training=kwargs))
     if kwargs.get("use_vllm"):
         if importlib.util.find_spec("vllm") is None:
             raise SpecError(["training.use_vllm: vLLM is not installed in the job's environment (pip install vllm)"])

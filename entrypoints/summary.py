@@ -33,7 +33,7 @@ def run_summary(
         "world_size": world,
         "nnodes": world // local_world_size,
         "engine": engine(trainer),
-        "fast_paths": fast_paths.applied(trainer),
+        "fast_paths": fast_paths.applied(trainer, spec),
         "global_steps": trainer.state.global_step,
         "train_runtime_s": runtime,
         "train_tokens": total_tokens or None,

@@ -34,7 +34,12 @@ class SFTSpec(Spec):
     algorithm: Literal["sft"]
     config_class: ClassVar[str] = "trl:SFTConfig"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = LANGUAGE_MODELLING_FORMATS
-    fast_paths: ClassVar[Tuple[str, ...]] = ("padding_free", "use_liger_kernel", "no_activation_checkpointing")
+    fast_paths: ClassVar[Tuple[str, ...]] = (
+        "padding_free",
+        "use_liger_kernel",
+        "gpu_batch",
+        "no_activation_checkpointing",
+    )
     rows_hold_input_ids: ClassVar[bool] = True
     refused_keys: ClassVar[Dict[str, str]] = {
         # TRL reads one key of it, skip_prepare_dataset, which only works on rows tokenized already (input_ids)

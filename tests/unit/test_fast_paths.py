@@ -125,7 +125,10 @@ def first_batch(trainer: SFTTrainer) -> Dict[str, torch.Tensor]:
 def test_the_sft_trainer_goes_padding_free_with_max_length_still_enforced(tmp_path: Path) -> None:
     model = llama("sdpa")
     trainer = sft_trainer(tmp_path, model)
-    assert fast_paths.applied(trainer) == ["padding_free", "no_activation_checkpointing"]  # the second: on CPU
+    assert fast_paths.applied(trainer, validate(trainer_spec(tmp_path))) == [
+        "padding_free",
+        "no_activation_checkpointing",
+    ]  # the second: on CPU
     free = first_batch(trainer)
     assert "attention_mask" not in free and free["input_ids"].shape[0] == 1
     lengths = torch.diff(
@@ -147,7 +150,7 @@ def test_a_key_the_user_set_is_left_alone(tmp_path: Path, training: Dict[str, ob
     assert trainer.data_collator.padding_free is expected
 
 
-def test_on_gpus_padding_free_is_a_default_with_flash_attention_only(
+def test_on_gpus_padding_free_is_a_default_with_varlen_attention_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = llama("sdpa")
@@ -156,17 +159,27 @@ def test_on_gpus_padding_free_is_a_default_with_flash_attention_only(
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     fast_paths.switch_to_padding_free(trainer, validate(trainer_spec(tmp_path)))
     # SDPA on a GPU: a dense mask over the row, 2x slower than padding (the trainer itself was built on CPU)
-    assert fast_paths.applied(trainer) == ["no_activation_checkpointing"]
+    assert fast_paths.applied(trainer, validate(trainer_spec(tmp_path))) == ["no_activation_checkpointing"]
     model.config._attn_implementation = "flash_attention_2"
     fast_paths.switch_to_padding_free(trainer, validate(trainer_spec(tmp_path)))
-    assert fast_paths.applied(trainer) == ["padding_free", "no_activation_checkpointing"]
+    assert fast_paths.applied(trainer, validate(trainer_spec(tmp_path))) == [
+        "padding_free",
+        "no_activation_checkpointing",
+    ]
+    trainer.data_collator.padding_free = trainer.padding_free = False
+    model.config._attn_implementation = "torch_varlen"
+    fast_paths.switch_to_padding_free(trainer, validate(trainer_spec(tmp_path)))
+    expected = ["padding_free", "torch_varlen", "no_activation_checkpointing"]
+    assert fast_paths.applied(trainer, validate(trainer_spec(tmp_path))) == expected
 
 
 def test_packing_the_model_cannot_keep_apart_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="training.packing: packed sequences could attend to each other: Remote"):
         sft_trainer(tmp_path, RemoteCodeLlama(llama("sdpa").config), packing=True)
     trainer = sft_trainer(tmp_path, RemoteCodeLlama(llama("sdpa").config))  # left to us: off, and said in the log
-    assert fast_paths.applied(trainer) == ["no_activation_checkpointing"]  # the trainer was built on CPU
+    assert fast_paths.applied(trainer, validate(trainer_spec(tmp_path))) == [
+        "no_activation_checkpointing"
+    ]  # the trainer was built on CPU
 
 
 def test_packing_with_an_attention_that_could_cross_rows_is_refused_before_the_job() -> None:
@@ -205,7 +218,7 @@ def test_liger_is_a_default_on_cuda_only_where_installed(monkeypatch: pytest.Mon
     assert fast_paths.config_defaults(spec, on_cuda=True) == {}
 
 
-def test_activation_checkpointing_is_off_by_default_for_sft_on_cpu_only() -> None:
+def test_activation_checkpointing_is_off_by_default_for_sft_on_cpu() -> None:
     def spec(algorithm: str, **training: object):
         return validate(
             {
@@ -223,3 +236,61 @@ def test_activation_checkpointing_is_off_by_default_for_sft_on_cpu_only() -> Non
     options = spec("sft", activation_checkpointing_kwargs={"use_reentrant": False})  # options: the user wants it
     assert fast_paths.config_defaults(options, on_cuda=False) == {}
     assert fast_paths.config_defaults(spec("dpo"), on_cuda=False) == {}  # measured slower there (BENCHMARKS.md)
+
+
+def sft_spec(model: str, **training: object):
+    spec = {"algorithm": "sft", "model": {"name_or_path": model}, "data": {"train": {"path": "x.jsonl"}}}
+    return validate({**spec, "training": {"output_dir": "out", **training}})
+
+
+@pytest.fixture
+def h100(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An 80 GB GPU (81,559 MiB, as nvidia-smi gives an H100's), and Liger installed."""
+    properties = type("Properties", (), {"total_memory": 81559 * 2**20})
+    monkeypatch.setattr(fast_paths.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(fast_paths.torch.cuda, "get_device_properties", lambda device: properties)
+    installed = {"liger_kernel": object()}
+    monkeypatch.setattr(fast_paths.importlib.util, "find_spec", lambda name: installed.get(name))
+
+
+def model_directory(tmp_path: Path, name: str, **shape: int) -> str:
+    """A model's config alone, in bfloat16: what the estimate reads."""
+    Qwen2Config(**shape, num_attention_heads=shape["hidden_size"] // 64, dtype="bfloat16").save_pretrained(
+        tmp_path / name
+    )
+    return str(tmp_path / name)
+
+
+def test_on_a_gpu_sft_trains_64_rows_of_max_length_where_the_spec_leaves_the_batch(h100: None) -> None:
+    assert fast_paths.gpu_batch(sft_spec(tiny.NAME), on_cuda=True) == {"per_device_train_batch_size": 64}
+    assert fast_paths.gpu_batch(sft_spec(tiny.NAME, max_length=4096), on_cuda=True) == {
+        "per_device_train_batch_size": 16
+    }
+    for training in ({"per_device_train_batch_size": 8}, {"use_liger_kernel": False}, {"max_length": None}):
+        assert fast_paths.gpu_batch(sft_spec(tiny.NAME, **training), on_cuda=True) == {}, training
+    assert fast_paths.gpu_batch(sft_spec(tiny.NAME), on_cuda=False) == {}
+    dpo = validate({**dict(trainer_spec(Path("out"))), "algorithm": "dpo"})
+    assert fast_paths.gpu_batch(dpo, on_cuda=True) == {}
+
+
+def test_on_a_gpu_activation_checkpointing_is_off_where_the_step_fits(
+    h100: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    small = model_directory(tmp_path, "0.5b", hidden_size=896, intermediate_size=4864, num_hidden_layers=24)
+    large = model_directory(tmp_path, "1.5b", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28)
+    batch = {"per_device_train_batch_size": 64}
+    caplog.set_level("INFO", logger="posttrain")
+    defaults = fast_paths.config_defaults(sft_spec(small), on_cuda=True, training=batch)
+    assert defaults == {"use_liger_kernel": True, "activation_checkpointing": False}
+    assert "on a GPU of 86 GB: 64 rows of up to 1024 tokens per device and step" in caplog.text
+    assert "activations of up to 68 GB and a training state of 4 GB fit, so activation checkpointing is off" in (
+        caplog.text
+    )
+    assert fast_paths.config_defaults(sft_spec(large), on_cuda=True, training=batch) == {"use_liger_kernel": True}
+    assert "would not fit, so activation checkpointing is on" in caplog.text
+    assert fast_paths.config_defaults(sft_spec(small), on_cuda=True, training={"per_device_train_batch_size": 128}) == {
+        "use_liger_kernel": True
+    }
+    assert fast_paths.config_defaults(sft_spec(small, activation_checkpointing=True), on_cuda=True, training=batch) == {
+        "use_liger_kernel": True
+    }
