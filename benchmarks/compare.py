@@ -20,11 +20,13 @@ def main(
     training: Optional[Dict] = None,
     rewards: Sequence[Dict] = (),
     per_step: str = "loss",
+    tokens: str = "num_input_tokens_seen",
 ) -> None:
     """Parses the command line, builds the workload, runs both sides and prints the tables.
 
     ``training``: the algorithm's own settings beside the shared ones; ``rewards``: posttrain's
-    rewards section; ``per_step``: the logged value compared at every step.
+    rewards section; ``per_step``: the logged value compared at every step; ``tokens``: the logged running count
+    of tokens trained.
     """
     parser = argparse.ArgumentParser(prog=f"python -m benchmarks.{algorithm}", description=__doc__)
     parser.add_argument("--quick", action="store_true", help="one process, 2 repeats (under 10 minutes on 2 cores)")
@@ -84,6 +86,7 @@ def main(
             plain_training=plain_training,
             rewards=rewards,
             per_step=per_step,
+            tokens=tokens,
         )
         print(f"{device}, {nproc} process(es):", flush=True)
         keep = options.keep / f"{nproc}proc" if options.keep else None
@@ -92,8 +95,10 @@ def main(
         print(harness.table(f"{algorithm}, {device}, -j 1x{nproc}", runs))
         if options.gpu:
             for side, side_runs in runs.items():
-                mfu = 6 * params * harness.medians(side_runs)["tokens_per_s"] / (nproc * options.peak_tflops * 1e12)
-                print(f"MFU {side}: {100 * mfu:.1f}%")
+                figures, peak = harness.medians(side_runs), nproc * options.peak_tflops * 1e12
+                loop = figures["loop_tokens_per_s"]
+                in_loop = "" if loop != loop else f", training loop {100 * 6 * params * loop / peak:.1f}%"
+                print(f"MFU {side}: {100 * 6 * params * figures['tokens_per_s'] / peak:.1f}%{in_loop}")
         print()
     if options.json:
         options.json.write_text(

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What a lent GPU machine runs, in one go (it is lent for minutes): the GPU tests of torch_varlen attention, the SFT
 # benchmark of posttrain's GPU defaults against the plain TRL script's (and against the plain script given posttrain's
-# batch and Liger), with Qwen2.5-0.5B's shape and 1.5B's, and the GPU end-to-end tests. Logs go to $OUT; about 6
+# batch and Liger), with Qwen2.5-0.5B's shape and 1.5B's, GRPO's training loop, and the GPU end-to-end tests. Logs go to $OUT; about 6
 # minutes on an H100.
 #
 # Prepared here, in the checkout (the machine has torch, transformers, accelerate, peft; nothing can be
@@ -24,13 +24,14 @@ python3 -c "import torch, transformers, trl, liger_kernel, torchx.cli.main; prin
 python3 -c "import inspect; from torch.nn.attention.varlen import varlen_attn; print('varlen_attn', inspect.signature(varlen_attn))" \
   2>&1 | tail -1 | tee -a "$out/machine.txt"
 
-sft() {  # name, then benchmark arguments
-  local name=$1
-  shift
-  timeout 170 python3 -m benchmarks.sft --gpu --nproc 1 --repeats 1 --steps 30 --work /tmp/bench \
+bench() {  # name, benchmark (sft, grpo), then its arguments
+  local name=$1 algorithm=$2
+  shift 2
+  timeout 170 python3 -m "benchmarks.$algorithm" --gpu --nproc 1 --repeats 1 --steps 30 --work /tmp/bench \
     --json "$out/$name.json" --keep "/tmp/keep-$name" "$@" > "$out/$name.log" 2>&1
   echo "== $name (exit $?)"
-  grep -E "^\| (tokens_per_s|first_step_s|peak_rss_mb|peak_gpu_mb|final_loss) |^MFU|ratio|^sft:" "$out/$name.log"
+  grep -E "^\| (tokens_per_s|loop_tokens_per_s|first_step_s|peak_rss_mb|peak_gpu_mb|final_\w+) |^MFU|ratio|^$algorithm:" \
+    "$out/$name.log"
   local job=/tmp/keep-$name/1proc/posttrain-0  # what posttrain's job said and ran (fast_paths), not its weights
   cp "$job/output/run_summary.json" "$out/$name-run_summary.json" 2>/dev/null
   tail -c 100000 "$job/run.log" > "$out/$name-posttrain.log" 2>/dev/null
@@ -45,17 +46,19 @@ gpu_tests() {  # name, then pytest arguments
   tail -5 "$out/$name.log"
 }
 # the cases, in the order they run; name some to run only those: bash benchmarks/gpu_lease.sh attention defaults
-cases=("${@:-attention defaults defaults-as-posttrain 1.5b-defaults e2e}")
+cases=("${@:-attention defaults defaults-as-posttrain 1.5b-defaults grpo e2e}")
 for case in ${cases[@]}; do
   case $case in
     # first the kernels' own check: if torch's varlen attention fails here, the SFT rows say what that costs
     attention) gpu_tests pytest-attention tests/unit/test_attention.py ;;
     # each side's defaults: posttrain's (torch_varlen, padding-free, Liger, the batch the GPU holds) and TRL's
-    defaults) sft sft-defaults ;;
+    defaults) bench sft-defaults sft ;;
     # the plain script given posttrain's batch, Liger and checkpointing: what is left is packing and attention
-    defaults-as-posttrain) sft sft-defaults-as-posttrain \
+    defaults-as-posttrain) bench sft-defaults-as-posttrain sft \
       --plain per_device_train_batch_size=64 use_liger_kernel=true activation_checkpointing=false ;;
-    1.5b-defaults) sft sft-1.5b-defaults --model 1.5b ;;
+    1.5b-defaults) bench sft-1.5b-defaults sft --model 1.5b ;;
+    # GRPO's training loop (generation timed apart) against TRL's GRPO script: the same trainer on both sides
+    grpo) bench grpo grpo ;;
     e2e) gpu_tests pytest-gpu tests/e2e/test_distributed.py tests/e2e/test_online.py ;;
     *) echo "unknown case $case" && exit 2 ;;
   esac

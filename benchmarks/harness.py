@@ -5,9 +5,9 @@ Each run is a fresh process tree with a fresh output directory and a fresh
 run:
 
 - ``tokens_per_s``: non-padding training tokens (the trainer's own
-  ``num_input_tokens_seen``, all ranks; GRPO counts prompts and completions
-  there) per second of wall time between the first and the last logged step:
-  training speed, start-up excluded;
+  ``num_input_tokens_seen``, all ranks; GRPO's own ``num_tokens``: prompts and
+  completions) per second of wall time between the first and the last logged
+  step: training speed, start-up excluded;
 - ``first_step_s``: seconds from launching the command to the first
   optimizer step's log line, in two parts: ``worker_start_s``, launch to the
   start of the first training process (the launcher's share: torchx's CLI,
@@ -18,6 +18,9 @@ run:
 - ``peak_gpu_mb`` (GPU runs): the most GPU memory in use, all GPUs together,
   as ``nvidia-smi`` reports it twice a second (the allocator's cache
   included: what the run holds, not what its tensors need);
+- ``loop_tokens_per_s`` (generating trainers): the same tokens over the same
+  window less the seconds spent generating completions, which TRL times on
+  both sides alike (``benchmarks/timing_hook``): the training loop's speed;
 - the loss at every logged step (GRPO: the reward, its loss says little).
 
 Medians over the repeats per side; the ratio is posttrain / plain TRL.
@@ -33,6 +36,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
+from math import nan
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -41,12 +45,14 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 PYTHON_BIN = Path(sys.executable).parent
 SECONDS = ("first_step_s", "worker_start_s", "worker_to_first_step_s")
-FIGURES = ("tokens_per_s", *SECONDS, "peak_rss_mb", "peak_gpu_mb")
+FIGURES = ("tokens_per_s", "loop_tokens_per_s", *SECONDS, "peak_rss_mb", "peak_gpu_mb")
+TIMING_HOOK = REPO / "benchmarks" / "timing_hook"
 
 
 @dataclass
 class Run:
     tokens_per_s: float
+    loop_tokens_per_s: float  # nan where nothing generates
     first_step_s: float
     worker_start_s: float
     peak_rss_mb: float
@@ -79,11 +85,14 @@ class Case:
     plain_training: Dict = field(default_factory=dict)  # settings only the plain script needs (use_cpu, ...)
     rewards: Sequence[Dict] = ()  # posttrain's rewards section (the plain script names the same function)
     per_step: str = "loss"
+    tokens: str = "num_input_tokens_seen"  # the logged running count of tokens trained
 
 
 def run_env(work: Path, gpus: int) -> Dict[str, str]:
     """The environment of every benchmarked command: offline, its own ``HF_HOME`` under ``work``, GPUs or none."""
     env = dict(os.environ, HF_HOME=str(work / "hf_home"), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    env["BENCH_PROFILE"] = str(work / "profile.jsonl")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TIMING_HOOK), env.get("PYTHONPATH")]))
     env["PATH"] = f"{PYTHON_BIN}{os.pathsep}{env.get('PATH', '')}"
     env.pop("TORCHX_CONTEXT_NAME", None)
     # posttrain as installed, with its bytecode cached: pip compiles it at install, an editable install at first
@@ -190,7 +199,9 @@ def _watch_gpu_memory(finished: threading.Event, peaks: List[float]) -> None:
         peaks.append(sum(float(mb) for mb in used))
 
 
-def measure(command: List[str], work: Path, gpus: int, per_step: str = "loss") -> Run:
+def measure(
+    command: List[str], work: Path, gpus: int, per_step: str = "loss", tokens: str = "num_input_tokens_seen"
+) -> Run:
     """Runs ``command`` to the end; its figures from ``work/output/metrics.jsonl``, ``/proc`` and the tree's rusage."""
     log_path = work / "run.log"
     finished, worker_starts, gpu_memory = threading.Event(), [], []
@@ -207,19 +218,29 @@ def measure(command: List[str], work: Path, gpus: int, per_step: str = "loss") -
         tail = log_path.read_text()[-4000:]
         raise RuntimeError(f"{' '.join(command[:6])} ... exited {process.returncode}; log {log_path}:\n{tail}")
     records = [json.loads(line) for line in (work / "output" / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in records if "num_input_tokens_seen" in r and "time" in r]
+    steps = [r for r in records if tokens in r and "time" in r]
     if len(steps) < 3:
-        raise RuntimeError(f"{work}: fewer than 3 logged steps with tokens and time")
-    tokens = steps[-1]["num_input_tokens_seen"] - steps[0]["num_input_tokens_seen"]
+        raise RuntimeError(f"{work}: fewer than 3 logged steps with {tokens} and time")
+    trained = steps[-1][tokens] - steps[0][tokens]
+    start, end = steps[0]["time"], steps[-1]["time"]
+    generating = _generation_s(work, start, end)
     return Run(
-        tokens_per_s=tokens / (steps[-1]["time"] - steps[0]["time"]),
+        tokens_per_s=trained / (end - start),
+        loop_tokens_per_s=trained / (end - start - generating) if generating else nan,
         first_step_s=steps[0]["time"] - started,
-        worker_start_s=worker_starts[0] if worker_starts else float("nan"),
+        worker_start_s=worker_starts[0] if worker_starts else nan,
         peak_rss_mb=usage.ru_maxrss / 1024,
-        peak_gpu_mb=max(gpu_memory, default=float("nan")),
+        peak_gpu_mb=max(gpu_memory, default=nan),
         per_step=per_step,
         values={r["step"]: r[per_step] for r in records if per_step in r},
     )
+
+
+def _generation_s(work: Path, start: float, end: float) -> float:
+    """Seconds spent generating completions that ended between ``start`` and ``end`` (TRL's own sections)."""
+    profile = work / "profile.jsonl"
+    sections = [json.loads(line) for line in profile.read_text().splitlines()] if profile.exists() else []
+    return sum(s["seconds"] for s in sections if ".generate" in s["name"] and start < s["end"] <= end)
 
 
 SIDES: Dict[str, Callable[[Case, Path, int], List[str]]] = {"posttrain": posttrain_command, "trl": plain_command}
@@ -234,7 +255,7 @@ def compare(case: Case, repeats: int, keep: Optional[Path] = None) -> Dict[str, 
             for side, command in SIDES.items():
                 work = root / f"{side}-{repeat}"
                 work.mkdir()
-                run = measure(command(case, work, 29400 + repeat), work, case.gpus, case.per_step)
+                run = measure(command(case, work, 29400 + repeat), work, case.gpus, case.per_step, case.tokens)
                 runs[side].append(run)
                 print(
                     f"  {side:9} run {repeat + 1}/{repeats}: {run.tokens_per_s:8.0f} tokens/s, first step "

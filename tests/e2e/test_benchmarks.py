@@ -1,8 +1,10 @@
-"""The SFT benchmark, end to end on CPU: the command a lent GPU runs first (``benchmarks/gpu_lease.sh``) works here.
+"""The SFT and GRPO benchmarks, end to end on CPU: the commands a lent GPU runs first (``benchmarks/gpu_lease.sh``)
+work here.
 
-A small configuration of ``python -m benchmarks.sft``: both sides train
-(posttrain through ``torchx run``, the plain TRL script through torchrun), the
-figures come back, and the losses agree step by step.
+A small configuration of ``python -m benchmarks.sft`` and ``benchmarks.grpo``:
+both sides train (posttrain through ``torchx run``, the plain TRL script
+through torchrun), the figures come back, and the losses (GRPO: the rewards)
+agree step by step.
 """
 
 import json
@@ -17,9 +19,10 @@ from helpers import REPO
 pytestmark = pytest.mark.e2e
 
 
-def test_the_sft_benchmark_runs_both_sides_and_their_losses_agree(tmp_path: Path) -> None:
+@pytest.mark.parametrize("algorithm", ["sft", "grpo"])
+def test_the_benchmark_runs_both_sides_and_they_agree_step_by_step(tmp_path: Path, algorithm: str) -> None:
     figures = tmp_path / "figures.json"
-    command = [sys.executable, "-m", "benchmarks.sft", "--nproc", "1", "--repeats", "1", "--steps", "4"]
+    command = [sys.executable, "-m", f"benchmarks.{algorithm}", "--nproc", "1", "--repeats", "1", "--steps", "4"]
     command += ["--work", str(tmp_path / "work"), "--json", str(figures)]
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -29,7 +32,13 @@ def test_the_sft_benchmark_runs_both_sides_and_their_losses_agree(tmp_path: Path
     (ours,), (theirs,) = runs["posttrain"], runs["trl"]
     for run in (ours, theirs):
         assert run["tokens_per_s"] > 0 and run["first_step_s"] > run["worker_start_s"] > 0
+        if algorithm == "grpo":  # generation timed apart: the training loop alone is faster
+            assert run["loop_tokens_per_s"] > run["tokens_per_s"]
+            assert "| loop_tokens_per_s |" in result.stdout
+        else:
+            assert run["loop_tokens_per_s"] != run["loop_tokens_per_s"]  # nan: nothing generates
     assert sorted(ours["values"]) == sorted(theirs["values"]) == ["1", "2", "3", "4"]
-    for step, loss in theirs["values"].items():
-        assert ours["values"][step] == pytest.approx(loss, rel=1e-4), step
-    assert ours["values"]["4"] < ours["values"]["1"]
+    for step, value in theirs["values"].items():
+        assert ours["values"][step] == pytest.approx(value, rel=1e-4), step
+    if algorithm == "sft":
+        assert ours["values"]["4"] < ours["values"]["1"]
