@@ -12,9 +12,9 @@ Measured gains: BENCHMARKS.md.
   transformers builds from the positions keeps each sequence to itself. That
   holds for transformers' own models with a mask-aware attention
   implementation; for any other model the path stays off and the job says
-  why. On by default on CPUs, and on GPUs with flash attention; with SDPA
-  on GPUs it is slower (a dense mask over the whole row), so it stays off
-  there. Off-switch: ``training.padding_free: false``. (``packing`` is not a
+  why. On by default on CPUs, and on GPUs with varlen attention (flash
+  attention, ``torch_varlen``); with SDPA on GPUs it is slower (a dense mask
+  over the whole row), so it stays off there. Off-switch: ``training.padding_free: false``. (``packing`` is not a
   default: it changes how many sequences a step trains on.)
 - ``torch_varlen`` attention (SFT, on CUDA, where flash-attn is not what the
   user chose): torch's own varlen kernels (entrypoints/attention.py), which
