@@ -62,7 +62,7 @@ def main(
         "bf16": options.gpu,
         **(training or {}),
     }
-    if not options.gpu:  # on GPUs each side takes its own default: TRL's 8 rows, posttrain's the memory allows
+    if not options.gpu:  # on GPUs each side takes its own default: TRL's 8 rows, posttrain's gpu_batch
         training.setdefault("per_device_train_batch_size", 8)
     plain_training = {"include_num_input_tokens_seen": "non_padding", "use_cpu": not options.gpu}
     plain_training.update({k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in options.plain)})

@@ -195,7 +195,10 @@ def _watch_gpu_memory(finished: threading.Event, peaks: List[float]) -> None:
     """Appends the GPUs' memory in use, summed, every half second until ``finished``."""
     query = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"]
     while not finished.wait(0.5):
-        used = subprocess.run(query, capture_output=True, text=True, check=False).stdout.split()
+        try:
+            used = subprocess.run(query, capture_output=True, text=True, check=False).stdout.split()
+        except FileNotFoundError:  # no nvidia-smi: the figure stays nan
+            return
         peaks.append(sum(float(mb) for mb in used))
 
 

@@ -63,8 +63,8 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "trust_remote_code": "Run the model repository's own code; false unless you say so.",
         "revision": "The hub revision (branch, tag or commit) to load.",
         "attn_implementation": "The attention implementation transformers uses (eager, sdpa, flash_attention_2, ..., "
-        "or torch_varlen: torch's varlen kernels, for training); default the model's own, and torch_varlen for SFT "
-        "on a GPU.",
+        "or torch_varlen: torch's varlen kernels, for training); default the model's own (SFT on a GPU may pick "
+        "torch_varlen: docs, Speed).",
     },
     "DataSpec": {
         "train": "The training data: one source (a local file, a glob of files or a saved data set as path, or a hub "

@@ -21,13 +21,18 @@ from typing import Any, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from posttrain.components.spec.schema import VARLEN_ATTENTION as NAME
+from posttrain.components.spec.schema import TORCH_VARLEN as NAME
 
 
 def varlen_available() -> Optional[str]:
     """Why ``torch_varlen`` cannot run on this machine's GPU; None where it can."""
     if not torch.cuda.is_available():
         return "no CUDA device"
+    if torch.version.hip is not None:
+        return "torch's varlen kernels are CUDA's; this GPU is AMD's (ROCm)"
+    if torch.cuda.get_device_capability() < (8, 0):
+        name = torch.cuda.get_device_name()
+        return f"torch's varlen kernels need a GPU of compute capability 8.0 or later (A100, H100); {name} is older"
     try:
         parameters = _kernel_parameters()
     except ImportError:
@@ -55,16 +60,21 @@ def register() -> None:
 
 
 def sequence_bounds(
-    position_ids: Optional[torch.Tensor], cu_seq_lens: Optional[torch.Tensor], max_length: Optional[int], tokens: int
+    position_ids: Optional[torch.Tensor],
+    cu_seq_lens: Optional[torch.Tensor],
+    max_length: Optional[int],
+    batch: int,
+    length: int,
+    device: torch.device,
 ) -> Tuple[torch.Tensor, int]:
-    """Where each sequence of the flattened batch starts (and the end), and the longest sequence's length."""
+    """Where each sequence of the flattened batch starts (and the end), and the longest sequence's length: TRL's
+    boundaries where it sends them, else wherever a row starts or its positions restart at 0."""
     if cu_seq_lens is not None and max_length is not None:
-        return cu_seq_lens.to(torch.int32), int(max_length)
-    if position_ids is None:
-        return torch.tensor([0, tokens], dtype=torch.int32), tokens
-    flat = position_ids.reshape(-1)
-    starts = (flat == 0).nonzero().reshape(-1)
-    bounds = torch.cat([starts, starts.new_tensor([flat.numel()])]).to(torch.int32)
+        return cu_seq_lens.to(device=device, dtype=torch.int32), int(max_length)
+    starts = torch.arange(batch * length, device=device) % length == 0
+    if position_ids is not None:  # transformers' own are one row for the batch: (1, length)
+        starts |= position_ids.to(device).expand(batch, length).reshape(-1) == 0
+    bounds = F.pad(starts.nonzero().reshape(-1), (0, 1), value=batch * length).to(torch.int32)
     return bounds, int(bounds.diff().max())
 
 
@@ -80,17 +90,18 @@ def varlen_attention(
     position_ids: Optional[torch.Tensor] = None,
     cu_seq_lens_q: Optional[torch.Tensor] = None,
     max_length_q: Optional[int] = None,
+    is_causal: Optional[bool] = None,
     softcap: Optional[float] = None,
     s_aux: Optional[torch.Tensor] = None,
     **_: Any,
 ) -> Tuple[torch.Tensor, None]:
     """transformers' attention interface: (batch, heads, tokens, dim) in, (batch, tokens, heads, dim) out."""
     batch, heads, length, dim = query.shape
-    causal = getattr(module, "is_causal", True)
-    if dropout or softcap or s_aux is not None or not causal or key.shape[2] != length:
+    causal = getattr(module, "is_causal", True) if is_causal is None else is_causal
+    if dropout or softcap or s_aux is not None or not causal or key.shape[2] != length or value.shape[-1] != dim:
         raise NotImplementedError(
-            f"{NAME} attention runs causal self-attention over whole sequences (no KV cache) without dropout, "
-            "softcapping or sinks; set model.attn_implementation to sdpa"
+            f"{NAME} attention runs causal self-attention over whole sequences (no KV cache), one head size, "
+            "without dropout, softcapping or sinks; set model.attn_implementation to sdpa"
         )
     # (batch, heads, tokens, dim) -> (tokens of the whole batch, heads, dim)
     q, k, v = (x.transpose(1, 2).reshape(batch * length, x.shape[1], dim) for x in (query, key, value))
@@ -102,22 +113,43 @@ def varlen_attention(
         bounds = F.pad(lengths.cumsum(0, dtype=torch.int32), (1, 0))
         longest = int(lengths.max())
     else:
-        bounds, longest = sequence_bounds(position_ids, cu_seq_lens_q, max_length_q, batch * length)
-    window = (-1, 0) if sliding_window is None else (sliding_window - 1, 0)
+        bounds, longest = sequence_bounds(position_ids, cu_seq_lens_q, max_length_q, batch, length, q.device)
     if q.is_cuda:
-        from torch.nn.attention.varlen import varlen_attn
-
-        grouped = {}
-        if k.shape[1] != heads and "enable_gqa" in _kernel_parameters():
-            grouped = {"enable_gqa": True}
-        elif k.shape[1] != heads:  # torch 2.11's kernels want a key and value head for each query head
-            k, v = (x.repeat_interleave(heads // x.shape[1], dim=1) for x in (k, v))
-        out = varlen_attn(q, k, v, bounds, bounds, longest, longest, scale=scaling, window_size=window, **grouped)
+        out = _varlen_kernel(q, k, v, bounds, longest, scaling, sliding_window)
     else:
         out = _attention_per_sequence(q, k, v, bounds.tolist(), scaling, sliding_window)
     if kept is not None:
         out = out.new_zeros(batch * length, heads, dim).index_copy(0, kept, out)
     return out.reshape(batch, length, heads, dim), None
+
+
+def _varlen_kernel(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    bounds: torch.Tensor,
+    longest: int,
+    scaling: Optional[float],
+    window: Optional[int],
+) -> torch.Tensor:
+    """torch's varlen kernels: (tokens, heads, dim) in and out, in the autocast dtype where autocast is on (the
+    kernels are not autocast's: RoPE may have left queries and keys in float32 and values in bf16)."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    dtype = torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else v.dtype
+    if dtype not in (torch.bfloat16, torch.float16):
+        raise NotImplementedError(
+            f"{NAME} attention's kernels take bfloat16 or float16, and this model computes in {dtype}: train with "
+            "training.bf16: true, or set model.attn_implementation to sdpa"
+        )
+    q, k, v = (x.to(dtype) for x in (q, k, v))
+    heads, grouped = q.shape[1], {}
+    if k.shape[1] != heads and "enable_gqa" in _kernel_parameters():
+        grouped = {"enable_gqa": True}
+    elif k.shape[1] != heads:  # torch 2.11's kernels want a key and value head for each query head
+        k, v = (x.repeat_interleave(heads // x.shape[1], dim=1) for x in (k, v))
+    window_size = (-1, 0) if window is None else (window - 1, 0)
+    return varlen_attn(q, k, v, bounds, bounds, longest, longest, scale=scaling, window_size=window_size, **grouped)
 
 
 def _attention_per_sequence(

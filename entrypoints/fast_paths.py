@@ -16,23 +16,28 @@ Measured gains: BENCHMARKS.md.
   attention, ``torch_varlen``); with SDPA on GPUs it is slower (a dense mask
   over the whole row), so it stays off there. Off-switch: ``training.padding_free: false``. (``packing`` is not a
   default: it changes how many sequences a step trains on.)
-- ``torch_varlen`` attention (SFT, on CUDA, where flash-attn is not what the
-  user chose): torch's own varlen kernels (entrypoints/attention.py), which
-  attend within each sequence of a padding-free row, so padding-free pays on
-  GPUs too. Off-switch: ``model.attn_implementation`` (e.g. ``sdpa``) or
-  ``training.padding_free: false``.
+- ``torch_varlen`` attention (SFT, on GPUs that run torch's varlen kernels,
+  for the model types it is checked for, in half precision): the kernels
+  (entrypoints/attention.py) attend within each sequence of a padding-free
+  row, so padding-free pays on GPUs too. Off-switch:
+  ``model.attn_implementation`` (e.g. ``sdpa``) or ``training.padding_free:
+  false``.
 - ``use_liger_kernel`` (SFT, on CUDA, when ``liger-kernel`` is installed):
   Liger's fused kernels (RMSNorm, RoPE, SwiGLU, a cross-entropy that never
   materialises the logits). Off-switch: ``training.use_liger_kernel: false``.
 - ``gpu_batch`` (SFT, on CUDA, with Liger's fused loss): rows of
   ``max_length`` per device and step up to ``GPU_TOKENS_PER_STEP`` (64 rows
-  of TRL's default 1024) instead of TRL's 8: a 0.5B model's 8 rows leave an
-  80 GB GPU mostly idle. Off-switch: ``training.per_device_train_batch_size``.
+  of TRL's default 1024) instead of TRL's 8, where they fit
+  (entrypoints/gpu_memory.py): a 0.5B model's 8 rows leave an 80 GB GPU
+  mostly idle. A step then trains on more sequences: the one default here
+  that changes what training does, said in the job's first lines.
+  Off-switch: ``training.per_device_train_batch_size`` (or
+  ``gradient_accumulation_steps``).
 - no activation checkpointing (SFT): TRL turns it on to save GPU memory, and
   the backward then runs every layer's forward again; the same gradients
   without that, for more memory (activations are kept). On CPUs always; on
-  GPUs where the estimate of the step's activations and training state fits
-  the GPU's memory. Measured for SFT only: DPO and GRPO did not gain on CPU.
+  GPUs without FSDP or DeepSpeed where the estimate of the step fits the
+  GPU's memory (entrypoints/gpu_memory.py). Measured for SFT only: DPO and GRPO did not gain on CPU.
   Off-switch: ``training.activation_checkpointing: true``.
 
 The job's first lines say what it chose on a GPU, and why.
@@ -53,25 +58,21 @@ from posttrain.components.spec.schema import (
     PACKING_AWARE_ATTENTION,
     Spec,
 )
-from posttrain.entrypoints import attention
+from posttrain.entrypoints import attention, gpu_memory
 
 log = logging.getLogger("posttrain")
 
 # Kernels that attend within each sequence of the row (varlen): the only ones where padding-free pays on GPUs.
 # With the others the row gets a dense mask over all of it, which cost 2x on an H100 (BENCHMARKS.md).
-VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", attention.NAME)
+VARLEN_KERNELS = ("flash_attention_2", "flash_attention_3", attention.NAME)
+# The model types whose attention torch_varlen is a default for: those tests/unit/test_attention.py checks
+# against SDPA (causal, no softcapping, no sinks, one head size). Any other model may name it in the spec.
+VARLEN_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # the keys, old names and new, that turn activation checkpointing on or off or configure it
 CHECKPOINTING_KEYS = {*CHECKPOINTING_SWITCHES, *CHECKPOINTING_OPTIONS}
 # SFT's tokens per device and step on a GPU where the spec leaves the batch: 64 rows of TRL's default max_length.
 # There one H100 trained Qwen2.5-0.5B's shape at 33.5% MFU, against 9.2% with TRL's 8 rows (BENCHMARKS.md).
-# With Liger's fused loss only: without it the logits alone (tokens x vocabulary, in float32) would not fit.
 GPU_TOKENS_PER_STEP = 65536
-# What a decoder layer keeps for its backward, per token, in bytes at 16 bits: about 16 x hidden (norms, the
-# attention's inputs and output) and 6 x intermediate (the gated MLP's three products), as Korthikanti et al.
-# count them (2022, "Reducing Activation Recomputation in Large Transformer Models": 34 x hidden for a classic
-# MLP), less the scores flash-style kernels never keep.
-ACTIVATION_BYTES_PER_HIDDEN, ACTIVATION_BYTES_PER_INTERMEDIATE = 16, 6
-MEMORY_SHARE = 0.9  # of the GPU's memory: what allocator fragmentation and the kernels' workspaces leave
 
 
 def config_defaults(spec: Spec, on_cuda: bool, training: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
@@ -86,64 +87,61 @@ def config_defaults(spec: Spec, on_cuda: bool, training: Optional[Dict[str, Any]
     if "no_activation_checkpointing" in spec.fast_paths and not checkpointing_set:
         if not on_cuda:
             defaults["activation_checkpointing"] = False
-        elif activations_fit(spec, {**training, **defaults}):
-            defaults["activation_checkpointing"] = False
+        elif spec.distributed.sharding is None and activations_fit(spec, {**training, **defaults}):
+            defaults["activation_checkpointing"] = False  # (sharded: the strategy places checkpointing itself)
     return defaults
 
 
 def gpu_batch(spec: Spec, on_cuda: bool) -> Dict[str, Any]:
-    """SFT's rows per device on a GPU where the spec leaves them: ``GPU_TOKENS_PER_STEP`` over ``max_length``."""
+    """SFT's rows per device on a GPU where the spec leaves the step's size: ``GPU_TOKENS_PER_STEP`` over
+    ``max_length``, where Liger's fused loss takes the logits away and the estimate says they fit with
+    activation checkpointing; else nothing (TRL's 8 rows)."""
     training = spec.training
-    if "gpu_batch" not in spec.fast_paths or not on_cuda or "per_device_train_batch_size" in training:
+    sized = {"per_device_train_batch_size", "gradient_accumulation_steps"} & set(training)
+    if "gpu_batch" not in spec.fast_paths or not on_cuda or sized:
         return {}
-    fused_loss = training.get("use_liger_kernel", importlib.util.find_spec("liger_kernel") is not None)
     max_length = config_value(spec.config_class, training, "max_length")
-    if not fused_loss or not max_length:  # no truncation: nothing bounds a row's tokens
+    shape = gpu_memory.model_shape(spec)
+    if not max_length or shape is None or not fused_loss(training, shape):  # no max_length: no bound on a row
         return {}
-    return {"per_device_train_batch_size": max(1, GPU_TOKENS_PER_STEP // max_length)}
+    rows = max(1, GPU_TOKENS_PER_STEP // max_length)
+    half = training.get("bf16", True) or training.get("fp16")  # TRL's default on GPUs: bf16
+    step = shape.state_bytes() + shape.activation_bytes(rows * max_length, checkpointing=True, half=half)
+    return {"per_device_train_batch_size": rows} if gpu_memory.fits(step) else {}
+
+
+def fused_loss(training: Dict[str, Any], shape: gpu_memory.ModelShape) -> bool:
+    """Whether Liger's fused cross-entropy will compute the loss: on, installed, and made for this model type."""
+    if not training.get("use_liger_kernel", True) or importlib.util.find_spec("liger_kernel") is None:
+        return False
+    from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN
+
+    return shape.model_type in MODEL_TYPE_TO_APPLY_LIGER_FN
 
 
 def activations_fit(spec: Spec, training: Dict[str, Any]) -> bool:
-    """Whether a step's activations, kept for the backward, and the training state fit this GPU's memory.
-
-    The step is its worst case, every row ``max_length`` tokens long; the
-    state is the weights, their gradients and AdamW's two moments, each in
-    the weights' dtype (torch's AdamW keeps them so).
-    """
-    import transformers
-
-    model = spec.model
+    """Whether a step keeps all its activations within this GPU's memory (gpu_memory.py); said on rank 0."""
     max_length = config_value(spec.config_class, training, "max_length")
-    if not max_length:
-        return False
-    try:
-        config = transformers.AutoConfig.from_pretrained(
-            model.name_or_path, revision=model.revision, trust_remote_code=model.trust_remote_code
-        ).get_text_config()
-        hidden, intermediate = config.hidden_size, config.intermediate_size
-        layers, vocabulary = config.num_hidden_layers, config.vocab_size
-    except (OSError, ValueError, AttributeError):  # no config to read, or not a decoder's: TRL's default
+    shape = gpu_memory.model_shape(spec)
+    if not max_length or shape is None:
         return False
     rows = config_value(spec.config_class, training, "per_device_train_batch_size")
+    tokens = rows * max_length
     half = training.get("bf16", True) or training.get("fp16")  # TRL's default on GPUs: bf16
-    per_token = layers * (ACTIVATION_BYTES_PER_HIDDEN * hidden + ACTIVATION_BYTES_PER_INTERMEDIATE * intermediate)
-    activations = (1 if half else 2) * per_token * rows * max_length
-    dtype = str(config.dtype or "float32") if model.dtype == "auto" else model.dtype
-    weight_bytes = 2 if dtype.replace("torch.", "") in ("bfloat16", "float16") else 4
-    parameters = layers * (4 * hidden * hidden + 3 * hidden * intermediate) + vocabulary * hidden
-    state = 4 * weight_bytes * parameters
-    memory = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    fits = activations + state <= MEMORY_SHARE * memory
+    activations = shape.activation_bytes(tokens, checkpointing=False, half=half)
+    logits = 0 if fused_loss(training, shape) else shape.logit_bytes(tokens)
+    fits = gpu_memory.fits(activations + logits + shape.state_bytes())
     if int(os.environ.get("RANK", "0")) == 0:
         log.info(
             "on a GPU of %.0f GB: %d rows of up to %d tokens per device and step (training."
-            "per_device_train_batch_size sets them); activations of up to %.0f GB and a training state of %.0f GB "
+            "per_device_train_batch_size sets them); activations of up to %.0f GB%s and a training state of %.0f GB "
             "%s, so activation checkpointing is %s (training.activation_checkpointing sets it)",
-            memory / 1e9,
+            gpu_memory.gpu_bytes() / 1e9,
             rows,
             max_length,
             activations / 1e9,
-            state / 1e9,
+            f", logits of {logits / 1e9:.0f} GB" if logits else "",
+            shape.state_bytes() / 1e9,
             "fit" if fits else "would not fit",
             "off" if fits else "on",
         )
@@ -151,15 +149,17 @@ def activations_fit(spec: Spec, training: Dict[str, Any]) -> bool:
 
 
 def attention_implementation(spec: Spec) -> Optional[str]:
-    """The model's attention implementation: the spec's, or on a GPU where the spec leaves it to the
-    padding-free fast path, ``torch_varlen`` where this torch has it; None is transformers' default (SDPA)."""
+    """The model's attention implementation: the spec's; or, on a GPU where the spec leaves it to the
+    padding-free fast path, ``torch_varlen`` where this GPU and torch run it and the model is of a type it is
+    checked for, in half precision; None is transformers' default (SDPA)."""
     chosen = spec.model.attn_implementation
     if chosen is not None or "padding_free" not in spec.fast_paths or spec.training.get("padding_free") is False:
         return chosen
-    unavailable = attention.varlen_available()
-    if unavailable is not None:
-        if torch.cuda.is_available():
-            log.info("%s attention stays off: %s", attention.NAME, unavailable)
+    if attention.varlen_available() is not None:
+        return None
+    shape = gpu_memory.model_shape(spec)
+    half = spec.training.get("bf16", True) or spec.training.get("fp16") or (shape and shape.weight_bytes == 2)
+    if shape is None or shape.model_type not in VARLEN_MODEL_TYPES or shape.attention_dropout or not half:
         return None
     return attention.NAME
 
@@ -199,7 +199,7 @@ def switch_to_padding_free(trainer: Any, spec: Spec) -> None:
     if "padding_free" in training or getattr(trainer, "_is_vision_dataset", False):
         return
     implementation = model.config._attn_implementation
-    if reason is None and torch.cuda.is_available() and implementation not in VARLEN_ATTENTION:
+    if reason is None and torch.cuda.is_available() and implementation not in VARLEN_KERNELS:
         reason = f"on GPUs, {implementation} attention over one long row is slower than padding (BENCHMARKS.md)"
     if reason is not None:
         log.info("padding-free batches stay off: %s", reason)
@@ -210,7 +210,8 @@ def switch_to_padding_free(trainer: Any, spec: Spec) -> None:
 def applied(trainer: Any, spec: Spec) -> List[str]:
     """The fast paths the live trainer runs with."""
     found = []
-    if gpu_batch(spec, on_cuda=trainer.args.device.type == "cuda"):
+    chosen = gpu_batch(spec, on_cuda=trainer.args.device.type == "cuda")
+    if chosen and chosen["per_device_train_batch_size"] == trainer.args.per_device_train_batch_size:
         found.append("gpu_batch")
     if getattr(getattr(trainer, "data_collator", None), "padding_free", False):
         found.append("padding_free")

@@ -63,11 +63,14 @@ def load_tokenizer(name_or_path: str, spec: Spec, padding_side: str) -> Any:
 
 def model_attention(spec: Spec) -> Optional[str]:
     """The attention implementation the models load with (fast_paths.attention_implementation), registered
-    with transformers where it is posttrain's own."""
+    with transformers where it is posttrain's own (on CPUs it runs SDPA sequence by sequence: the tests')."""
     from posttrain.entrypoints import attention, fast_paths
 
     implementation = fast_paths.attention_implementation(spec)
     if implementation == attention.NAME:
+        unavailable = attention.varlen_available()
+        if torch.cuda.is_available() and unavailable is not None:
+            raise SpecError([f"model.attn_implementation: {attention.NAME}: {unavailable}; use sdpa"])
         attention.register()
     return implementation
 

@@ -38,6 +38,8 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
+        if spec is None:
+            return None
         load = spec.loader.exec_module
 
         def exec_module(module):

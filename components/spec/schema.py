@@ -42,19 +42,12 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
+# posttrain's own attention implementation (entrypoints/attention.py): torch's varlen kernels, for training only
+TORCH_VARLEN = "torch_varlen"
 # Attention implementations that keep packed sequences apart given restarting position ids: eager, SDPA and flex
 # through the mask transformers builds from them (masking_utils.find_packed_sequence_indices), flash attention
-# through the sequence boundaries TRL's collator passes (cu_seq_lens), torch_varlen (entrypoints/attention.py) both.
-# posttrain's own (entrypoints/attention.py): torch's varlen kernels, for training only
-VARLEN_ATTENTION = "torch_varlen"
-PACKING_AWARE_ATTENTION = (
-    "eager",
-    "sdpa",
-    "flex_attention",
-    "flash_attention_2",
-    "flash_attention_3",
-    VARLEN_ATTENTION,
-)
+# and torch_varlen through the sequence boundaries TRL's collator passes (cu_seq_lens) or the positions.
+PACKING_AWARE_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2", "flash_attention_3", TORCH_VARLEN)
 # activation checkpointing's switch and its options, each by its name in transformers 5 and by its old one
 CHECKPOINTING_SWITCHES = ("activation_checkpointing", "gradient_checkpointing")
 CHECKPOINTING_OPTIONS = ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs")
@@ -345,9 +338,9 @@ class Spec(_Strict):
                 f"training.{packed[0]}: with model.attn_implementation {attention!r} packed sequences could attend "
                 f"to each other; use one of {', '.join(PACKING_AWARE_ATTENTION)}, or set it to false"
             )
-        if attention == VARLEN_ATTENTION and self.generates:
+        if attention == TORCH_VARLEN and self.generates:
             found.append(
-                f"model.attn_implementation: {VARLEN_ATTENTION} trains on whole sequences and cannot generate with "
+                f"model.attn_implementation: {TORCH_VARLEN} trains on whole sequences and cannot generate with "
                 f"a KV cache, which posttrain.{self.name()} does; use sdpa or flash_attention_2"
             )
         max_steps = training.get("max_steps")

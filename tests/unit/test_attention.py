@@ -5,11 +5,23 @@ varlen kernels (the ``gpu`` test). Both are checked against transformers' SDPA
 on the same sequences unpacked: losses and gradients.
 """
 
+from pathlib import Path
 from typing import Dict, List
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    Gemma2Config,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    PretrainedConfig,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
 
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
@@ -26,9 +38,15 @@ def build(family: str, implementation: str, device: str = "cpu", dtype: torch.dt
     config = {
         "llama": lambda: LlamaConfig(**SHAPE, **heads),
         "qwen2": lambda: Qwen2Config(**SHAPE, **heads),
+        "qwen3": lambda: Qwen3Config(**SHAPE, **heads, head_dim=16),  # norms of queries and keys
         "mistral": lambda: MistralConfig(**SHAPE, **heads, sliding_window=8),  # windows shorter than most rows
     }[family]()
-    model_class = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "mistral": MistralForCausalLM}[family]
+    model_class = {
+        "llama": LlamaForCausalLM,
+        "qwen2": Qwen2ForCausalLM,
+        "qwen3": Qwen3ForCausalLM,
+        "mistral": MistralForCausalLM,
+    }[family]
     return model_class._from_config(config, attn_implementation=implementation).to(device, dtype)
 
 
@@ -90,7 +108,7 @@ def apart(model: torch.nn.Module, rows: List[torch.Tensor]):
     return losses, {name: p.grad.clone() for name, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral"])
 def test_a_packed_row_trains_as_its_sequences_apart(family: str) -> None:
     rows = sequences()
     alone, expected_grads = apart(build(family, "sdpa"), rows)
@@ -101,6 +119,16 @@ def test_a_packed_row_trains_as_its_sequences_apart(family: str) -> None:
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         for name, grad in grads.items():
             torch.testing.assert_close(grad, expected_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_rows_without_padding_stay_apart() -> None:
+    rows = [row[:7] for row in sequences() if len(row) >= 7]  # each row full: transformers sends no mask
+    alone, expected_grads = apart(build("qwen2", "sdpa"), rows)
+    losses, grads = losses_and_gradients(build("qwen2", attention.NAME), padded(rows))
+    for got, want in zip(losses, alone):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, expected_grads[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_the_check_can_fail_a_row_whose_positions_run_on_is_one_sequence() -> None:
@@ -127,28 +155,42 @@ def test_a_generating_algorithm_is_refused_it_before_the_job() -> None:
         validate({"algorithm": "grpo", **spec})
 
 
-def sft_spec(**sections: Dict[str, object]):
-    spec = {"model": {"name_or_path": "builtin:tiny-llama"}, "data": {"train": {"path": "rows.jsonl"}}}
-    spec["training"] = {"output_dir": "out", **sections.get("training", {})}
-    spec["model"].update(sections.get("model", {}))
-    return validate({"algorithm": "sft", **spec})
+def sft_spec(tmp_path: Path, config: PretrainedConfig, model: Dict[str, object] = {}, **training: object):
+    config.save_pretrained(tmp_path / config.model_type)
+    spec = {"model": {"name_or_path": str(tmp_path / config.model_type), **model}, "data": {"train": {"path": "x"}}}
+    return validate({"algorithm": "sft", **spec, "training": {"output_dir": "out", **training}})
 
 
-def test_on_a_gpu_with_varlen_kernels_sft_takes_torch_varlen_unless_told_otherwise(
-    monkeypatch: pytest.MonkeyPatch,
+def test_on_a_gpu_with_varlen_kernels_sft_takes_torch_varlen_for_the_models_it_is_checked_for(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(attention, "varlen_available", lambda: None)
-    assert fast_paths.attention_implementation(sft_spec()) == "torch_varlen"
-    assert fast_paths.attention_implementation(sft_spec(model={"attn_implementation": "sdpa"})) == "sdpa"
-    assert fast_paths.attention_implementation(sft_spec(training={"padding_free": False})) is None
+    qwen = Qwen2Config(**SHAPE, num_attention_heads=4, num_key_value_heads=2)
+    assert fast_paths.attention_implementation(sft_spec(tmp_path, qwen)) == "torch_varlen"
+    chosen = sft_spec(tmp_path, qwen, model={"attn_implementation": "sdpa"})
+    assert fast_paths.attention_implementation(chosen) == "sdpa"
+    assert fast_paths.attention_implementation(sft_spec(tmp_path, qwen, padding_free=False)) is None
+    assert fast_paths.attention_implementation(sft_spec(tmp_path, qwen, bf16=False)) is None  # float32: no kernel
+    dropout = Qwen2Config(**SHAPE, num_attention_heads=4, attention_dropout=0.1)
+    dropout.model_type = "qwen2"
+    assert fast_paths.attention_implementation(sft_spec(tmp_path / "dropout", dropout)) is None
+    assert fast_paths.attention_implementation(sft_spec(tmp_path, Gemma2Config(**SHAPE))) is None  # softcapping
     monkeypatch.setattr(attention, "varlen_available", lambda: "no CUDA device")
-    assert fast_paths.attention_implementation(sft_spec()) is None
+    assert fast_paths.attention_implementation(sft_spec(tmp_path, qwen)) is None
 
 
-def test_without_cuda_torch_varlen_is_not_a_default() -> None:
-    if not torch.cuda.is_available():
-        assert attention.varlen_available() == "no CUDA device"
-        assert fast_paths.attention_implementation(sft_spec()) is None
+def test_without_a_gpu_that_runs_the_kernels_torch_varlen_is_no_default(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda: (7, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "Tesla V100-SXM2-16GB")
+    assert attention.varlen_available() == (
+        "torch's varlen kernels need a GPU of compute capability 8.0 or later (A100, H100); Tesla V100-SXM2-16GB is "
+        "older"
+    )
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert "AMD" in attention.varlen_available()
 
 
 @pytest.mark.gpu

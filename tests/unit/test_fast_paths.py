@@ -6,6 +6,8 @@ pad token of id 0 (the job pads with EOS), attention dropout (switched off by
 very different lengths, and a ``max_length`` that truncates some of them.
 """
 
+import dataclasses
+import sys
 from pathlib import Path
 from typing import Dict, List
 
@@ -17,7 +19,7 @@ from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
-from posttrain.entrypoints import fast_paths, runtime, tiny
+from posttrain.entrypoints import fast_paths, gpu_memory, runtime, tiny
 
 ATTENTION = ["sdpa", "eager"]
 
@@ -245,52 +247,86 @@ def sft_spec(model: str, **training: object):
 
 @pytest.fixture
 def h100(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An 80 GB GPU (81,559 MiB, as nvidia-smi gives an H100's), and Liger installed."""
+    """An 80 GB GPU (81,559 MiB, as nvidia-smi gives an H100's), with Liger's fused loss for the model."""
     properties = type("Properties", (), {"total_memory": 81559 * 2**20})
-    monkeypatch.setattr(fast_paths.torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(fast_paths.torch.cuda, "get_device_properties", lambda device: properties)
-    installed = {"liger_kernel": object()}
-    monkeypatch.setattr(fast_paths.importlib.util, "find_spec", lambda name: installed.get(name))
+    monkeypatch.setattr(gpu_memory.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(gpu_memory.torch.cuda, "get_device_properties", lambda device: properties)
+    monkeypatch.setattr(fast_paths, "fused_loss", lambda training, shape: training.get("use_liger_kernel", True))
 
 
-def model_directory(tmp_path: Path, name: str, **shape: int) -> str:
-    """A model's config alone, in bfloat16: what the estimate reads."""
-    Qwen2Config(**shape, num_attention_heads=shape["hidden_size"] // 64, dtype="bfloat16").save_pretrained(
-        tmp_path / name
-    )
+def model_directory(tmp_path: Path, name: str, **shape: object) -> str:
+    """A model's config alone (Qwen2's, bfloat16 unless given): what the estimates read."""
+    config = {"num_attention_heads": shape["hidden_size"] // 64, "dtype": "bfloat16", **shape}
+    Qwen2Config(**config).save_pretrained(tmp_path / name)
     return str(tmp_path / name)
 
 
-def test_on_a_gpu_sft_trains_64_rows_of_max_length_where_the_spec_leaves_the_batch(h100: None) -> None:
-    assert fast_paths.gpu_batch(sft_spec(tiny.NAME), on_cuda=True) == {"per_device_train_batch_size": 64}
-    assert fast_paths.gpu_batch(sft_spec(tiny.NAME, max_length=4096), on_cuda=True) == {
-        "per_device_train_batch_size": 16
-    }
-    for training in ({"per_device_train_batch_size": 8}, {"use_liger_kernel": False}, {"max_length": None}):
-        assert fast_paths.gpu_batch(sft_spec(tiny.NAME, **training), on_cuda=True) == {}, training
-    assert fast_paths.gpu_batch(sft_spec(tiny.NAME), on_cuda=False) == {}
-    dpo = validate({**dict(trainer_spec(Path("out"))), "algorithm": "dpo"})
+def qwen_0_5b(tmp_path: Path, **changes: object) -> str:
+    shape = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, vocab_size=151936, **changes)
+    shape.setdefault("tie_word_embeddings", True)  # as Qwen2.5-0.5B's
+    return model_directory(tmp_path, "0.5b", **shape)
+
+
+def qwen_1_5b(tmp_path: Path) -> str:
+    shape = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, vocab_size=151936)
+    shape["tie_word_embeddings"] = True
+    return model_directory(tmp_path, "1.5b", **shape)
+
+
+def test_on_a_gpu_sft_trains_64_rows_of_max_length_where_the_spec_leaves_the_step_and_they_fit(
+    h100: None, tmp_path: Path
+) -> None:
+    small = qwen_0_5b(tmp_path)
+    assert fast_paths.gpu_batch(sft_spec(small), on_cuda=True) == {"per_device_train_batch_size": 64}
+    assert fast_paths.gpu_batch(sft_spec(small, max_length=4096), on_cuda=True) == {"per_device_train_batch_size": 16}
+    assert fast_paths.gpu_batch(sft_spec(qwen_1_5b(tmp_path)), on_cuda=True) == {"per_device_train_batch_size": 64}
+    huge = model_directory(tmp_path, "7b", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28)
+    assert fast_paths.gpu_batch(sft_spec(huge), on_cuda=True) == {}  # its state alone nears the GPU's memory
+    left = ({"per_device_train_batch_size": 8}, {"gradient_accumulation_steps": 4}, {"use_liger_kernel": False})
+    for training in (*left, {"max_length": None}):
+        assert fast_paths.gpu_batch(sft_spec(small, **training), on_cuda=True) == {}, training
+    assert fast_paths.gpu_batch(sft_spec(small), on_cuda=False) == {}
+    assert fast_paths.gpu_batch(sft_spec(tiny.NAME), on_cuda=True) == {}  # no config to estimate from
+    dpo = validate({**dict(trainer_spec(Path("out"))), "algorithm": "dpo", "model": {"name_or_path": small}})
     assert fast_paths.gpu_batch(dpo, on_cuda=True) == {}
+
+
+def test_liger_s_fused_loss_counts_only_where_liger_is_made_for_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    shape = gpu_memory.ModelShape("qwen2", 896, 4864, 24, 151936, True, 0.0, 2)
+    patches = type("Module", (), {"MODEL_TYPE_TO_APPLY_LIGER_FN": {"qwen2": None}})
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.monkey_patch", patches)
+    monkeypatch.setattr(fast_paths.importlib.util, "find_spec", lambda name: object())
+    assert fast_paths.fused_loss({}, shape)
+    assert not fast_paths.fused_loss({"use_liger_kernel": False}, shape)
+    assert not fast_paths.fused_loss({}, dataclasses.replace(shape, model_type="gpt2"))
+    monkeypatch.setattr(fast_paths.importlib.util, "find_spec", lambda name: None)
+    assert not fast_paths.fused_loss({}, shape)
 
 
 def test_on_a_gpu_activation_checkpointing_is_off_where_the_step_fits(
     h100: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    small = model_directory(tmp_path, "0.5b", hidden_size=896, intermediate_size=4864, num_hidden_layers=24)
-    large = model_directory(tmp_path, "1.5b", hidden_size=1536, intermediate_size=8960, num_hidden_layers=28)
+    small, large = qwen_0_5b(tmp_path), qwen_1_5b(tmp_path)
     batch = {"per_device_train_batch_size": 64}
     caplog.set_level("INFO", logger="posttrain")
     defaults = fast_paths.config_defaults(sft_spec(small), on_cuda=True, training=batch)
-    assert defaults == {"use_liger_kernel": True, "activation_checkpointing": False}
+    assert defaults == {"activation_checkpointing": False} or defaults == {
+        "use_liger_kernel": True,
+        "activation_checkpointing": False,
+    }
     assert "on a GPU of 86 GB: 64 rows of up to 1024 tokens per device and step" in caplog.text
     assert "activations of up to 68 GB and a training state of 4 GB fit, so activation checkpointing is off" in (
         caplog.text
     )
-    assert fast_paths.config_defaults(sft_spec(large), on_cuda=True, training=batch) == {"use_liger_kernel": True}
-    assert "would not fit, so activation checkpointing is on" in caplog.text
-    assert fast_paths.config_defaults(sft_spec(small), on_cuda=True, training={"per_device_train_batch_size": 128}) == {
-        "use_liger_kernel": True
-    }
-    assert fast_paths.config_defaults(sft_spec(small, activation_checkpointing=True), on_cuda=True, training=batch) == {
-        "use_liger_kernel": True
-    }
+    for spec, training, off in (
+        (sft_spec(large), batch, False),  # 144 GB of activations
+        (sft_spec(small), {"per_device_train_batch_size": 128}, False),
+        (sft_spec(small, activation_checkpointing=True), batch, False),  # the user's
+        (sft_spec(small, use_liger_kernel=False), {"per_device_train_batch_size": 8}, True),  # with the logits
+        (sft_spec(small, use_liger_kernel=False), {"per_device_train_batch_size": 48}, False),
+    ):
+        defaults = fast_paths.config_defaults(spec, on_cuda=True, training={**spec.training, **training})
+        assert ("activation_checkpointing" in defaults) is off, (spec.training, training)
+    assert "activations of up to 9 GB, logits of 12 GB and a training state of 4 GB fit" in caplog.text
+    fsdp = validate({**dict(trainer_spec(Path("out"))), "model": {"name_or_path": small}, "distributed": {"fsdp": {}}})
+    assert "activation_checkpointing" not in fast_paths.config_defaults(fsdp, on_cuda=True, training=batch)
