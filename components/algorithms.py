@@ -415,3 +415,42 @@ def online_dpo(
         $ torchx run -s slurm posttrain.online_dpo --spec templates/online_dpo/qwen2.5-0.5b.yaml -j 1x8 -h gpu.h100.8
     """
     return appdef.build_appdef("online_dpo", **locals())
+
+
+@arguments.component
+def chain(
+    *overrides: str,
+    spec: str,
+    image: str = torchx.IMAGE,
+    name: Optional[str] = None,
+    h: Optional[str] = None,
+    cpu: int = 2,
+    gpu: int = 0,
+    memMB: int = 8192,
+    j: str = "1x2",
+    env: Optional[Dict[str, str]] = None,
+    max_retries: int = 0,
+    max_restarts: int = 0,
+    rdzv_port: int = 29500,
+    rdzv_backend: str = "c10d",
+    mounts: Optional[List[str]] = None,
+    debug: bool = False,
+    tee: int = 3,
+) -> specs.AppDef:
+    """A post-training chain in one job: named stages (SFT, reward model, PPO, DPO, ...) run in order on the
+    same nodes, each handing its model to the next.
+
+    The spec names the chain's ``output_dir`` and its ``stages``, each a spec
+    (inline, or ``spec: <path>`` with sections to change);
+    ``${stages.<name>.output}`` is an earlier stage's model. Every stage is
+    checked before the job is submitted. Run the same command again after a
+    kill or a preemption: finished stages are skipped and the stage it was in
+    resumes from its newest checkpoint. Overrides address a stage:
+    ``stages.<name>.<key.path>=value``.
+
+    .. code-block:: shell-session
+
+        $ torchx run -s local_cwd posttrain.chain --spec templates/chain/rlhf-tiny.yaml
+        $ torchx run -s local_cwd posttrain.chain --spec templates/chain/sft-dpo-tiny.yaml stages.dpo.training.beta=0.2
+    """
+    return appdef.build_chain_appdef(**locals())

@@ -22,10 +22,11 @@ from torchx.components.structured_arg import StructuredNameArgument
 from torchx.specs import macros
 
 from posttrain.components import vllm_role
+from posttrain.components.spec.chain import load_chain
 from posttrain.components.spec.loading import load_spec
 from posttrain.components.spec.local_files import local_data_problems, local_model_problems
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.schema import runs_vllm_server
+from posttrain.components.spec.schema import Spec, runs_vllm_server
 from posttrain.components.vllm_role import VllmServer
 
 # The entry point torchx's CLI sets; a component called from it exits with the
@@ -39,6 +40,7 @@ MAX_REQUEST_BYTES = 3 * 2**19
 POD_TEMPLATE_BYTES = 1200
 MAX_NAME = 40  # torchx adds "-" and a random suffix to make the Kubernetes job's name (63 characters at most)
 LAUNCHERS = ("torchrun", "deepspeed")
+CHAIN_MODULE = "posttrain.entrypoints.chain"
 
 # Environment variable names that hold secrets: never in --env, whose values are printed.
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL", re.IGNORECASE)
@@ -166,57 +168,12 @@ def build_appdef(
     """
     resource = _resource(h, cpu, gpu, memMB)
     server = VllmServer(vllm_h, vllm_gpu, vllm_replicas, vllm_tp)
-    problems = []
-    if tee not in (0, 1, 2, 3):
-        problems.append(f"--tee {tee}: expected 0 (none), 1 (stdout), 2 (stderr) or 3 (both)")
-    if not 1 <= rdzv_port <= 65535:
-        problems.append(f"--rdzv_port {rdzv_port}: expected a TCP port in 1..65535")
-    if rdzv_backend not in RDZV_BACKENDS:
-        problems.append(f"--rdzv_backend {rdzv_backend!r}: expected one of {', '.join(RDZV_BACKENDS)}")
-    for flag, count in (("--max_retries", max_retries), ("--max_restarts", max_restarts)):
-        problems += [f"{flag} {count}: must be 0 or more"] if count < 0 else []
-    if launcher not in LAUNCHERS:
-        problems.append(f"--launcher {launcher!r}: expected one of {', '.join(LAUNCHERS)}")
-    if launcher == "deepspeed" and max_restarts > 0:
-        problems.append(
-            f"--max_restarts {max_restarts}: worker restarts are torchrun's; with --launcher deepspeed the "
-            "scheduler retries the job (--max_retries)"
-        )
-    for key in env or {}:
-        if SECRET_NAME.search(key) and not SECRET_LOCATION.search(key):
-            problems.append(
-                f"--env {key}: looks like a secret, and --env values show in --dryrun output and scheduler "
-                f"requests; export {key} in the submitting shell (local_cwd and Slurm jobs inherit it) or use the "
-                "scheduler's secrets (docs: Schedulers, Secrets)"
-            )
+    problems = _argument_problems(tee, rdzv_port, rdzv_backend, max_retries, max_restarts, launcher, env)
     if problems:
         raise SpecError(problems)
-    topology = Topology.parse(j, gpus_per_host=resource.gpu)
-    if launcher == "deepspeed" and topology.min_nnodes != topology.max_nnodes:
-        raise SpecError(
-            [f"-j {j}: DeepSpeed's launcher runs a fixed number of nodes; use -j NxP or --launcher torchrun"]
-        )
-    if resource.gpu > 0 and topology.nproc_per_node > resource.gpu:
-        print(
-            f"posttrain: warning: -j {j} runs {topology.nproc_per_node} processes per node on hosts with "
-            f"{resource.gpu} GPUs",
-            file=sys.stderr,
-        )
+    topology = _topology(j, resource, launcher)
     validated = load_spec(spec, overrides, algorithm=algorithm, world_size=topology.world_size)
-    for nodes in range(topology.min_nnodes, topology.max_nnodes):  # elastic: every size the job may shrink to
-        problems += [
-            f"{problem} (at {nodes} nodes of -j {j})" for problem in validated.problems(nodes * topology.nproc_per_node)
-        ]
-    if h is not None and resource.gpu == 0:
-        if validated.training.get("fp16"):
-            problems.append(f"training.fp16: -h {h} has no GPU, and fp16 mixed precision needs one; use bf16 or none")
-        problems += validated.distributed.gpu_problems(f"-h {h} has no GPU")
-    if validated.resume == "never" and (max_retries > 0 or max_restarts > 0):
-        retry = f"--max_restarts {max_restarts}" if max_restarts > 0 else f"--max_retries {max_retries}"
-        problems.append(
-            f"resume: never and {retry} disagree: a retry after the first checkpoint would be refused (resume: never "
-            "refuses a directory that holds checkpoints); use resume: auto, or drop the retries"
-        )
+    problems += _spec_problems(validated, topology, j, h, resource, max_retries, max_restarts)
     serve = runs_vllm_server(validated.training)
     if serve:
         problems += server.problems(trainer_gpus=resource.gpu)
@@ -248,29 +205,9 @@ def build_appdef(
         cmd = [*check, host, macros.app_id, _noquote("&&"), *cmd[:at], _noquote("exec"), *cmd[at:]]
 
     job_name = StructuredNameArgument.parse_from(name=name or "/", m=module)
-    # torchx substitutes macros in env values too: "$$" keeps every "$" the user wrote
-    role_env = {key: value.replace("$", "$$") for key, value in (env or {}).items()}
-    role_env["TORCHX_TRACKING_EXPERIMENT_NAME"] = job_name.experiment_name
-    role_env.setdefault("LOGLEVEL", os.getenv("LOGLEVEL", "WARNING"))
-    role_env.setdefault("PYTHONUNBUFFERED", "1")
-    if topology.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:  # torchrun's own default, without its
-        role_env.setdefault("OMP_NUM_THREADS", "1")  # banner; a value exported where the job is submitted is kept
-    if debug:
-        role_env.update(_DEBUG_ENV)
+    role_env = _role_env(job_name, env, topology, debug)
     roles = [
-        specs.Role(
-            name=algorithm,
-            image=image,
-            min_replicas=topology.min_nnodes,
-            entrypoint="bash",
-            num_replicas=topology.max_nnodes,
-            resource=resource,
-            args=["-c", _args_join(cmd)],
-            env=role_env,
-            port_map={"c10d": rdzv_port},
-            max_retries=max_retries,
-            mounts=_mounts(mounts),
-        )
+        _trainers_role(algorithm, image, topology, resource, cmd, role_env, rdzv_port, max_retries, mounts),
     ]
     if serve:
         server_cmd = ["python", "-m", vllm_role.MODULE, "--spec-json", spec_json]
@@ -290,6 +227,178 @@ def build_appdef(
         )
     _check_request_size(j, roles)
     return specs.AppDef(name=_valid_name(job_name.run_name, algorithm), roles=roles)
+
+
+@_exit_cleanly_under_torchx_cli
+def build_chain_appdef(
+    overrides: Sequence[str],
+    *,
+    spec: str,
+    image: str,
+    name: Optional[str],
+    h: Optional[str],
+    cpu: int,
+    gpu: int,
+    memMB: int,
+    j: str,
+    env: Optional[Dict[str, str]],
+    max_retries: int,
+    max_restarts: int,
+    rdzv_port: int,
+    rdzv_backend: str,
+    mounts: Optional[List[str]],
+    debug: bool,
+    tee: int,
+) -> specs.AppDef:
+    """The AppDef of a chain: one role whose nodes run ``posttrain.entrypoints.chain``, which runs each stage with
+    torchrun in turn. Every stage is checked here as if submitted alone; raises SpecError listing every problem,
+    each naming its stage."""
+    resource = _resource(h, cpu, gpu, memMB)
+    problems = _argument_problems(tee, rdzv_port, rdzv_backend, max_retries, max_restarts, "torchrun", env)
+    if problems:
+        raise SpecError(problems)
+    topology = _topology(j, resource, "torchrun")
+    chain = load_chain(spec, overrides, world_size=topology.world_size)
+    outputs = {stage.output_dir for stage in chain.stages}  # not written yet, or half: the job's to check
+    for stage in chain.stages:
+        found = _spec_problems(stage.spec, topology, j, h, resource, max_retries, max_restarts)
+        found += [] if found else local_model_problems(stage.spec, skip=outputs) + local_data_problems(stage.spec)
+        problems += [f"stages.{stage.name}.{problem}" for problem in found]
+    if problems:
+        raise SpecError(problems)
+
+    launcher = _torchrun_command(topology, rdzv_port, rdzv_backend, tee, max_restarts)[3:]  # after python -m module
+    host = _rank0_address(topology, rdzv_port)[0]
+    # torchx substitutes ${...} macros in args with string.Template: "$$" keeps a "$" of the spec literal
+    chain_json = chain.to_json().replace("$", "$$")
+    # the chain's process replaces bash, so a scheduler's SIGTERM reaches it (and it passes it to the stage's)
+    cmd = [_noquote("exec"), "python", "-m", CHAIN_MODULE, "--spec-json", chain_json]
+    cmd += ["--node", macros.replica_id, "--rank0-host", host, "--", *launcher]
+    job_name = StructuredNameArgument.parse_from(name=name or "/", m=CHAIN_MODULE)
+    role_env = _role_env(job_name, env, topology, debug)
+    roles = [_trainers_role("chain", image, topology, resource, cmd, role_env, rdzv_port, max_retries, mounts)]
+    _check_request_size(j, roles)
+    return specs.AppDef(name=_valid_name(job_name.run_name, "chain"), roles=roles)
+
+
+def _argument_problems(
+    tee: int,
+    rdzv_port: int,
+    rdzv_backend: str,
+    max_retries: int,
+    max_restarts: int,
+    launcher: str,
+    env: Optional[Dict[str, str]],
+) -> List[str]:
+    """The launch arguments' problems, before the spec is read."""
+    problems = []
+    if tee not in (0, 1, 2, 3):
+        problems.append(f"--tee {tee}: expected 0 (none), 1 (stdout), 2 (stderr) or 3 (both)")
+    if not 1 <= rdzv_port <= 65535:
+        problems.append(f"--rdzv_port {rdzv_port}: expected a TCP port in 1..65535")
+    if rdzv_backend not in RDZV_BACKENDS:
+        problems.append(f"--rdzv_backend {rdzv_backend!r}: expected one of {', '.join(RDZV_BACKENDS)}")
+    for flag, count in (("--max_retries", max_retries), ("--max_restarts", max_restarts)):
+        problems += [f"{flag} {count}: must be 0 or more"] if count < 0 else []
+    if launcher not in LAUNCHERS:
+        problems.append(f"--launcher {launcher!r}: expected one of {', '.join(LAUNCHERS)}")
+    if launcher == "deepspeed" and max_restarts > 0:
+        problems.append(
+            f"--max_restarts {max_restarts}: worker restarts are torchrun's; with --launcher deepspeed the "
+            "scheduler retries the job (--max_retries)"
+        )
+    for key in env or {}:
+        if SECRET_NAME.search(key) and not SECRET_LOCATION.search(key):
+            problems.append(
+                f"--env {key}: looks like a secret, and --env values show in --dryrun output and scheduler "
+                f"requests; export {key} in the submitting shell (local_cwd and Slurm jobs inherit it) or use the "
+                "scheduler's secrets (docs: Schedulers, Secrets)"
+            )
+    return problems
+
+
+def _topology(j: str, resource: specs.Resource, launcher: str) -> Topology:
+    topology = Topology.parse(j, gpus_per_host=resource.gpu)
+    if launcher == "deepspeed" and topology.min_nnodes != topology.max_nnodes:
+        raise SpecError(
+            [f"-j {j}: DeepSpeed's launcher runs a fixed number of nodes; use -j NxP or --launcher torchrun"]
+        )
+    if resource.gpu > 0 and topology.nproc_per_node > resource.gpu:
+        print(
+            f"posttrain: warning: -j {j} runs {topology.nproc_per_node} processes per node on hosts with "
+            f"{resource.gpu} GPUs",
+            file=sys.stderr,
+        )
+    return topology
+
+
+def _spec_problems(
+    validated: Spec,
+    topology: Topology,
+    j: str,
+    h: Optional[str],
+    resource: specs.Resource,
+    max_retries: int,
+    max_restarts: int,
+) -> List[str]:
+    """What a validated spec gets wrong with these launch arguments."""
+    problems = []
+    for nodes in range(topology.min_nnodes, topology.max_nnodes):  # elastic: every size the job may shrink to
+        problems += [
+            f"{problem} (at {nodes} nodes of -j {j})" for problem in validated.problems(nodes * topology.nproc_per_node)
+        ]
+    if h is not None and resource.gpu == 0:
+        if validated.training.get("fp16"):
+            problems.append(f"training.fp16: -h {h} has no GPU, and fp16 mixed precision needs one; use bf16 or none")
+        problems += validated.distributed.gpu_problems(f"-h {h} has no GPU")
+    if validated.resume == "never" and (max_retries > 0 or max_restarts > 0):
+        retry = f"--max_restarts {max_restarts}" if max_restarts > 0 else f"--max_retries {max_retries}"
+        problems.append(
+            f"resume: never and {retry} disagree: a retry after the first checkpoint would be refused (resume: never "
+            "refuses a directory that holds checkpoints); use resume: auto, or drop the retries"
+        )
+    return problems
+
+
+def _role_env(
+    job_name: StructuredNameArgument, env: Optional[Dict[str, str]], topology: Topology, debug: bool
+) -> Dict[str, str]:
+    # torchx substitutes macros in env values too: "$$" keeps every "$" the user wrote
+    role_env = {key: value.replace("$", "$$") for key, value in (env or {}).items()}
+    role_env["TORCHX_TRACKING_EXPERIMENT_NAME"] = job_name.experiment_name
+    role_env.setdefault("LOGLEVEL", os.getenv("LOGLEVEL", "WARNING"))
+    role_env.setdefault("PYTHONUNBUFFERED", "1")
+    if topology.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:  # torchrun's own default, without its
+        role_env.setdefault("OMP_NUM_THREADS", "1")  # banner; a value exported where the job is submitted is kept
+    if debug:
+        role_env.update(_DEBUG_ENV)
+    return role_env
+
+
+def _trainers_role(
+    name: str,
+    image: str,
+    topology: Topology,
+    resource: specs.Resource,
+    cmd: List[str],
+    role_env: Dict[str, str],
+    rdzv_port: int,
+    max_retries: int,
+    mounts: Optional[List[str]],
+) -> specs.Role:
+    return specs.Role(
+        name=name,
+        image=image,
+        min_replicas=topology.min_nnodes,
+        entrypoint="bash",
+        num_replicas=topology.max_nnodes,
+        resource=resource,
+        args=["-c", _args_join(cmd)],
+        env=role_env,
+        port_map={"c10d": rdzv_port},
+        max_retries=max_retries,
+        mounts=_mounts(mounts),
+    )
 
 
 def _valid_name(name: str, algorithm: str) -> str:

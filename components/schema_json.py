@@ -177,7 +177,7 @@ def table_schema(class_name: str, *, exclude: Sequence[str] = ()) -> Dict[str, A
 
 def _as_pyyaml_reads(prop: Dict[str, Any], field: FieldType) -> Dict[str, Any]:
     """A field's schema that also takes what PyYAML (YAML 1.1) reads otherwise than written, where the validator
-    takes it as written (``spec._read_yaml_1_1``): ``3e-3`` (text to PyYAML) for a number, ``no`` (false to
+    takes it as written (``spec.loading.as_written_by_yaml_1_1``): ``3e-3`` (text to PyYAML) for a number, ``no`` (false to
     PyYAML) for the choice. A user's own check, PyYAML then jsonschema, passes what posttrain passes."""
     also = []
     if "float" in field.kinds and "str" not in field.kinds:

@@ -47,24 +47,30 @@ def load_spec(
     world_size: Optional[int] = None,
 ) -> Spec:
     """Reads a YAML spec, applies ``key.path=value`` overrides and validates it."""
+    raw = read_yaml(path)
+    as_written_by_yaml_1_1(raw)
+    return validate(apply_overrides(raw, overrides, algorithm), algorithm=algorithm, world_size=world_size)
+
+
+def read_yaml(path: str, where: str = "--spec") -> Dict[str, Any]:
+    """A spec file's mapping, as written; ``where`` names what pointed at it in the one-line errors."""
     try:
         text = Path(path).read_text()
     except FileNotFoundError:
-        raise SpecError([f"--spec: no such file: {path}"]) from None
+        raise SpecError([f"{where}: no such file: {path}"]) from None
     except OSError as e:
-        raise SpecError([f"--spec: cannot read {path}: {e.strerror}"]) from None
+        raise SpecError([f"{where}: cannot read {path}: {e.strerror}"]) from None
     try:
         raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 -- a SafeLoader that refuses repeated keys
     except yaml.MarkedYAMLError as e:  # one line: what and where
         mark = e.problem_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        raise SpecError([f"--spec: {path} is not valid YAML{where}: {e.problem or e.context}"]) from None
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise SpecError([f"{where}: {path} is not valid YAML{at}: {e.problem or e.context}"]) from None
     except yaml.YAMLError as e:
-        raise SpecError([f"--spec: {path} is not valid YAML: {e}"]) from None
+        raise SpecError([f"{where}: {path} is not valid YAML: {e}"]) from None
     if not isinstance(raw, dict):
-        raise SpecError([f"--spec: {path} must hold a mapping of sections (model, data, training, ...)"])
-    _read_yaml_1_1(raw)
-    return validate(apply_overrides(raw, overrides, algorithm), algorithm=algorithm, world_size=world_size)
+        raise SpecError([f"{where}: {path} must hold a mapping of sections (model, data, training, ...)"])
+    return raw
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -91,7 +97,7 @@ EXPONENT_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 BOOLEAN_WORDS = {False: ("no", "off"), True: ("yes", "on")}
 
 
-def _read_yaml_1_1(raw: Dict[str, Any]) -> None:
+def as_written_by_yaml_1_1(raw: Dict[str, Any]) -> None:
     """What YAML 1.1 read otherwise than written, as the field takes it: ``1e-5`` is a number where a field takes a
     number and not text; ``no`` is the choice ``'no'`` where a field takes choices and not a boolean
     (``eval_strategy: no``)."""
