@@ -5,7 +5,9 @@ each stage it runs ``posttrain.entrypoints.launcher`` (torchrun) with the
 stage's own spec and rendezvous (the job's id and the stage's name; on
 several nodes the rendezvous port plus the stage's index, so that no node
 joins a stage's rendezvous while the one before still holds the port), and
-waits for it; a stage that fails ends the chain with its exit code.
+waits for it; a stage that fails ends the chain with its exit code, its
+launcher's one line the job's last (the chain's own lines, ``chain: stage
+<name> ... starts``, say which stage it was).
 
 Node 0 records each finished stage, with the spec it finished under, in
 ``<output_dir>/chain.json``. The same command again (after a kill, a
@@ -159,17 +161,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     app_id = launcher_args[launcher_args.index("--rdzv_id") + 1]
     for index, stage in enumerate(chain.stages):
         if stage.name in finished:
-            print(f"posttrain: chain: {stage.name} finished already ({stage.output_dir})", file=sys.stderr, flush=True)
+            print(f"chain: stage {stage.name} finished already ({stage.output_dir})", file=sys.stderr, flush=True)
             continue
         command = stage_command(stage, index, launcher_args)
         port = command[command.index("--rdzv_endpoint") + 1].rsplit(":", 1)[1]
         if port != "0" and rendezvous_port.main([port, args.node, args.rank0_host, app_id]) != 0:
             return STOPPED
-        print(f"posttrain: chain: {stage.name} ({stage.spec.name()}) starts", file=sys.stderr, flush=True)
+        print(f"chain: stage {stage.name} ({stage.spec.name()}) starts", file=sys.stderr, flush=True)
         stage_started = time.monotonic()
         code = run_stage(command)
-        if code != 0:
-            print(f"posttrain: chain stopped in stage {stage.name}; the same command resumes it", file=sys.stderr)
+        if code != 0:  # the stage's launcher said why, in one line: the job's last
             return code
         if args.node == "0":
             seconds = time.monotonic() - stage_started

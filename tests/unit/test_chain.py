@@ -1,0 +1,179 @@
+"""posttrain.chain before it runs: the chain's spec, its checks at submit, its request, and the job's bookkeeping."""
+
+import doctest
+import json
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+from torchx.runner import get_runner
+from torchx.schedulers.kubernetes_scheduler import sanitize_for_serialization
+
+from helpers import REPO, TEMPLATES, torchx
+from kubernetes_checks import check
+from posttrain.components import algorithms
+from posttrain.components.spec import chain as chain_spec
+from posttrain.components.spec.chain import load_chain, validate_chain
+from posttrain.components.spec.messages import SpecError
+from posttrain.entrypoints import chain as chain_job
+
+RLHF = str(TEMPLATES / "chain" / "rlhf-tiny.yaml")
+SFT_DPO = str(TEMPLATES / "chain" / "sft-dpo-tiny.yaml")
+
+
+def problems(raw: Dict[str, Any], overrides: List[str] = ()) -> List[str]:
+    with pytest.raises(SpecError) as error:
+        validate_chain(raw, overrides, base=TEMPLATES / "chain", world_size=2)
+    return error.value.problems
+
+
+def rlhf(**stages: Any) -> Dict[str, Any]:
+    """The RLHF template's chain, with stages replaced."""
+    import yaml
+
+    raw = yaml.safe_load(Path(RLHF).read_text())
+    raw["stages"].update(stages)
+    return raw
+
+
+def test_the_templates_wire_each_stage_to_the_models_before_it() -> None:
+    chain = load_chain(RLHF, world_size=2)
+    assert [(stage.name, stage.spec.name()) for stage in chain.stages] == [
+        ("sft", "sft"),
+        ("reward", "reward"),
+        ("ppo", "ppo"),
+    ]
+    sft, reward, ppo = chain.stages
+    assert [stage.output_dir for stage in chain.stages] == [
+        "outputs/rlhf-tiny/sft",
+        "outputs/rlhf-tiny/reward",
+        "outputs/rlhf-tiny/ppo",
+    ]
+    assert reward.spec.model.name_or_path == ppo.spec.model.name_or_path == sft.output_dir
+    assert ppo.spec.rewards[0].model == reward.output_dir
+    assert ppo.spec.training["max_steps"] == 20  # the rest of each stage is its template's
+    dpo = load_chain(SFT_DPO, ["stages.dpo.training.beta=0.2", "output_dir=/tmp/elsewhere"], world_size=2).stages[1]
+    assert dpo.spec.training["beta"] == 0.2 and dpo.spec.model.name_or_path == "/tmp/elsewhere/sft"
+    assert dpo.output_dir == "/tmp/elsewhere/dpo"
+
+
+def test_a_stage_problem_names_the_stage() -> None:
+    found = problems(rlhf(), ["stages.ppo.training.learnig_rate=1e-3"])
+    assert found == ["stages.ppo.training.learnig_rate: unknown key; did you mean stages.ppo.training.learning_rate?"]
+    assert problems(rlhf(ppo={"spec": "../ppo/missing.yaml"})) == [
+        f"stages.ppo.spec: no such file: {TEMPLATES / 'chain' / '../ppo/missing.yaml'}"
+    ]
+
+
+@pytest.mark.parametrize(
+    "reference, message",
+    [
+        ("${stages.ppo.output}", "stage 'ppo' runs after 'reward'; a stage takes the output of an earlier one"),
+        ("${stages.reward.output}", "no earlier stage 'reward' (earlier stages: sft)"),
+        ("${stages.rm.output}", "no earlier stage 'rm' (earlier stages: sft)"),
+        ("${stages.sft.model}", "a chain refers to an earlier stage's model as ${stages.<name>.output}"),
+    ],
+)
+def test_a_stage_takes_only_an_earlier_stage_s_output(reference: str, message: str) -> None:
+    found = problems(rlhf(reward={"spec": "../reward/tiny.yaml", "model": {"name_or_path": reference}}))
+    assert found == [f"stages.reward.model.name_or_path: {reference}: {message}"]
+
+
+def test_a_model_goes_only_where_its_kind_is_taken() -> None:
+    as_policy = rlhf(ppo={"spec": "../ppo/rlhf-tiny.yaml", "model": {"name_or_path": "${stages.reward.output}"}})
+    assert problems(as_policy)[0].startswith(
+        "stages.ppo.model.name_or_path: stage 'reward' (reward) writes a reward model (one score per sequence), and "
+        "model.name_or_path takes a causal LM (a policy)"
+    )
+    as_reward = rlhf(ppo={"spec": "../ppo/rlhf-tiny.yaml", "rewards": [{"model": "${stages.sft.output}"}]})
+    assert problems(as_reward) == [
+        "stages.ppo.rewards.0.model: stage 'sft' (sft) writes a causal LM, and rewards.0.model takes a reward "
+        "model: a reward stage's output"
+    ]
+
+
+def test_a_stage_that_needs_a_vllm_server_role_is_refused() -> None:
+    grpo = {"spec": "../grpo/tiny-vllm-server.yaml", "model": {"name_or_path": "${stages.sft.output}"}}
+    assert problems(
+        {"algorithm": "chain", "output_dir": "out", "stages": {"sft": {"spec": "../sft/tiny.yaml"}, "grpo": grpo}}
+    ) == [
+        "stages.grpo.training.vllm_mode: server needs a vllm role beside the trainers, which a chain does not run; "
+        "use vllm_mode: colocate, or a server of your own (vllm_server_base_url)"
+    ]
+
+
+@pytest.mark.parametrize(
+    "raw, overrides, message",
+    [
+        ({"algorithm": "chain", "stages": {}}, [], "output_dir: required"),
+        ({"algorithm": "chain", "output_dir": "out", "stages": {}}, [], "stages: required"),
+        ({"algorithm": "sft", "output_dir": "out", "stages": {"a": {}}}, [], "algorithm: expected chain"),
+        ({"algorithm": "chain", "output_dir": "out", "stages": {"SFT": {}}}, [], "stages.SFT: a stage's name is"),
+        (rlhf(), ["training.max_steps=3"], "a chain's overrides are stages.<name>.<key.path>=value"),
+        (rlhf(), ["stages.dpo.training.max_steps=3"], "no stage 'dpo' in this chain; it has sft, reward, ppo"),
+    ],
+)
+def test_a_malformed_chain_is_refused_in_one_line(raw: Dict[str, Any], overrides: List[str], message: str) -> None:
+    assert message in problems(raw, overrides)[0]
+
+
+def test_submit_refuses_a_later_stage_s_typo_in_one_line_and_dryrun_shows_every_stage(tmp_path: Path) -> None:
+    args = ["run", "-s", "local_cwd", "--dryrun", "posttrain.chain", "--spec", "templates/chain/rlhf-tiny.yaml"]
+    refused = torchx([*args, "stages.ppo.training.kl_cof=0.1"], tmp_path)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "stages.ppo.training.kl_cof: unknown key; did you mean stages.ppo.training.kl_coef?"
+    )
+    shown = torchx(args, tmp_path)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    for output in ("outputs/rlhf-tiny/sft", "outputs/rlhf-tiny/reward", "outputs/rlhf-tiny/ppo"):
+        assert output in shown.stdout
+    assert "-m posttrain.entrypoints.chain --spec-json" in shown.stdout
+
+
+def test_a_chain_makes_a_valid_volcano_job() -> None:
+    app = algorithms.chain(spec=RLHF, image="registry.example/posttrain:1", j="2x2", gpu=2, rdzv_port=29511)
+    with get_runner() as runner:
+        job = sanitize_for_serialization(runner.dryrun(app, "kubernetes", cfg={"queue": "default"}).request.resource)
+    check(job)
+    command = job["spec"]["tasks"][1]["template"]["spec"]["containers"][0]["command"][2]
+    assert command.startswith("exec python -m posttrain.entrypoints.chain --spec-json")
+    assert "--node 1 --rank0-host ${VC_CHAIN_0_HOSTS:=localhost} --" in command
+    assert "--rdzv_endpoint ${VC_CHAIN_0_HOSTS:=localhost}:29511" in command
+
+
+def test_each_stage_gets_its_own_rendezvous() -> None:
+    chain = load_chain(SFT_DPO, world_size=4)
+    launcher = ["--rdzv_backend", "c10d", "--rdzv_endpoint", "$HOST:29511", "--rdzv_id", "job-1", "--nnodes", "2"]
+    command = chain_job.stage_command(chain.stages[1], 1, launcher)
+    assert command[1:3] == ["-m", "posttrain.entrypoints.launcher"]
+    assert command[3:9] == ["--rdzv_backend", "c10d", "--rdzv_endpoint", "$HOST:29512", "--rdzv_id", "job-1-dpo"]
+    assert command[-4:-1] == ["-m", "posttrain.entrypoints.dpo", "--spec-json"]
+    assert json.loads(command[-1])["training"]["output_dir"] == "outputs/sft-dpo-tiny/dpo"
+    one_node = ["--rdzv_endpoint", "localhost:0", "--rdzv_id", "job-1"]
+    assert chain_job.stage_command(chain.stages[1], 1, one_node)[3:7] == [
+        "--rdzv_endpoint",
+        "localhost:0",
+        "--rdzv_id",
+        "job-1-dpo",
+    ]
+
+
+def test_a_finished_stage_whose_spec_changed_stops_the_chain(tmp_path: Path) -> None:
+    chain = load_chain(SFT_DPO, [f"output_dir={tmp_path}"], world_size=2)
+    sft = chain.stages[0]
+    state = {"stages": {"sft": {"spec": json.loads(sft.spec.to_json()), "seconds": 12.0}}}
+    (tmp_path / chain_job.STATE_FILE).write_text(json.dumps(state))
+    assert list(chain_job.finished_stages(chain)) == ["sft"]
+    changed = load_chain(SFT_DPO, [f"output_dir={tmp_path}", "stages.sft.training.max_steps=20"], world_size=2)
+    with pytest.raises(SpecError) as error:
+        chain_job.finished_stages(changed)
+    assert str(error.value) == (
+        f"stages.sft: finished in {tmp_path}/sft under another spec (training.max_steps changed since); delete "
+        f"{tmp_path}/sft to train it again, or give the chain another output_dir"
+    )
+
+
+def test_doctests() -> None:
+    assert doctest.testmod(chain_job).failed == 0 and doctest.testmod(chain_spec).failed == 0
+    assert REPO.is_dir()
