@@ -80,19 +80,6 @@ def test_ppo_resumes_from_its_checkpoint(ppo_run: Path, session_tmp: Path) -> No
     assert series(output_dir, "objective/scores")[20] == pytest.approx(series(ppo_run, "objective/scores")[20])
 
 
-def test_rlhf_chain_sft_then_reward_model_then_ppo(sft_1x2: Path, reward_model: Path, session_tmp: Path) -> None:
-    output_dir = session_tmp / "ppo-rlhf"
-    result = run_template(
-        "ppo/rlhf-tiny.yaml",
-        session_tmp,
-        output_dir,
-        overrides=[f"model.name_or_path={sft_1x2}", f"rewards.0.model={reward_model}"],
-    )
-    assert_succeeded(result)
-    assert reward_rise(output_dir, "objective/scores") > 0.2
-    assert read_json(output_dir / "run_summary.json")["spec"]["rewards"][0]["model"] == str(reward_model)
-
-
 def test_user_reward_function_from_the_workspace(tmp_path: Path) -> None:
     module_dir = tmp_path / "user_code"
     module_dir.mkdir()

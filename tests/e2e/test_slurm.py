@@ -55,7 +55,7 @@ def run_on_slurm(template: str, tmp_path: Path, output_dir: Path, args: List[str
                 "--rdzv_port",
                 str(free_port()),
                 *args,
-                f"training.output_dir={output_dir}",
+                f"output_dir={output_dir}" if algorithm == "chain" else f"training.output_dir={output_dir}",
             ],
             tmp_path,
             timeout=JOB_TIMEOUT_S,
@@ -88,6 +88,20 @@ def test_grpo_2x1_on_slurm_raises_the_reward(tmp_path: Path) -> None:
     run_on_slurm("grpo/tiny.yaml", tmp_path, output_dir)
     first, last = ends(output_dir, "reward")
     assert last - first >= 0.2
+
+
+def test_a_chain_2x1_on_slurm_runs_sft_then_dpo_of_the_sft_model(tmp_path: Path) -> None:
+    output_dir = tmp_path / "chain"
+    result, _ = run_on_slurm("chain/sft-dpo-tiny.yaml", tmp_path, output_dir)
+    for stage in ("sft", "dpo"):
+        summary = read_json(output_dir / stage / "run_summary.json")
+        assert (summary["world_size"], summary["nnodes"]) == (2, 2), stage
+    assert read_json(output_dir / "dpo" / "run_summary.json")["spec"]["model"]["name_or_path"] == str(
+        output_dir / "sft"
+    )
+    first, last = ends(output_dir / "dpo", "rewards/margins")
+    assert last > max(first, 0)
+    assert "posttrain: chain finished 2 stages in " in result.stdout + result.stderr
 
 
 def test_a_failed_job_is_requeued_and_resumes_from_its_checkpoint(tmp_path: Path) -> None:

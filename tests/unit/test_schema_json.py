@@ -77,7 +77,7 @@ def test_the_command_line_prints_and_writes(tmp_path: Path, capsys: pytest.Captu
     assert (tmp_path / "ppo.schema.json").read_text() == render("ppo")
 
 
-@pytest.mark.parametrize("template", ALL_TEMPLATES)
+@pytest.mark.parametrize("template", [t for t in ALL_TEMPLATES if not t.startswith("chain/")])  # one spec each
 def test_every_template_points_at_its_schema_and_validates(template: str) -> None:
     raw = load_template(template)
     algorithm = raw["algorithm"]

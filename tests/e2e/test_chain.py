@@ -1,0 +1,73 @@
+"""posttrain.chain through the real ``torchx run``: the tiny RLHF chain in one job, killed and picked up again."""
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, assert_succeeded, assert_valid_png, ends, free_port, job_env, read_json, torchx
+
+pytestmark = pytest.mark.e2e
+
+
+def kill_when(output_dir: Path, ready, log_path: Path, args: list, tmp_path: Path, timeout: float = 600) -> None:
+    """Runs ``torchx ARGS`` until ``ready()``, then SIGKILLs every process of the job (each names output_dir)."""
+    with log_path.open("w") as log:
+        client = subprocess.Popen(
+            [str(Path(sys.executable).parent / "torchx"), *args],
+            cwd=REPO,
+            env=job_env(tmp_path),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.time() + timeout
+    while not ready() and client.poll() is None and time.time() < deadline:
+        time.sleep(0.5)
+    assert client.poll() is None, log_path.read_text()[-3000:]
+    subprocess.run(["pkill", "-KILL", "-f", str(output_dir)], check=False)
+    client.kill()
+    client.wait(timeout=30)
+
+
+def test_the_rlhf_chain_picks_up_after_a_kill_and_ppo_raises_the_reward_model_s_scores(tmp_path: Path) -> None:
+    output_dir = tmp_path / "rlhf"
+    args = ["run", "-s", "local_cwd", "posttrain.chain", "--spec", "templates/chain/rlhf-tiny.yaml", "-j", "1x2"]
+    args += ["--rdzv_port", str(free_port()), f"output_dir={output_dir}"]
+    reward_metrics = output_dir / "reward" / "metrics.jsonl"
+
+    def reward_saved_step_20() -> bool:  # its checkpoint-20 is whole once step 22 is logged
+        return reward_metrics.exists() and '"step": 22' in reward_metrics.read_text()
+
+    kill_when(output_dir, reward_saved_step_20, tmp_path / "killed.log", args, tmp_path)
+    assert not (output_dir / "reward" / "run_summary.json").exists()
+    sft_files = {path: path.stat().st_mtime_ns for path in (output_dir / "sft").rglob("*") if path.is_file()}
+    assert read_json(output_dir / "chain.json")["stages"].keys() == {"sft"}
+
+    again = torchx(args, tmp_path, timeout=900)  # the same command
+    assert_succeeded(again)
+    logs = again.stdout + again.stderr
+    assert f"chain: stage sft finished already ({output_dir}/sft)" in logs and "training sft on" not in logs
+    assert {path: path.stat().st_mtime_ns for path in sft_files} == sft_files  # not one file of SFT's touched
+    assert read_json(output_dir / "reward" / "run_summary.json")["resumed_from"] == str(
+        output_dir / "reward" / "checkpoint-20"
+    )
+    first, last = ends(output_dir / "ppo", "objective/scores")  # the reward model's scores of PPO's samples
+    assert last - first > 0.2
+    ppo_spec = read_json(output_dir / "ppo" / "run_summary.json")["spec"]
+    assert ppo_spec["model"]["name_or_path"] == str(output_dir / "sft")
+    assert ppo_spec["rewards"][0]["model"] == str(output_dir / "reward")
+
+    summary = read_json(output_dir / "run_summary.json")
+    assert [(stage["name"], stage["status"]) for stage in summary["stages"]] == [
+        ("sft", "finished"),
+        ("reward", "finished"),
+        ("ppo", "finished"),
+    ]
+    assert summary["stages"][2]["metrics_last"]["objective/scores"] == pytest.approx(last)
+    assert set(assert_valid_png(output_dir / "curves.png")["runs"]) == {"sft", "reward", "ppo"}
+    closing = [line for line in logs.splitlines() if "posttrain: chain finished 3 stages in " in line]
+    assert closing and closing[0].endswith(
+        f"sft -> {output_dir}/sft, reward -> {output_dir}/reward, ppo -> {output_dir}/ppo"
+    )
