@@ -101,13 +101,20 @@ def finished_stages(chain: Chain) -> Dict[str, Dict[str, Any]]:
 
 
 def run_stage(command: List[str]) -> int:
-    """Runs a stage's launcher to its end; SIGTERM (a preemption) is passed on, so the stage checkpoints."""
-    process = subprocess.Popen(command)
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: process.send_signal(signal.SIGTERM))
+    """Runs a stage's launcher to its end. SIGTERM or SIGINT (a preemption, a cancel) is passed on once, so the
+    stage checkpoints: the launcher has a session of its own, where a signal to the chain's group does not
+    reach it a second time, mid-save."""
+    process = subprocess.Popen(command, start_new_session=True)
+
+    def pass_on(signum: int, frame: Any) -> None:
+        process.send_signal(signum)
+
+    previous = {signum: signal.signal(signum, pass_on) for signum in (signal.SIGTERM, signal.SIGINT)}
     try:
         return process.wait()
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def summary(chain: Chain, finished: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
