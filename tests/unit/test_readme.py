@@ -112,13 +112,16 @@ def test_every_readme_command_is_run_or_listed() -> None:
 def test_readme_yaml_blocks_are_valid_spec_fragments() -> None:
     """A full spec validates (one of distributed.deepspeed/fsdp at a time: they exclude each other);
     a ``rewards:`` block validates in every algorithm that takes rewards."""
+    from posttrain.components.spec.chain import validate_chain
     from posttrain.components.spec.loading import validate
 
     assert CODE.yaml_blocks, "README has no YAML blocks"
     for block in CODE.yaml_blocks:
         fragment = yaml.safe_load("\n".join(block.lines))
         assert isinstance(fragment, dict), f"{where(block.line)}: not a mapping"
-        if "algorithm" in fragment:
+        if fragment.get("algorithm") == "chain":  # its stage files as the chain templates name them
+            validate_chain(fragment, base=REPO / "templates" / "chain")
+        elif "algorithm" in fragment:
             distributed = fragment.get("distributed") or {}
             engines = [key for key in ("deepspeed", "fsdp") if key in distributed]
             for keep in engines or [None]:
