@@ -258,7 +258,17 @@ def build_chain_appdef(
     if problems:
         raise SpecError(problems)
     topology = _topology(j, resource, "torchrun")
+    if topology.min_nnodes != topology.max_nnodes:
+        raise SpecError(
+            [
+                f"-j {j}: a chain runs a fixed number of nodes (a node that joined late would meet a stage "
+                "the others have left); use -j NxP"
+            ]
+        )
     chain = load_chain(spec, overrides, world_size=topology.world_size)
+    last_port = rdzv_port + len(chain.stages) - 1  # several nodes: each stage rendezvouses on a port of its own
+    if topology.max_nnodes > 1 and rdzv_backend in ("c10d", "static") and last_port > 65535:
+        problems.append(f"--rdzv_port {rdzv_port}: the chain's stages use it up to {last_port}, past 65535")
     outputs = {stage.output_dir for stage in chain.stages}  # not written yet, or half: the job's to check
     for stage in chain.stages:
         found = _spec_problems(stage.spec, topology, j, h, resource, max_retries, max_restarts)

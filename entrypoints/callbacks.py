@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
+from posttrain.components.spec.chain import STAGE_ENV
 from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints.distributed import collective_device
 
@@ -116,7 +117,8 @@ class BestMetricCheck(TrainerCallback):
 
 
 class FaultInjection(TrainerCallback):
-    """For testing only: ``POSTTRAIN_FAULT=<kind>:<rank>:<step>`` makes one rank fail on purpose.
+    """For testing only: ``POSTTRAIN_FAULT=<kind>:<rank>:<step>[@<stage>]`` makes one rank fail on purpose
+    (in a chain, in the stage named after ``@`` only).
 
     ``raise`` raises, ``hang`` sleeps forever and ``exit`` leaves with status
     13, on rank ``rank`` when optimizer step ``step`` ends (``0``: before the
@@ -135,7 +137,9 @@ class FaultInjection(TrainerCallback):
 
     @classmethod
     def from_env(cls, output_dir: Path) -> Optional["FaultInjection"]:
-        text = os.environ.get(FAULT_ENV)
+        text, _, stage = os.environ.get(FAULT_ENV, "").partition("@")
+        if stage and stage != os.environ.get(STAGE_ENV):
+            return None
         return cls(text, output_dir) if text else None
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:

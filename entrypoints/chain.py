@@ -2,33 +2,43 @@
 
 Every node runs this with the chain's spec and the launcher's arguments. For
 each stage it runs ``posttrain.entrypoints.launcher`` (torchrun) with the
-stage's own spec and rendezvous (the job's id and the stage's name; on
-several nodes the rendezvous port plus the stage's index, so that no node
-joins a stage's rendezvous while the one before still holds the port), and
-waits for it; a stage that fails ends the chain with its exit code, its
-launcher's one line the job's last (the chain's own lines, ``chain: stage
-<name> ... starts``, say which stage it was).
+stage's own spec and rendezvous (the job's id and the stage's name; with c10d
+on several nodes also the rendezvous port plus the stage's index, so that no
+node joins a stage's rendezvous while the one before still holds the port),
+and waits for it. A stage that fails ends the chain with its exit code, its
+launcher's one line the job's last; the chain's own lines (``chain: stage
+<name> ... starts``) say which stage it was, and a stage's closing line is
+one of them (``chain: stage <name>: ...``), so that the job ends with one
+``posttrain:`` line, failed or finished.
 
 Node 0 records each finished stage, with the spec it finished under, in
 ``<output_dir>/chain.json``. The same command again (after a kill, a
-preemption, a requeue) skips the finished stages and runs the rest; the stage
-it was in resumes from its newest checkpoint as any run does (``resume:
-auto``). A finished stage whose spec has changed since stops the chain with
-one line. At the end node 0 writes the chain's ``run_summary.json`` (each
-stage's status, time and first and last metrics) and ``curves.png`` (a
-panel of each stage's curves), and its last line names every stage's model.
+preemption, a requeue) skips the stages recorded there whose model is still
+in their directory, and runs the rest: the stage it was in resumes from its
+newest checkpoint as any run does (``resume: auto``), and every stage after a
+stage that runs runs again (its input is new). A finished stage whose spec
+has changed since stops the chain with one line. SIGTERM or SIGINT (a
+preemption), or the end of the process that started the chain, is passed on
+to the running stage once, so that it checkpoints, and no stage starts after
+it. At the end, and at a failure, node 0 writes the chain's
+``run_summary.json`` (each stage's status, time and first and last metrics)
+and, at the end, ``curves.png`` (each stage's curves) and the closing line,
+which names every stage's model.
 """
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from posttrain.components.spec.chain import Chain, Stage, chain_from_json
+from posttrain.components.spec.chain import STAGE_ENV, Chain, Stage, chain_from_json
+from posttrain.components.spec.loading import NOT_TRAINING_RELEVANT, spec_diff
 from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints import curves, rendezvous_port
 from posttrain.entrypoints.checkpoints import write_json_atomic
@@ -36,6 +46,7 @@ from posttrain.entrypoints.error_file import STOPPED, record_error
 
 STATE_FILE = "chain.json"
 SUMMARY_FILE = "run_summary.json"
+SHIFTED_BACKENDS = ("c10d", "static")  # their endpoint is the job's own store; etcd's is a server of its own
 
 
 def stage_command(stage: Stage, index: int, launcher_args: Sequence[str]) -> List[str]:
@@ -44,89 +55,95 @@ def stage_command(stage: Stage, index: int, launcher_args: Sequence[str]) -> Lis
     args[args.index("--rdzv_id") + 1] += f"-{stage.name}"
     endpoint = args.index("--rdzv_endpoint") + 1
     host, port = args[endpoint].rsplit(":", 1)
-    if port != "0":  # several nodes: a port of the stage's own
+    if port != "0" and args[args.index("--rdzv_backend") + 1] in SHIFTED_BACKENDS:  # several nodes: its own port
         args[endpoint] = f"{host}:{int(port) + index}"
     spec_json = stage.spec.to_json()
-    return [
-        sys.executable,
-        "-m",
-        "posttrain.entrypoints.launcher",
-        *args,
-        "-m",
-        module(stage),
-        "--spec-json",
-        spec_json,
-    ]
-
-
-def module(stage: Stage) -> str:
-    return f"posttrain.entrypoints.{stage.spec.name()}"
-
-
-def changed_keys(finished: Dict[str, Any], now: Dict[str, Any], prefix: str = "") -> List[str]:
-    """The key paths whose values differ between two specs as plain data.
-
-    >>> changed_keys({"training": {"max_steps": 40, "seed": 0}}, {"training": {"max_steps": 20, "seed": 0}})
-    ['training.max_steps']
-    """
-    keys = []
-    for key in sorted(set(finished) | set(now)):
-        old, new = finished.get(key), now.get(key)
-        if isinstance(old, dict) and isinstance(new, dict):
-            keys += changed_keys(old, new, f"{prefix}{key}.")
-        elif old != new:
-            keys.append(f"{prefix}{key}")
-    return keys
+    module = f"posttrain.entrypoints.{stage.spec.name()}"
+    return [sys.executable, "-m", "posttrain.entrypoints.launcher", *args, "-m", module, "--spec-json", spec_json]
 
 
 def finished_stages(chain: Chain) -> Dict[str, Dict[str, Any]]:
-    """The stages ``chain.json`` records as finished; stops the chain where one finished under another spec."""
+    """The stages to skip: recorded in ``chain.json`` as finished, their model still in their directory, and no
+    stage before them to run again. Stops the chain where one finished under another spec."""
     path = Path(chain.output_dir) / STATE_FILE
-    state = json.loads(path.read_text()) if path.exists() else {"stages": {}}
-    finished = state["stages"]
+    recorded = json.loads(path.read_text())["stages"] if path.exists() else {}
+    finished: Dict[str, Dict[str, Any]] = {}
     for stage in chain.stages:
-        record = finished.get(stage.name)
-        if record is None:
-            continue
-        changed = changed_keys(record["spec"], json.loads(stage.spec.to_json()))
+        record = recorded.get(stage.name)
+        if record is None or not (Path(stage.output_dir) / SUMMARY_FILE).exists():
+            break  # this stage runs, and so every stage after it
+        changed = [d[0] for d in spec_diff(record["spec"], stage.spec.model_dump(mode="json"))]
+        changed = [key for key in changed if key not in NOT_TRAINING_RELEVANT]
         if changed:
             raise SpecError(
                 [
                     f"stages.{stage.name}: finished in {stage.output_dir} under another spec ({', '.join(changed[:3])} "
-                    f"changed since); delete {stage.output_dir} to train it again, or give the chain another "
-                    "output_dir"
+                    f"changed since); delete {stage.output_dir} to train it (and the stages after it) again, or give "
+                    "the chain another output_dir"
                 ]
             )
+        finished[stage.name] = record
     return finished
 
 
-def run_stage(command: List[str]) -> int:
-    """Runs a stage's launcher to its end. SIGTERM or SIGINT (a preemption, a cancel) is passed on once, so the
-    stage checkpoints: the launcher has a session of its own, where a signal to the chain's group does not
-    reach it a second time, mid-save."""
-    process = subprocess.Popen(command, start_new_session=True)
+class Stopping:
+    """SIGTERM, SIGINT, or the end of the process that started the chain: passed on once to the running stage,
+    after which no stage starts."""
 
-    def pass_on(signum: int, frame: Any) -> None:
-        process.send_signal(signum)
+    def __init__(self) -> None:
+        self.signal: Optional[int] = None
+        self.stage: Optional[subprocess.Popen] = None
+        self._previous: Dict[int, Any] = {}
+        self._done = threading.Event()
 
-    previous = {signum: signal.signal(signum, pass_on) for signum in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        return process.wait()
-    finally:
-        for signum, handler in previous.items():
+    def __enter__(self) -> "Stopping":
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            self._previous[signum] = signal.signal(signum, lambda signum, frame: self.stop(signum))
+        parent = os.getppid()
+        if parent > 1:  # on local_cwd, the torchx client: killed, its job ends (as distributed.py's ranks do)
+            threading.Thread(target=self._watch, args=(parent,), daemon=True).start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._done.set()
+        for signum, handler in self._previous.items():
             signal.signal(signum, handler)
 
+    def stop(self, signum: int) -> None:
+        if self.signal is not None:
+            return  # a second SIGTERM would end torchrun's own wait for the ranks' checkpoint
+        self.signal = signum
+        if self.stage is not None and self.stage.poll() is None:
+            self.stage.send_signal(signum)
 
-def summary(chain: Chain, finished: Dict[str, Dict[str, Any]]) -> Dict[str, Any]:
+    def run(self, command: List[str], env: Dict[str, str]) -> int:
+        """Runs a stage's launcher to its end, in a session of its own (a signal to the chain's process group
+        reaches it through ``stop``, once); its exit code, 128 + the signal where a signal ended it."""
+        self.stage = subprocess.Popen(command, env=env, start_new_session=True)
+        if self.signal is not None:  # came while it started
+            self.stage.send_signal(self.signal)
+        code = self.stage.wait()
+        return 128 - code if code < 0 else code
+
+    def _watch(self, parent: int) -> None:
+        while os.getppid() == parent:
+            if self._done.wait(1.0):
+                return
+        print(f"chain: the process that started this job (pid {parent}) is gone: stopping", file=sys.stderr)
+        self.stop(signal.SIGTERM)
+
+
+def summary(chain: Chain, finished: Dict[str, Dict[str, Any]], failed: Optional[str] = None) -> Dict[str, Any]:
     stages = []
     for stage in chain.stages:
         path = Path(stage.output_dir) / SUMMARY_FILE
-        run = json.loads(path.read_text()) if path.exists() else {}
+        run = json.loads(path.read_text()) if stage.name in finished else {}
+        status = "finished" if stage.name in finished else "failed" if stage.name == failed else "not run"
         stages.append(
             {
                 "name": stage.name,
                 "algorithm": stage.spec.name(),
-                "status": "finished" if stage.name in finished else "not run",
+                "status": status,
                 "seconds": finished.get(stage.name, {}).get("seconds"),
                 "output_dir": stage.output_dir,
                 "global_steps": run.get("global_steps"),
@@ -155,42 +172,55 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("launcher_args", nargs=argparse.REMAINDER, help="after --: torchrun's arguments")
     args = parser.parse_args(argv)
     launcher_args = args.launcher_args[1:] if args.launcher_args[:1] == ["--"] else args.launcher_args
-    started = time.monotonic()
+    with Stopping() as stopping:
+        return _run(args.spec_json, args.node, args.rank0_host, launcher_args, stopping)
+
+
+def _run(spec_json: str, node: str, rank0_host: str, launcher_args: List[str], stopping: Stopping) -> int:
+    node0, started = node == "0", time.monotonic()
     try:
-        chain = chain_from_json(args.spec_json)
+        chain = chain_from_json(spec_json)
         finished = finished_stages(chain)
     except SpecError as error:
         line = f"posttrain: {error}"
-        print(line, file=sys.stderr, flush=True)
+        if node0:  # every node meets it; one says it
+            print(line, file=sys.stderr, flush=True)
         record_error(line)
         return STOPPED
     output_dir = Path(chain.output_dir)
     app_id = launcher_args[launcher_args.index("--rdzv_id") + 1]
     for index, stage in enumerate(chain.stages):
         if stage.name in finished:
-            print(f"chain: stage {stage.name} finished already ({stage.output_dir})", file=sys.stderr, flush=True)
+            if node0:
+                print(f"chain: stage {stage.name} finished already ({stage.output_dir})", file=sys.stderr, flush=True)
             continue
         command = stage_command(stage, index, launcher_args)
         port = command[command.index("--rdzv_endpoint") + 1].rsplit(":", 1)[1]
-        if port != "0" and rendezvous_port.main([port, args.node, args.rank0_host, app_id]) != 0:
+        if port != "0" and rendezvous_port.main([port, node, rank0_host, app_id]) != 0:
             return STOPPED
-        print(f"chain: stage {stage.name} ({stage.spec.name()}) starts", file=sys.stderr, flush=True)
+        if stopping.signal is not None:
+            return 128 + stopping.signal
+        if node0:
+            print(f"chain: stage {stage.name} ({stage.spec.name()}) starts", file=sys.stderr, flush=True)
         stage_started = time.monotonic()
-        code = run_stage(command)
-        if code != 0:  # the stage's launcher said why, in one line: the job's last
+        code = stopping.run(command, dict(os.environ, **{STAGE_ENV: stage.name}))
+        if code != 0:
+            if node0:
+                write_json_atomic(output_dir / SUMMARY_FILE, summary(chain, finished, failed=stage.name))
             return code
-        if args.node == "0":
-            seconds = time.monotonic() - stage_started
-            finished[stage.name] = {"spec": json.loads(stage.spec.to_json()), "seconds": seconds}
+        if node0:
+            record = {"spec": stage.spec.model_dump(mode="json"), "seconds": time.monotonic() - stage_started}
+            finished[stage.name] = record
             write_json_atomic(output_dir / STATE_FILE, {"stages": finished})
-    if args.node == "0":
+        else:
+            finished[stage.name] = {}
+    if node0:
         write_json_atomic(output_dir / SUMMARY_FILE, summary(chain, finished))
-        panels = [
-            (stage.name, curves.series(curves.read_metrics(Path(stage.output_dir) / curves.METRICS_FILE)))
-            for stage in chain.stages
+        runs = [
+            (s.name, curves.series(curves.read_metrics(Path(s.output_dir) / curves.METRICS_FILE))) for s in chain.stages
         ]
         curves.draw(
-            panels, f"chain · {' -> '.join(stage.name for stage in chain.stages)}", output_dir / curves.CURVES_FILE
+            runs, f"chain · {' -> '.join(stage.name for stage in chain.stages)}", output_dir / curves.CURVES_FILE
         )
         print(closing_line(chain, time.monotonic() - started), file=sys.stderr, flush=True)
     return 0
@@ -205,13 +235,13 @@ EXAMPLE = json.dumps(
                 "algorithm": "sft",
                 "model": {"name_or_path": "builtin:tiny-llama"},
                 "data": {"train": {"path": "rows.jsonl"}},
-                "training": {},
+                "training": {"output_dir": "out/sft"},
             },
             "dpo": {
                 "algorithm": "dpo",
-                "model": {"name_or_path": "${stages.sft.output}"},
+                "model": {"name_or_path": "out/sft"},
                 "data": {"train": {"path": "pairs.jsonl"}},
-                "training": {},
+                "training": {"output_dir": "out/dpo"},
             },
         },
     }

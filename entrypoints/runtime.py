@@ -56,6 +56,7 @@ import torch
 from transformers import PrinterCallback, Trainer
 from transformers.utils import logging as transformers_logging
 
+from posttrain.components.spec.chain import STAGE_ENV
 from posttrain.components.spec.fields import config_fields, config_value
 from posttrain.components.spec.loading import spec_from_json
 from posttrain.components.spec.messages import SpecError
@@ -267,7 +268,10 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
         strategy.teardown(trainer)
         vllm_generation.shutdown(trainer)  # while the process group exists: vLLM leaves its groups at shutdown
         if distributed.is_rank0():  # the run's last line: the details are in run_summary.json
-            print(closing_line(summary, str(output_dir)), file=sys.stderr, flush=True)
+            line, stage = closing_line(summary, str(output_dir)), os.environ.get(STAGE_ENV)
+            if stage:  # a chain's stage: the chain's closing line is the job's posttrain: line
+                line = line.replace("posttrain: ", f"chain: stage {stage}: ", 1)
+            print(line, file=sys.stderr, flush=True)
 
 
 def _check_inputs(spec: Spec, output_dir: Path, world_size: int, reward_check: RewardCheck) -> Optional[_Inputs]:

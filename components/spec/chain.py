@@ -37,8 +37,10 @@ from posttrain.components.spec.overrides import apply_overrides
 from posttrain.components.spec.schema import Spec, runs_vllm_server
 
 ALGORITHM = "chain"
+# set in each stage's processes: the stage's name (its closing line is the chain's; fault injection can aim at it)
+STAGE_ENV = "POSTTRAIN_CHAIN_STAGE"
 STAGE_NAME = re.compile(r"[a-z][a-z0-9_]*")
-REFERENCE = re.compile(r"\$\{([^}]*)\}")
+REFERENCE = re.compile(r"\$\{(stages\.[^}]*)\}")  # any other ${...} is the stage's own text
 OUTPUT_REFERENCE = re.compile(r"stages\.([^.]+)\.output")
 SEQUENCE_CLASSIFIER = "AutoModelForSequenceClassification"  # what a reward stage writes
 
@@ -74,8 +76,10 @@ def load_chain(path: str, overrides: Sequence[str] = (), *, world_size: Optional
 
 
 def chain_from_json(text: str) -> Chain:
-    """Parses a chain serialised by :meth:`Chain.to_json`, validating it again."""
-    return validate_chain(json.loads(text), base=Path("."))
+    """Parses a chain serialised by :meth:`Chain.to_json`, each stage's spec validated again (its references
+    resolved and its output_dir set already)."""
+    raw = json.loads(text)
+    return Chain(raw["output_dir"], tuple(Stage(name, validate(spec)) for name, spec in raw["stages"].items()))
 
 
 def validate_chain(
@@ -113,6 +117,13 @@ def validate_chain(
     for index, (name, written) in enumerate(stages.items()):
         where = f"stages.{name}"
         try:
+            sets_output = isinstance(written, dict) and "output_dir" in (written.get("training") or {})
+            if sets_output or any(
+                o.lstrip("~").startswith("training.output_dir") for o in stage_overrides.get(name, ())
+            ):
+                raise SpecError(
+                    [f"{where}.training.output_dir: the chain sets it ({outputs[name]}); set the chain's output_dir"]
+                )
             stage_raw = _stage_raw(written, base, where)
             as_written_by_yaml_1_1(stage_raw)
             stage_raw = apply_overrides(stage_raw, stage_overrides.get(name, ()))
@@ -136,6 +147,8 @@ def _in_stage(problem: str, where: str) -> str:
     """A stage's problem as the chain's: its keys under ``stages.<name>``."""
     if problem.startswith("stages."):
         return problem
+    if problem.startswith("override '"):  # the override as the user wrote it
+        return problem.replace("override '", f"override '{where}.", 1)
     return f"{where}.{problem}".replace("; did you mean ", f"; did you mean {where}.")
 
 

@@ -12,20 +12,21 @@ from helpers import REPO, assert_succeeded, assert_valid_png, ends, free_port, j
 pytestmark = pytest.mark.e2e
 
 
-def kill_when(output_dir: Path, ready, log_path: Path, args: list, tmp_path: Path, timeout: float = 600) -> None:
-    """Runs ``torchx ARGS`` until ``ready()``, then SIGKILLs every process of the job (each names output_dir)."""
+def kill_when(marker: Path, output_dir: Path, log_path: Path, args: list, tmp_path: Path, **env: str) -> None:
+    """Runs ``torchx ARGS`` until ``marker`` exists, then SIGKILLs every process of the job (each names
+    output_dir)."""
     with log_path.open("w") as log:
         client = subprocess.Popen(
             [str(Path(sys.executable).parent / "torchx"), *args],
             cwd=REPO,
-            env=job_env(tmp_path),
+            env=job_env(tmp_path, **env),
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-    deadline = time.time() + timeout
-    while not ready() and client.poll() is None and time.time() < deadline:
+    deadline = time.time() + 600
+    while not marker.exists() and client.poll() is None and time.time() < deadline:
         time.sleep(0.5)
-    assert client.poll() is None, log_path.read_text()[-3000:]
+    assert marker.exists() and client.poll() is None, log_path.read_text()[-3000:]
     subprocess.run(["pkill", "-KILL", "-f", str(output_dir)], check=False)
     client.kill()
     client.wait(timeout=30)
@@ -35,12 +36,9 @@ def test_the_rlhf_chain_picks_up_after_a_kill_and_ppo_raises_the_reward_model_s_
     output_dir = tmp_path / "rlhf"
     args = ["run", "-s", "local_cwd", "posttrain.chain", "--spec", "templates/chain/rlhf-tiny.yaml", "-j", "1x2"]
     args += ["--rdzv_port", str(free_port()), f"output_dir={output_dir}"]
-    reward_metrics = output_dir / "reward" / "metrics.jsonl"
-
-    def reward_saved_step_20() -> bool:  # its checkpoint-20 is whole once step 22 is logged
-        return reward_metrics.exists() and '"step": 22' in reward_metrics.read_text()
-
-    kill_when(output_dir, reward_saved_step_20, tmp_path / "killed.log", args, tmp_path)
+    # the reward stage's rank 0 stops at step 22, its checkpoint-20 whole; then every process is killed
+    hanging = output_dir / "reward" / ".posttrain_fault_hang_0_22"
+    kill_when(hanging, output_dir, tmp_path / "killed.log", args, tmp_path, POSTTRAIN_FAULT="hang:0:22@reward")
     assert not (output_dir / "reward" / "run_summary.json").exists()
     sft_files = {path: path.stat().st_mtime_ns for path in (output_dir / "sft").rglob("*") if path.is_file()}
     assert read_json(output_dir / "chain.json")["stages"].keys() == {"sft"}
@@ -49,6 +47,7 @@ def test_the_rlhf_chain_picks_up_after_a_kill_and_ppo_raises_the_reward_model_s_
     assert_succeeded(again)
     logs = again.stdout + again.stderr
     assert f"chain: stage sft finished already ({output_dir}/sft)" in logs and "training sft on" not in logs
+    assert logs.count("posttrain: ") == 1  # the chain's closing line; each stage's own is a chain: line
     assert {path: path.stat().st_mtime_ns for path in sft_files} == sft_files  # not one file of SFT's touched
     assert read_json(output_dir / "reward" / "run_summary.json")["resumed_from"] == str(
         output_dir / "reward" / "checkpoint-20"

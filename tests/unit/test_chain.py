@@ -9,7 +9,7 @@ import pytest
 from torchx.runner import get_runner
 from torchx.schedulers.kubernetes_scheduler import sanitize_for_serialization
 
-from helpers import REPO, TEMPLATES, torchx
+from helpers import TEMPLATES, assert_valid_png, torchx
 from kubernetes_checks import check
 from posttrain.components import algorithms
 from posttrain.components.spec import chain as chain_spec
@@ -171,18 +171,110 @@ def test_each_stage_gets_its_own_rendezvous() -> None:
 def test_a_finished_stage_whose_spec_changed_stops_the_chain(tmp_path: Path) -> None:
     chain = load_chain(SFT_DPO, [f"output_dir={tmp_path}"], world_size=2)
     sft = chain.stages[0]
-    state = {"stages": {"sft": {"spec": json.loads(sft.spec.to_json()), "seconds": 12.0}}}
+    state = {"stages": {"sft": {"spec": sft.spec.model_dump(mode="json"), "seconds": 12.0}}}
     (tmp_path / chain_job.STATE_FILE).write_text(json.dumps(state))
+    assert list(chain_job.finished_stages(chain)) == []  # recorded, but its directory holds no finished run
+    (tmp_path / "sft").mkdir()
+    (tmp_path / "sft" / "run_summary.json").write_text("{}")
     assert list(chain_job.finished_stages(chain)) == ["sft"]
     changed = load_chain(SFT_DPO, [f"output_dir={tmp_path}", "stages.sft.training.max_steps=20"], world_size=2)
     with pytest.raises(SpecError) as error:
         chain_job.finished_stages(changed)
     assert str(error.value) == (
         f"stages.sft: finished in {tmp_path}/sft under another spec (training.max_steps changed since); delete "
-        f"{tmp_path}/sft to train it again, or give the chain another output_dir"
+        f"{tmp_path}/sft to train it (and the stages after it) again, or give the chain another output_dir"
     )
 
 
 def test_doctests() -> None:
     assert doctest.testmod(chain_job).failed == 0 and doctest.testmod(chain_spec).failed == 0
-    assert REPO.is_dir()
+
+
+def fake_stages(monkeypatch: pytest.MonkeyPatch, failing: str = "") -> List[str]:
+    """Stages that write what a finished run writes, without training; ``failing`` exits 2 instead. Returns the
+    stages run, in order, with the stage name each was told."""
+    ran = []
+
+    def run(self: chain_job.Stopping, command: List[str], env: Dict[str, str]) -> int:
+        spec = json.loads(command[-1])
+        ran.append(env[chain_spec.STAGE_ENV])
+        if spec["algorithm"] == failing:
+            return 2
+        output_dir = Path(spec["training"]["output_dir"])
+        output_dir.mkdir(parents=True, exist_ok=True)
+        (output_dir / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.0}\n')
+        first, last = {"loss": 2.0}, {"loss": 1.0}
+        (output_dir / "run_summary.json").write_text(
+            json.dumps({"global_steps": 2, "metrics_first": first, "metrics_last": last})
+        )
+        return 0
+
+    monkeypatch.setattr(chain_job.Stopping, "run", run)
+    return ran
+
+
+def run_chain(tmp_path: Path, node: str = "0", *overrides: str) -> int:
+    chain = load_chain(SFT_DPO, [f"output_dir={tmp_path}", *overrides], world_size=2)
+    launcher = ["--rdzv_backend", "c10d", "--rdzv_endpoint", "localhost:0", "--rdzv_id", "job-1", "--nnodes", "1"]
+    return chain_job.main(
+        ["--spec-json", chain.to_json(), "--node", node, "--rank0-host", "localhost", "--", *launcher]
+    )
+
+
+def test_the_chain_runs_its_stages_in_order_and_a_rerun_skips_the_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    ran = fake_stages(monkeypatch)
+    assert run_chain(tmp_path) == 0
+    assert ran == ["sft", "dpo"]
+    state = json.loads((tmp_path / chain_job.STATE_FILE).read_text())["stages"]
+    assert set(state) == {"sft", "dpo"} and state["dpo"]["spec"]["model"]["name_or_path"] == f"{tmp_path}/sft"
+    summary = json.loads((tmp_path / "run_summary.json").read_text())
+    assert [(s["name"], s["status"], s["metrics_last"]) for s in summary["stages"]] == [
+        ("sft", "finished", {"loss": 1.0}),
+        ("dpo", "finished", {"loss": 1.0}),
+    ]
+    assert set(assert_valid_png(tmp_path / "curves.png")["runs"]) == {"sft", "dpo"}
+    err = capsys.readouterr().err
+    assert err.count("posttrain: ") == 1 and f"sft -> {tmp_path}/sft, dpo -> {tmp_path}/dpo" in err
+
+    ran.clear()
+    assert run_chain(tmp_path) == 0 and ran == []  # all finished
+    (tmp_path / "sft" / "run_summary.json").unlink()  # SFT trained again: and so DPO, on the new SFT model
+    assert run_chain(tmp_path) == 0 and ran == ["sft", "dpo"]
+
+
+def test_a_failed_stage_ends_the_chain_with_its_code_and_the_summary_says_where(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    ran = fake_stages(monkeypatch, failing="dpo")
+    assert run_chain(tmp_path) == 2 and ran == ["sft", "dpo"]
+    assert "posttrain: " not in capsys.readouterr().err  # the stage's launcher said why
+    summary = json.loads((tmp_path / "run_summary.json").read_text())
+    assert [(s["name"], s["status"]) for s in summary["stages"]] == [("sft", "finished"), ("dpo", "failed")]
+    ran.clear()
+    assert run_chain(tmp_path) == 2 and ran == ["dpo"]
+
+
+def test_only_node_0_writes_and_speaks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    fake_stages(monkeypatch)
+    assert run_chain(tmp_path, "1") == 0
+    assert not (tmp_path / chain_job.STATE_FILE).exists() and not (tmp_path / "run_summary.json").exists()
+    assert capsys.readouterr().err == ""
+
+
+def test_a_changed_finished_stage_stops_every_node_and_node_0_says_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error.json"))
+    ran = fake_stages(monkeypatch)
+    assert run_chain(tmp_path) == 0
+    ran.clear()
+    capsys.readouterr()
+    assert run_chain(tmp_path, "1", "stages.sft.training.max_steps=7") == 2
+    assert capsys.readouterr().err == ""
+    assert run_chain(tmp_path, "0", "stages.sft.training.max_steps=7") == 2 and ran == []
+    err = capsys.readouterr().err
+    assert err.count("posttrain: ") == 1 and "posttrain: stages.sft: finished in" in err
