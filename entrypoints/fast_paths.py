@@ -105,9 +105,15 @@ def gpu_batch(spec: Spec, on_cuda: bool) -> Dict[str, Any]:
     if not max_length or shape is None or not fused_loss(training, shape):  # no max_length: no bound on a row
         return {}
     rows = max(1, GPU_TOKENS_PER_STEP // max_length)
-    half = training.get("bf16", True) or training.get("fp16")  # TRL's default on GPUs: bf16
-    step = shape.state_bytes() + shape.activation_bytes(rows * max_length, checkpointing=True, half=half)
+    step = shape.state_bytes() + shape.activation_bytes(
+        rows * max_length, checkpointing=True, half=computes_in_16_bits(training)
+    )
     return {"per_device_train_batch_size": rows} if gpu_memory.fits(step) else {}
+
+
+def computes_in_16_bits(training: Dict[str, Any]) -> bool:
+    """Whether a GPU step computes in 16 bits: bf16 (TRL's default on GPUs) or fp16 mixed precision."""
+    return bool(training.get("bf16", True) or training.get("fp16"))
 
 
 def fused_loss(training: Dict[str, Any], shape: gpu_memory.ModelShape) -> bool:
@@ -127,8 +133,7 @@ def activations_fit(spec: Spec, training: Dict[str, Any]) -> bool:
         return False
     rows = config_value(spec.config_class, training, "per_device_train_batch_size")
     tokens = rows * max_length
-    half = training.get("bf16", True) or training.get("fp16")  # TRL's default on GPUs: bf16
-    activations = shape.activation_bytes(tokens, checkpointing=False, half=half)
+    activations = shape.activation_bytes(tokens, checkpointing=False, half=computes_in_16_bits(training))
     logits = 0 if fused_loss(training, shape) else shape.logit_bytes(tokens)
     fits = gpu_memory.fits(activations + logits + shape.state_bytes())
     if int(os.environ.get("RANK", "0")) == 0:
@@ -158,8 +163,9 @@ def attention_implementation(spec: Spec) -> Optional[str]:
     if attention.varlen_available() is not None:
         return None
     shape = gpu_memory.model_shape(spec)
-    half = spec.training.get("bf16", True) or spec.training.get("fp16") or (shape and shape.weight_bytes == 2)
-    if shape is None or shape.model_type not in VARLEN_MODEL_TYPES or shape.attention_dropout or not half:
+    if shape is None or shape.model_type not in VARLEN_MODEL_TYPES or shape.attention_dropout:
+        return None
+    if not computes_in_16_bits(spec.training) and shape.weight_bytes != 2:  # float32: no varlen kernel takes it
         return None
     return attention.NAME
 
