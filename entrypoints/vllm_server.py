@@ -34,11 +34,13 @@ from typing import Iterator, List, Optional, Sequence
 from posttrain.components.spec.loading import spec_from_json
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, Spec
+from posttrain.entrypoints import vllm_token
 from posttrain.entrypoints.vllm_generation import server_model
 
 log = logging.getLogger("posttrain.vllm_server")
 
 POLL_S = 2.0  # how often a wait looks at the vLLM process
+HANDSHAKE_S = 5.0  # how long a connection to the lease has to say the job's token
 
 
 def lease_port(server_port: int) -> int:
@@ -120,18 +122,36 @@ def _hold_until_done(listener: socket.socket, server: subprocess.Popen, first_co
     listener.settimeout(POLL_S)
     while server.poll() is None:
         try:
-            lease, _ = listener.accept()
+            lease, address = listener.accept()
         except socket.timeout:
             if time.monotonic() > deadline:
                 return f"no trainer held its lease for {waited:.0f} s"
             continue
         with lease:
+            if not _says_the_token(lease):
+                log.warning("a connection from %s without the job's token: dropped", address[0])
+                continue  # a stranger neither holds the lease nor restarts the wait
             _keep_alive(lease)
             if _held(lease, server) == b"done":
                 return "training ended"
         waited = grace_s
         deadline = time.monotonic() + waited
     return "vLLM exited"
+
+
+def _says_the_token(lease: socket.socket) -> bool:
+    """Whether the connection's first line, within ``HANDSHAKE_S``, is the job's token (vllm_token.py)."""
+    lease.settimeout(HANDSHAKE_S)
+    line = b""
+    try:
+        while not line.endswith(b"\n") and len(line) < 1024:
+            byte = lease.recv(1)  # a byte at a time: what follows the line (done) is the lease's
+            if not byte:
+                return False
+            line += byte
+    except OSError:
+        return False
+    return vllm_token.matches(line.strip(), vllm_token.job_token())
 
 
 def _keep_alive(lease: socket.socket) -> None:
@@ -190,6 +210,7 @@ def lease(spec: Spec) -> Iterator[None]:
     while True:
         try:
             held = socket.create_connection((host, port), timeout=POLL_S)
+            held.sendall((vllm_token.job_token() or "").encode() + b"\n")  # the role holds a lease for the job only
             _keep_alive(held)  # and a vanished role host shows in role_exited
             break
         except OSError as error:
@@ -204,7 +225,8 @@ def lease(spec: Spec) -> Iterator[None]:
     _HELD[:] = [held]
     try:
         yield
-        held.sendall(b"done")
+        with contextlib.suppress(OSError):  # a role gone already needs no done
+            held.sendall(b"done")
     finally:
         _HELD.clear()
         held.close()

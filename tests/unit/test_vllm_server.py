@@ -5,6 +5,7 @@ Slurm sends SIGTERM; only the child's own failure fails it. The trainers' side m
 clean end, and stop waiting for a server whose role has exited.
 """
 
+import contextlib
 import http.server
 import os
 import signal
@@ -23,9 +24,10 @@ from helpers import REPO, free_port, load_template
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import VLLM_HOST_VARIABLE
-from posttrain.entrypoints import vllm_generation, vllm_server
+from posttrain.entrypoints import vllm_generation, vllm_server, vllm_token
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
+TOKEN = "the-job-s-secret"
 
 
 class Serving:
@@ -42,6 +44,7 @@ class Serving:
             return self.children[-1]
 
         self.patch = pytest.MonkeyPatch()
+        self.patch.setenv(vllm_token.TOKEN_ENV, TOKEN)  # the job's: every process of it has it
         self.patch.setattr(vllm_server.subprocess, "Popen", recording)
         self.patch.setattr(vllm_server.signal, "signal", lambda *args: None)  # signals go to the main thread only
         self.thread = threading.Thread(
@@ -50,11 +53,14 @@ class Serving:
         )
         self.thread.start()
 
-    def connect(self) -> socket.socket:
+    def connect(self, says: bytes = TOKEN.encode() + b"\n") -> socket.socket:
+        """A connection to the lease that says ``says`` first (the job's token, by default)."""
         deadline = time.monotonic() + 10
         while True:
             try:
-                return socket.create_connection(("localhost", self.port), timeout=5)
+                connection = socket.create_connection(("localhost", self.port), timeout=5)
+                connection.sendall(says)
+                return connection
             except OSError:
                 if time.monotonic() > deadline:
                     raise
@@ -79,6 +85,20 @@ def test_done_on_the_lease_stops_the_server_and_the_role_exits_0() -> None:
         lease.sendall(b"done")
     assert serving.wait() == 0
     assert not serving.child_running
+
+
+@pytest.mark.parametrize("says", [b"done", b"guess\n", b"", b"x" * 2048])
+def test_a_stranger_on_the_lease_is_dropped_and_cannot_end_the_server(says: bytes) -> None:
+    serving = Serving(SLEEPER)
+    with serving.connect(says=says) as stranger:  # no token, a wrong one, silence, a flood
+        stranger.settimeout(10)
+        with contextlib.suppress(ConnectionResetError):  # closed with the flood unread: a reset
+            assert stranger.recv(16) == b""  # dropped
+    time.sleep(0.5)
+    assert serving.child_running and not serving.result  # still serving, still waiting for the job's rank 0
+    with serving.connect() as lease:
+        lease.sendall(b"done")
+    assert serving.wait() == 0
 
 
 def test_a_trainer_gone_without_done_ends_the_role_at_once_without_restarts() -> None:
@@ -152,15 +172,19 @@ def test_rank0_holds_the_lease_and_says_done_only_at_a_clean_end(tmp_path: Path,
     monkeypatch.setenv("RANK", "0")
     listener, port = listen()
     spec = server_spec(tmp_path, port)
+    monkeypatch.setenv(vllm_token.TOKEN_ENV, TOKEN)
     with listener:
         with vllm_server.lease(spec):
             held, _ = listener.accept()
-        assert held.recv(16) == b"done"
+        # the job's token first (the role holds no other lease), then done
+        assert b"".join(iter(lambda: held.recv(64), b"")) == TOKEN.encode() + b"\ndone"
         held.close()
         with pytest.raises(RuntimeError), vllm_server.lease(spec):
             held, _ = listener.accept()
             raise RuntimeError("a failing step")
-        assert held.recv(16) == b""  # dropped: the role waits its grace, then stops
+        assert (
+            b"".join(iter(lambda: held.recv(64), b"")) == TOKEN.encode() + b"\n"
+        )  # no done  # dropped: the role waits its grace, then stops
         assert not vllm_server.role_exited()  # and this process holds no lease any more
         held.close()
         monkeypatch.setenv("RANK", "1")

@@ -1,0 +1,65 @@
+"""The job's secret between the trainers and the ``vllm`` role: only the job's own processes get in.
+
+vLLM's server runs in dev mode for TRL's weight sync, and its dev endpoints
+(``/collective_rpc`` among them: it loads weights from a path it is sent) are
+outside what vLLM's own ``--api-key`` guards. :class:`RequireToken`, given to
+the server as ``--middleware``, refuses every request but ``/health`` (the
+trainers' wait for the server) without ``Authorization: Bearer <token>``;
+the trainers' client sends it (``vllm_generation.py``), and the lease
+(``vllm_server.py``) is held only by a connection that says it first.
+
+The token is the job's, in ``POSTTRAIN_VLLM_TOKEN``: each process of the job
+has it, no argument, spec or log line does. Where it is missing the server
+refuses everything: closed, not open.
+"""
+
+import hashlib
+import hmac
+import os
+from typing import Any, Awaitable, Callable, Dict, Optional
+
+TOKEN_ENV = "POSTTRAIN_VLLM_TOKEN"
+OPEN_PATHS = ("/health",)  # the trainers wait on it before they hold the token's first use
+
+
+def job_token() -> Optional[str]:
+    return os.environ.get(TOKEN_ENV) or None
+
+
+def matches(given: bytes, token: Optional[str]) -> bool:
+    """Whether ``given`` is the job's token, compared in constant time; never where there is no token."""
+    if not token:
+        return False
+    return hmac.compare_digest(hashlib.sha256(given).digest(), hashlib.sha256(token.encode()).digest())
+
+
+class RequireToken:
+    """ASGI middleware (vLLM's ``--middleware``): every HTTP or WebSocket request but ``/health`` needs the token."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
+        self.app = app
+        self.token = job_token()
+
+    async def __call__(self, scope: Dict[str, Any], receive: Callable, send: Callable) -> None:
+        if scope["type"] not in ("http", "websocket") or self._allowed(scope):
+            await self.app(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})  # policy violation
+        else:
+            body = b'{"error": "Unauthorized: this server answers its job\'s own processes only"}'
+            headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+            await send({"type": "http.response.start", "status": 401, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+
+    def _allowed(self, scope: Dict[str, Any]) -> bool:
+        path = scope["path"].removeprefix(scope.get("root_path", ""))
+        if path in OPEN_PATHS or path.rstrip("/") in OPEN_PATHS:
+            return True
+        headers = dict(scope.get("headers") or [])
+        scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
+        return scheme.lower() == b"bearer" and matches(given, self.token)
+
+
+def bearer() -> Dict[str, str]:
+    """The header the trainers' client sends with every request to the role."""
+    return {"Authorization": f"Bearer {job_token() or ''}"}

@@ -1,0 +1,56 @@
+"""The vllm role's guard, as vLLM's server runs it (an ASGI middleware): every path but /health needs the token."""
+
+import asyncio
+from typing import Any, Dict, List, Optional
+
+import pytest
+
+from posttrain.entrypoints import vllm_token
+
+TOKEN = "the-job-s-secret"
+
+
+def answer(path: str, authorization: Optional[str] = None, kind: str = "http") -> List[Dict[str, Any]]:
+    """What the guarded server sends back for one request: the app's own answer, or the guard's."""
+    sent: List[Dict[str, Any]] = []
+
+    async def app(scope: Dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "app", "path": scope["path"]})
+
+    async def send(message: Dict[str, Any]) -> None:
+        sent.append(message)
+
+    headers = [] if authorization is None else [(b"authorization", authorization.encode())]
+    scope = {"type": kind, "path": path, "headers": headers, "method": "POST"}
+    asyncio.run(vllm_token.RequireToken(app)(scope, None, send))
+    return sent
+
+
+@pytest.fixture
+def job(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(vllm_token.TOKEN_ENV, TOKEN)
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/completions", "/collective_rpc", "/reset_prefix_cache", "/x"])
+@pytest.mark.parametrize("authorization", [None, "Bearer wrong", f"Basic {TOKEN}", "Bearer ", TOKEN])
+def test_every_path_but_health_refuses_a_request_without_the_token(job: None, path: str, authorization: str) -> None:
+    start, body = answer(path, authorization)
+    assert start["status"] == 401 and b"Unauthorized" in body["body"]
+
+
+@pytest.mark.parametrize("path", ["/v1/models", "/collective_rpc", "/health"])
+def test_the_job_s_requests_and_health_get_through(job: None, path: str) -> None:
+    assert answer(path, f"Bearer {TOKEN}") == [{"type": "app", "path": path}]
+    assert answer("/health") == [{"type": "app", "path": "/health"}]  # the trainers' wait for the server
+
+
+def test_a_websocket_without_the_token_is_closed_and_lifespan_passes(job: None) -> None:
+    assert answer("/v1/realtime", kind="websocket") == [{"type": "websocket.close", "code": 1008}]
+    assert answer("/", kind="lifespan") == [{"type": "app", "path": "/"}]
+
+
+def test_without_a_token_in_the_job_everything_but_health_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(vllm_token.TOKEN_ENV, raising=False)
+    assert answer("/v1/models", "Bearer ")[0]["status"] == 401
+    assert answer("/health") == [{"type": "app", "path": "/health"}]
+    assert not vllm_token.matches(b"", None)
