@@ -210,6 +210,7 @@ def build_appdef(
         _trainers_role(algorithm, image, topology, resource, cmd, role_env, rdzv_port, max_retries, mounts),
     ]
     if serve:
+        vllm_role.make_job_token()  # in the environment the job inherits, not in the AppDef
         server_cmd = ["python", "-m", vllm_role.MODULE, "--spec-json", spec_json]
         server_cmd += vllm_role.server_args(server, validated.distributed.timeout_s, max_restarts)
         roles.append(

@@ -12,12 +12,14 @@ A spec that names its own server (``vllm_server_base_url`` or
 """
 
 import dataclasses
+import os
+import secrets
 from typing import List, Optional
 
 import torchx.specs as specs
 
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.schema import VLLM_HOST_VARIABLE
+from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, VLLM_TOKEN_VARIABLE
 
 ROLE = "vllm"
 MODULE = "posttrain.entrypoints.vllm_server"
@@ -74,7 +76,22 @@ def host_assignment(trainer_nodes: int) -> str:
     (Kubernetes): every pod has ``VC_<TASK>_HOSTS``, the role's task is
     ``vllm-0``; local_cwd: this host. "$$" escapes torchx's macro substitution.
     """
-    return f"{VLLM_HOST_VARIABLE}=$${{SLURM_JOB_NODELIST_HET_GROUP_{trainer_nodes}:-$${{VC_VLLM_0_HOSTS:-localhost}}}}"
+    return f"{VLLM_HOST_VARIABLE}=$${{SLURM_JOB_NODELIST_HET_GROUP_{trainer_nodes}:-$${{VC_VLLM_0_HOSTS:-127.0.0.1}}}}"
+
+
+def make_job_token() -> None:
+    """A new token for the job about to be submitted, in this process's environment: never in the AppDef.
+
+    The job's processes inherit it where the scheduler passes the submitting
+    environment on (local_cwd, Slurm); elsewhere the job reads the file that
+    ``--env POSTTRAIN_VLLM_TOKEN_PATH`` names. A token the user exported is theirs
+    to keep; the one this made for the previous job in this process is replaced.
+    """
+    if os.environ.get(VLLM_TOKEN_VARIABLE, _MADE[0]) == _MADE[0]:
+        _MADE[0] = os.environ[VLLM_TOKEN_VARIABLE] = secrets.token_urlsafe(32)
+
+
+_MADE = [""]  # the last token make_job_token made
 
 
 def server_args(server: VllmServer, first_contact_s: int, max_restarts: int) -> List[str]:

@@ -21,7 +21,8 @@ the TRL config is built, checks what cannot work and adapts three things:
 
 With ``vllm_mode: server`` the server is the job's ``vllm`` role
 (``vllm_server.py``): the trainers take its host from ``POSTTRAIN_VLLM_HOST``,
-which the component sets from the scheduler's variables. On GPUs the weights
+which the component sets from the scheduler's variables, and send the job's
+token with every request (``vllm_token.py``). On GPUs the weights
 move over TRL's NCCL path. On CPU (vLLM's transfer engines all need CUDA)
 TRL's ``VLLMClient`` writes the tensors TRL hands it, in TRL's names, as one
 safetensors file in a directory under ``output_dir`` (which the server must
@@ -42,6 +43,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, Spec
+from posttrain.entrypoints import vllm_token
 from posttrain.entrypoints.data import first_line
 
 # vLLM 0.32's CPU attention (CPUAttentionBackend.get_supported_head_sizes); tests/e2e/test_vllm.py checks it
@@ -123,12 +125,20 @@ def prepare(spec: Spec, training: Mapping[str, Any], on_cpu: bool) -> Dict[str, 
         return {}
     from trl.generation import vllm_client
 
-    vllm_client.VLLMClient.check_server = _role_health_check(_unwrapped(vllm_client.VLLMClient.check_server))
+    client = vllm_client.VLLMClient
+    client.check_server = _role_health_check(_unwrapped(client.check_server))
     if on_cpu:
-        _write_and_reload(vllm_client.VLLMClient, Path(training["output_dir"]))
+        _write_and_reload(client, Path(training["output_dir"]))
     STATS["weight_sync"] = "safetensors_reload" if on_cpu else "nccl"
     host = os.environ.get(VLLM_HOST_VARIABLE)
-    return {"vllm_server_host": host} if host else {}
+    if isinstance(vars(client).get("session"), TokenSession):  # an earlier prepare's, in this process
+        del client.session
+    vllm_client.get_ip = _unwrapped(vllm_client.get_ip)
+    if not host:  # a server the spec names: TRL's client as it is
+        return {}
+    client.session = TokenSession(vllm_token.required_token("the trainers"))
+    vllm_client.get_ip = _toward(host, vllm_client.get_ip)
+    return {"vllm_server_host": host}
 
 
 def shutdown(trainer: Any) -> None:
@@ -272,6 +282,33 @@ def _role_health_check(check_server: Callable[..., Any]) -> Callable[..., Any]:
             time.sleep(POLL_S)
 
     return check
+
+
+def _toward(host: str, get_ip: Callable[[], str]) -> Callable[[], str]:
+    """Where TRL's NCCL rendezvous (torch's TCPStore, which has no authentication) listens on GPUs: this host's
+    address toward the role (loopback on local_cwd), not TRL's choice, the address of the default route."""
+    from posttrain.entrypoints.vllm_server import route_address
+
+    @functools.wraps(get_ip)
+    def toward() -> str:
+        return route_address(host)
+
+    return toward
+
+
+class TokenSession:
+    """``VLLMClient.session`` for the job's ``vllm`` role: the session TRL's ``__init__`` makes carries the job's
+    token before its first request (``/v1/models``, in ``__init__`` itself), and so does every request after."""
+
+    def __init__(self, token: str) -> None:
+        self.token = token
+
+    def __get__(self, client: Any, owner: Any = None) -> Any:
+        return self if client is None else client.__dict__["session"]
+
+    def __set__(self, client: Any, session: Any) -> None:
+        session.headers["Authorization"] = f"Bearer {self.token}"
+        client.__dict__["session"] = session
 
 
 def _write_and_reload(client_class: Any, output_dir: Path) -> None:

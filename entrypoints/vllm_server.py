@@ -16,10 +16,17 @@ itself: the trainers' rank 0 holds a lease, a TCP connection to
 dropped (a crashed trainer: torchrun may restart it), stops the server and the
 role exits 0; so does SIGTERM (Slurm's srun ends the rest of a het job that
 way). Only vLLM's own failure fails the role.
+
+Only the job gets in: the server and the lease listen on the address the
+trainers reach (:func:`listen_address`, loopback on local_cwd), every request
+to the server but ``/health`` needs the job's token, and so does the lease:
+its holder's first line is the token (``vllm_token.py``), a stranger's
+connection is dropped and logged.
 """
 
 import argparse
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -41,6 +48,7 @@ log = logging.getLogger("posttrain.vllm_server")
 
 POLL_S = 2.0  # how often a wait looks at the vLLM process
 HANDSHAKE_S = 5.0  # how long a connection to the lease has to say the job's token
+LOOPBACK = "127.0.0.1"  # local_cwd: the trainers are on this host (components/vllm_role.py points them here)
 
 
 def lease_port(server_port: int) -> int:
@@ -48,10 +56,41 @@ def lease_port(server_port: int) -> int:
     return server_port + 1
 
 
+def listen_address() -> str:
+    """Where the role's server and lease listen: the address the trainers reach this host at, not every interface.
+
+    local_cwd: loopback. Slurm and Volcano: the address the role's own host name
+    resolves to (the name the trainers connect to); where that is a loopback
+    address (Debian maps a host's own name to 127.0.1.1) and the trainers' first
+    node is another host, the address this host reaches that node from.
+    """
+    name = os.environ.get("SLURMD_NODENAME") or os.environ.get("VC_VLLM_0_HOSTS", "").split(",")[0]
+    if not name:
+        return LOOPBACK
+    trainers = os.environ.get("SLURM_LAUNCH_NODE_IPADDR")  # the batch script's node: the trainers' first
+    try:
+        address = socket.gethostbyname(name)
+        if ipaddress.ip_address(address).is_loopback and trainers and not ipaddress.ip_address(trainers).is_loopback:
+            toward = route_address(trainers)
+            if toward != trainers:  # another host; on this one the trainers resolve the loopback too
+                address = toward
+    except OSError as error:
+        raise SpecError([f"vllm role: no address of {name} to listen on ({error}); see the host's network"]) from None
+    return address
+
+
+def route_address(host: str) -> str:
+    """This host's address on the route to ``host`` (the kernel picks it; nothing is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as route:
+        route.connect((socket.gethostbyname(host), 9))
+        return route.getsockname()[0]
+
+
 def server_command(
-    spec: Spec, model: str, dtype: str, tensor_parallel: int, data_parallel: int, on_cuda: bool
+    spec: Spec, model: str, dtype: str, tensor_parallel: int, data_parallel: int, on_cuda: bool, host: str
 ) -> List[str]:
-    """vLLM's server for the spec's model, as TRL's ``VLLMClient`` expects it (``trl vllm-serve``'s flags)."""
+    """vLLM's server for the spec's model, as TRL's ``VLLMClient`` expects it (``trl vllm-serve``'s flags), on
+    ``host`` only and behind the job's token (vllm_token.py)."""
     training = spec.training
     command = [
         sys.executable,
@@ -60,7 +99,9 @@ def server_command(
         "--model",
         model,
         "--host",
-        "0.0.0.0",
+        host,
+        "--middleware",
+        "posttrain.entrypoints.vllm_token.RequireToken",
         "--port",
         str(training.get("vllm_server_port", 8000)),
         "--dtype",
@@ -101,9 +142,12 @@ class CheckpointReload:
         repack_tied_lm_head(runner.get_model(), runner.vllm_config.model_config)
 
 
-def serve(command: Sequence[str], port: int, first_contact_s: float, grace_s: float) -> int:
-    """Runs vLLM until the trainers are done with it (see the module's docstring); vLLM's exit code if it failed."""
-    listener = socket.create_server(("", port), reuse_port=False)
+def serve(command: Sequence[str], host: str, port: int, first_contact_s: float, grace_s: float) -> int:
+    """Runs vLLM until the trainers are done with it (see the module's docstring); vLLM's exit code if it failed.
+
+    The lease listens on ``host``, where the server does.
+    """
+    listener = socket.create_server((host, port), reuse_port=False)
     started: List[subprocess.Popen] = []  # the handler is in place before vLLM starts: no orphan from an early SIGTERM
     signal.signal(signal.SIGTERM, lambda *_: _stop(started, "SIGTERM", listener))
     started.append(subprocess.Popen(list(command), env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"}))
@@ -204,13 +248,14 @@ def lease(spec: Spec) -> Iterator[None]:
     if not host or int(os.environ.get("RANK", "0")) != 0:
         yield
         return
+    token = vllm_token.required_token("the trainers")
     port = lease_port(spec.training.get("vllm_server_port", 8000))
     timeout_s = spec.training.get("vllm_server_timeout", 240)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             held = socket.create_connection((host, port), timeout=POLL_S)
-            held.sendall((vllm_token.job_token() or "").encode() + b"\n")  # the role holds a lease for the job only
+            held.sendall(token.encode() + b"\n")  # the role gives its lease to the job only
             _keep_alive(held)  # and a vanished role host shows in role_exited
             break
         except OSError as error:
@@ -258,16 +303,18 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     import torch
 
     try:
+        vllm_token.required_token("vllm role")
+        host = listen_address()
         model, dtype = server_model(spec)
     except SpecError as error:
         print(f"posttrain: {error}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
-    command = server_command(
-        spec, model, dtype, options.tensor_parallel_size, options.data_parallel_size, on_cuda=torch.cuda.is_available()
-    )
-    log.info("%s", " ".join(command))
+    on_cuda = torch.cuda.is_available()
+    tp, dp = options.tensor_parallel_size, options.data_parallel_size
+    command = server_command(spec, model, dtype, tp, dp, on_cuda, host)
+    log.info("%s", " ".join(command))  # the token is in the environment only
     port = lease_port(spec.training.get("vllm_server_port", 8000))
-    raise SystemExit(serve(command, port, options.first_contact_s, options.lease_grace_s))
+    raise SystemExit(serve(command, host, port, options.first_contact_s, options.lease_grace_s))
 
 
 if __name__ == "__main__":

@@ -8,9 +8,13 @@ trainers' wait for the server) without ``Authorization: Bearer <token>``;
 the trainers' client sends it (``vllm_generation.py``), and the lease
 (``vllm_server.py``) is held only by a connection that says it first.
 
-The token is the job's, in ``POSTTRAIN_VLLM_TOKEN``: each process of the job
-has it, no argument, spec or log line does. Where it is missing the server
-refuses everything: closed, not open.
+The token is the job's: ``POSTTRAIN_VLLM_TOKEN``, which the component makes
+for each job in the submitting environment (local_cwd and Slurm jobs inherit
+it, ``components/vllm_role.py``), or the first line of the file
+``POSTTRAIN_VLLM_TOKEN_PATH`` names (Kubernetes: a file on a mounted volume,
+as for ``HF_TOKEN_PATH``). Each process of the job has it, no argument, spec
+or log line does. Where it is missing the server refuses everything: closed,
+not open, and both roles say so in one line before vLLM starts.
 """
 
 import hashlib
@@ -18,12 +22,39 @@ import hmac
 import os
 from typing import Any, Awaitable, Callable, Dict, Optional
 
-TOKEN_ENV = "POSTTRAIN_VLLM_TOKEN"
+from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.schema import VLLM_TOKEN_PATH_VARIABLE, VLLM_TOKEN_VARIABLE
+
 OPEN_PATHS = ("/health",)  # the trainers wait on it before they hold the token's first use
 
 
 def job_token() -> Optional[str]:
-    return os.environ.get(TOKEN_ENV) or None
+    """The job's token: the variable, else the first line of the file the path variable names; None if neither."""
+    token = os.environ.get(VLLM_TOKEN_VARIABLE)
+    path = os.environ.get(VLLM_TOKEN_PATH_VARIABLE)
+    if not token and path:
+        try:
+            with open(path, encoding="utf-8") as file:
+                token = file.readline().strip()
+        except OSError:
+            return None
+    return token or None
+
+
+def required_token(who: str) -> str:
+    """The job's token, or one line saying where it should have come from (``who``: the role or the trainers)."""
+    token = job_token()
+    if token:
+        return token
+    path = os.environ.get(VLLM_TOKEN_PATH_VARIABLE)
+    where = f"{VLLM_TOKEN_PATH_VARIABLE}={path} gives none (unreadable or empty)" if path else "it has none"
+    raise SpecError(
+        [
+            f"{who}: the job's vLLM token is missing ({where}); `torchx run` makes one for local_cwd and Slurm jobs "
+            f"({VLLM_TOKEN_VARIABLE}, inherited); on other schedulers write one to a file the job reads and pass "
+            f"--env {VLLM_TOKEN_PATH_VARIABLE}=<file> (docs: Generating with vLLM, Security)"
+        ]
+    )
 
 
 def matches(given: bytes, token: Optional[str]) -> bool:
@@ -58,8 +89,3 @@ class RequireToken:
         headers = dict(scope.get("headers") or [])
         scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
         return scheme.lower() == b"bearer" and matches(given, self.token)
-
-
-def bearer() -> Dict[str, str]:
-    """The header the trainers' client sends with every request to the role."""
-    return {"Authorization": f"Bearer {job_token() or ''}"}

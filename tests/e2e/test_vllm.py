@@ -10,8 +10,11 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -35,10 +38,12 @@ from posttrain.entrypoints import runtime
 from posttrain.entrypoints.data import load_data
 from posttrain.entrypoints.models import import_object, load_tokenizer
 from posttrain.entrypoints.rewards import resolve_rewards
+from posttrain.entrypoints.vllm_server import lease_port
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]  # slow too: the fast loop (-m "not e2e") leaves them out
 
 TEXT = "What is 2 plus 3? 2 plus 3 is 5. The sky is blue."
+TOKEN = "the-job-s-secret"  # what the component makes for a job (tests/unit/test_vllm_role.py)
 
 # a fresh vLLM on a saved model: the per-token log-probs of TEXT's tokens, as JSON
 FRESH_VLLM = """
@@ -165,7 +170,7 @@ def test_the_server_roles_weights_after_a_sync_are_the_trainers(tmp_path: Path) 
     """
     from trl.generation.vllm_client import VLLMClient
 
-    from posttrain.components.spec.schema import VLLM_HOST_VARIABLE
+    from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, VLLM_TOKEN_VARIABLE
     from posttrain.entrypoints import vllm_server
     from posttrain.entrypoints.models import CAUSAL_LM, load_model
 
@@ -185,16 +190,17 @@ def test_the_server_roles_weights_after_a_sync_are_the_trainers(tmp_path: Path) 
             "600",
         ],
         cwd=REPO,
-        env=job_env(tmp_path),
+        env=job_env(tmp_path, **{VLLM_TOKEN_VARIABLE: TOKEN}),
         start_new_session=True,
     )
     try:
         with pytest.MonkeyPatch.context() as env:
-            env.setenv(VLLM_HOST_VARIABLE, "localhost")
+            env.setenv(VLLM_HOST_VARIABLE, "127.0.0.1")
+            env.setenv(VLLM_TOKEN_VARIABLE, TOKEN)
             kwargs = runtime.training_arguments(spec, dict(spec.training))  # patches TRL's VLLMClient for CPU
-            assert kwargs["vllm_server_host"] == "localhost"
+            assert kwargs["vllm_server_host"] == "127.0.0.1"
             with vllm_server.lease(spec):
-                client = VLLMClient(host="localhost", server_port=port, connection_timeout=600)
+                client = VLLMClient(host="127.0.0.1", server_port=port, connection_timeout=600)
                 client.init_communicator(device="cpu")
                 tokenizer = load_tokenizer(spec.model.name_or_path, spec, "left")
                 model = load_model(spec.model.name_or_path, spec, tokenizer, CAUSAL_LM).eval()
@@ -224,24 +230,118 @@ def server_logprobs(port: int, model: str, ids) -> torch.Tensor:
     import requests
 
     body = {"model": model, "prompt": ids, "max_tokens": 1, "prompt_logprobs": 0, "temperature": 0.0}
-    choice = requests.post(f"http://localhost:{port}/v1/completions", json=body, timeout=60).json()["choices"][0]
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    choice = requests.post(f"http://127.0.0.1:{port}/v1/completions", json=body, headers=headers, timeout=60)
+    choice = choice.json()["choices"][0]
     return torch.tensor([entry[str(token)]["logprob"] for entry, token in zip(choice["prompt_logprobs"][1:], ids[1:])])
 
 
-def test_grpo_with_a_vllm_server_role_raises_the_reward_and_ends_with_training(tmp_path: Path) -> None:
-    output_dir = tmp_path / "out"
+def test_grpo_with_a_vllm_server_role_raises_the_reward_and_ends_with_training_while_strangers_knock(
+    tmp_path: Path,
+) -> None:
+    """The tiny server template through ``torchx run``, a stranger on the same host probing the role all along.
+
+    Its ``done`` on the lease before the trainers come and its requests without the job's token change nothing
+    (docs: Generating with vLLM, Security, shows these answers); on the host's network address nothing listens.
+    """
+    output_dir, port = tmp_path / "out", free_port()
+    stranger = Stranger(port)
+    stranger.start()
     result = run_template(
         "grpo/tiny-vllm-server.yaml",
         tmp_path,
         output_dir,
         j="1x2",
         timeout=900,
-        overrides=[f"training.vllm_server_port={free_port()}"],
+        overrides=[f"training.vllm_server_port={port}"],
     )
+    stranger.join(timeout=120)
     assert_succeeded(result)
     assert_learned_with_vllm(output_dir, "server", "safetensors_reload")
-    assert "stopping vLLM's server: training ended" in result.stdout + result.stderr
+    logs = result.stdout + result.stderr
+    assert "stopping vLLM's server: training ended" in logs
     assert not list(output_dir.glob(".vllm-weights-*"))
+    assert stranger.answers == {
+        "lease, done first": "dropped",
+        "lease, a guessed token": "dropped",
+        "GET /health": 200,
+        "GET /v1/models": 401,
+        "GET /v1/models, a guessed token": 401,
+        "POST /v1/completions": 401,
+        "POST /collective_rpc reload_checkpoint": 401,
+        "POST /reset_prefix_cache": 401,
+        "the host's network address": "refused",
+    }, stranger.answers
+    # each knock dropped at once where it came before the trainers (as here, usually), else when the role ended
+    assert "posttrain vllm: a connection from 127.0.0.1 without the job's token: dropped" in logs
+
+
+class Stranger:
+    """A process on the job's host without its token: at the lease as soon as it listens, at the server once it
+    answers (two threads: a knock on the lease may wait while the job holds it)."""
+
+    def __init__(self, port: int) -> None:
+        self.port, self.answers = port, {}
+        self.threads = [threading.Thread(target=work, daemon=True) for work in (self.at_the_lease, self.at_the_server)]
+
+    def start(self) -> None:
+        for thread in self.threads:
+            thread.start()
+
+    def join(self, timeout: float) -> None:
+        for thread in self.threads:
+            thread.join(timeout)
+
+    def at_the_lease(self) -> None:
+        for name, says in (("lease, a guessed token", b"guess\n"), ("lease, done first", b"done")):
+            self.answers[name] = self.knock(lease_port(self.port), says)
+
+    def at_the_server(self) -> None:
+        import requests
+
+        url = f"http://127.0.0.1:{self.port}"
+        deadline = time.monotonic() + 600
+        while "GET /health" not in self.answers and time.monotonic() < deadline:
+            with contextlib.suppress(requests.RequestException):
+                self.answers["GET /health"] = requests.get(f"{url}/health", timeout=5).status_code
+            time.sleep(1)
+        rpc = {"method": "reload_checkpoint", "kwargs": {"weights_path": "/tmp/weights-of-my-choosing"}}
+        probes = {
+            "GET /v1/models": ("get", "/v1/models", {}),
+            "GET /v1/models, a guessed token": ("get", "/v1/models", {"headers": {"Authorization": "Bearer guess"}}),
+            "POST /v1/completions": ("post", "/v1/completions", {"json": {"model": "m", "prompt": "2 plus 3 is"}}),
+            "POST /collective_rpc reload_checkpoint": ("post", "/collective_rpc", {"json": rpc}),
+            "POST /reset_prefix_cache": ("post", "/reset_prefix_cache", {}),
+        }
+        for name, (method, path, kwargs) in probes.items():
+            self.answers[name] = getattr(requests, method)(f"{url}{path}", timeout=10, **kwargs).status_code
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as route:
+            route.connect(("203.0.113.5", 9))  # sends nothing: this host's address on its network
+            here = route.getsockname()[0]
+        try:
+            socket.create_connection((here, self.port), timeout=5).close()
+            self.answers["the host's network address"] = "answered"
+        except OSError:
+            self.answers["the host's network address"] = "refused"
+
+    @staticmethod
+    def knock(port: int, says: bytes) -> str:
+        """Connects to the lease as soon as it listens and says ``says``; "dropped" once the role closes it."""
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                connection = socket.create_connection(("127.0.0.1", port), timeout=5)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the lease never listened"
+                time.sleep(0.2)
+        with connection:
+            connection.sendall(says)
+            connection.settimeout(900)  # where the job's rank 0 came first, the knock waits until the role ends
+            try:
+                return "dropped" if connection.recv(16) == b"" else "answered"
+            except ConnectionResetError:
+                return "dropped"
 
 
 @pytest.mark.gpu

@@ -1,5 +1,6 @@
 """``training.vllm_mode: server``: the ``vllm`` role in the AppDef, and the Slurm and Kubernetes requests with both roles."""
 
+import os
 import re
 from typing import Any
 
@@ -12,6 +13,7 @@ from kubernetes_checks import check
 from posttrain.components import algorithms
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.registry import SPEC_CLASSES
+from posttrain.components.spec.schema import VLLM_TOKEN_VARIABLE
 
 SERVER = str(TEMPLATES / "grpo" / "tiny-vllm-server.yaml")
 COLOCATE = str(TEMPLATES / "grpo" / "tiny-vllm.yaml")
@@ -49,12 +51,25 @@ def test_server_mode_adds_a_vllm_role_the_trainers_find() -> None:
     # the role's het group on Slurm is the one after the trainers' two; Volcano's task vllm-0; else this host
     launch = trainers.args[1].split(" && ", 1)[1]  # after the rendezvous port's check
     assert launch.startswith(
-        "POSTTRAIN_VLLM_HOST=$${SLURM_JOB_NODELIST_HET_GROUP_2:-$${VC_VLLM_0_HOSTS:-localhost}} exec python -m "
+        "POSTTRAIN_VLLM_HOST=$${SLURM_JOB_NODELIST_HET_GROUP_2:-$${VC_VLLM_0_HOSTS:-127.0.0.1}} exec python -m "
     )
     command = server.args[1]
     assert command.startswith("python -m posttrain.entrypoints.vllm_server --spec-json ")
     # it waits for the trainers as long as a collective would, and for a restarted rank 0 (torchrun restarts)
     assert command.endswith("--tensor-parallel-size 1 --data-parallel-size 1 --first-contact-s 300 --lease-grace-s 300")
+
+
+def test_each_job_gets_a_token_of_its_own_in_the_environment_it_inherits_never_in_the_request(monkeypatch) -> None:
+    monkeypatch.delenv(VLLM_TOKEN_VARIABLE, raising=False)
+    request = str(dryrun("slurm", {}, j="2x1"))
+    first = os.environ[VLLM_TOKEN_VARIABLE]
+    assert len(first) >= 40 and first not in request
+    for scheduler, cfg in (("local_cwd", {}), ("kubernetes", {"queue": "default"})):
+        assert os.environ[VLLM_TOKEN_VARIABLE] not in str(dryrun(scheduler, cfg))
+    assert os.environ[VLLM_TOKEN_VARIABLE] != first  # a new one for each job this process submits
+    monkeypatch.setenv(VLLM_TOKEN_VARIABLE, "the-user-s-own")  # exported by the user: theirs to keep
+    app()
+    assert os.environ[VLLM_TOKEN_VARIABLE] == "the-user-s-own"
 
 
 def test_no_role_for_colocate_or_a_server_the_spec_names() -> None:
@@ -117,5 +132,5 @@ def test_kubernetes_gang_schedules_both_roles_in_one_volcano_job() -> None:
     for name in ("grpo-0", "grpo-1"):
         command = tasks[name]["template"]["spec"]["containers"][0]["command"][2].split(" && ", 1)[1]
         assert command.startswith(
-            "POSTTRAIN_VLLM_HOST=${SLURM_JOB_NODELIST_HET_GROUP_2:-${VC_VLLM_0_HOSTS:-localhost}}"
+            "POSTTRAIN_VLLM_HOST=${SLURM_JOB_NODELIST_HET_GROUP_2:-${VC_VLLM_0_HOSTS:-127.0.0.1}}"
         )

@@ -23,11 +23,18 @@ import pytest
 from helpers import REPO, free_port, load_template
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.schema import VLLM_HOST_VARIABLE
-from posttrain.entrypoints import vllm_generation, vllm_server, vllm_token
+from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, VLLM_TOKEN_VARIABLE
+from posttrain.entrypoints import vllm_generation, vllm_server
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
+LOOPBACK = vllm_server.LOOPBACK
 TOKEN = "the-job-s-secret"
+
+
+@pytest.fixture(autouse=True)
+def job_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every process of the job has its token (the component made it in the environment the job inherits)."""
+    monkeypatch.setenv(VLLM_TOKEN_VARIABLE, TOKEN)
 
 
 class Serving:
@@ -44,11 +51,12 @@ class Serving:
             return self.children[-1]
 
         self.patch = pytest.MonkeyPatch()
-        self.patch.setenv(vllm_token.TOKEN_ENV, TOKEN)  # the job's: every process of it has it
         self.patch.setattr(vllm_server.subprocess, "Popen", recording)
         self.patch.setattr(vllm_server.signal, "signal", lambda *args: None)  # signals go to the main thread only
         self.thread = threading.Thread(
-            target=lambda: self.result.append(vllm_server.serve(command, self.port, first_contact_s, grace_s)),
+            target=lambda: self.result.append(
+                vllm_server.serve(command, LOOPBACK, self.port, first_contact_s, grace_s)
+            ),
             daemon=True,
         )
         self.thread.start()
@@ -58,7 +66,7 @@ class Serving:
         deadline = time.monotonic() + 10
         while True:
             try:
-                connection = socket.create_connection(("localhost", self.port), timeout=5)
+                connection = socket.create_connection((LOOPBACK, self.port), timeout=5)
                 connection.sendall(says)
                 return connection
             except OSError:
@@ -136,7 +144,7 @@ def test_sigterm_ends_the_role_with_0_and_stops_the_server(tmp_path: Path) -> No
     child = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
     code = (
         f"from posttrain.entrypoints.vllm_server import serve; "
-        f"serve([{sys.executable!r}, '-c', {child!r}], {port}, 60, 0)"
+        f"serve([{sys.executable!r}, '-c', {child!r}], '127.0.0.1', {port}, 60, 0)"
     )
     role = subprocess.Popen([sys.executable, "-c", code], cwd=REPO)
     deadline = time.monotonic() + 20
@@ -172,7 +180,6 @@ def test_rank0_holds_the_lease_and_says_done_only_at_a_clean_end(tmp_path: Path,
     monkeypatch.setenv("RANK", "0")
     listener, port = listen()
     spec = server_spec(tmp_path, port)
-    monkeypatch.setenv(vllm_token.TOKEN_ENV, TOKEN)
     with listener:
         with vllm_server.lease(spec):
             held, _ = listener.accept()
@@ -182,9 +189,8 @@ def test_rank0_holds_the_lease_and_says_done_only_at_a_clean_end(tmp_path: Path,
         with pytest.raises(RuntimeError), vllm_server.lease(spec):
             held, _ = listener.accept()
             raise RuntimeError("a failing step")
-        assert (
-            b"".join(iter(lambda: held.recv(64), b"")) == TOKEN.encode() + b"\n"
-        )  # no done  # dropped: the role waits its grace, then stops
+        # no done, the lease just dropped: the role waits its grace, then stops
+        assert b"".join(iter(lambda: held.recv(64), b"")) == TOKEN.encode() + b"\n"
         assert not vllm_server.role_exited()  # and this process holds no lease any more
         held.close()
         monkeypatch.setenv("RANK", "1")
@@ -241,3 +247,83 @@ def test_the_health_wait_answers_ends_at_a_gone_role_and_times_out_in_one_line(m
     monkeypatch.setattr(vllm_server, "role_exited", lambda: False)
     with pytest.raises(SpecError, match=r"^training.vllm_server_timeout: the vLLM server at .* within 1 s"):
         check(nobody, 1)
+
+
+def test_trainers_without_the_job_s_token_stop_in_one_line_before_they_connect(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv(VLLM_HOST_VARIABLE, "localhost")
+    monkeypatch.delenv(VLLM_TOKEN_VARIABLE)
+    with pytest.raises(
+        SpecError, match=r"^the trainers: the job's vLLM token is missing \(it has none\); `torchx run`"
+    ):
+        with vllm_server.lease(server_spec(tmp_path, free_port())):
+            pass
+
+
+@pytest.mark.parametrize("on_cuda", [False, True])
+def test_the_server_listens_where_it_is_told_behind_the_job_s_guard(tmp_path: Path, on_cuda: bool) -> None:
+    command = vllm_server.server_command(server_spec(tmp_path, 8123), "/m", "float32", 1, 1, on_cuda, "10.1.2.3")
+    assert command[command.index("--host") + 1] == "10.1.2.3" and "0.0.0.0" not in command
+    assert command[command.index("--middleware") + 1] == "posttrain.entrypoints.vllm_token.RequireToken"
+    assert TOKEN not in " ".join(command)  # the token reaches vLLM through the environment only
+
+
+def test_the_role_listens_on_loopback_locally_and_on_the_job_s_network_on_a_cluster(monkeypatch) -> None:
+    for name in ("SLURMD_NODENAME", "VC_VLLM_0_HOSTS", "SLURM_LAUNCH_NODE_IPADDR"):
+        monkeypatch.delenv(name, raising=False)
+    assert vllm_server.listen_address() == "127.0.0.1"  # local_cwd
+    monkeypatch.setenv("VC_VLLM_0_HOSTS", "localhost")  # Volcano: the pod's own name, as the trainers resolve it
+    assert vllm_server.listen_address() == "127.0.0.1"
+    monkeypatch.setenv("SLURMD_NODENAME", "localhost")  # a node whose own name is a loopback address (Debian's)
+    here = vllm_server.route_address(
+        "203.0.113.5"
+    )  # this host's address on its network (a documentation address's route)
+    monkeypatch.setenv("SLURM_LAUNCH_NODE_IPADDR", here)  # the trainers on this host: they resolve the loopback too
+    assert vllm_server.listen_address() == "127.0.0.1"
+    monkeypatch.setenv("SLURM_LAUNCH_NODE_IPADDR", "203.0.113.5")  # the trainers on another host
+    assert vllm_server.listen_address() == here != "127.0.0.1"
+    monkeypatch.setenv("SLURMD_NODENAME", "no-such-host.invalid")
+    with pytest.raises(SpecError, match=r"^vllm role: no address of no-such-host.invalid to listen on \("):
+        vllm_server.listen_address()
+
+
+def test_the_trainers_client_sends_the_token_to_the_job_s_role_only() -> None:
+    """What ``prepare`` does to TRL's ``VLLMClient`` (which needs vLLM: the vLLM tests run it against the role)."""
+    import requests
+
+    seen: List[str] = []
+
+    class Recording(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.headers.get("Authorization"))
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    class Client:  # as TRL's: a requests.Session as ``session``, a first request in __init__
+        def __init__(self, base_url: str) -> None:
+            self.session = requests.Session()
+            self.session.get(f"{base_url}/v1/models")
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Recording)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_port}"
+    try:
+        Client.session = vllm_generation.TokenSession(TOKEN)  # type: ignore[attr-defined]
+        Client(url).session.get(f"{url}/v1/completions")
+        del Client.session  # a server the spec names: the client as TRL made it
+        Client(url)
+    finally:
+        server.shutdown()
+    assert seen == [f"Bearer {TOKEN}", f"Bearer {TOKEN}", None]
+
+
+def test_on_gpus_trl_s_nccl_rendezvous_listens_toward_the_role_only() -> None:
+    def trl_s_get_ip() -> str:  # TRL's: the address of the default route
+        return "192.0.2.99"
+
+    toward = vllm_generation._toward("127.0.0.1", trl_s_get_ip)
+    assert toward() == "127.0.0.1"  # local_cwd: the role is on this host
+    assert vllm_generation._toward("203.0.113.5", trl_s_get_ip)() == vllm_server.route_address("203.0.113.5")
+    assert vllm_generation._unwrapped(toward) is trl_s_get_ip  # the next job's prepare starts from TRL's

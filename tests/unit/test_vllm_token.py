@@ -5,6 +5,8 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
+from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.schema import VLLM_TOKEN_PATH_VARIABLE, VLLM_TOKEN_VARIABLE
 from posttrain.entrypoints import vllm_token
 
 TOKEN = "the-job-s-secret"
@@ -28,7 +30,7 @@ def answer(path: str, authorization: Optional[str] = None, kind: str = "http") -
 
 @pytest.fixture
 def job(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(vllm_token.TOKEN_ENV, TOKEN)
+    monkeypatch.setenv(VLLM_TOKEN_VARIABLE, TOKEN)
 
 
 @pytest.mark.parametrize("path", ["/v1/models", "/v1/completions", "/collective_rpc", "/reset_prefix_cache", "/x"])
@@ -50,7 +52,20 @@ def test_a_websocket_without_the_token_is_closed_and_lifespan_passes(job: None) 
 
 
 def test_without_a_token_in_the_job_everything_but_health_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(vllm_token.TOKEN_ENV, raising=False)
+    monkeypatch.delenv(VLLM_TOKEN_VARIABLE, raising=False)
     assert answer("/v1/models", "Bearer ")[0]["status"] == 401
     assert answer("/health") == [{"type": "app", "path": "/health"}]
     assert not vllm_token.matches(b"", None)
+
+
+def test_the_token_comes_from_the_environment_or_the_file_it_names(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(VLLM_TOKEN_VARIABLE, raising=False)
+    monkeypatch.setenv(VLLM_TOKEN_PATH_VARIABLE, str(tmp_path / "token"))
+    with pytest.raises(SpecError, match=rf"^vllm role: the job's vLLM token is missing \({VLLM_TOKEN_PATH_VARIABLE}="):
+        vllm_token.required_token("vllm role")  # no such file
+    (tmp_path / "token").write_text("\n")
+    assert vllm_token.job_token() is None
+    (tmp_path / "token").write_text(f"{TOKEN}\n")  # a file on a volume the job mounts (Kubernetes)
+    assert vllm_token.required_token("vllm role") == TOKEN
+    monkeypatch.setenv(VLLM_TOKEN_VARIABLE, "inherited")
+    assert vllm_token.job_token() == "inherited"
