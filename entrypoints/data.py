@@ -10,7 +10,7 @@ import logging
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Type
 
-from posttrain.components.spec.data_sources import is_glob, matched_paths
+from posttrain.components.spec.data_sources import is_glob, matched_paths, missing_path
 from posttrain.components.spec.fields import config_value
 from posttrain.components.spec.local_files import (
     check_text,
@@ -113,10 +113,8 @@ def _load_files(pattern: str, where: str, datasets: Any) -> Any:
     """A local file, or the files a glob matches (one kind), through datasets' builder for their suffix, their
     problems said in one line each, naming the file."""
     paths = matched_paths(pattern)
-    if not paths:
-        raise SpecError([f"{where}.path: no file matches {pattern} (relative paths start at {Path.cwd()})"])
-    if not is_glob(pattern) and not paths[0].is_file():
-        raise SpecError([f"{where}.path: no such file: {pattern} (relative paths start at {Path.cwd()})"])
+    if not paths or (not is_glob(pattern) and not paths[0].is_file()):
+        raise SpecError([missing_path(pattern, where)])
     builders = {path: _BUILDERS.get(path.suffix) for path in paths}
     for path, builder in builders.items():
         if builder is None:

@@ -23,6 +23,13 @@ def matched_paths(path: str) -> List[Path]:
     return [Path(match) for match in sorted(glob.glob(path))] if is_glob(path) else [Path(path)]
 
 
+def missing_path(pattern: str, where: str) -> str:
+    """A local source's path that names no file, as the client and the job say it."""
+    what = "no file matches" if is_glob(pattern) else "no such file:"
+    relative = "" if Path(pattern).expanduser().is_absolute() else f" (relative paths start at {Path.cwd()})"
+    return f"{where}.path: {what} {pattern}{relative}"
+
+
 def data_problems(data: Any) -> List[str]:
     """Every problem of a ``DataSpec``, one line each, naming the source (``data.train.1.path``)."""
     found = []

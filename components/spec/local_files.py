@@ -10,7 +10,9 @@ is empty, a line that is not JSON, and columns that, after ``data.columns``
 renames, are none of the sets the algorithm reads; of a model directory,
 the files ``from_pretrained`` reads that it lacks. A path the client does not
 see is left to the job, which makes the same checks (and more) with the same
-functions.
+functions; but a relative data path that names nothing here names nothing
+where the job runs either (local_cwd and Slurm run in this directory, a
+Kubernetes image holds the checkout), and is refused here.
 """
 
 import codecs
@@ -20,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Any, Collection, Dict, List, Optional, Sequence, Tuple
 
-from posttrain.components.spec.data_sources import DATA_SUFFIXES, is_glob, matched_paths
+from posttrain.components.spec.data_sources import DATA_SUFFIXES, is_glob, matched_paths, missing_path
 from posttrain.components.spec.messages import SpecError
 
 # How much of a file the client reads: every check of a small file in well under a second (a bigger file's
@@ -224,7 +226,12 @@ def local_data_problems(spec: Any) -> List[str]:
         if source.path is None:
             continue  # a hub data set: the job's
         renames = {**spec.data.columns, **source.columns}
-        for path in [path for path in matched_paths(source.path) if path.exists()]:  # else on the job's file system
+        found = [path for path in matched_paths(source.path) if path.exists()]
+        if not found and not Path(source.path).expanduser().is_absolute():  # local_cwd and Slurm run here too
+            problems.append(
+                f"{missing_path(source.path, where)}; a file only the job's machines have: give its full path"
+            )
+        for path in found:  # an absolute path not here: maybe on the job's file system
             try:
                 if path.is_dir() and not is_glob(source.path):
                     columns = _saved_columns(path, source.split, where)

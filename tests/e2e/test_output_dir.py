@@ -154,12 +154,13 @@ def test_a_job_side_stop_is_the_apps_structured_error_for_library_callers(
     monkeypatch.chdir(REPO)
     for key, value in job_env(tmp_path).items():
         monkeypatch.setenv(key, value)
+    missing = tmp_path / "nope.jsonl"  # a full path the client does not see: maybe on the job's machines
     app = algorithms.sft(
-        "data.train.path=nope.jsonl", f"training.output_dir={tmp_path / 'out'}", spec="templates/sft/tiny.yaml", j="1x2"
+        f"data.train.path={missing}", f"training.output_dir={tmp_path / 'out'}", spec="templates/sft/tiny.yaml", j="1x2"
     )
     with get_runner() as runner:
         handle = runner.run(app, scheduler="local_cwd", cfg={"log_dir": str(tmp_path / "logs")})
         status = runner.wait(handle, wait_interval=1)
     assert status.state == AppState.FAILED
     message = json.loads(status.structured_error_msg)["message"]["message"]
-    assert message == f"posttrain: data.train.path: no such file: nope.jsonl (relative paths start at {REPO})"
+    assert message == f"posttrain: data.train.path: no such file: {missing}"

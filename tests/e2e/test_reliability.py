@@ -36,7 +36,7 @@ def job_logs(result: subprocess.CompletedProcess) -> str:
     "overrides, message",
     [
         # one launch per mechanism: the data checks and the model loader (the rest of their messages in process below)
-        (["data.train.path=templates/data/nope.jsonl"], "data.train.path: no such file: templates/data/nope.jsonl"),
+        (["data.train.path=/mnt/shared/nope.jsonl"], "data.train.path: no such file: /mnt/shared/nope.jsonl"),
         (["model.name_or_path=./models/none"], "model.name_or_path: no such directory: ./models/none"),
     ],
 )

@@ -14,6 +14,7 @@ from posttrain.components.spec.loading import load_spec
 from posttrain.components.spec.messages import SpecError
 
 SFT = str(TEMPLATES / "sft/tiny.yaml")
+EVALUATES = ("training.eval_strategy=steps", "training.eval_steps=10")
 
 
 def _jsonl(rows: List[dict]) -> str:
@@ -122,7 +123,7 @@ def test_the_job_says_the_same_words(tmp_path: Path) -> None:
 def test_what_the_client_cannot_see_or_read_whole_is_left_to_the_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    algorithms.sft("data.train.path=on/the/cluster.jsonl", spec=SFT)  # not here: the job's file system
+    algorithms.sft("data.train.path=/on/the/cluster.jsonl", spec=SFT)  # an absolute path not here: the job's
     big = tmp_path / "big.jsonl"
     big.write_text(_jsonl([{"question": "q", "answer": "a"}] * 50) + _jsonl([{"text": "t"}]))
     monkeypatch.setattr(local_files, "CLIENT_BYTES", 200)  # the first rows only: a later row may hold the columns
@@ -130,6 +131,21 @@ def test_what_the_client_cannot_see_or_read_whole_is_left_to_the_job(
     big.write_text('{"text": "a"}\n{"text": \n' + _jsonl([{"text": "t"}] * 50))
     with pytest.raises(SpecError, match="line 2 is not valid JSON"):  # a bad line in what it read is still said
         algorithms.sft(f"data.train.path={big}", spec=SFT)
+
+
+def test_a_relative_data_path_that_names_nothing_here_is_refused_before_anything_is_submitted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """local_cwd and Slurm jobs run in the client's directory: a typo there is a typo for the job too."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SpecError) as refused:
+        algorithms.sft("data.train.path=data/my_chats.jsonl", "data.eval.path=data/*.jsonl", *EVALUATES, spec=SFT)
+    assert refused.value.problems == [
+        f"data.train.path: no such file: data/my_chats.jsonl (relative paths start at {tmp_path}); a file only the "
+        "job's machines have: give its full path",
+        f"data.eval.path: no file matches data/*.jsonl (relative paths start at {tmp_path}); a file only the job's "
+        "machines have: give its full path",
+    ]
 
 
 def test_a_model_directory_the_client_can_see_is_checked_in_the_jobs_words(tmp_path: Path) -> None:
