@@ -19,6 +19,8 @@ from typing import Any, Optional
 STOPPED, CRASHED = 2, 1
 # Set by posttrain's launcher (launcher.py), which says a crash's line once for the ranks that crashed
 LAUNCHER_SAYS = "POSTTRAIN_LAUNCHER_SAYS"
+# Set by posttrain's launcher: where it keeps the run's logs when the run ends (rank 0's first line names it)
+KEPT_LOGS = "POSTTRAIN_KEPT_LOGS"
 
 
 def record_error(message: str) -> None:

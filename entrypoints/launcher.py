@@ -9,17 +9,27 @@ torchx's structured error. This runs torchrun's ``main`` (``@record``, so
 that copy still happens) and says only what no rank has said: a crash's
 line, or how a rank died that could not speak (a signal: killed, out of
 memory). The launcher exits with the failed rank's code.
+
+It also keeps the run's logs: torchrun writes each process's output to files
+(``--tee`` reads them back), in a directory torchx's local_cwd deletes when
+its client exits; at the end, failed or not, the launcher copies this node's
+into ``<output_dir>/logs/`` (not written to while training runs: a full disk
+there must not silence the job's last line).
 """
 
+import json
 import logging
 import os
+import shutil
 import sys
-from typing import Mapping, Optional, Sequence, Tuple
+import tempfile
+from pathlib import Path
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.run import main as torchrun
 
-from posttrain.entrypoints.error_file import CRASHED, LAUNCHER_SAYS, STOPPED, posttrain_line
+from posttrain.entrypoints.error_file import CRASHED, KEPT_LOGS, LAUNCHER_SAYS, STOPPED, posttrain_line
 
 
 def failure_line(rank: int, failure: ProcessFailure) -> Optional[str]:
@@ -53,18 +63,48 @@ def root_cause(failures: Mapping[int, ProcessFailure]) -> Tuple[int, ProcessFail
     return min(failures.items(), key=order)
 
 
+def kept_logs(argv: Sequence[str]) -> Optional[Path]:
+    """Where the run's logs are kept: ``logs`` in the output directory of the spec the workers are given."""
+    if "--spec-json" not in argv[:-1]:
+        return None
+    spec = json.loads(argv[list(argv).index("--spec-json") + 1])
+    return Path(spec["training"]["output_dir"]) / "logs"
+
+
+def keep_logs(log_dir: Path, before: List[str], kept: Path) -> None:
+    """Copies the run directories torchrun made in ``log_dir`` (those not in ``before``) into ``kept``, where the job
+    made its output directory; a copy that fails (a full or read-only disk: the job has said so) is left."""
+    if not kept.parent.is_dir():  # stopped before it made one (a check): nothing of the run to keep beside
+        return
+    try:
+        for run in sorted(set(os.listdir(log_dir)) - set(before)):
+            shutil.copytree(log_dir / run, kept / run, dirs_exist_ok=True)
+    except OSError:
+        pass
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     os.environ[LAUNCHER_SAYS] = "1"  # the workers inherit it: a crash's line is left for this process to say
     # its "failed (exitcode: 2) local_rank: 0" and "Sending process closing signal" lines: the failure line says it
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    kept = kept_logs(argv)
+    log_dir = Path(os.environ.get("PET_LOG_DIR") or tempfile.mkdtemp(prefix="torchelastic_"))  # torchrun's default
+    log_dir.mkdir(parents=True, exist_ok=True)
+    before = os.listdir(log_dir)
+    if kept is not None:
+        os.environ[KEPT_LOGS] = str(kept)  # rank 0's first line names it
     try:
-        torchrun(argv)
+        torchrun(["--log-dir", str(log_dir), *argv])
     except ChildFailedError as failed:
         rank, failure = root_cause(failed.failures)
         line = failure_line(rank, failure)
         if line:
             print(line, file=sys.stderr, flush=True)
         return failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
+    finally:
+        if kept is not None:
+            keep_logs(log_dir, before, kept)
     return 0
 
 

@@ -74,7 +74,7 @@ from posttrain.entrypoints.data import (
     fit_batch,
     load_split,
 )
-from posttrain.entrypoints.error_file import CRASHED, STOPPED, record_crash, record_error
+from posttrain.entrypoints.error_file import CRASHED, KEPT_LOGS, STOPPED, record_crash, record_error
 from posttrain.entrypoints.metrics import MetricsLog
 from posttrain.entrypoints.models import (
     check_model_options,
@@ -253,7 +253,10 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
             trainer.remove_callback(PrinterCallback)  # its raw dicts would repeat the lines
         strategy.check_engine(trainer)
 
-        log.info("training %s on %d process(es); resume from %s", algorithm, world_size, resume_from or "scratch")
+        kept = f"; logs kept in {os.environ[KEPT_LOGS]}" if os.environ.get(KEPT_LOGS) else ""  # launcher.py
+        log.info(
+            "training %s on %d process(es); resume from %s%s", algorithm, world_size, resume_from or "scratch", kept
+        )
         result = trainer.train(resume_from_checkpoint=resume_from)
         if preemption.stopped:
             log.warning("SIGTERM: saved checkpoint-%d; a restart resumes from it", trainer.state.global_step)

@@ -77,6 +77,10 @@ def test_a_run_ends_with_one_line_of_what_it_did_and_where_the_model_is_without_
         assert noise not in console
     others = [line for line in console.splitlines() if line.strip() and not re.search(r"INFO step \d+/40: ", line)]
     assert len(others) <= 8, "\n".join(others)  # torchx's own, the start line, the closing line
+    # the start line names where each process's output is kept; torchx deleted its own copy when the client exited
+    assert f"training sft on 2 process(es); resume from scratch; logs kept in {sft_1x2 / 'logs'}" in console
+    [rank0] = (sft_1x2 / "logs").glob("*/attempt_0/0/stderr.log")
+    assert said[-1] in rank0.read_text() and "INFO step 40/40: loss" in rank0.read_text()
 
 
 def test_sft_2x1_multinode_rendezvous_learns(sft_2x1: Path) -> None:

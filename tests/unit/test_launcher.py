@@ -69,3 +69,25 @@ def test_a_crash_is_one_line_naming_the_exception_and_where_its_traceback_is_kep
         error_file.record_crash(crash, 0, tmp_path / "file" / "logs")  # cannot be written: printed instead
     err = capsys.readouterr().err
     assert err.startswith("Traceback (most recent call last):") and "posttrain:" not in err
+
+
+def test_the_run_s_logs_are_kept_in_its_output_directory_where_the_job_made_one(tmp_path: Path) -> None:
+    output_dir = tmp_path / "out"
+    argv = ["--nproc_per_node", "2", "-m", "posttrain.entrypoints.sft", "--spec-json"]
+    argv.append(json.dumps({"training": {"output_dir": str(output_dir)}}))
+    kept = launcher.kept_logs(argv)
+    assert kept == output_dir / "logs" and launcher.kept_logs(argv[:3]) is None
+    log_dir = tmp_path / "torchelastic"
+    (log_dir / "an-earlier-run_x").mkdir(parents=True)
+    before = ["an-earlier-run_x"]
+    rank = log_dir / "job-1_ab12" / "attempt_0" / "1"  # torchrun's layout: <run id>_<random>/attempt_<n>/<local rank>
+    rank.mkdir(parents=True)
+    (rank / "stderr.log").write_text("posttrain[1] WARNING ...\n")
+    launcher.keep_logs(log_dir, before, kept)
+    assert not output_dir.exists()  # stopped before it made its output directory: nothing of the run to keep beside
+    output_dir.mkdir()
+    launcher.keep_logs(log_dir, before, kept)
+    assert [p.relative_to(kept).as_posix() for p in kept.rglob("*.log")] == ["job-1_ab12/attempt_0/1/stderr.log"]
+    (kept / "an-earlier-run_x").write_text("in the way")  # a copy that fails (as on a full disk) stays quiet
+    launcher.keep_logs(log_dir, [], kept)
+    assert (kept / "an-earlier-run_x").read_text() == "in the way"
