@@ -1,7 +1,7 @@
 """Training curves: one PNG of a run's ``metrics.jsonl``, or of several runs side by side.
 
-    python -m posttrain.components.plot outputs/sft-tiny
-    python -m posttrain.components.plot outputs/dpo-lr1e-5 outputs/dpo-lr1e-6 -o dpo.png
+    python -m posttrain.components.plot outputs/sft-tiny                          # outputs/sft-tiny.png
+    python -m posttrain.components.plot outputs/dpo-lr1e-5 outputs/dpo-lr1e-6 -o outputs/dpo.png
 
 The figure is the one every job draws as its ``curves.png``
 (``posttrain.entrypoints.curves``), one line per run on each metric's plot,
@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
-from posttrain.entrypoints.curves import CURVES_FILE, METRICS_FILE, Series, draw, read_metrics, run_title, series
+from posttrain.entrypoints.curves import METRICS_FILE, Series, draw, read_metrics, run_title, series
 
 
 def run_of(directory: Path) -> Tuple[str, Series, Optional[str]]:
@@ -29,9 +29,12 @@ def run_of(directory: Path) -> Tuple[str, Series, Optional[str]]:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m posttrain.components.plot", description=__doc__.split("\n")[0])
     parser.add_argument("output_dirs", nargs="+", type=Path, help=f"run directories holding {METRICS_FILE}")
-    parser.add_argument("-o", "--output", type=Path, default=Path(CURVES_FILE), help="the PNG to write")
+    parser.add_argument(
+        "-o", "--output", type=Path, help="the PNG to write (default: outputs/<each run's name, joined by ->.png)"
+    )
     options = parser.parse_args(argv)
     names = [directory.name for directory in options.output_dirs]
+    output = options.output or Path("outputs") / f"{'-'.join(names)}.png"  # outputs/ is where git looks away
     runs, titles = [], []
     for directory in options.output_dirs:
         if not (directory / METRICS_FILE).is_file():
@@ -41,8 +44,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         runs.append((label if names.count(label) == 1 else str(directory), run_series))
         if title is not None and title not in titles:
             titles.append(title)
-    draw(runs, "\n".join(titles) or ", ".join(label for label, _ in runs), options.output)
-    print(options.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    draw(runs, "\n".join(titles) or ", ".join(label for label, _ in runs), output)
+    print(output)
 
 
 if __name__ == "__main__":

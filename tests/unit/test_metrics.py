@@ -150,6 +150,10 @@ def test_the_plot_command_draws_two_runs_side_by_side(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert sorted(path.name for path in tmp_path.iterdir()) == ["both.png", "grpo-a", "grpo-b"]
+    plot = [sys.executable, "-m", "posttrain.components.plot", "grpo-a", "grpo-b"]  # no -o: under outputs/, ignored
+    result = subprocess.run(plot, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout == "outputs/grpo-a-grpo-b.png\n", result.stderr
+    assert assert_valid_png(tmp_path / "outputs" / "grpo-a-grpo-b.png")["runs"].keys() == {"grpo-a", "grpo-b"}
     data = assert_valid_png(output)
     assert data["title"] == "grpo · builtin:tiny-llama · 1 process"
     assert data["runs"]["grpo-a"] == curves.series(lines(tmp_path / "grpo-a" / curves.METRICS_FILE))
