@@ -5,6 +5,7 @@ import functools
 import http.server
 import itertools
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -65,7 +66,11 @@ class Browser:
 
     def __init__(self, profile: Path) -> None:
         binary = shutil.which("chromium")
-        assert binary, "Debian's chromium is needed for this test (apt-get install chromium; .ci/run installs it)"
+        if not binary:  # CI installs it and must run this; elsewhere it skips with how to get it
+            message = "no chromium: apt-get install chromium (Debian's; .ci/run installs it)"
+            if os.environ.get("CI"):
+                pytest.fail(message)
+            pytest.skip(message)
         self.process = subprocess.Popen(
             [binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", "--remote-debugging-port=0", "about:blank"],
             stderr=subprocess.PIPE,
