@@ -211,7 +211,9 @@ def build_appdef(
     ]
     if serve:
         vllm_role.make_job_token()  # in the environment the job inherits, not in the AppDef
-        server_cmd = ["python", "-m", vllm_role.MODULE, "--spec-json", spec_json]
+        # the host the trainers connect to, resolved by the role to the address it listens on
+        server_cmd = [_noquote(vllm_role.host_assignment(topology.max_nnodes)), "python", "-m", vllm_role.MODULE]
+        server_cmd += ["--spec-json", spec_json]
         server_cmd += vllm_role.server_args(server, validated.distributed.timeout_s, max_restarts)
         roles.append(
             specs.Role(

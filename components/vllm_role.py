@@ -70,7 +70,8 @@ class VllmServer:
 
 
 def host_assignment(trainer_nodes: int) -> str:
-    """``POSTTRAIN_VLLM_HOST=...`` for bash, before the trainers' launcher.
+    """``POSTTRAIN_VLLM_HOST=...`` for bash, before the trainers' launcher and the role's server (which listens on
+    the address the name resolves to).
 
     Slurm: the role's het group comes after the trainers' one per node; Volcano
     (Kubernetes): every pod has ``VC_<TASK>_HOSTS``, the role's task is

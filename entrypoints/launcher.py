@@ -17,6 +17,7 @@ into ``<output_dir>/logs/`` (not written to while training runs: a full disk
 there must not silence the job's last line).
 """
 
+import contextlib
 import json
 import logging
 import os
@@ -24,7 +25,7 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import Mapping, Optional, Sequence, Tuple
 
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.run import main as torchrun
@@ -71,16 +72,14 @@ def kept_logs(argv: Sequence[str]) -> Optional[Path]:
     return Path(spec["training"]["output_dir"]) / "logs"
 
 
-def keep_logs(log_dir: Path, before: List[str], kept: Path) -> None:
-    """Copies the run directories torchrun made in ``log_dir`` (those not in ``before``) into ``kept``, where the job
-    made its output directory; a copy that fails (a full or read-only disk: the job has said so) is left."""
+def keep_logs(log_dir: Path, kept: Path) -> None:
+    """Copies the run directories torchrun made in this launcher's ``log_dir`` into ``kept``, where the job made its
+    output directory; a copy that fails (a full or read-only disk: the job has said so) is left."""
     if not kept.parent.is_dir():  # stopped before it made one (a check): nothing of the run to keep beside
         return
-    try:
-        for run in sorted(set(os.listdir(log_dir)) - set(before)):
+    for run in sorted(os.listdir(log_dir)):
+        with contextlib.suppress(OSError):
             shutil.copytree(log_dir / run, kept / run, dirs_exist_ok=True)
-    except OSError:
-        pass
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -89,9 +88,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # its "failed (exitcode: 2) local_rank: 0" and "Sending process closing signal" lines: the failure line says it
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     kept = kept_logs(argv)
-    log_dir = Path(os.environ.get("PET_LOG_DIR") or tempfile.mkdtemp(prefix="torchelastic_"))  # torchrun's default
-    log_dir.mkdir(parents=True, exist_ok=True)
-    before = os.listdir(log_dir)
+    # torchrun's place (torchx's local_cwd names one for all its nodes), a directory of this launcher's own in it
+    parent = os.environ.get("PET_LOG_DIR")
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    log_dir = Path(tempfile.mkdtemp(prefix="torchelastic_", dir=parent or None))
     if kept is not None:
         os.environ[KEPT_LOGS] = str(kept)  # rank 0's first line names it
     try:
@@ -104,7 +105,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
     finally:
         if kept is not None:
-            keep_logs(log_dir, before, kept)
+            keep_logs(log_dir, kept)
     return 0
 
 

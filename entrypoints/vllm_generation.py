@@ -298,7 +298,8 @@ def _toward(host: str, get_ip: Callable[[], str]) -> Callable[[], str]:
 
 class TokenSession:
     """``VLLMClient.session`` for the job's ``vllm`` role: the session TRL's ``__init__`` makes carries the job's
-    token before its first request (``/v1/models``, in ``__init__`` itself), and so does every request after."""
+    token before its first request (``/v1/models``, in ``__init__`` itself), and so does every request after. As
+    the session's ``auth``: a header alone would give way to a ``~/.netrc`` entry, which requests applies otherwise."""
 
     def __init__(self, token: str) -> None:
         self.token = token
@@ -307,8 +308,12 @@ class TokenSession:
         return self if client is None else client.__dict__["session"]
 
     def __set__(self, client: Any, session: Any) -> None:
-        session.headers["Authorization"] = f"Bearer {self.token}"
+        session.auth = self.bearer
         client.__dict__["session"] = session
+
+    def bearer(self, request: Any) -> Any:
+        request.headers["Authorization"] = f"Bearer {self.token}"
+        return request
 
 
 def _write_and_reload(client_class: Any, output_dir: Path) -> None:

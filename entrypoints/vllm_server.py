@@ -49,6 +49,7 @@ log = logging.getLogger("posttrain.vllm_server")
 POLL_S = 2.0  # how often a wait looks at the vLLM process
 HANDSHAKE_S = 5.0  # how long a connection to the lease has to say the job's token
 LOOPBACK = "127.0.0.1"  # local_cwd: the trainers are on this host (components/vllm_role.py points them here)
+RESOLVE_S = 60.0  # how long the role waits for its own host name to resolve (a Kubernetes DNS record lags the pod)
 
 
 def lease_port(server_port: int) -> int:
@@ -57,26 +58,35 @@ def lease_port(server_port: int) -> int:
 
 
 def listen_address() -> str:
-    """Where the role's server and lease listen: the address the trainers reach this host at, not every interface.
+    """Where the role's server and lease listen: the address the trainers reach it at, not every interface.
 
-    local_cwd: loopback. Slurm and Volcano: the address the role's own host name
-    resolves to (the name the trainers connect to); where that is a loopback
-    address (Debian maps a host's own name to 127.0.1.1) and the trainers' first
-    node is another host, the address this host reaches that node from.
+    The role is given the trainers' own ``POSTTRAIN_VLLM_HOST`` (``components/vllm_role.py``): ``127.0.0.1`` on
+    local_cwd, else its host's name (Slurm's het-group node list, Volcano's host list), resolved here as the
+    trainers resolve it (waiting out a DNS record that lags the pod's start). Where it resolves to a loopback
+    address (Debian maps a host's own name to 127.0.1.1) and the trainers' first node is another host, the role
+    listens on the address of the route to that node.
     """
-    name = os.environ.get("SLURMD_NODENAME") or os.environ.get("VC_VLLM_0_HOSTS", "").split(",")[0]
-    if not name:
-        return LOOPBACK
+    name = os.environ.get(VLLM_HOST_VARIABLE, LOOPBACK)
     trainers = os.environ.get("SLURM_LAUNCH_NODE_IPADDR")  # the batch script's node: the trainers' first
-    try:
-        address = socket.gethostbyname(name)
-        if ipaddress.ip_address(address).is_loopback and trainers and not ipaddress.ip_address(trainers).is_loopback:
-            toward = route_address(trainers)
-            if toward != trainers:  # another host; on this one the trainers resolve the loopback too
-                address = toward
-    except OSError as error:
-        raise SpecError([f"vllm role: no address of {name} to listen on ({error}); see the host's network"]) from None
-    return address
+    deadline = time.monotonic() + RESOLVE_S
+    while True:
+        try:
+            address = socket.gethostbyname(name)
+            if (
+                ipaddress.ip_address(address).is_loopback
+                and trainers
+                and not ipaddress.ip_address(trainers).is_loopback
+            ):
+                toward = route_address(trainers)
+                if toward != trainers:  # another host; on this one the trainers resolve the loopback too
+                    address = toward
+            return address
+        except OSError as error:
+            if time.monotonic() > deadline:
+                raise SpecError(
+                    [f"vllm role: no address of {name} to listen on ({error}); see the host's network"]
+                ) from None
+            time.sleep(POLL_S)
 
 
 def route_address(host: str) -> str:
@@ -174,6 +184,8 @@ def _hold_until_done(listener: socket.socket, server: subprocess.Popen, first_co
         with lease:
             if not _says_the_token(lease):
                 log.warning("a connection from %s without the job's token: dropped", address[0])
+                if time.monotonic() > deadline:  # strangers knocking keep accept from timing out: the wait ends
+                    return f"no trainer held its lease for {waited:.0f} s"
                 continue  # a stranger neither holds the lease nor restarts the wait
             _keep_alive(lease)
             if _held(lease, server) == b"done":
@@ -184,11 +196,15 @@ def _hold_until_done(listener: socket.socket, server: subprocess.Popen, first_co
 
 
 def _says_the_token(lease: socket.socket) -> bool:
-    """Whether the connection's first line, within ``HANDSHAKE_S``, is the job's token (vllm_token.py)."""
-    lease.settimeout(HANDSHAKE_S)
+    """Whether the connection's first line, within ``HANDSHAKE_S`` in all, is the job's token (vllm_token.py)."""
+    end = time.monotonic() + HANDSHAKE_S  # for the whole line: a byte now and then holds the lease no longer
     line = b""
     try:
         while not line.endswith(b"\n") and len(line) < 1024:
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            lease.settimeout(left)
             byte = lease.recv(1)  # a byte at a time: what follows the line (done) is the lease's
             if not byte:
                 return False
@@ -253,12 +269,15 @@ def lease(spec: Spec) -> Iterator[None]:
     timeout_s = spec.training.get("vllm_server_timeout", 240)
     deadline = time.monotonic() + timeout_s
     while True:
+        held = None
         try:
             held = socket.create_connection((host, port), timeout=POLL_S)
             held.sendall(token.encode() + b"\n")  # the role gives its lease to the job only
             _keep_alive(held)  # and a vanished role host shows in role_exited
             break
         except OSError as error:
+            if held is not None:
+                held.close()
             if time.monotonic() > deadline:
                 raise SpecError(
                     [

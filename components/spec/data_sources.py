@@ -26,7 +26,7 @@ def matched_paths(path: str) -> List[Path]:
 def missing_path(pattern: str, where: str) -> str:
     """A local source's path that names no file, as the client and the job say it."""
     what = "no file matches" if is_glob(pattern) else "no such file:"
-    relative = "" if Path(pattern).expanduser().is_absolute() else f" (relative paths start at {Path.cwd()})"
+    relative = "" if Path(pattern).is_absolute() else f" (relative paths start at {Path.cwd()})"  # no ~: never expanded
     return f"{where}.path: {what} {pattern}{relative}"
 
 

@@ -227,7 +227,7 @@ def local_data_problems(spec: Any) -> List[str]:
             continue  # a hub data set: the job's
         renames = {**spec.data.columns, **source.columns}
         found = [path for path in matched_paths(source.path) if path.exists()]
-        if not found and not Path(source.path).expanduser().is_absolute():  # local_cwd and Slurm run here too
+        if not found and not Path(source.path).is_absolute():  # local_cwd and Slurm run here too
             problems.append(
                 f"{missing_path(source.path, where)}; a file only the job's machines have: give its full path"
             )

@@ -148,6 +148,9 @@ def test_readme_code_runs(item: Item, readme_runs: Dict[int, Ran]) -> None:
     if plan.command.output:  # a transcript: it prints what README shows (times, numbers and the directory aside)
         missing = [line for line in plan.command.output if normalised(line) not in normalised(output)]
         assert not missing, f"README shows {missing}, not printed\n" + show(plan, ran)
+        refused = plan.argv[:2] == ("torchx", "run") and not re.search(r"^\w+://torchx/", result.stdout, re.M)
+        if refused and not plan.dryrun and "--help" not in plan.argv:  # the client's one line: nothing scheduled
+            assert result.returncode == 1, show(plan, ran)
         return
     assert result.returncode == 0, show(plan, ran)
     argv = plan.argv

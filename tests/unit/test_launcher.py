@@ -77,17 +77,18 @@ def test_the_run_s_logs_are_kept_in_its_output_directory_where_the_job_made_one(
     argv.append(json.dumps({"training": {"output_dir": str(output_dir)}}))
     kept = launcher.kept_logs(argv)
     assert kept == output_dir / "logs" and launcher.kept_logs(argv[:3]) is None
-    log_dir = tmp_path / "torchelastic"
-    (log_dir / "an-earlier-run_x").mkdir(parents=True)
-    before = ["an-earlier-run_x"]
+    log_dir = tmp_path / "torchelastic_x"  # this launcher's own
     rank = log_dir / "job-1_ab12" / "attempt_0" / "1"  # torchrun's layout: <run id>_<random>/attempt_<n>/<local rank>
     rank.mkdir(parents=True)
     (rank / "stderr.log").write_text("posttrain[1] WARNING ...\n")
-    launcher.keep_logs(log_dir, before, kept)
+    (log_dir / "job-1_cd34" / "attempt_0" / "0").mkdir(parents=True)
+    launcher.keep_logs(log_dir, kept)
     assert not output_dir.exists()  # stopped before it made its output directory: nothing of the run to keep beside
     output_dir.mkdir()
-    launcher.keep_logs(log_dir, before, kept)
-    assert [p.relative_to(kept).as_posix() for p in kept.rglob("*.log")] == ["job-1_ab12/attempt_0/1/stderr.log"]
-    (kept / "an-earlier-run_x").write_text("in the way")  # a copy that fails (as on a full disk) stays quiet
-    launcher.keep_logs(log_dir, [], kept)
-    assert (kept / "an-earlier-run_x").read_text() == "in the way"
+    kept.mkdir()
+    (kept / "job-1_ab12").write_text("in the way")  # a copy that fails (as on a full disk) is left, the next made
+    launcher.keep_logs(log_dir, kept)
+    assert (kept / "job-1_ab12").read_text() == "in the way" and (kept / "job-1_cd34" / "attempt_0" / "0").is_dir()
+    (kept / "job-1_ab12").unlink()
+    launcher.keep_logs(log_dir, kept)
+    assert (kept / "job-1_ab12" / "attempt_0" / "1" / "stderr.log").read_text() == "posttrain[1] WARNING ...\n"

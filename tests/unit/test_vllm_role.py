@@ -54,20 +54,29 @@ def test_server_mode_adds_a_vllm_role_the_trainers_find() -> None:
         "POSTTRAIN_VLLM_HOST=$${SLURM_JOB_NODELIST_HET_GROUP_2:-$${VC_VLLM_0_HOSTS:-127.0.0.1}} exec python -m "
     )
     command = server.args[1]
-    assert command.startswith("python -m posttrain.entrypoints.vllm_server --spec-json ")
+    assert command.startswith(  # the role listens where the trainers connect: the same host, resolved
+        "POSTTRAIN_VLLM_HOST=$${SLURM_JOB_NODELIST_HET_GROUP_2:-$${VC_VLLM_0_HOSTS:-127.0.0.1}} python -m "
+        "posttrain.entrypoints.vllm_server --spec-json "
+    )
     # it waits for the trainers as long as a collective would, and for a restarted rank 0 (torchrun restarts)
     assert command.endswith("--tensor-parallel-size 1 --data-parallel-size 1 --first-contact-s 300 --lease-grace-s 300")
 
 
-def test_each_job_gets_a_token_of_its_own_in_the_environment_it_inherits_never_in_the_request(monkeypatch) -> None:
-    monkeypatch.delenv(VLLM_TOKEN_VARIABLE, raising=False)
+@pytest.fixture(autouse=True)
+def token_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The environment as it was after each test: the component writes the job's token into it."""
+    monkeypatch.setenv(VLLM_TOKEN_VARIABLE, "")
+    monkeypatch.delenv(VLLM_TOKEN_VARIABLE)
+
+
+def test_each_job_gets_a_token_of_its_own_in_the_environment_it_inherits_never_in_the_request() -> None:
     request = str(dryrun("slurm", {}, j="2x1"))
     first = os.environ[VLLM_TOKEN_VARIABLE]
     assert len(first) >= 40 and first not in request
     for scheduler, cfg in (("local_cwd", {}), ("kubernetes", {"queue": "default"})):
         assert os.environ[VLLM_TOKEN_VARIABLE] not in str(dryrun(scheduler, cfg))
     assert os.environ[VLLM_TOKEN_VARIABLE] != first  # a new one for each job this process submits
-    monkeypatch.setenv(VLLM_TOKEN_VARIABLE, "the-user-s-own")  # exported by the user: theirs to keep
+    os.environ[VLLM_TOKEN_VARIABLE] = "the-user-s-own"  # exported by the user: theirs to keep
     app()
     assert os.environ[VLLM_TOKEN_VARIABLE] == "the-user-s-own"
 
@@ -115,7 +124,7 @@ def test_slurm_runs_both_roles_as_one_heterogeneous_job() -> None:
     assert list(groups) == ["grpo-0", "grpo-1", "vllm-0"]  # het group 2 is the server's, as the trainers expect
     assert script.count("#SBATCH hetjob") == 2
     assert groups["grpo-0"].endswith("--gpus-per-task=1") and groups["vllm-0"].endswith("--gpus-per-task=2")
-    assert script.count("SLURM_JOB_NODELIST_HET_GROUP_2") == 2  # both trainers' commands
+    assert script.count("SLURM_JOB_NODELIST_HET_GROUP_2") == 3  # both trainers' commands and the server's
     assert "posttrain.entrypoints.vllm_server" in script and "--tensor-parallel-size 2" in script
 
 

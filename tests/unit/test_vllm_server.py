@@ -109,6 +109,36 @@ def test_a_stranger_on_the_lease_is_dropped_and_cannot_end_the_server(says: byte
     assert serving.wait() == 0
 
 
+def test_a_stranger_s_slow_bytes_hold_the_handshake_no_longer_than_its_time(monkeypatch) -> None:
+    monkeypatch.setattr(vllm_server, "HANDSHAKE_S", 1.0)
+    serving = Serving(SLEEPER)
+    started = time.monotonic()
+    with serving.connect(says=b"x") as stranger:
+        stranger.settimeout(0.3)
+        while time.monotonic() - started < 5:  # a byte every 0.3 s, never a line
+            try:
+                if stranger.recv(16) == b"":
+                    break
+            except socket.timeout:
+                stranger.sendall(b"x")
+            except ConnectionResetError:
+                break
+    assert time.monotonic() - started < 2.5  # dropped after the handshake's second, not one per byte
+    with serving.connect() as lease:
+        lease.sendall(b"done")
+    assert serving.wait() == 0
+
+
+def test_strangers_knocking_do_not_keep_a_role_whose_trainers_never_came() -> None:
+    serving = Serving(SLEEPER, first_contact_s=1)
+    deadline = time.monotonic() + 10
+    while not serving.result and time.monotonic() < deadline:  # a knock well within every accept's timeout
+        with contextlib.suppress(OSError):
+            serving.connect(says=b"guess\n").close()
+        time.sleep(0.2)
+    assert serving.wait() == 0 and time.monotonic() < deadline
+
+
 def test_a_trainer_gone_without_done_ends_the_role_at_once_without_restarts() -> None:
     serving = Serving(SLEEPER, grace_s=0)
     serving.connect().close()  # rank 0 crashed: the kernel closes its end
@@ -267,26 +297,32 @@ def test_the_server_listens_where_it_is_told_behind_the_job_s_guard(tmp_path: Pa
     assert TOKEN not in " ".join(command)  # the token reaches vLLM through the environment only
 
 
-def test_the_role_listens_on_loopback_locally_and_on_the_job_s_network_on_a_cluster(monkeypatch) -> None:
-    for name in ("SLURMD_NODENAME", "VC_VLLM_0_HOSTS", "SLURM_LAUNCH_NODE_IPADDR"):
+def network_address() -> str:
+    """This host's address on its network (the route to a documentation address); a host without one skips."""
+    try:
+        return vllm_server.route_address("203.0.113.5")
+    except OSError as error:
+        pytest.skip(f"this host has no route to another network ({error})")
+
+
+def test_the_role_listens_where_the_trainers_connect_on_loopback_locally(monkeypatch) -> None:
+    for name in (VLLM_HOST_VARIABLE, "SLURM_LAUNCH_NODE_IPADDR"):
         monkeypatch.delenv(name, raising=False)
-    assert vllm_server.listen_address() == "127.0.0.1"  # local_cwd
-    monkeypatch.setenv("VC_VLLM_0_HOSTS", "localhost")  # Volcano: the pod's own name, as the trainers resolve it
-    assert vllm_server.listen_address() == "127.0.0.1"
-    monkeypatch.setenv("SLURMD_NODENAME", "localhost")  # a node whose own name is a loopback address (Debian's)
-    here = vllm_server.route_address(
-        "203.0.113.5"
-    )  # this host's address on its network (a documentation address's route)
+    assert vllm_server.listen_address() == "127.0.0.1"  # local_cwd (the trainers' default too)
+    monkeypatch.setenv(VLLM_HOST_VARIABLE, "localhost")  # a host's own name that is a loopback address (Debian's)
+    here = network_address()
     monkeypatch.setenv("SLURM_LAUNCH_NODE_IPADDR", here)  # the trainers on this host: they resolve the loopback too
     assert vllm_server.listen_address() == "127.0.0.1"
     monkeypatch.setenv("SLURM_LAUNCH_NODE_IPADDR", "203.0.113.5")  # the trainers on another host
     assert vllm_server.listen_address() == here != "127.0.0.1"
-    monkeypatch.setenv("SLURMD_NODENAME", "no-such-host.invalid")
+    monkeypatch.setenv(VLLM_HOST_VARIABLE, "no-such-host.invalid")
+    monkeypatch.setattr(vllm_server, "RESOLVE_S", 0.5)  # a DNS record that never comes
+    monkeypatch.setattr(vllm_server, "POLL_S", 0.1)
     with pytest.raises(SpecError, match=r"^vllm role: no address of no-such-host.invalid to listen on \("):
         vllm_server.listen_address()
 
 
-def test_the_trainers_client_sends_the_token_to_the_job_s_role_only() -> None:
+def test_the_trainers_client_sends_the_token_to_the_job_s_role_only(tmp_path: Path, monkeypatch) -> None:
     """What ``prepare`` does to TRL's ``VLLMClient`` (which needs vLLM: the vLLM tests run it against the role)."""
     import requests
 
@@ -306,6 +342,8 @@ def test_the_trainers_client_sends_the_token_to_the_job_s_role_only() -> None:
             self.session = requests.Session()
             self.session.get(f"{base_url}/v1/models")
 
+    (tmp_path / "netrc").write_text("default login someone password theirs\n")  # requests applies it where it can
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
     server = http.server.HTTPServer(("127.0.0.1", 0), Recording)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_port}"
@@ -316,7 +354,8 @@ def test_the_trainers_client_sends_the_token_to_the_job_s_role_only() -> None:
         Client(url)
     finally:
         server.shutdown()
-    assert seen == [f"Bearer {TOKEN}", f"Bearer {TOKEN}", None]
+    assert seen[:2] == [f"Bearer {TOKEN}", f"Bearer {TOKEN}"]
+    assert seen[2].startswith("Basic ")  # the .netrc's, which the job's token is not given way to
 
 
 def test_on_gpus_trl_s_nccl_rendezvous_listens_toward_the_role_only() -> None:
@@ -325,5 +364,5 @@ def test_on_gpus_trl_s_nccl_rendezvous_listens_toward_the_role_only() -> None:
 
     toward = vllm_generation._toward("127.0.0.1", trl_s_get_ip)
     assert toward() == "127.0.0.1"  # local_cwd: the role is on this host
-    assert vllm_generation._toward("203.0.113.5", trl_s_get_ip)() == vllm_server.route_address("203.0.113.5")
+    assert vllm_generation._toward("203.0.113.5", trl_s_get_ip)() == network_address()
     assert vllm_generation._unwrapped(toward) is trl_s_get_ip  # the next job's prepare starts from TRL's
