@@ -84,7 +84,7 @@ class RequireToken:
 
     def _allowed(self, scope: Dict[str, Any]) -> bool:
         path = scope["path"].removeprefix(scope.get("root_path", ""))
-        if path in OPEN_PATHS or path.rstrip("/") in OPEN_PATHS:
+        if path.rstrip("/") in OPEN_PATHS:
             return True
         headers = dict(scope.get("headers") or [])
         scheme, _, given = headers.get(b"authorization", b"").partition(b" ")
