@@ -5,7 +5,7 @@ registry). A key the user set is never changed: setting it, to either value,
 is the off-switch. ``run_summary.json`` lists what ran (``fast_paths``).
 Measured gains: BENCHMARKS.md.
 
-- ``padding_free`` (SFT): each batch is one row, its sequences one after
+- ``padding_free`` (SFT, GRPO, RLOO): each batch is one row, its sequences one after
   another with positions restarting at 0, and no padding at all; TRL's
   default pads every row to the batch's longest. Per-sequence losses are
   those of the padded batch (tests/unit/test_fast_paths.py) because the mask
@@ -15,16 +15,21 @@ Measured gains: BENCHMARKS.md.
   why. On by default on CPUs, and on GPUs with varlen attention (flash
   attention, ``torch_varlen``); with SDPA on GPUs it is slower (a dense mask
   over the whole row), so it stays off there. Off-switch: ``training.padding_free: false``. (``packing`` is not a
-  default: it changes how many sequences a step trains on.)
-- ``torch_varlen`` attention (SFT, on GPUs that run torch's varlen kernels,
+  default: it changes how many sequences a step trains on.) GRPO's and RLOO's forward passes over prompts and
+  completions (the policy's, the old policy's, the reference's) are padding-free where the model's attention is
+  varlen (on GPUs: ``torch_varlen``, flash attention; entrypoints/rl_padding_free.py): the same log-probabilities,
+  without the padding of each prompt to the longest and each completion to the longest. Off-switch:
+  ``model.attn_implementation: sdpa``.
+- ``torch_varlen`` attention (SFT, GRPO, RLOO, on GPUs that run torch's varlen kernels,
   for the model types it is checked for, in half precision): the kernels
   (entrypoints/attention.py) attend within each sequence of a padding-free
   row, so padding-free pays on GPUs too. Off-switch:
   ``model.attn_implementation`` (e.g. ``sdpa``) or ``training.padding_free:
   false``.
-- ``use_liger_kernel`` (SFT, on CUDA, when ``liger-kernel`` is installed):
-  Liger's fused kernels (RMSNorm, RoPE, SwiGLU, a cross-entropy that never
-  materialises the logits). Off-switch: ``training.use_liger_kernel: false``.
+- ``use_liger_kernel`` (SFT, GRPO, RLOO, on CUDA, when ``liger-kernel`` is
+  installed): Liger's fused kernels (RMSNorm, RoPE, SwiGLU, and for SFT a
+  cross-entropy that never materialises the logits; GRPO and RLOO have TRL's
+  own fused LM head). Off-switch: ``training.use_liger_kernel: false``.
 - ``gpu_batch`` (SFT, on CUDA, with Liger's fused loss): rows of
   ``max_length`` per device and step up to ``GPU_TOKENS_PER_STEP`` (64 rows
   of TRL's default 1024) instead of TRL's 8, where they fit
@@ -58,7 +63,7 @@ from posttrain.components.spec.schema import (
     PACKING_AWARE_ATTENTION,
     Spec,
 )
-from posttrain.entrypoints import attention, gpu_memory
+from posttrain.entrypoints import attention, gpu_memory, rl_padding_free
 
 log = logging.getLogger("posttrain")
 
@@ -193,6 +198,9 @@ def switch_to_padding_free(trainer: Any, spec: Spec) -> None:
     the job stops and says why.
     """
     collator, training = getattr(trainer, "data_collator", None), spec.training
+    if spec.generates_with_sdpa:
+        switch_passes_to_padding_free(trainer)
+        return
     if "padding_free" not in spec.fast_paths or not hasattr(collator, "padding_free"):
         return
     model = trainer.accelerator.unwrap_model(trainer.model)
@@ -213,6 +221,31 @@ def switch_to_padding_free(trainer: Any, spec: Spec) -> None:
     collator.padding_free = trainer.padding_free = True
 
 
+def switch_passes_to_padding_free(trainer: Any) -> None:
+    """GRPO's and RLOO's forward passes padding-free (rl_padding_free.py) where the model's attention is varlen,
+    their generation with a KV cache; on a GPU, rank 0 says what generates and whether the passes are padding-free."""
+    rl_padding_free.generate_with_a_kv_cache(trainer)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model
+    implementation = model.config._attn_implementation
+    if implementation in VARLEN_KERNELS and padding_free_reason(model) is None:
+        rl_padding_free.pack_passes(trainer)
+    if not torch.cuda.is_available() or int(os.environ.get("RANK", "0")) != 0:
+        return
+    if getattr(trainer, "padding_free_passes", False):
+        passes = f"padding-free ({implementation} attention; model.attn_implementation: sdpa pads them)"
+    else:
+        passes = f"padded: {implementation} attention over one long row is slower than padding (BENCHMARKS.md)"
+    args = trainer.args
+    if getattr(args, "use_vllm", False):
+        engine = f"vLLM ({args.vllm_mode})"
+    elif getattr(args, "use_transformers_continuous_batching", False):
+        engine = "transformers' continuous batching"
+    else:
+        engine = "transformers' generate (training.use_vllm: true generates with vLLM, where installed)"
+    log.info("forward passes over prompts and completions: %s; completions generated by %s", passes, engine)
+
+
 def applied(trainer: Any, spec: Spec) -> List[str]:
     """The fast paths the live trainer runs with."""
     found = []
@@ -220,6 +253,8 @@ def applied(trainer: Any, spec: Spec) -> List[str]:
     if chosen and chosen["per_device_train_batch_size"] == trainer.args.per_device_train_batch_size:
         found.append("gpu_batch")
     if getattr(getattr(trainer, "data_collator", None), "padding_free", False):
+        found.append("padding_free")
+    if getattr(trainer, "padding_free_passes", False):
         found.append("padding_free")
     if getattr(getattr(trainer.model, "config", None), "_attn_implementation", None) == attention.NAME:
         found.append(attention.NAME)

@@ -72,7 +72,8 @@ def generation(trainer: Any) -> Dict[str, Any]:
     """How completions were generated: the engine, vLLM's mode and weight sync, and (vLLM) this process's tokens/s."""
     args = trainer.args
     if not getattr(args, "use_vllm", False):
-        return {"engine": "transformers", "mode": None, "weight_sync": None, "tokens_per_s": None}
+        mode = "continuous_batching" if getattr(args, "use_transformers_continuous_batching", False) else "generate"
+        return {"engine": "transformers", "mode": mode, "weight_sync": None, "tokens_per_s": None}
     from posttrain.entrypoints.vllm_generation import STATS
 
     seconds = STATS["seconds"]

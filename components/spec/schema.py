@@ -262,6 +262,8 @@ class Spec(_Strict):
     generates: ClassVar[bool] = False
     # compares num_generations completions of each prompt (GRPO, RLOO)
     groups: ClassVar[bool] = False
+    # its trainer generates with SDPA where the model trains with torch_varlen (entrypoints/rl_padding_free.py)
+    generates_with_sdpa: ClassVar[bool] = False
     # TRL's tokenised rows hold input_ids, which transformers' length-grouping samplers measure (SFT's do)
     rows_hold_input_ids: ClassVar[bool] = False
     # PEFT task type of the trained model under model.lora
@@ -342,7 +344,7 @@ class Spec(_Strict):
                 f"training.{packed[0]}: with model.attn_implementation {attention!r} packed sequences could attend "
                 f"to each other; use one of {', '.join(PACKING_AWARE_ATTENTION)}, or set it to false"
             )
-        if attention == TORCH_VARLEN and self.generates:
+        if attention == TORCH_VARLEN and self.generates and not self.generates_with_sdpa:
             found.append(
                 f"model.attn_implementation: {TORCH_VARLEN} trains on whole sequences and cannot generate with "
                 f"a KV cache, which posttrain.{self.name()} does; use sdpa or flash_attention_2"
@@ -469,6 +471,8 @@ class _GroupSpec(_OnlineSpec):
 
     groups: ClassVar[bool] = True
     vllm_role: ClassVar[bool] = True
+    fast_paths: ClassVar[Tuple[str, ...]] = ("padding_free", "use_liger_kernel")
+    generates_with_sdpa: ClassVar[bool] = True
 
     def problems(self, world_size: Optional[int]) -> List[str]:
         found = super().problems(world_size)

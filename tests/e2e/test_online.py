@@ -31,6 +31,16 @@ def test_group_methods_raise_the_reward(tmp_path: Path, template: str) -> None:
     assert reward_rise(output_dir, "reward") >= 0.2
 
 
+@pytest.mark.parametrize("template", ["grpo/tiny.yaml", "rloo/tiny.yaml"])
+def test_padding_free_passes_raise_the_reward(tmp_path: Path, template: str) -> None:
+    """The passes a GPU packs by default (torch_varlen; on CPU SDPA one sequence at a time), in two processes."""
+    output_dir = tmp_path / "out"
+    overrides = ["model.name_or_path=builtin:tiny-llama", "model.attn_implementation=torch_varlen"]
+    assert_succeeded(run_template(template, tmp_path, output_dir, overrides=overrides))
+    assert reward_rise(output_dir, "reward") >= 0.2
+    assert "padding_free" in read_json(output_dir / "run_summary.json")["fast_paths"]
+
+
 def test_online_dpo_raises_the_score_of_its_sampled_answers(tmp_path: Path) -> None:
     output_dir = tmp_path / "out"
     assert_succeeded(run_template("online_dpo/tiny.yaml", tmp_path, output_dir))

@@ -146,13 +146,17 @@ def test_generating_with_a_kv_cache_is_refused_in_one_line() -> None:
         model.generate(sequences()[0][None], max_new_tokens=2, do_sample=False)
 
 
-def test_a_generating_algorithm_is_refused_it_before_the_job() -> None:
+def test_a_generating_algorithm_is_refused_it_before_the_job_unless_it_generates_with_sdpa() -> None:
     spec = {"model": {"name_or_path": "builtin:tiny-llama", "attn_implementation": "torch_varlen"}}
     spec.update(
-        data={"train": {"path": "rows.jsonl"}}, training={"output_dir": "out"}, rewards=[{"function": "length"}]
+        data={"train": {"path": "rows.jsonl"}},
+        training={"output_dir": "out"},
+        rewards=[{"builtin": "contains", "args": {"target": "blue"}}],
     )
     with pytest.raises(SpecError, match="torch_varlen trains on whole sequences and cannot generate"):
-        validate({"algorithm": "grpo", **spec})
+        validate({"algorithm": "online_dpo", **spec})
+    for algorithm in ("grpo", "rloo"):  # their passes are padding-free, their generation SDPA's (rl_padding_free.py)
+        assert validate({"algorithm": algorithm, **spec}).model.attn_implementation == "torch_varlen"
 
 
 def sft_spec(tmp_path: Path, config: PretrainedConfig, model: Dict[str, object] = {}, **training: object):

@@ -258,8 +258,13 @@ BAD_VALUES = [
     ),
     (
         "grpo",
+        {"liger_kernel_config": {"fused_linear_cross_entropy": True}},
+        "training.liger_kernel_config: fused_linear_cross_entropy: true cannot go with Liger kernels (on by default on GPUs) in trl:GRPOTrainer",
+    ),
+    (
+        "dpo",
         {"liger_kernel_config": {"fused_linear_cross_entropy": True}, "use_liger_kernel": True},
-        "training.liger_kernel_config: fused_linear_cross_entropy: true cannot go with Liger kernels in trl:GRPOTrainer",
+        "training.liger_kernel_config: fused_linear_cross_entropy: true cannot go with Liger kernels in trl:DPOTrainer",
     ),
     (
         "sft",
@@ -306,7 +311,7 @@ VALID_VALUES = [
     ("sft", {"lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": {"min_lr_rate": 0.1}}),
     ("dpo", {"lr_scheduler_type": "warmup_stable_decay", "lr_scheduler_kwargs": {"num_decay_steps": 5}}),
     ("dpo", {"activation_checkpointing_kwargs": {"use_reentrant": False, "preserve_rng_state": False}}),
-    ("grpo", {"liger_kernel_config": {"fused_linear_cross_entropy": True}}),  # Liger off: TRL never reads it
+    ("dpo", {"liger_kernel_config": {"fused_linear_cross_entropy": True}}),  # Liger off: TRL never reads it
     ("grpo", {"generation_kwargs": {"top_k": 5, "min_new_tokens": 2}}),
     ("dpo", {"optim": "sgd", "optim_args": "momentum=0.9,nesterov=true"}),
     ("grpo", {"use_vllm": True, "vllm_mode": "server", "vllm_gpu_memory_utilization": 0.5, "vllm_server_port": 8001}),

@@ -103,7 +103,7 @@ def test_the_summary_says_how_completions_were_generated_without_vllm() -> None:
     trainer = SimpleNamespace(args=SimpleNamespace(use_vllm=False))
     assert summary.generation(trainer) == {
         "engine": "transformers",
-        "mode": None,
+        "mode": "generate",
         "weight_sync": None,
         "tokens_per_s": None,
     }

@@ -1,0 +1,184 @@
+"""GRPO's and RLOO's padding-free forward passes compute what TRL's padded ones compute.
+
+For a fixed batch of prompts and completions (prompts of very different
+lengths padded on the left as TRL pads them, completions ended early and
+padded on the right), the per-token log-probabilities and entropies of the
+completions, a GRPO loss of them and its gradients equal those of TRL's own
+``_get_per_token_logps_and_entropies`` (its code, unchanged) at 1e-5, on
+Llama, Qwen2 and Qwen3 shapes, with SDPA and with ``torch_varlen`` (on CPU:
+SDPA one sequence at a time). Generation then attends with SDPA and goes back.
+"""
+
+from pathlib import Path
+from typing import Tuple
+
+import pytest
+import torch
+from accelerate import Accelerator
+from accelerate.state import AcceleratorState
+from transformers import (
+    GenerationConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+from trl import GRPOTrainer
+from trl.trainer.utils import add_fused_lm_head
+
+from helpers import build_trainer, tiny_job
+from posttrain.entrypoints import attention, fast_paths, tiny
+from posttrain.entrypoints.rl_padding_free import forward_without_float32_outputs, generation_attention, pack_passes
+
+SHAPE = dict(
+    vocab_size=300,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
+PAD = 0
+MODELS = {
+    "llama": lambda: LlamaForCausalLM(LlamaConfig(**SHAPE, attention_dropout=0.1)),
+    "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**SHAPE)),
+    "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=16)),
+}
+
+
+class Padded:
+    """TRL's padded passes, its own code: what the trainer calls them with is all that is stood in for."""
+
+    @property
+    def accelerator(self) -> Accelerator:
+        return Accelerator(cpu=True)
+
+    _get_per_token_logps_and_entropies = GRPOTrainer._get_per_token_logps_and_entropies
+
+
+def packed() -> Padded:
+    trainer = Padded()
+    pack_passes(trainer)
+    return trainer
+
+
+def model(name: str, implementation: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    built = MODELS[name]()
+    if implementation == attention.NAME:
+        attention.register()
+    built.set_attn_implementation(implementation)
+    add_fused_lm_head(built, outputs=("log_probs", "entropy"))
+    return built.eval()  # attention dropout off: the two paths must be deterministic
+
+
+def batch(padding: str) -> Tuple[torch.Tensor, torch.Tensor, int]:
+    """Prompt and completion ids, their mask and the completions' width, as TRL concatenates them: prompts of
+    different lengths padded on the left ("left"), completions of different lengths padded on the right
+    ("right"), or both."""
+    generator = torch.Generator().manual_seed(1)
+    prompt_lengths = [3, 17, 9, 30, 1, 12] if padding in ("left", "both") else [14] * 6
+    completion_lengths = [25, 4, 25, 11, 1, 19] if padding in ("right", "both") else [25] * 6
+    width_p, width_c = max(prompt_lengths), max(completion_lengths)
+    ids = torch.full((6, width_p + width_c), PAD)
+    mask = torch.zeros_like(ids)
+    for row, (p, c) in enumerate(zip(prompt_lengths, completion_lengths)):
+        ids[row, width_p - p : width_p + c] = torch.randint(1, 300, (p + c,), generator=generator)
+        mask[row, width_p - p : width_p + c] = 1
+    return ids, mask, width_c
+
+
+def grpo_loss(logps: torch.Tensor, entropies: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
+    """A policy-gradient loss of the completions' tokens (advantages of either sign) with an entropy bonus."""
+    advantages = torch.tensor([1.0, -0.5, 0.25, -1.0, 2.0, 0.5])[:, None]
+    per_token = -torch.exp(logps - logps.detach()) * advantages - 0.01 * entropies
+    return (per_token * completion_mask).sum() / completion_mask.sum()
+
+
+@pytest.mark.parametrize("padding", ["left", "right", "both"])
+@pytest.mark.parametrize("implementation", ["sdpa", attention.NAME])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_padding_free_passes_equal_trl_padded_passes(name: str, implementation: str, padding: str) -> None:
+    ids, mask, width = batch(padding)
+    completion_mask = mask[:, -width:].float()
+    results = []
+    for trainer in (Padded(), packed()):
+        policy = model(name, implementation)
+        logps, entropies, _ = trainer._get_per_token_logps_and_entropies(
+            policy, ids, mask, width, batch_size=4, compute_entropy=True
+        )
+        loss = grpo_loss(logps, entropies, completion_mask)
+        loss.backward()
+        gradients = {key: parameter.grad for key, parameter in policy.named_parameters()}
+        results.append((logps, entropies, loss, gradients))
+    (padded_logps, padded_entropies, padded_loss, padded_grads), (logps, entropies, loss, grads) = results
+    assert logps.shape == padded_logps.shape == (6, width)
+    assert (logps[completion_mask == 0] == 0).all() and (entropies[completion_mask == 0] == 0).all()
+    torch.testing.assert_close(logps, padded_logps, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(entropies, padded_entropies, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(loss, padded_loss, atol=1e-5, rtol=1e-5)
+    for key, gradient in grads.items():
+        torch.testing.assert_close(gradient, padded_grads[key], atol=1e-5, rtol=1e-5, msg=key)
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "rloo"])
+def test_the_job_packs_the_passes_where_the_attention_is_varlen(tmp_path: Path, algorithm: str) -> None:
+    """The trainer the entrypoint builds, as the job has it built: packed passes with torch_varlen (what a GPU takes
+    by default), TRL's padded ones with SDPA (the default elsewhere); generation adapted in both."""
+    for implementation, packs in ((attention.NAME, True), ("sdpa", False)):
+        model_section = {"name_or_path": tiny.NAME, "attn_implementation": implementation}
+        job = tiny_job(tmp_path / implementation, algorithm, model=model_section)
+        trainer = build_trainer(job)
+        assert getattr(trainer, "padding_free_passes", False) is packs
+        assert ("padding_free" in fast_paths.applied(trainer, job.spec)) is packs
+        assert "_generate_single_turn" in vars(trainer)  # SDPA while generating, wherever the model trains varlen
+
+
+def test_generation_attends_with_sdpa_and_goes_back() -> None:
+    """torch_varlen takes no KV cache: generating switches the model to SDPA (the same greedy tokens as a model
+    loaded with SDPA) and back to torch_varlen after."""
+    prompts, prompt_mask, _ = batch("left")
+    prompts, prompt_mask = prompts[:, :30], prompt_mask[:, :30]
+    settings = GenerationConfig(max_new_tokens=8, do_sample=False, pad_token_id=PAD, eos_token_id=None)
+    with torch.no_grad():
+        expected = model("llama", "sdpa").generate(prompts, attention_mask=prompt_mask, generation_config=settings)
+        varlen = model("llama", attention.NAME)
+        with generation_attention(varlen):
+            assert varlen.config._attn_implementation == "sdpa"
+            generated = varlen.generate(prompts, attention_mask=prompt_mask, generation_config=settings)
+    assert varlen.config._attn_implementation == attention.NAME
+    assert torch.equal(generated, expected)
+
+
+def test_continuous_batching_generates_what_generate_does() -> None:
+    """Greedy, transformers' continuous batching (the GPU default without vLLM) gives ``generate``'s tokens."""
+    prompts, prompt_mask, _ = batch("left")
+    prompts, prompt_mask = prompts[:, :30], prompt_mask[:, :30]
+    settings = GenerationConfig(max_new_tokens=8, do_sample=False, pad_token_id=PAD, eos_token_id=None)
+    policy = model("qwen2", "sdpa")
+    with torch.no_grad():
+        padded = policy.generate(prompts, attention_mask=prompt_mask, generation_config=settings)[:, 30:]
+        unpadded = [row[keep.bool()].tolist() for row, keep in zip(prompts, prompt_mask)]
+        outputs = policy.generate_batch(unpadded, generation_config=settings, progress_bar=False)
+    generated = [output.generated_tokens for output in outputs.values()]
+    assert generated == padded.tolist()
+
+
+def test_continuous_batching_runs_the_forward_accelerate_wrapped() -> None:
+    """accelerate's mixed-precision forward converts half-precision outputs (and the paged cache, which has a dtype)
+    to float32: continuous batching gets the forward it wrapped, and the wrapper is back after."""
+    AcceleratorState._reset_state(reset_partial_state=True)  # the process's state: mixed precision or not
+    try:
+        policy = Accelerator(cpu=True, mixed_precision="bf16").prepare(model("qwen2", "sdpa"))
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+    wrapped = policy.forward
+    with forward_without_float32_outputs(policy):
+        assert policy.forward == policy._original_forward != wrapped
+    assert policy.forward == wrapped
+    plain = model("qwen2", "sdpa")
+    with forward_without_float32_outputs(plain):  # never wrapped: unchanged
+        assert "forward" in plain.__dict__  # TRL's fused LM head
