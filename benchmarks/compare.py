@@ -18,13 +18,15 @@ def main(
     n_rows: int,
     argv: Optional[Sequence[str]] = None,
     training: Optional[Dict] = None,
+    gpu_training: Optional[Dict] = None,
     rewards: Sequence[Dict] = (),
     per_step: str = "loss",
     tokens: str = "num_input_tokens_seen",
 ) -> None:
     """Parses the command line, builds the workload, runs both sides and prints the tables.
 
-    ``training``: the algorithm's own settings beside the shared ones; ``rewards``: posttrain's
+    ``training``: the algorithm's own settings beside the shared ones (``gpu_training`` in their place under
+    ``--gpu``: the shape a GPU trains at); ``rewards``: posttrain's
     rewards section; ``per_step``: the logged value compared at every step; ``tokens``: the logged running count
     of tokens trained.
     """
@@ -60,7 +62,7 @@ def main(
         "save_strategy": "no",
         "report_to": "none",
         "bf16": options.gpu,
-        **(training or {}),
+        **((gpu_training if options.gpu and gpu_training is not None else training) or {}),
     }
     if not options.gpu:  # on GPUs each side takes its own default: TRL's 8 rows, posttrain's gpu_batch
         training.setdefault("per_device_train_batch_size", 8)

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # What a lent GPU machine runs, in one go (it is lent for minutes): the GPU tests of torch_varlen attention, the SFT
 # benchmark of posttrain's GPU defaults against the plain TRL script's (and against the plain script given posttrain's
-# batch and Liger), with Qwen2.5-0.5B's shape and 1.5B's, GRPO's training loop, and the GPU end-to-end tests. Logs go
-# to $OUT. On an H100: attention, defaults and 1.5b-defaults about 4 minutes, grpo 2, e2e 1.5; all of it does not fit
-# one 560 s call: name the cases (first the ones not yet measured) and run the rest in a second call.
+# batch and Liger), with Qwen2.5-0.5B's shape and 1.5B's, GRPO's and RLOO's at a GSM8K-like step, and the GPU
+# end-to-end tests. Logs go to $OUT. On an H100: attention, defaults and 1.5b-defaults about 4 minutes, e2e 1.5; all
+# of it does not fit one 560 s call: name the cases (first the ones not yet measured) and run the rest in a second.
 #
 # Prepared here, in the checkout (the machine has torch, transformers, accelerate, peft; nothing can be
 # downloaded there): wheels for Python 3.12 of trl, transformers, datasets, liger-kernel, torchx 0.7.0 and
@@ -47,7 +47,7 @@ gpu_tests() {  # name, then pytest arguments
   tail -5 "$out/$name.log"
 }
 # the cases, in the order they run; name some to run only those: bash benchmarks/gpu_lease.sh attention defaults
-cases=("${@:-attention defaults defaults-as-posttrain 1.5b-defaults grpo e2e}")
+cases=("${@:-attention defaults defaults-as-posttrain 1.5b-defaults grpo rloo e2e}")
 for case in ${cases[@]}; do
   case $case in
     # first the kernels' own check: if torch's varlen attention fails here, the SFT rows say what that costs
@@ -58,9 +58,9 @@ for case in ${cases[@]}; do
     defaults-as-posttrain) bench sft-defaults-as-posttrain sft \
       --plain per_device_train_batch_size=64 use_liger_kernel=true activation_checkpointing=false ;;
     1.5b-defaults) bench sft-1.5b-defaults sft --model 1.5b ;;
-    # GRPO's training loop (generation timed apart) against TRL's GRPO script: the same trainer on both sides;
-    # 10 steps of each side took 114 s on an H100 (30 ran past 170 s)
-    grpo) BENCH_TIMEOUT=${BENCH_TIMEOUT:-300} bench grpo grpo --steps "${GRPO_STEPS:-10}" ;;
+    # GRPO and RLOO at a GSM8K-like step (32 prompts x 8 completions of up to 512 tokens; benchmarks/grpo.py)
+    # against TRL's scripts: generation and the training loop timed apart; 4 steps of each side about 4 minutes
+    grpo | rloo) BENCH_TIMEOUT=${BENCH_TIMEOUT:-400} bench "$case" "$case" --steps "${RL_STEPS:-4}" ;;
     e2e) gpu_tests pytest-gpu tests/e2e/test_distributed.py tests/e2e/test_online.py ;;
     *) echo "unknown case $case" && exit 2 ;;
   esac

@@ -260,8 +260,13 @@ def compare(case: Case, repeats: int, keep: Optional[Path] = None) -> Dict[str, 
                 work.mkdir()
                 run = measure(command(case, work, 29400 + repeat), work, case.gpus, case.per_step, case.tokens)
                 runs[side].append(run)
+                loop = (
+                    ""
+                    if run.loop_tokens_per_s != run.loop_tokens_per_s
+                    else f" ({run.loop_tokens_per_s:.0f} in the loop)"
+                )
                 print(
-                    f"  {side:9} run {repeat + 1}/{repeats}: {run.tokens_per_s:8.0f} tokens/s, first step "
+                    f"  {side:9} run {repeat + 1}/{repeats}: {run.tokens_per_s:8.0f} tokens/s{loop}, first step "
                     f"{run.first_step_s:5.1f} s (worker started at {run.worker_start_s:.2f} s), "
                     f"peak RSS {run.peak_rss_mb:6.0f} MB, final {run.per_step} {run.final:.4f}",
                     flush=True,

@@ -16,7 +16,7 @@ import time
 import torch.distributed as dist
 from datasets import load_dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
+from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, RLOOConfig, RLOOTrainer, SFTConfig, SFTTrainer
 
 
 class StepLog(TrainerCallback):
@@ -58,10 +58,13 @@ def main() -> None:
             callbacks=callbacks,
         )
     else:
-        trainer = GRPOTrainer(
+        trainer_class, config_class = (
+            (RLOOTrainer, RLOOConfig) if settings["algorithm"] == "rloo" else (GRPOTrainer, GRPOConfig)
+        )
+        trainer = trainer_class(
             model=model,
             reward_funcs=reward_len,
-            args=GRPOConfig(**settings["training"]),
+            args=config_class(**settings["training"]),
             train_dataset=dataset,
             processing_class=tokenizer,
             callbacks=callbacks,
