@@ -1,20 +1,40 @@
 """One run per output directory: rank 0 of a job holds a lease on ``output_dir`` for as long as the job lives.
 
 The lease is a small JSON file in ``output_dir`` (``.posttrain_lease.json``)
-naming its holder: the job (Slurm's job id, else torchrun's run id: torchx's app id), the
-attempt, the host and process, when it was taken, and a heartbeat renewed
-every :data:`HEARTBEAT_S` seconds. A heartbeat, not a file lock: ``fcntl``
-locks are not reliable on every network file system, a file's contents are.
+naming its holder: the job, the attempt, the host and process, when it was
+taken, and a heartbeat renewed every :data:`HEARTBEAT_S` seconds (a counter,
+``beat``). A heartbeat, not a file lock: ``fcntl`` locks are not reliable on
+every network file system, a file's contents are.
 
 A second run into a held directory stops before any model loads, naming the
-holder. A holder is taken over when it is gone: no heartbeat for
-:data:`STALE_S` seconds, or its process no longer exists on this host. A
-later attempt of the same job (a torchrun restart, a Slurm requeue) takes
-its own lease back. A holder that finds its lease taken by another run ends
-its job at once (exit 2): two runs never write one directory.
+holder. Each fact a newcomer decides from holds where it decides:
+
+- alive or gone is seen, not computed from two hosts' clocks: a holder is
+  gone when its lease does not change for :data:`STALE_S` seconds of the
+  newcomer's own monotonic clock (a live holder renews it meanwhile, so a
+  newcomer waits up to one heartbeat before it refuses);
+- a process id means something only in its PID namespace on its boot: a
+  holder whose process is gone is taken over at once only where host, boot
+  id and PID namespace are the newcomer's own (not across containers that
+  share a host name);
+- a job is named by torchx's app id (torchrun's run id), which two runs in
+  one Slurm allocation do not share, else by the Slurm job and step: a later
+  attempt of the same job (a torchrun restart, a Slurm requeue) takes its own
+  lease back;
+- a lease that exists and cannot be read is held (the line says why).
+
+Taking over is exclusive: the newcomers that judged one lease gone race for
+a claim named after its bytes (exclusive creation), and the one that gets
+it replaces the lease only if it still holds those bytes. A holder that finds
+its lease taken by another run ends its job at once (exit 2, its line in the
+error file torchrun and torchx read; torchrun stops the job's other ranks):
+two runs never write one directory. Limit: a holder paused longer than
+:data:`STALE_S` (SIGSTOP, a suspended job) is taken over; it stops at its
+first heartbeat after it resumes.
 """
 
 import dataclasses
+import hashlib
 import json
 import logging
 import os
@@ -25,12 +45,35 @@ from pathlib import Path
 from typing import IO, Optional, Tuple
 
 from posttrain.components.spec.messages import SpecError
+from posttrain.entrypoints.error_file import STOPPED, record_error
 
 log = logging.getLogger("posttrain")
 
 LEASE_FILE = ".posttrain_lease.json"
-HEARTBEAT_S = 10.0
-STALE_S = 60.0  # six missed heartbeats: a holder this quiet is gone (or its clock is far off)
+HEARTBEAT_S = 5.0
+STALE_S = 60.0  # twelve missed heartbeats, as this host's monotonic clock counts them: a holder this quiet is gone
+
+
+def job_name() -> str:
+    """What names this job across its restarts, and no other job: torchx's app id (torchrun's run id), else the
+    Slurm job and step, else this process."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    # torchrun's default run id is "none"; torchx on Slurm leaves the literal "$SLURM_JOB_ID" (it quotes the macro)
+    if run_id and run_id != "none" and "$" not in run_id:
+        return run_id
+    if os.environ.get("SLURM_JOB_ID"):
+        step = os.environ.get("SLURM_STEP_ID")
+        return f"slurm-{os.environ['SLURM_JOB_ID']}" + (f".{step}" if step else "")
+    return f"pid-{os.getpid()}"
+
+
+def process_space() -> str:
+    """Where a process id names one process: this boot's id and this PID namespace; empty where unknown."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,47 +84,54 @@ class Holder:
     attempt: Tuple[int, int]  # (Slurm's restart count, torchrun's): a later attempt of a job is a greater one
     host: str
     pid: int
-    since: float
-    heartbeat: float
+    process_space: str  # where pid means this process (process_space())
+    since: float  # wall clock, for people to read: no decision compares it with another host's clock
+    beat: int
     token: str
 
     @staticmethod
     def this_process() -> "Holder":
-        now = time.time()
-        # Slurm's job id first: torchrun's run id is the literal "$SLURM_JOB_ID" there (torchx quotes the macro)
-        job = os.environ.get("SLURM_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID") or f"pid-{os.getpid()}"
         attempt = (
             int(os.environ.get("SLURM_RESTART_COUNT", "0")),
             int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
         )
-        return Holder(job, attempt, socket.gethostname(), os.getpid(), now, now, os.urandom(8).hex())
+        return Holder(
+            job_name(), attempt, socket.gethostname(), os.getpid(), process_space(), time.time(), 0, os.urandom(8).hex()
+        )
 
     def describe(self) -> str:
         since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.since))
         return f"job {self.job} on host {self.host} (pid {self.pid}) since {since}"
 
 
-def read_holder(output_dir: Path) -> Optional[Holder]:
-    """The lease's holder, or None where there is no lease (or only one being written, or damaged)."""
+def parse_holder(data: bytes) -> Optional[Holder]:
+    """The holder a lease's bytes name, or None where they name none (damaged)."""
     try:
-        data = json.loads((output_dir / LEASE_FILE).read_text())
-        data["attempt"] = tuple(data["attempt"])
-        return Holder(**data)
-    except (OSError, ValueError, TypeError, KeyError):
+        fields = json.loads(data)
+        fields["attempt"] = tuple(fields["attempt"])
+        return Holder(**fields)
+    except (ValueError, TypeError, KeyError):
         return None
 
 
-def gone_because(holder: Holder, me: Holder, now: float) -> Optional[str]:
-    """Why ``holder`` no longer holds its lease against ``me``, or None where it still does."""
+def read_holder(output_dir: Path) -> Optional[Holder]:
+    """The lease's holder, or None where there is no lease, or none this process can read."""
+    try:
+        return parse_holder((output_dir / LEASE_FILE).read_bytes())
+    except OSError:
+        return None
+
+
+def gone_at_once(holder: Holder, me: Holder) -> Optional[str]:
+    """Why ``holder`` no longer holds its lease against ``me`` by what both lease files say, or None where only
+    watching its heartbeat can tell."""
     if holder.job == me.job and holder.attempt < me.attempt:
         return f"an earlier attempt of this job (attempt {holder.attempt}) held it"
-    if holder.host == me.host and not _alive(holder.pid):
-        return f"{holder.describe()} held it, and that process is gone"
-    if holder.job == me.job and holder.host == me.host and holder.pid == me.pid:
+    same_space = holder.host == me.host and holder.process_space == me.process_space != ""
+    if same_space and holder.pid == me.pid:
         return "this process held it"
-    quiet = now - holder.heartbeat
-    if quiet > STALE_S:
-        return f"{holder.describe()} held it, silent for {quiet:.0f} s"
+    if same_space and not _alive(holder.pid):
+        return f"{holder.describe()} held it, and that process is gone"
     return None
 
 
@@ -95,21 +145,37 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _held_error(output_dir: Path, holder: Holder, now: float) -> SpecError:
+def _held_error(output_dir: Path, holder: Optional[Holder]) -> SpecError:
+    who = holder.describe() if holder is not None else "another run (its lease is being written)"
     return SpecError(
         [
-            f"training.output_dir: {output_dir} is held by {holder.describe()}, last heartbeat "
-            f"{max(now - holder.heartbeat, 0):.0f} s ago; wait for it, stop it, or use another output_dir "
-            f"(a holder silent for {STALE_S:.0f} s is taken over)"
+            f"training.output_dir: {output_dir} is held by {who}, whose heartbeat goes on; wait for it, stop it, "
+            f"or use another output_dir (a holder whose heartbeat stops for {STALE_S:.0f} s is taken over)"
         ]
     )
+
+
+def watch(path: Path, seen: bytes) -> str:
+    """Watches the lease for :data:`STALE_S` seconds of this host's monotonic clock: ``"changed"`` (its holder
+    renewed it, or another run took it), ``"released"`` (it is gone), or ``"unchanged"`` (its holder is gone)."""
+    deadline = time.monotonic() + STALE_S
+    while time.monotonic() < deadline:
+        time.sleep(min(1.0, HEARTBEAT_S / 5))
+        try:
+            if path.read_bytes() != seen:
+                return "changed"
+        except FileNotFoundError:
+            return "released"
+        except OSError:  # a read that fails now and then (a network file system): the lease is there
+            continue
+    return "unchanged"
 
 
 class Lease:
     """The lease this job's rank 0 holds; :meth:`release` gives it back (and the directory, where it made it)."""
 
-    def __init__(self, output_dir: Path, holder: Holder, made_dir: bool) -> None:
-        self.output_dir, self.holder, self.made_dir = output_dir, holder, made_dir
+    def __init__(self, output_dir: Path, holder: Holder, made_dir: bool, claim: Optional[Path] = None) -> None:
+        self.output_dir, self.holder, self.made_dir, self.claim = output_dir, holder, made_dir, claim
         self._stop = threading.Event()
         self._heartbeat = threading.Thread(target=self._beat, name="posttrain-lease", daemon=True)
         self._heartbeat.start()
@@ -123,12 +189,13 @@ class Lease:
             found = read_holder(self.output_dir)
             if found is not None and found.token != self.holder.token:
                 # another run took the directory (it judged this job gone): stop writing into it, now
-                log.error(
-                    "training.output_dir: %s was taken over by %s; this job stops", self.output_dir, found.describe()
-                )
-                os._exit(2)
+                line = f"training.output_dir: {self.output_dir} was taken over by {found.describe()}; this job stops"
+                log.error(line)
+                record_error(f"posttrain: {line}")
+                os._exit(STOPPED)
+            self.holder = dataclasses.replace(self.holder, beat=self.holder.beat + 1)
             try:
-                _write(self.path, dataclasses.replace(self.holder, heartbeat=time.time()))
+                _write(self.path, self.holder)
             except OSError as error:  # a full or failing disk: the run itself will say so when it writes
                 log.warning("training.output_dir: cannot renew the lease %s: %s", self.path, error)
 
@@ -138,6 +205,8 @@ class Lease:
         found = read_holder(self.output_dir)
         if found is not None and found.token == self.holder.token:
             self.path.unlink(missing_ok=True)
+        if self.claim is not None:  # names a predecessor's bytes, which no lease will hold again
+            self.claim.unlink(missing_ok=True)
         if self.made_dir:
             try:
                 self.output_dir.rmdir()  # only if the run wrote nothing else
@@ -146,12 +215,7 @@ class Lease:
 
 
 def acquire(output_dir: Path) -> Lease:
-    """Takes the lease on ``output_dir`` (creating it), or raises naming the run that holds it.
-
-    Two runs starting at once: exclusive creation lets one in. A takeover of
-    a gone holder replaces the file, then reads it back a moment later: of
-    two runs taking over at once, the one whose token is not there yields.
-    """
+    """Takes the lease on ``output_dir`` (creating it), or raises naming the run that holds it."""
     if output_dir.exists() and not output_dir.is_dir():
         raise SpecError([f"training.output_dir: {output_dir} is a file; name a directory (it is made if missing)"])
     made_dir = not output_dir.exists()
@@ -161,43 +225,108 @@ def acquire(output_dir: Path) -> Lease:
         raise SpecError([f"training.output_dir: cannot create {output_dir}: {error.strerror}"]) from None
     me = Holder.this_process()
     path = output_dir / LEASE_FILE
-    deadline = time.monotonic() + 5
+    unclaimed: Optional[bytes] = None  # a lease judged gone whose claim another run made and never took up
     while True:
-        try:
-            descriptor = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            pass
-        except OSError as error:
-            raise SpecError([f"training.output_dir: cannot write in {output_dir}: {error.strerror}"]) from None
-        else:
-            with os.fdopen(descriptor, "w") as stream:
-                _dump(stream, me)
+        if _create(path, me):
             return Lease(output_dir, me, made_dir)
-        holder = read_holder(output_dir)
-        if holder is None:  # being written by a run that just created it, or damaged
-            if time.monotonic() < deadline:
-                time.sleep(0.2)
+        try:
+            seen = path.read_bytes()
+        except FileNotFoundError:  # released since: try again
+            continue
+        except OSError as error:
+            raise SpecError(
+                [
+                    f"training.output_dir: {output_dir} holds a lease ({LEASE_FILE}) this run cannot read "
+                    f"({error.strerror}): another run may hold it; use another output_dir, or remove the file once "
+                    "no run uses the directory"
+                ]
+            ) from None
+        holder = parse_holder(seen)
+        reason = gone_at_once(holder, me) if holder is not None else None
+        if reason is None:
+            log.info(
+                "training.output_dir: %s is leased to %s; watching its heartbeat (up to %.0f s) to see if it lives",
+                output_dir,
+                holder.describe() if holder is not None else "a run whose lease is unreadable",
+                STALE_S,
+            )
+            outcome = watch(path, seen)
+            if outcome == "released":
                 continue
-            reason = "its lease file was unreadable"
-        else:
-            reason = gone_because(holder, me, time.time())
-            if reason is None:
-                raise _held_error(output_dir, holder, time.time())
-        _write(path, me)
-        time.sleep(min(1.0, HEARTBEAT_S / 10))
-        winner = read_holder(output_dir)
-        if winner is None or winner.token != me.token:
-            raise _held_error(output_dir, winner or holder or me, time.time())
+            if outcome == "changed":
+                raise _held_error(output_dir, parse_holder(_read_or_empty(path)) or holder)
+            who = holder.describe() if holder is not None else "a damaged lease"
+            reason = f"{who} held it, and its heartbeat did not change for {STALE_S:.0f} s"
+        claim = _take_over(path, seen, me)
+        if claim is None:  # another run claimed it first: its lease is the one to watch now
+            if seen == unclaimed:  # judged gone twice, and the run that claimed it never took it
+                raise SpecError(
+                    [
+                        f"training.output_dir: {output_dir}'s lease was claimed by a run that never took it "
+                        f"({_claim_name(seen)}); remove that file and {LEASE_FILE} once no run uses the directory"
+                    ]
+                )
+            unclaimed = seen
+            continue
         log.warning("training.output_dir: took over %s: %s", output_dir, reason)
-        return Lease(output_dir, me, made_dir)
+        return Lease(output_dir, me, made_dir, claim)
+
+
+def _claim_name(seen: bytes) -> str:
+    return f"{LEASE_FILE}.claim-{hashlib.sha256(seen).hexdigest()[:16]}"
+
+
+def _take_over(path: Path, seen: bytes, me: Holder) -> Optional[Path]:
+    """Replaces the lease whose bytes are ``seen`` with ``me``'s, if this run is the one that claims it and it
+    still holds them; the claim, else None."""
+    claim = path.with_name(_claim_name(seen))
+    try:
+        os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+    except FileExistsError:
+        return None
+    if _read_or_empty(path) != seen:  # renewed or replaced since it was watched
+        claim.unlink(missing_ok=True)
+        return None
+    try:
+        _write(path, me)
+    except OSError as error:
+        raise SpecError([f"training.output_dir: cannot write in {path.parent}: {error.strerror}"]) from None
+    return claim
+
+
+def _read_or_empty(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return b""
+
+
+def _create(path: Path, holder: Holder) -> bool:
+    """Creates the lease whole where there is none (a file written aside, then linked: exclusive, and safe on
+    network file systems); False where one exists."""
+    try:
+        temporary = _written_aside(path, holder)
+        try:
+            os.link(temporary, path)
+        finally:
+            temporary.unlink(missing_ok=True)
+    except FileExistsError:
+        return False
+    except OSError as error:
+        raise SpecError([f"training.output_dir: cannot write in {path.parent}: {error.strerror}"]) from None
+    return True
 
 
 def _write(path: Path, holder: Holder) -> None:
-    """Writes the lease whole (a temporary file renamed over it): a reader never sees half of one."""
+    """Writes the lease whole (a file written aside, renamed over it): a reader never sees half of one."""
+    os.replace(_written_aside(path, holder), path)
+
+
+def _written_aside(path: Path, holder: Holder) -> Path:
     temporary = path.with_name(f"{path.name}.{holder.token}.tmp")  # one per holder: two may write at once
     with temporary.open("w") as stream:
         _dump(stream, holder)
-    os.replace(temporary, path)
+    return temporary
 
 
 def _dump(stream: IO[str], holder: Holder) -> None:
