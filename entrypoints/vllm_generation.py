@@ -34,6 +34,7 @@ see) and asks the server's workers to reload from it
 
 import contextlib
 import functools
+import hmac
 import os
 import shutil
 import tempfile
@@ -45,6 +46,8 @@ from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, Spec
 from posttrain.entrypoints import vllm_token
 from posttrain.entrypoints.data import first_line
+
+PROOF_S = 10.0  # how long the server has to answer the trainers' nonce
 
 # vLLM 0.32's CPU attention (CPUAttentionBackend.get_supported_head_sizes); tests/e2e/test_vllm.py checks it
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -253,6 +256,29 @@ def _timed_generate(generate: Callable[..., Any]) -> Callable[..., Any]:
     return timed
 
 
+def _check_proof(base_url: str) -> None:
+    """Stops in one line unless the server at ``base_url`` proves it holds the job's token (vllm_token.PROOF_PATH),
+    asked without the token."""
+    import requests
+
+    nonce = os.urandom(16).hex()
+    token = vllm_token.required_token("the trainers")
+    try:
+        given = requests.get(f"{base_url}{vllm_token.PROOF_PATH}", params={"nonce": nonce}, timeout=PROOF_S)
+        proved = given.status_code == 200 and hmac.compare_digest(
+            str(given.json().get("proof", "")).encode(), vllm_token.proof(token, b"server", nonce.encode())
+        )
+    except (requests.RequestException, ValueError, AttributeError):
+        proved = False
+    if not proved:
+        raise SpecError(
+            [
+                f"vllm role: the server at {base_url} did not prove it holds the job's token: not this job's vllm "
+                "role (another process on its port?); nothing was sent to it"
+            ]
+        )
+
+
 def _role_health_check(check_server: Callable[..., Any]) -> Callable[..., Any]:
     """TRL's wait for the server's ``/health``, ending at once if the ``vllm`` role exits; each end is one line."""
 
@@ -262,11 +288,14 @@ def _role_health_check(check_server: Callable[..., Any]) -> Callable[..., Any]:
 
         from posttrain.entrypoints.vllm_server import POLL_S, role_exited
 
-        where = "the vllm role's server" if os.environ.get(VLLM_HOST_VARIABLE) else "the vLLM server"
+        role = os.environ.get(VLLM_HOST_VARIABLE)
+        where = "the vllm role's server" if role else "the vLLM server"
         deadline = time.monotonic() + total_timeout
         while True:
             try:
                 if requests.get(f"{self.base_url}/health", timeout=POLL_S).status_code == 200:
+                    if role:  # before TRL's client sends it the token: the server proves it holds it too
+                        _check_proof(self.base_url)
                     return check_server(self, total_timeout, *args, **kwargs)
             except requests.RequestException:
                 pass

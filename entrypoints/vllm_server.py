@@ -19,13 +19,18 @@ way). Only vLLM's own failure fails the role.
 
 Only the job gets in: the server and the lease listen on the address the
 trainers reach (:func:`listen_address`, loopback on local_cwd), every request
-to the server but ``/health`` needs the job's token, and so does the lease:
-its holder's first line is the token (``vllm_token.py``), a stranger's
-connection is dropped and logged.
+to the server but ``/health`` needs the job's token, and so does the lease.
+On the lease each side proves it holds the token without sending it
+(:func:`handshake`: the trainer's nonce, the role's HMAC of it and a nonce of
+its own, the trainer's HMAC of that), so a process squatting on the port
+learns nothing and the trainers stop in one line; a stranger's connection is
+dropped and logged. Handshakes run side by side, each within its own
+``HANDSHAKE_S``: strangers cannot keep the trainers waiting.
 """
 
 import argparse
 import contextlib
+import hmac
 import ipaddress
 import json
 import logging
@@ -36,7 +41,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Iterator, List, Optional, Sequence
+from typing import Dict, Iterator, List, Optional, Sequence
 
 from posttrain.components.spec.loading import spec_from_json
 from posttrain.components.spec.messages import SpecError
@@ -173,45 +178,114 @@ def serve(command: Sequence[str], host: str, port: int, first_contact_s: float, 
 def _hold_until_done(listener: socket.socket, server: subprocess.Popen, first_contact_s: float, grace_s: float) -> str:
     waited = first_contact_s
     deadline = time.monotonic() + waited
-    listener.settimeout(POLL_S)
+    token = vllm_token.job_token() or ""
+    listener.setblocking(False)
+    pending: Dict[socket.socket, _Handshake] = {}
     while server.poll() is None:
-        try:
-            lease, address = listener.accept()
-        except socket.timeout:
-            if time.monotonic() > deadline:
-                return f"no trainer held its lease for {waited:.0f} s"
+        now = time.monotonic()
+        for connection in [c for c, handshake in pending.items() if handshake.end <= now]:
+            _drop(connection, pending, f"no proof within {HANDSHAKE_S:.0f} s")
+        if now > deadline:  # strangers knocking keep nothing from timing out
+            _close_all(pending)
+            return f"no trainer held its lease for {waited:.0f} s"
+        wait = min([POLL_S, deadline - now, *(handshake.end - now for handshake in pending.values())])
+        readable, _, _ = select.select([listener, *pending], [], [], max(wait, 0.0))
+        holder = None
+        for ready in readable:
+            if ready is listener:
+                with contextlib.suppress(BlockingIOError, InterruptedError):
+                    connection, address = listener.accept()
+                    connection.setblocking(False)
+                    pending[connection] = _Handshake(address[0], token)
+                continue
+            outcome = pending[ready].read(ready)
+            if outcome is False:
+                _drop(ready, pending, "no proof, or a wrong one")
+            elif outcome is True:
+                holder = ready
+                break
+        if holder is None:
             continue
-        with lease:
-            if not _says_the_token(lease):
-                log.warning("a connection from %s without the job's token: dropped", address[0])
-                if time.monotonic() > deadline:  # strangers knocking keep accept from timing out: the wait ends
-                    return f"no trainer held its lease for {waited:.0f} s"
-                continue  # a stranger neither holds the lease nor restarts the wait
-            _keep_alive(lease)
-            if _held(lease, server) == b"done":
+        rest = pending.pop(holder).rest
+        _close_all(pending)
+        with holder:
+            holder.setblocking(True)
+            _keep_alive(holder)
+            if _held(holder, server, rest) == b"done":
                 return "training ended"
         waited = grace_s
         deadline = time.monotonic() + waited
+    _close_all(pending)
     return "vLLM exited"
 
 
-def _says_the_token(lease: socket.socket) -> bool:
-    """Whether the connection's first line, within ``HANDSHAKE_S`` in all, is the job's token (vllm_token.py)."""
-    end = time.monotonic() + HANDSHAKE_S  # for the whole line: a byte now and then holds the lease no longer
-    line = b""
-    try:
-        while not line.endswith(b"\n") and len(line) < 1024:
-            left = end - time.monotonic()
-            if left <= 0:
+class _Handshake:
+    """One connection to the lease proving it is the job's rank 0: its nonce, answered with the role's proof and
+    nonce, then its proof of the role's nonce (vllm_token.proof), all within ``HANDSHAKE_S``."""
+
+    def __init__(self, address: str, token: str) -> None:
+        self.address, self.token, self.end = address, token, time.monotonic() + HANDSHAKE_S
+        self.nonce: Optional[bytes] = None  # the role's, once it answered
+        self.rest = b""  # what came after the proof: the lease's (done)
+
+    def read(self, connection: socket.socket) -> Optional[bool]:
+        """Reads what arrived: True (the job's rank 0), False (a stranger), None (not yet said)."""
+        try:
+            chunk = connection.recv(1024)
+        except (BlockingIOError, InterruptedError):
+            return None
+        except OSError:
+            return False
+        self.rest += chunk
+        if not chunk or len(self.rest) > 1024:
+            return False
+        while b"\n" in self.rest:
+            line, _, self.rest = self.rest.partition(b"\n")
+            if self.nonce is not None:
+                return bool(self.token) and hmac.compare_digest(
+                    line, vllm_token.proof(self.token, b"trainer", self.nonce)
+                )
+            if not self.token or not line.isalnum():
                 return False
-            lease.settimeout(left)
-            byte = lease.recv(1)  # a byte at a time: what follows the line (done) is the lease's
-            if not byte:
+            self.nonce = os.urandom(16).hex().encode()
+            try:
+                connection.sendall(vllm_token.proof(self.token, b"role", line) + b" " + self.nonce + b"\n")
+            except OSError:
                 return False
-            line += byte
-    except OSError:
-        return False
-    return vllm_token.matches(line.strip(), vllm_token.job_token())
+        return None
+
+
+def _drop(connection: socket.socket, pending: Dict[socket.socket, _Handshake], why: str) -> None:
+    log.warning("a connection from %s without the job's token: dropped (%s)", pending.pop(connection).address, why)
+    connection.close()
+
+
+def _close_all(pending: Dict[socket.socket, _Handshake]) -> None:
+    for connection in pending:
+        connection.close()
+    pending.clear()
+
+
+def handshake(connection: socket.socket, token: str) -> None:
+    """The trainers' side of the lease's handshake: the role proves it holds the job's token, then this process
+    does; raises OSError where what listens proves nothing (the token itself never crosses)."""
+    nonce = os.urandom(16).hex().encode()
+    connection.settimeout(HANDSHAKE_S)
+    connection.sendall(nonce + b"\n")
+    answer = b""
+    while not answer.endswith(b"\n") and len(answer) < 1024:
+        chunk = connection.recv(1024)
+        if not chunk:
+            break
+        answer += chunk
+    role_proof, _, role_nonce = answer.strip().partition(b" ")
+    if not role_nonce.isalnum() or not hmac.compare_digest(role_proof, vllm_token.proof(token, b"role", nonce)):
+        raise NotTheRole(f"{connection.getpeername()[0]}:{connection.getpeername()[1]}")
+    connection.sendall(vllm_token.proof(token, b"trainer", role_nonce) + b"\n")
+
+
+class NotTheRole(OSError):
+    """What listens on the role's port did not prove it holds the job's token."""
 
 
 def _keep_alive(lease: socket.socket) -> None:
@@ -222,10 +296,9 @@ def _keep_alive(lease: socket.socket) -> None:
             lease.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
-def _held(lease: socket.socket, server: subprocess.Popen) -> bytes:
-    """What the lease's holder said before it closed (``done``, or nothing: it went away)."""
+def _held(lease: socket.socket, server: subprocess.Popen, said: bytes = b"") -> bytes:
+    """What the lease's holder said before it closed (``done``, or nothing: it went away), after ``said``."""
     lease.settimeout(POLL_S)
-    said = b""
     while server.poll() is None:
         try:
             chunk = lease.recv(64)
@@ -272,9 +345,17 @@ def lease(spec: Spec) -> Iterator[None]:
         held = None
         try:
             held = socket.create_connection((host, port), timeout=POLL_S)
-            held.sendall(token.encode() + b"\n")  # the role gives its lease to the job only
+            handshake(held, token)  # the role gives its lease to the job only, and is the job's own
             _keep_alive(held)  # and a vanished role host shows in role_exited
             break
+        except NotTheRole as where:
+            held.close()
+            raise SpecError(
+                [
+                    f"vllm role: what listens at {where} did not prove it holds the job's token: not this job's "
+                    "vllm role (another process on its port?); nothing was sent to it"
+                ]
+            ) from None
         except OSError as error:
             if held is not None:
                 held.close()

@@ -5,8 +5,11 @@ vLLM's server runs in dev mode for TRL's weight sync, and its dev endpoints
 outside what vLLM's own ``--api-key`` guards. :class:`RequireToken`, given to
 the server as ``--middleware``, refuses every request but ``/health`` (the
 trainers' wait for the server) without ``Authorization: Bearer <token>``;
-the trainers' client sends it (``vllm_generation.py``), and the lease
-(``vllm_server.py``) is held only by a connection that says it first.
+the trainers' client sends it (``vllm_generation.py``) once the server has
+proved it holds the token too (``/posttrain/proof``: an HMAC of the trainers'
+nonce keyed by the token), and the lease (``vllm_server.py``) is held only by
+a connection that proves it the same way. The token itself never goes to a
+process that has not proved it is the job's.
 
 The token is the job's: ``POSTTRAIN_VLLM_TOKEN``, which the component makes
 for each job in the submitting environment (local_cwd and Slurm jobs inherit
@@ -19,13 +22,17 @@ not open, and both roles say so in one line before vLLM starts.
 
 import hashlib
 import hmac
+import json
 import os
 from typing import Any, Awaitable, Callable, Dict, Optional
+from urllib.parse import parse_qsl
 
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import VLLM_TOKEN_PATH_VARIABLE, VLLM_TOKEN_VARIABLE
 
 OPEN_PATHS = ("/health",)  # the trainers wait on it before they hold the token's first use
+# where the server proves it holds the job's token before any trainer sends it: GET ?nonce=<hex> -> {"proof": ...}
+PROOF_PATH = "/posttrain/proof"
 
 
 def job_token() -> Optional[str]:
@@ -57,6 +64,12 @@ def required_token(who: str) -> str:
     )
 
 
+def proof(token: str, side: bytes, nonce: bytes) -> bytes:
+    """What ``side`` (``role`` or ``trainer``) answers to ``nonce`` to show it holds the job's token, which it
+    never sends: an HMAC of the nonce keyed by the token, in hex."""
+    return hmac.new(token.encode(), side + b":" + nonce, hashlib.sha256).hexdigest().encode()
+
+
 def matches(given: bytes, token: Optional[str]) -> bool:
     """Whether ``given`` is the job's token, compared in constant time; never where there is no token."""
     if not token:
@@ -72,7 +85,9 @@ class RequireToken:
         self.token = job_token()
 
     async def __call__(self, scope: Dict[str, Any], receive: Callable, send: Callable) -> None:
-        if scope["type"] not in ("http", "websocket") or self._allowed(scope):
+        if scope["type"] == "http" and self._path(scope) == PROOF_PATH:
+            await self._prove(scope, send)
+        elif scope["type"] not in ("http", "websocket") or self._allowed(scope):
             await self.app(scope, receive, send)
         elif scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})  # policy violation
@@ -82,9 +97,24 @@ class RequireToken:
             await send({"type": "http.response.start", "status": 401, "headers": headers})
             await send({"type": "http.response.body", "body": body})
 
+    async def _prove(self, scope: Dict[str, Any], send: Callable) -> None:
+        """The server's answer to a trainer's nonce: an HMAC of it keyed by the token, never the token itself."""
+        nonce = dict(parse_qsl(scope.get("query_string", b"").decode("latin-1"))).get("nonce", "")
+        if self.token and 0 < len(nonce) <= 64 and nonce.isalnum():
+            status, body = 200, json.dumps({"proof": proof(self.token, b"server", nonce.encode()).decode()}).encode()
+        else:
+            status, body = 400, b'{"error": "GET /posttrain/proof?nonce=<up to 64 letters or digits>"}'
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+
+    @staticmethod
+    def _path(scope: Dict[str, Any]) -> str:
+        return scope["path"].removeprefix(scope.get("root_path", "")).rstrip("/")
+
     def _allowed(self, scope: Dict[str, Any]) -> bool:
-        path = scope["path"].removeprefix(scope.get("root_path", ""))
-        if path.rstrip("/") in OPEN_PATHS:
+        path = self._path(scope)
+        if path in OPEN_PATHS:
             return True
         headers = dict(scope.get("headers") or [])
         scheme, _, given = headers.get(b"authorization", b"").partition(b" ")

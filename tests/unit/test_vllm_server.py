@@ -7,6 +7,7 @@ clean end, and stop waiting for a server whose role has exited.
 
 import contextlib
 import http.server
+import json
 import os
 import signal
 import socket
@@ -16,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, List, Tuple
+from typing import Any, List, Optional, Tuple
 
 import pytest
 
@@ -24,7 +25,7 @@ from helpers import REPO, free_port, load_template
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, VLLM_TOKEN_VARIABLE
-from posttrain.entrypoints import vllm_generation, vllm_server
+from posttrain.entrypoints import vllm_generation, vllm_server, vllm_token
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 LOOPBACK = vllm_server.LOOPBACK
@@ -61,13 +62,17 @@ class Serving:
         )
         self.thread.start()
 
-    def connect(self, says: bytes = TOKEN.encode() + b"\n") -> socket.socket:
-        """A connection to the lease that says ``says`` first (the job's token, by default)."""
+    def connect(self, says: Optional[bytes] = None) -> socket.socket:
+        """A connection to the lease that says ``says`` first, or by default proves it is the job's rank 0 (the
+        trainers' own handshake)."""
         deadline = time.monotonic() + 10
         while True:
             try:
                 connection = socket.create_connection((LOOPBACK, self.port), timeout=5)
-                connection.sendall(says)
+                if says is None:
+                    vllm_server.handshake(connection, TOKEN)
+                else:
+                    connection.sendall(says)
                 return connection
             except OSError:
                 if time.monotonic() > deadline:
@@ -95,13 +100,17 @@ def test_done_on_the_lease_stops_the_server_and_the_role_exits_0() -> None:
     assert not serving.child_running
 
 
-@pytest.mark.parametrize("says", [b"done", b"guess\n", b"", b"x" * 2048])
-def test_a_stranger_on_the_lease_is_dropped_and_cannot_end_the_server(says: bytes) -> None:
+@pytest.mark.parametrize(
+    "says", [b"done", b"guess\n", b"guess\nwrong-proof\n", TOKEN.encode() + b"\n", b"", b"x" * 2048]
+)
+def test_a_stranger_on_the_lease_is_dropped_and_cannot_end_the_server(says: bytes, monkeypatch) -> None:
+    monkeypatch.setattr(vllm_server, "HANDSHAKE_S", 1.0)
     serving = Serving(SLEEPER)
-    with serving.connect(says=says) as stranger:  # no token, a wrong one, silence, a flood
+    with serving.connect(says=says) as stranger:  # no nonce, no proof, a wrong one, the token itself, silence, a flood
         stranger.settimeout(10)
         with contextlib.suppress(ConnectionResetError):  # closed with the flood unread: a reset
-            assert stranger.recv(16) == b""  # dropped
+            while stranger.recv(1024):  # the role's proof of a nonce, at most: then dropped
+                pass
     time.sleep(0.5)
     assert serving.child_running and not serving.result  # still serving, still waiting for the job's rank 0
     with serving.connect() as lease:
@@ -205,22 +214,41 @@ def listen() -> Tuple[socket.socket, int]:
     return listener, lease - 1
 
 
+def play_the_role(listener: socket.socket, answer: Optional[bytes] = None) -> socket.socket:
+    """The role's side of one lease handshake, with the job's token (or ``answer`` in its place: a squatter)."""
+    held, _ = listener.accept()
+    nonce = held.makefile("rb").readline().strip()
+    if answer is not None:
+        held.sendall(answer)
+        return held
+    held.sendall(vllm_token.proof(TOKEN, b"role", nonce) + b" rolenonce\n")
+    assert held.makefile("rb").readline().strip() == vllm_token.proof(TOKEN, b"trainer", b"rolenonce")
+    return held
+
+
 def test_rank0_holds_the_lease_and_says_done_only_at_a_clean_end(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv(VLLM_HOST_VARIABLE, "localhost")
     monkeypatch.setenv("RANK", "0")
     listener, port = listen()
     spec = server_spec(tmp_path, port)
     with listener:
+        role = threading.Thread(target=lambda: accepted.append(play_the_role(listener)))
+        accepted: List[socket.socket] = []
+        role.start()
         with vllm_server.lease(spec):
-            held, _ = listener.accept()
-        # the job's token first (the role holds no other lease), then done
-        assert b"".join(iter(lambda: held.recv(64), b"")) == TOKEN.encode() + b"\ndone"
+            role.join()
+        held = accepted[0]
+        # both proved they hold the job's token (the role holds no other lease), then done; the token never crossed
+        assert b"".join(iter(lambda: held.recv(64), b"")) == b"done"
         held.close()
+        role = threading.Thread(target=lambda: accepted.append(play_the_role(listener)))
+        role.start()
         with pytest.raises(RuntimeError), vllm_server.lease(spec):
-            held, _ = listener.accept()
+            role.join()
             raise RuntimeError("a failing step")
+        held = accepted[1]
         # no done, the lease just dropped: the role waits its grace, then stops
-        assert b"".join(iter(lambda: held.recv(64), b"")) == TOKEN.encode() + b"\n"
+        assert b"".join(iter(lambda: held.recv(64), b"")) == b""
         assert not vllm_server.role_exited()  # and this process holds no lease any more
         held.close()
         monkeypatch.setenv("RANK", "1")
@@ -241,8 +269,12 @@ def test_no_role_to_lease_from_is_one_line_naming_the_timeout(tmp_path: Path, mo
 def test_role_exited_sees_the_role_close_its_end(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv(VLLM_HOST_VARIABLE, "localhost")
     listener, port = listen()
+    accepted: List[socket.socket] = []
+    role = threading.Thread(target=lambda: accepted.append(play_the_role(listener)))
+    role.start()
     with listener, vllm_server.lease(server_spec(tmp_path, port)):
-        role_side, _ = listener.accept()
+        role.join()
+        role_side = accepted[0]
         assert not vllm_server.role_exited()
         role_side.close()
         time.sleep(0.2)
@@ -366,3 +398,79 @@ def test_on_gpus_trl_s_nccl_rendezvous_listens_toward_the_role_only() -> None:
     assert toward() == "127.0.0.1"  # local_cwd: the role is on this host
     assert vllm_generation._toward("203.0.113.5", trl_s_get_ip)() == network_address()
     assert vllm_generation._unwrapped(toward) is trl_s_get_ip  # the next job's prepare starts from TRL's
+
+
+def test_strangers_holding_connections_open_do_not_keep_the_trainers_out(monkeypatch) -> None:
+    """Silent connections each cost their own HANDSHAKE_S, side by side: the job's rank 0 is let in at once."""
+    serving = Serving(SLEEPER)
+    strangers = [serving.connect(says=b"") for _ in range(30)]  # silent
+    time.sleep(0.2)
+    started = time.monotonic()
+    with serving.connect() as lease:
+        assert time.monotonic() - started < 2  # not 30 strangers x 5 s
+        lease.sendall(b"done")
+    assert serving.wait() == 0
+    for stranger in strangers:
+        stranger.close()
+
+
+@pytest.mark.parametrize("answer", [b"ok\n", b"0" * 64 + b" nonce\n"])
+def test_trainers_stop_in_one_line_at_a_squatter_on_the_role_s_port_and_send_it_nothing(
+    tmp_path: Path, monkeypatch, answer: bytes
+) -> None:
+    monkeypatch.setenv(VLLM_HOST_VARIABLE, "localhost")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(vllm_server, "HANDSHAKE_S", 1.0)
+    listener, port = listen()
+    with listener:
+        squatter: List[socket.socket] = []
+        thread = threading.Thread(target=lambda: squatter.append(play_the_role(listener, answer)))
+        thread.start()
+        with pytest.raises(SpecError, match=r"^vllm role: what listens at 127.0.0.1:\d+ did not prove it holds"):
+            with vllm_server.lease(server_spec(tmp_path, port)):
+                pass
+        thread.join()
+        squatter[0].settimeout(5)
+        heard = b"".join(iter(lambda: squatter[0].recv(64), b""))
+        assert TOKEN.encode() not in heard and heard.count(b"\n") <= 1  # a nonce at most, never the token
+        squatter[0].close()
+
+
+@pytest.mark.parametrize("proves", [True, False])
+def test_the_trainers_send_the_token_only_to_a_server_that_proves_it_holds_it(monkeypatch, proves: bool) -> None:
+    """A squatter on the role's port answers /health as vLLM does: the trainers ask it for a proof first (without
+    the token), and stop in one line before TRL's client sends it anything."""
+    monkeypatch.setenv(VLLM_HOST_VARIABLE, "localhost")
+    seen: List[Tuple[str, Optional[str]]] = []
+
+    class Server(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append((self.path, self.headers.get("Authorization")))
+            nonce = self.path.partition("nonce=")[2].encode()
+            if self.path.startswith(vllm_token.PROOF_PATH):
+                made = vllm_token.proof(TOKEN if proves else "a-guess", b"server", nonce).decode()
+                body = json.dumps({"proof": made}).encode()
+            else:
+                body = b"{}"
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    check = vllm_generation._role_health_check(lambda client, total_timeout: "TRL's own check")
+    server = http.server.HTTPServer(("localhost", 0), Server)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://localhost:{server.server_port}"
+    try:
+        if proves:
+            assert check(SimpleNamespace(base_url=url), 5) == "TRL's own check"
+        else:
+            with pytest.raises(SpecError, match=rf"^vllm role: the server at {url} did not prove it holds the job"):
+                check(SimpleNamespace(base_url=url), 5)
+    finally:
+        server.shutdown()
+    assert [path.partition("?")[0] for path, _ in seen] == ["/health", vllm_token.PROOF_PATH]
+    assert all(authorization is None for _, authorization in seen)  # nothing of the token went to it

@@ -1,6 +1,7 @@
 """The vllm role's guard, as vLLM's server runs it (an ASGI middleware): every path but /health needs the token."""
 
 import asyncio
+import json
 from typing import Any, Dict, List, Optional
 
 import pytest
@@ -12,7 +13,9 @@ from posttrain.entrypoints import vllm_token
 TOKEN = "the-job-s-secret"
 
 
-def answer(path: str, authorization: Optional[str] = None, kind: str = "http") -> List[Dict[str, Any]]:
+def answer(
+    path: str, authorization: Optional[str] = None, kind: str = "http", query: bytes = b""
+) -> List[Dict[str, Any]]:
     """What the guarded server sends back for one request: the app's own answer, or the guard's."""
     sent: List[Dict[str, Any]] = []
 
@@ -23,7 +26,7 @@ def answer(path: str, authorization: Optional[str] = None, kind: str = "http") -
         sent.append(message)
 
     headers = [] if authorization is None else [(b"authorization", authorization.encode())]
-    scope = {"type": kind, "path": path, "headers": headers, "method": "POST"}
+    scope = {"type": kind, "path": path, "headers": headers, "method": "POST", "query_string": query}
     asyncio.run(vllm_token.RequireToken(app)(scope, None, send))
     return sent
 
@@ -69,3 +72,18 @@ def test_the_token_comes_from_the_environment_or_the_file_it_names(tmp_path, mon
     assert vllm_token.required_token("vllm role") == TOKEN
     monkeypatch.setenv(VLLM_TOKEN_VARIABLE, "inherited")
     assert vllm_token.job_token() == "inherited"
+
+
+def test_the_server_proves_it_holds_the_token_without_sending_it(job: None) -> None:
+    """Asked with no token at all: an HMAC of the asker's nonce, which only the token's holder can make."""
+    start, body = answer(vllm_token.PROOF_PATH, query=b"nonce=abc123")
+    assert start["status"] == 200
+    assert json.loads(body["body"]) == {"proof": vllm_token.proof(TOKEN, b"server", b"abc123").decode()}
+    assert TOKEN.encode() not in body["body"]
+    for bad in (b"", b"nonce=", b"nonce=a%20b", b"nonce=" + b"a" * 65):
+        assert answer(vllm_token.PROOF_PATH, query=bad)[0]["status"] == 400
+
+
+def test_a_server_without_the_token_proves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(VLLM_TOKEN_VARIABLE, raising=False)
+    assert answer(vllm_token.PROOF_PATH, query=b"nonce=abc123")[0]["status"] == 400
