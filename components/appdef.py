@@ -42,8 +42,15 @@ MAX_NAME = 40  # torchx adds "-" and a random suffix to make the Kubernetes job'
 LAUNCHERS = ("torchrun", "deepspeed")
 CHAIN_MODULE = "posttrain.entrypoints.chain"
 
-# Environment variable names that hold secrets: never in --env, whose values are printed.
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL", re.IGNORECASE)
+# Environment variable names that hold secrets: never in --env, whose values are printed. A name is one when its
+# last part says it (HF_TOKEN, WANDB_KEY, CLIENT_SECRET; not TOKENIZERS_PARALLELISM or KEY_PREFIX) or a password or
+# credential is named anywhere in it.
+SECRET_NAME = re.compile(
+    r"(^|_)(TOKEN|KEY|SECRET)$|PASSWORD|PASSWD|CREDENTIAL"
+    # AWS_ACCESS_KEY_ID is half of a key pair, set beside its secret key: refused so the pair travels one safe way
+    r"|(^|_)ACCESS_KEY_ID$",
+    re.IGNORECASE,
+)
 # ... unless the name says its value is where the secret lives (HF_TOKEN_PATH: a mounted file), not the secret
 SECRET_LOCATION = re.compile(r"_(PATH|FILE|DIR)$", re.IGNORECASE)
 

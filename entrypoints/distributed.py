@@ -153,9 +153,41 @@ def says_any(error: Optional[BaseException], signs: Sequence[str]) -> bool:
     return False
 
 
+# What gloo says when another rank's process ended: its socket to that rank closed
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer")
+# Where torch's collectives raise into Python: torch.distributed (and FSDP, the store), DDP's forward, and the
+# autograd engine (DDP's reducer all-reduces gradients from inside backward)
+COLLECTIVE_LAYER = tuple(
+    os.path.join(os.path.dirname(torch.__file__), part, "") for part in ("distributed", "nn/parallel", "autograd")
+)
+
+
 def lost_a_peer(error: BaseException) -> bool:
-    """Whether a collective failed because another rank's process ended (gloo: its socket closed)."""
-    return says_any(error, ("Connection closed by peer", "Connection reset by peer"))
+    """Whether a collective failed because another rank's process ended (gloo: its socket closed).
+
+    Told by where the failure came from, never by its words alone: a reward function's or an HTTP client's
+    ``ConnectionResetError("Connection reset by peer")`` is a crash of its own, which this rank must say.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return False  # one process has no peer to lose
+    cause: Optional[BaseException] = error
+    while cause is not None:
+        if any(sign in str(cause) for sign in PEER_GONE) and raised_by_collectives(cause):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def raised_by_collectives(error: BaseException) -> bool:
+    """Whether torch's collective layer raised ``error``: a ``DistError``, or a RuntimeError from a torch frame there."""
+    if isinstance(error, dist.DistError):
+        return True
+    if not isinstance(error, RuntimeError) or error.__traceback__ is None:
+        return False
+    innermost = error.__traceback__
+    while innermost.tb_next is not None:
+        innermost = innermost.tb_next
+    return innermost.tb_frame.f_code.co_filename.startswith(COLLECTIVE_LAYER)
 
 
 # How long a rank lets gloo's worker threads finish before the interpreter exits (see destroy_process_group)

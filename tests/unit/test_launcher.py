@@ -1,14 +1,21 @@
 """A failed job ends with one line: posttrain's launcher around torchrun, and a crash's line and traceback file."""
 
 import json
+import os
 import re
 import signal
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
+from typing import Callable
 
 import pytest
+import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from posttrain.entrypoints import error_file, launcher
+from helpers import free_port
+from posttrain.entrypoints import distributed, error_file, launcher
 
 
 def _failure(tmp_path: Path, exitcode: int, message: str = "", rank: int = 0) -> ProcessFailure:
@@ -92,3 +99,101 @@ def test_the_run_s_logs_are_kept_in_its_output_directory_where_the_job_made_one(
     (kept / "job-1_ab12").unlink()
     launcher.keep_logs(log_dir, kept)
     assert (kept / "job-1_ab12" / "attempt_0" / "1" / "stderr.log").read_text() == "posttrain[1] WARNING ...\n"
+
+
+# ---------------------------------------------------------------- a lost peer: quiet, told by where it came from
+
+
+def _reward_calling_a_judge(completions: list) -> list:
+    raise ConnectionResetError(104, "Connection reset by peer")  # what an HTTP client raises when its server drops
+
+
+def _reward_wrapping_it(completions: list) -> list:
+    try:
+        return _reward_calling_a_judge(completions)
+    except ConnectionResetError as error:
+        raise RuntimeError("the judge failed") from error
+
+
+def _reward_failing_while_handling_it(completions: list) -> list:
+    try:
+        return _reward_calling_a_judge(completions)
+    except ConnectionResetError:
+        return [{}["score"]]
+
+
+def _reward_saying_it_in_a_runtime_error(completions: list) -> list:
+    raise RuntimeError("[pair.cc:553] Connection closed by peer")  # gloo's words, from user code
+
+
+@pytest.mark.parametrize(
+    "reward",
+    [
+        _reward_calling_a_judge,
+        _reward_wrapping_it,
+        _reward_failing_while_handling_it,
+        _reward_saying_it_in_a_runtime_error,
+    ],
+)
+def test_a_users_connection_reset_is_a_crash_not_a_lost_peer_whatever_it_says(
+    reward: Callable[[list], list], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(Exception) as raised:
+        reward(["a"])
+    assert distributed.says_any(raised.value, distributed.PEER_GONE)  # the words are there, in the chain
+    for world_size in ("1", "2"):
+        monkeypatch.setenv("WORLD_SIZE", world_size)
+        assert not distributed.lost_a_peer(raised.value)
+
+
+def test_torchs_collective_errors_are_a_lost_peer_only_with_peers(monkeypatch: pytest.MonkeyPatch) -> None:
+    error = dist.DistNetworkError("Connection reset by peer")  # the store's, when the rank holding it ended
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert distributed.lost_a_peer(error) and not distributed.lost_a_peer(dist.DistBackendError("out of memory"))
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    assert not distributed.lost_a_peer(error)
+
+
+A_RANK_DIES = textwrap.dedent("""
+    import os
+    import time
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+    from posttrain.entrypoints import distributed
+
+    distributed.init_process_group("gloo", timedelta(seconds=60))
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
+    distributed.barrier()
+    if distributed.env_rank() == 1:
+        os._exit(13)  # its sockets close
+    time.sleep(1)
+    steps = {
+        "backward": lambda: model(torch.ones(1, 2)).sum().backward(),  # DDP all-reduces inside autograd
+        "all_reduce": lambda: dist.all_reduce(torch.ones(1)),
+    }
+    for name, step in steps.items():
+        try:
+            step()
+        except RuntimeError as error:
+            print(f"{name}: lost a peer {distributed.lost_a_peer(error)}")
+""")
+
+
+def test_a_gloo_collective_failing_because_a_rank_died_is_a_lost_peer() -> None:
+    port = str(free_port())
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", A_RANK_DIES],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**env, "RANK": str(rank)},
+        )
+        for rank in (0, 1)
+    ]
+    output = ranks[0].communicate(timeout=120)[0]
+    assert ranks[1].wait(timeout=60) == 13
+    assert "backward: lost a peer True\nall_reduce: lost a peer True\n" in output, output

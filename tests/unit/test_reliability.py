@@ -329,3 +329,44 @@ def test_env_may_name_where_a_secret_lives_but_not_the_secret() -> None:
     assert app.roles[0].env["HF_TOKEN_PATH"] == "/secrets/hf/token"
     with pytest.raises(SpecError, match="--env HF_TOKEN: looks like a secret"):
         algorithms.sft(spec=f"{REPO}/{SFT}", env={"HF_TOKEN": "hf_abc"})
+
+
+# names that are secrets: their last part says so, or a password or credential is named anywhere
+SECRET_NAMES = [
+    "HF_TOKEN",
+    "hf_token",
+    "GITHUB_TOKEN",
+    "WANDB_API_KEY",
+    "WANDB_KEY",
+    "PRIVATE_KEY",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_ACCESS_KEY_ID",  # half of the pair
+    "CLIENT_SECRET",
+    "DB_PASSWORD",
+    "SMTP_PASSWD",
+    "AZURE_CREDENTIALS",
+]
+# names that only contain a secret's word, or say where a secret lives
+NOT_SECRET_NAMES = [
+    "TOKENIZERS_PARALLELISM",
+    "KEY_PREFIX",
+    "MAX_TOKENS",
+    "MONKEY",
+    "SECRETS_BACKEND",
+    "HF_TOKEN_PATH",
+    "PASSWORD_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "SSH_KEY_DIR",
+]
+
+
+@pytest.mark.parametrize("name", SECRET_NAMES)
+def test_env_refuses_a_name_that_is_a_secret(name: str) -> None:
+    with pytest.raises(SpecError) as refused:
+        algorithms.sft(spec=f"{REPO}/{SFT}", env={name: "abc"})
+    assert str(refused.value).startswith(f"--env {name}: looks like a secret, and --env values show in --dryrun")
+
+
+@pytest.mark.parametrize("name", NOT_SECRET_NAMES)
+def test_env_passes_a_name_that_only_contains_a_secrets_word(name: str) -> None:
+    assert algorithms.sft(spec=f"{REPO}/{SFT}", env={name: "false"}).roles[0].env[name] == "false"
