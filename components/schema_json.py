@@ -49,6 +49,9 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
     "": {
         "algorithm": "The algorithm this spec is for; must match the component (posttrain.<algorithm>).",
         "resume": "auto (the latest checkpoint in training.output_dir, if any), never, or a checkpoint path.",
+        "overwrite_output_dir": "Let the run write over the model training.output_dir holds: another spec's "
+        "finished model, weights posttrain did not write, or this spec's finished model (trained again); false "
+        "refuses them.",
         "reference_model": "The frozen reference: a path or hub id; default a copy of the policy.",
         "value_model": "The value model: a path or hub id; default the reward model where there is exactly one.",
         "teacher_model": "The teacher: a path or hub id sharing the student's vocabulary.",

@@ -5,9 +5,12 @@ the spec that wrote it (``posttrain_spec.json``) matches this one in every
 training-relevant key, and the data and the global batch it was trained on
 are the ones this job has (``posttrain_inputs.json`` in the checkpoint);
 ``never`` refuses a directory that holds checkpoints; a path resumes from
-that checkpoint whatever changed. A finished model of another spec is never
-overwritten. A damaged checkpoint (a file cut short, unreadable, or missing
-its state) is named and passed over for the one before; nothing is deleted.
+that checkpoint whatever changed. Before any of them (:func:`finished_at`),
+whatever ``resume`` says: a finished model of another spec, or weights
+posttrain did not write, are never overwritten, and this spec's finished run
+is left as it is, unless ``overwrite_output_dir: true``. A damaged checkpoint
+(a file cut short, unreadable, or missing its state) is named and passed over
+for the one before; nothing is deleted.
 """
 
 import contextlib
@@ -39,6 +42,9 @@ INPUTS_FILE = "posttrain_inputs.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 # torch.save's files (zip archives) and JSON: what a checkpoint of any trainer here holds besides safetensors
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin")
+# a model's weights in output_dir itself: whole files, a sharded model's index, a PEFT adapter
+_WEIGHT_SUFFIXES = (".safetensors", *_TORCH_SUFFIXES)
+_NOT_WEIGHTS = ("training_args.bin",)  # the Trainer's arguments, which it torch.saves beside the model
 _WHOLE_HASH_BYTES = 64 << 20  # data files up to this size are hashed whole; larger ones by size, time, head and tail
 
 
@@ -153,7 +159,6 @@ def resolve_resume(spec: Spec, output_dir: Path, inputs: Dict[str, Any]) -> Opti
             raise SpecError([f"resume: {path} is not a complete checkpoint: {problem}"])
         return str(path)
     if not checkpoints:
-        _check_finished_model(spec, output_dir)
         return None
     saved_path = output_dir / SPEC_FILE
     if not saved_path.is_file():
@@ -162,14 +167,11 @@ def resolve_resume(spec: Spec, output_dir: Path, inputs: Dict[str, Any]) -> Opti
                 f"resume: auto found {checkpoints[-1]} but no {SPEC_FILE} saying what spec wrote it; set resume to that path"
             ]
         )
-    saved = json.loads(saved_path.read_text())
-    current = spec.model_dump(mode="json")
-    differences = [d for d in spec_diff(saved, current) if d[0] not in NOT_TRAINING_RELEVANT]
+    differences = _spec_differences(json.loads(saved_path.read_text()), spec)
     if differences:
-        shown = "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in differences)
         raise SpecError(
             [
-                f"resume: auto found {checkpoints[-1]} written by a different spec ({shown}); "
+                f"resume: auto found {checkpoints[-1]} written by a different spec ({_shown(differences)}); "
                 "use another training.output_dir, or set resume to the checkpoint path to continue anyway"
             ]
         )
@@ -188,29 +190,83 @@ def _say_damaged(verdicts: List[Tuple[Path, Optional[str]]]) -> None:
         log.warning("resume: %s is damaged (%s); %s, leaving it as it is", path, problem, instead)
 
 
-def _check_finished_model(spec: Spec, output_dir: Path) -> None:
-    """A run without checkpoints never overwrites a model another spec (or something else) left in output_dir."""
-    saved_path = output_dir / SPEC_FILE
-    if saved_path.is_file() and (output_dir / SUMMARY_FILE).is_file():
-        saved = json.loads(saved_path.read_text())
-        differences = [d for d in spec_diff(saved, spec.model_dump(mode="json")) if d[0] not in NOT_TRAINING_RELEVANT]
-        if differences:
-            shown = "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in differences)
+def finished_at(spec: Spec, output_dir: Path, inputs: Dict[str, Any]) -> Optional[int]:
+    """The step this spec's finished run in ``output_dir`` ended at (nothing to train), or None: train.
+
+    Whatever ``resume`` says, a finished model of another spec (or trained on
+    other inputs), or weights posttrain did not write, are refused rather than
+    overwritten; ``overwrite_output_dir: true`` lets the run write over any of
+    them, this spec's finished model included. A run is finished once its
+    ``run_summary.json`` is written, last, with the spec it ran.
+    """
+    if spec.overwrite_output_dir:
+        return None
+    # it lifts these refusals, not resume's: a run started over among another run's checkpoints could resume one later
+    start_over = "remove its checkpoints and set" if checkpoint_steps(output_dir) else "set"
+    summary = _read_json(output_dir / SUMMARY_FILE)
+    if isinstance(summary, dict) and isinstance(summary.get("spec"), dict):
+        differences = _spec_differences(summary["spec"], spec)
+        checkpoints = complete_checkpoints(output_dir)
+        changes = _input_changes(checkpoints[-1], inputs) if checkpoints and not differences else []
+        if differences or changes:
+            what = (
+                f"a finished model written by a different spec ({_shown(differences)})"
+                if differences
+                else f"this spec's finished model, but {'; '.join(changes)}"
+            )
             raise SpecError(
                 [
-                    f"training.output_dir: {output_dir} holds the finished model of a different spec ({shown}); "
-                    "use another training.output_dir, or remove that model first"
+                    f"training.output_dir: {output_dir} holds {what}; use another training.output_dir, "
+                    f"or {start_over} overwrite_output_dir: true to train over it"
                 ]
             )
-    elif not saved_path.is_file() and any(
-        (output_dir / name).is_file() for name in ("config.json", "model.safetensors")
-    ):
+        return summary.get("global_steps") or 0
+    weights = weight_files(output_dir)
+    if weights and not (output_dir / SPEC_FILE).is_file():
         raise SpecError(
             [
-                f"training.output_dir: {output_dir} holds a model that posttrain did not train (no {SPEC_FILE}); "
-                "use another training.output_dir, so that model is not overwritten"
+                f"training.output_dir: {output_dir} holds weights posttrain did not write ({', '.join(weights[:3])}; "
+                f"no {SPEC_FILE}); use another training.output_dir, or {start_over} overwrite_output_dir: true to "
+                "write over them"
             ]
         )
+    return None
+
+
+def weight_files(output_dir: Path) -> List[str]:
+    """The names of the weight files in ``output_dir`` itself (its checkpoints' are not looked at)."""
+    if not output_dir.is_dir():
+        return []
+    return sorted(
+        path.name
+        for path in output_dir.iterdir()
+        if path.is_file()
+        and path.name not in _NOT_WEIGHTS
+        and (
+            path.suffix in _WEIGHT_SUFFIXES
+            or path.name.endswith(".index.json")
+            or path.name.startswith("adapter_model.")
+        )
+    )
+
+
+def _spec_differences(saved: Dict[str, Any], spec: Spec) -> List[Tuple[str, Any, Any]]:
+    """The training-relevant keys in which a saved spec dump and ``spec`` differ."""
+    return [d for d in spec_diff(saved, spec.model_dump(mode="json")) if d[0] not in NOT_TRAINING_RELEVANT]
+
+
+def _shown(differences: List[Tuple[str, Any, Any]]) -> str:
+    """The first differences, as one line holds them (another algorithm's spec differs in dozens of keys)."""
+    shown = "; ".join(f"{key}: {old!r} -> {new!r}" for key, old, new in differences[:3])
+    return shown + (f"; and {len(differences) - 3} more" if len(differences) > 3 else "")
+
+
+def _read_json(path: Path) -> Any:
+    """A JSON file's contents, or None where it is missing or unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def job_inputs(spec: Spec, training: Dict[str, Any], world_size: int, datasets: Any) -> Dict[str, Any]:
@@ -261,10 +317,22 @@ def data_fingerprint(source: Any, dataset: Any) -> Dict[str, Any]:
 
 def _check_same_inputs(checkpoint: Path, inputs: Dict[str, Any]) -> None:
     """``resume: auto`` continues only what the checkpoint was trained on (a checkpoint without a record passes)."""
+    changes = _input_changes(checkpoint, inputs)
+    if changes:
+        raise SpecError(
+            [
+                f"resume: auto found {checkpoint}, but {'; '.join(changes)}; run as it was (the same data and -j), "
+                "use another training.output_dir, or set resume to the checkpoint path to continue anyway"
+            ]
+        )
+
+
+def _input_changes(checkpoint: Path, inputs: Dict[str, Any]) -> List[str]:
+    """How this job's inputs differ from what ``checkpoint`` records it was trained on (none where no record)."""
     try:
         recorded = json.loads((checkpoint / INPUTS_FILE).read_text())
     except OSError:
-        return
+        return []
     changes = []
     for where, now in inputs["data"].items():
         before = recorded["data"].get(where)
@@ -273,13 +341,7 @@ def _check_same_inputs(checkpoint: Path, inputs: Dict[str, Any]) -> None:
     before, now = recorded["global_batch"], inputs["global_batch"]
     if before != now:
         changes.append(f"the global batch was {_batch_text(before)} and is now {_batch_text(now)}")
-    if changes:
-        raise SpecError(
-            [
-                f"resume: auto found {checkpoint}, but {'; '.join(changes)}; run as it was (the same data and -j), "
-                "use another training.output_dir, or set resume to the checkpoint path to continue anyway"
-            ]
-        )
+    return changes
 
 
 def _batch_text(batch: Dict[str, int]) -> str:

@@ -292,7 +292,12 @@ def _check_inputs(spec: Spec, output_dir: Path, world_size: int, reward_check: R
     if not spec.generates:
         training = fit_batch(training, spec.config_class, len(train_dataset), world_size, spec.min_per_device_batch)
     inputs_record = checkpoints.job_inputs(spec, training, world_size, datasets)
+    finished = checkpoints.finished_at(spec, output_dir, inputs_record)  # in every resume mode
+    if finished is not None:
+        log.info("%s already holds this run, finished at step %d: nothing to train", output_dir, finished)
+        return None
     resume_from = checkpoints.resolve_resume(spec, output_dir, inputs_record)
+    # told to overwrite, resume: auto may still find the run's last checkpoint: resuming it takes one step too many
     if resume_from is not None and already_finished(output_dir, Path(resume_from), training.get("max_steps", -1)):
         log.info("%s already holds this run, finished at %s: nothing to train", output_dir, resume_from)
         return None

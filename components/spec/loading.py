@@ -231,7 +231,7 @@ def _check_table(values: Mapping[str, Any], table: Mapping[str, FieldType], pref
 
 
 # Keys that do not change what a checkpoint holds: a resume may differ in them.
-NOT_TRAINING_RELEVANT = ("resume", "training.output_dir")
+NOT_TRAINING_RELEVANT = ("resume", "overwrite_output_dir", "training.output_dir")
 
 
 def spec_diff(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> List[Tuple[str, Any, Any]]:

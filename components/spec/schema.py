@@ -31,6 +31,8 @@ OWNED_KEYS: Dict[str, str] = {
     "ddp_backend": "posttrain picks it (gloo on CPU, nccl on GPU)",
     "ddp_timeout": "use distributed.timeout_s",
     "resume_from_checkpoint": "use resume (auto, never, or a checkpoint path)",
+    # transformers 4's field, which transformers 5 dropped: posttrain's own key now, beside resume
+    "overwrite_output_dir": "use overwrite_output_dir at the top level of the spec",
     "hub_token": "it is a secret: set the HF_TOKEN environment variable",
     # posttrain loads every model itself, so TRL never reads these
     "model_init_kwargs": "posttrain loads the models: use model (dtype, attn_implementation, revision)",
@@ -251,6 +253,9 @@ class Spec(_Strict):
     training: Dict[str, Any]
     distributed: DistributedSpec = DistributedSpec()
     resume: str = "auto"
+    # the run may write over the model output_dir holds: another spec's, one posttrain did not write, or this spec's
+    # finished one (trained again); checkpoints stay as resume says (entrypoints/checkpoints.py)
+    overwrite_output_dir: bool = False
 
     # the class ``training`` is handed to, "module:Class"
     config_class: ClassVar[str]

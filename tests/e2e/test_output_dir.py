@@ -3,6 +3,7 @@ failed job says, through torchx's own channels."""
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -127,6 +128,37 @@ def test_a_read_only_output_dir_is_one_line_before_any_model_loads(tmp_path: Pat
         subprocess.run(["umount", str(output_dir)], check=True)
     logs = assert_stopped_once(result, f"training.output_dir: cannot write in {output_dir}: Read-only file system")
     assert "training sft on" not in logs  # stopped at its first check
+
+
+@pytest.mark.e2e
+def test_a_finished_model_is_trained_over_only_when_told_whatever_resume_says(tmp_path: Path) -> None:
+    output_dir = tmp_path / "out"
+    assert_succeeded(torchx(sft_args(output_dir, "training.max_steps=4", j="1x1"), tmp_path))
+    assert complete_checkpoints(output_dir)  # the Trainer saves at the last step too
+    written = {p: p.read_bytes() for p in output_dir.rglob("*") if p.is_file() and "logs" not in p.parts}
+
+    again = torchx(sft_args(output_dir, "training.max_steps=4", "resume=never", j="1x1"), tmp_path)
+    assert_succeeded(again)  # the same spec: left as it is
+    assert f"{output_dir} already holds this run, finished at step 4: nothing to train" in again.stdout + again.stderr
+
+    changed = ["training.max_steps=4", "training.learning_rate=1e-3", "resume=never"]
+    result = torchx(sft_args(output_dir, *changed, j="1x1"), tmp_path)
+    logs = assert_stopped_once(
+        result,
+        f"training.output_dir: {output_dir} holds a finished model written by a different spec (training.learning_rate: "
+        "0.003 -> 0.001); use another training.output_dir, or remove its checkpoints and set overwrite_output_dir: "
+        "true to train over it",
+    )
+    assert "training sft on" not in logs  # stopped before any model loaded
+    assert {p: p.read_bytes() for p in written} == written  # the weights' bytes and everything else, unchanged
+
+    for checkpoint in output_dir.glob("checkpoint-*"):  # as the line says
+        shutil.rmtree(checkpoint)
+    result = torchx(sft_args(output_dir, *changed, "overwrite_output_dir=true", j="1x1"), tmp_path)
+    assert_succeeded(result)
+    summary = read_json(output_dir / "run_summary.json")
+    assert summary["spec"]["training"]["learning_rate"] == 1e-3 and summary["global_steps"] == 4
+    assert (output_dir / "model.safetensors").read_bytes() != written[output_dir / "model.safetensors"]
 
 
 @pytest.mark.e2e

@@ -3,11 +3,13 @@
 import json
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from helpers import REPO, sft_spec
-from posttrain.components.spec.loading import SpecError
+from helpers import REPO, load_template, sft_spec
+from posttrain.components.spec.loading import SpecError, validate
+from posttrain.components.spec.overrides import apply_overrides
 from posttrain.entrypoints.checkpoints import (
     INPUTS_FILE,
     SPEC_FILE,
@@ -16,6 +18,7 @@ from posttrain.entrypoints.checkpoints import (
     complete_checkpoints,
     disk_errors,
     file_problem,
+    finished_at,
     job_inputs,
     resolve_resume,
 )
@@ -150,25 +153,199 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_previous_whole_one_resumed
         resolve_resume(sft_spec(tmp_path, resume=str(output_dir / "checkpoint-20")), output_dir, INPUTS)
 
 
-def test_a_finished_model_of_another_spec_or_of_no_spec_is_never_overwritten(tmp_path: Path) -> None:
+# ---------------------------------------------------------------- a finished model, in every resume mode
+
+MODES = ("auto", "never", "path")
+
+
+def mode_spec(tmp_path: Path, mode: str, **changes: Any) -> Any:
+    """The tiny SFT spec with ``resume`` in ``mode`` ("path": a sound checkpoint outside its output_dir)."""
+    elsewhere = tmp_path / "elsewhere" / "checkpoint-5"
+    if mode == "path" and not elsewhere.exists():
+        write_checkpoint(elsewhere.parent, 5)
+    return sft_spec(tmp_path, resume=str(elsewhere) if mode == "path" else mode, **changes)
+
+
+def write_finished(output_dir: Path, spec: Any, checkpoint: bool = True, **training: Any) -> None:
+    """What a finished run of ``spec`` (its training keys changed by ``training``) leaves in ``output_dir``."""
+    saved = spec.model_dump(mode="json")
+    saved["training"].update(training)
+    if checkpoint:
+        write_checkpoint(output_dir, 40, max_steps=40)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / "model.safetensors").write_bytes(b"weights")
+    (output_dir / SPEC_FILE).write_text(json.dumps(saved))
+    (output_dir / SUMMARY_FILE).write_text(json.dumps({"global_steps": 40, "spec": saved}))
+
+
+@pytest.mark.parametrize("checkpoint", [True, False], ids=["with checkpoints", "without"])
+@pytest.mark.parametrize("mode", MODES)
+def test_every_resume_mode_leaves_this_specs_finished_run_as_it_is(tmp_path: Path, mode: str, checkpoint: bool) -> None:
+    spec = mode_spec(tmp_path, mode)
+    output_dir = Path(spec.training["output_dir"])
+    assert finished_at(spec, output_dir, INPUTS) is None  # nothing there yet: train
+    write_finished(output_dir, spec, checkpoint=checkpoint)
+    assert finished_at(spec, output_dir, INPUTS) == 40  # not trained again in place (or resumed one step too far)
+
+
+@pytest.mark.parametrize("checkpoint", [True, False], ids=["with checkpoints", "without"])
+@pytest.mark.parametrize("mode", MODES)
+def test_every_resume_mode_refuses_the_finished_model_of_another_spec(
+    tmp_path: Path, mode: str, checkpoint: bool
+) -> None:
+    spec = mode_spec(tmp_path, mode)
+    output_dir = Path(spec.training["output_dir"])
+    write_finished(output_dir, spec, checkpoint=checkpoint, learning_rate=0.5)
+    with pytest.raises(SpecError) as error:
+        finished_at(spec, output_dir, INPUTS)
+    start_over = "remove its checkpoints and set" if checkpoint else "set"
+    assert str(error.value) == (
+        f"training.output_dir: {output_dir} holds a finished model written by a different spec "
+        "(training.learning_rate: 0.5 -> 0.003); use another training.output_dir, "
+        f"or {start_over} overwrite_output_dir: true to train over it"
+    )
+
+
+def test_a_finished_model_of_a_very_different_spec_is_still_one_short_line(tmp_path: Path) -> None:
+    spec = sft_spec(tmp_path)
+    output_dir = Path(spec.training["output_dir"])
+    write_finished(output_dir, spec, checkpoint=False, learning_rate=0.5, max_steps=9, seed=1, warmup_steps=2)
+    with pytest.raises(SpecError) as error:
+        finished_at(spec, output_dir, INPUTS)
+    assert (
+        "(training.learning_rate: 0.5 -> 0.003; training.max_steps: 9 -> 40; training.seed: 1 -> 0; and 1 more);"
+        in (str(error.value))
+    )
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_job_checks_a_finished_model_in_every_resume_mode_before_any_model_loads(
+    tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from posttrain.entrypoints import runtime
+
+    def no_model(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a model was looked at")
+
+    for loader in ("check_weight_shapes", "check_model_paths", "load_tokenizer"):
+        monkeypatch.setattr(runtime, loader, no_model)
+    spec = mode_spec(tmp_path, mode)
+    output_dir = Path(spec.training["output_dir"])
+    write_finished(output_dir, spec)
+    with caplog.at_level("INFO", logger="posttrain"):
+        assert runtime._check_inputs(spec, output_dir, 1, runtime.RewardCheck()) is None
+    assert f"{output_dir} already holds this run, finished at step 40: nothing to train" in caplog.messages
+    write_finished(output_dir, spec, checkpoint=False, learning_rate=0.5)
+    with pytest.raises(SpecError, match="holds a finished model written by a different spec"):
+        runtime._check_inputs(spec, output_dir, 1, runtime.RewardCheck())
+
+
+@pytest.mark.parametrize(
+    "weights",
+    [
+        "model.safetensors",
+        "pytorch_model.bin",
+        "model.pt",
+        "model.safetensors.index.json",
+        "pytorch_model.bin.index.json",
+        "adapter_model.safetensors",
+        "adapter_model.bin",
+    ],
+)
+@pytest.mark.parametrize("mode", MODES)
+def test_every_resume_mode_refuses_weights_posttrain_did_not_write(tmp_path: Path, mode: str, weights: str) -> None:
+    spec = mode_spec(tmp_path, mode)
+    output_dir = Path(spec.training["output_dir"])
+    output_dir.mkdir()
+    (output_dir / weights).write_bytes(b"{}")
+    (output_dir / "config.json").write_text("{}")
+    with pytest.raises(SpecError) as error:
+        finished_at(spec, output_dir, INPUTS)
+    assert str(error.value) == (
+        f"training.output_dir: {output_dir} holds weights posttrain did not write ({weights}; no {SPEC_FILE}); "
+        "use another training.output_dir, or set overwrite_output_dir: true to write over them"
+    )
+
+
+def test_what_is_not_a_model_in_output_dir_is_no_reason_to_refuse(tmp_path: Path) -> None:
     spec = sft_spec(tmp_path)
     output_dir = Path(spec.training["output_dir"])
     output_dir.mkdir()
+    (output_dir / "training_args.bin").write_bytes(b"args")  # the Trainer's arguments, not weights
     (output_dir / "config.json").write_text("{}")
-    with pytest.raises(SpecError, match=r"holds a model that posttrain did not train \(no posttrain_spec.json\)"):
-        resolve_resume(spec, output_dir, INPUTS)
-    saved = spec.model_dump(mode="json")
-    saved["training"]["learning_rate"] = 0.5
-    (output_dir / SPEC_FILE).write_text(json.dumps(saved))
-    (output_dir / SUMMARY_FILE).write_text("{}")
-    with pytest.raises(SpecError) as error:
-        resolve_resume(spec, output_dir, INPUTS)
-    assert str(error.value).startswith(
-        f"training.output_dir: {output_dir} holds the finished model of a different spec "
-        "(training.learning_rate: 0.5 -> 0.003); use another training.output_dir"
-    )
+    (output_dir / "notes.txt").write_text("mine")
+    (output_dir / "checkpoint-best").mkdir()
+    (output_dir / "checkpoint-best" / "model.safetensors").write_bytes(b"weights")  # not in output_dir itself
+    assert finished_at(spec, output_dir, INPUTS) is None
     (output_dir / SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json")))
-    assert resolve_resume(spec, output_dir, INPUTS) is None  # the same spec again: trained again, the same model
+    (output_dir / "model.safetensors").write_bytes(b"weights")  # posttrain's, saved before run_summary.json
+    assert finished_at(spec, output_dir, INPUTS) is None
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_overwrite_output_dir_lets_every_resume_mode_write_over_a_model(tmp_path: Path, mode: str) -> None:
+    spec = mode_spec(tmp_path, mode, overwrite_output_dir=True)
+    output_dir = Path(spec.training["output_dir"])
+    output_dir.mkdir()
+    (output_dir / "adapter_model.safetensors").write_bytes(b"weights")
+    assert finished_at(spec, output_dir, INPUTS) is None  # weights posttrain did not write
+    write_finished(output_dir, spec, checkpoint=False, learning_rate=0.5)
+    assert finished_at(spec, output_dir, INPUTS) is None  # another spec's finished model
+    write_finished(output_dir, spec, checkpoint=False)
+    assert finished_at(spec, output_dir, INPUTS) is None  # this spec's: trained again
+    assert resolve_resume(spec, output_dir, INPUTS) == (spec.resume if mode == "path" else None)
+
+
+def test_overwrite_output_dir_leaves_checkpoints_to_resume(tmp_path: Path) -> None:
+    # a run started over among another run's checkpoints could later resume from one of them: resume still decides
+    never = sft_spec(tmp_path, resume="never", overwrite_output_dir=True)
+    output_dir = Path(never.training["output_dir"])
+    write_finished(output_dir, never, learning_rate=0.5)
+    assert finished_at(never, output_dir, INPUTS) is None
+    with pytest.raises(SpecError, match="resume: never, but .* already holds checkpoints"):
+        resolve_resume(never, output_dir, INPUTS)
+    auto = sft_spec(tmp_path, overwrite_output_dir=True)
+    with pytest.raises(SpecError, match=r"resume: auto found .*checkpoint-40 written by a different spec"):
+        resolve_resume(auto, output_dir, INPUTS)
+    shutil.rmtree(output_dir / "checkpoint-40")  # as the refusal without overwrite_output_dir says
+    assert resolve_resume(never, output_dir, INPUTS) is None
+    assert resolve_resume(auto, output_dir, INPUTS) is None
+
+
+def test_this_specs_finished_model_trained_on_other_inputs_is_refused(tmp_path: Path) -> None:
+    spec = sft_spec(tmp_path)
+    output_dir = Path(spec.training["output_dir"])
+    write_finished(output_dir, spec)
+    (output_dir / "checkpoint-40" / INPUTS_FILE).write_text(json.dumps(INPUTS))
+    assert finished_at(spec, output_dir, INPUTS) == 40
+    doubled = {**INPUTS, "global_batch": {**INPUTS["global_batch"], "processes": 2}}
+    with pytest.raises(SpecError) as error:
+        finished_at(spec, output_dir, doubled)
+    assert str(error.value) == (
+        f"training.output_dir: {output_dir} holds this spec's finished model, but the global batch was 4 (1 x 4 x 1: "
+        "processes x per device x accumulation) and is now 8 (2 x 4 x 1: processes x per device x accumulation); "
+        "use another training.output_dir, or remove its checkpoints and set overwrite_output_dir: true to train over it"
+    )
+
+
+def test_overwrite_output_dir_is_posttrains_key_at_the_top_of_the_spec(tmp_path: Path) -> None:
+    # transformers 5's TrainingArguments has no overwrite_output_dir: in training it would reach no trainer
+    raw = load_template("sft/tiny.yaml")
+    assert validate(apply_overrides(raw, ["overwrite_output_dir=true"])).overwrite_output_dir is True
+    assert validate(raw).overwrite_output_dir is False
+    raw["training"]["overwrite_output_dir"] = True
+    with pytest.raises(SpecError) as error:
+        validate(raw)
+    assert str(error.value) == (
+        "training.overwrite_output_dir: set by posttrain, not in training; use overwrite_output_dir at the top level "
+        "of the spec"
+    )
+    # a resume may differ in it: it changes what may be written over, not what is trained
+    spec = sft_spec(tmp_path, overwrite_output_dir=True)
+    output_dir = Path(spec.training["output_dir"])
+    checkpoint = write_checkpoint(output_dir, 10)
+    (output_dir / SPEC_FILE).write_text(json.dumps(sft_spec(tmp_path).model_dump(mode="json")))
+    assert resolve_resume(spec, output_dir, INPUTS) == str(checkpoint)
 
 
 def test_resume_auto_stops_where_the_data_or_the_global_batch_changed(tmp_path: Path) -> None:
