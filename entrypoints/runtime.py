@@ -61,7 +61,15 @@ from posttrain.components.spec.fields import config_fields, config_value
 from posttrain.components.spec.loading import spec_from_json
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import CHECKPOINTING_OPTIONS, Spec
-from posttrain.entrypoints import checkpoints, distributed, fast_paths, lease, vllm_generation, vllm_server
+from posttrain.entrypoints import (
+    checkpoints,
+    distributed,
+    fast_paths,
+    lease,
+    vllm_generation,
+    vllm_server,
+    vllm_token,
+)
 from posttrain.entrypoints.callbacks import BestMetricCheck, FaultInjection, Preemption, ProgressLog, TokenCounter
 from posttrain.entrypoints.chat_templates import check_chat_template, check_reward_templates
 from posttrain.entrypoints.checkpoints import SPEC_FILE, already_finished, write_json_atomic
@@ -149,6 +157,7 @@ def run(algorithm: str, build_trainer: Callable[[Job], Any], argv: Optional[Sequ
     parser = argparse.ArgumentParser(prog=f"python -m posttrain.entrypoints.{algorithm}")
     parser.add_argument("--spec-json", required=True, help="the validated spec, as the component embedded it")
     options = parser.parse_args(argv)
+    vllm_token.take_from_environment()  # before any user code: reward functions do not inherit it
     distributed.setup_logging()
     distributed.end_with_the_launchers_parent()
     quiet_libraries()

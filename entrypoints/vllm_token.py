@@ -16,8 +16,11 @@ for each job in the submitting environment (local_cwd and Slurm jobs inherit
 it, ``components/vllm_role.py``), or the first line of the file
 ``POSTTRAIN_VLLM_TOKEN_PATH`` names (Kubernetes: a file on a mounted volume,
 as for ``HF_TOKEN_PATH``). Each process of the job has it, no argument, spec
-or log line does. Where it is missing the server refuses everything: closed,
-not open, and both roles say so in one line before vLLM starts.
+or log line does. The trainers take it out of their environment as they
+start (:func:`take_from_environment`): a reward function gets it only by
+asking (:func:`job_token`). Where it is missing the server refuses
+everything: closed, not open, and both roles say so in one line before vLLM
+starts.
 """
 
 import hashlib
@@ -35,9 +38,20 @@ OPEN_PATHS = ("/health",)  # the trainers wait on it before they hold the token'
 PROOF_PATH = "/posttrain/proof"
 
 
+_TAKEN: Dict[str, str] = {}  # the token a trainer process took out of its environment (take_from_environment)
+
+
+def take_from_environment() -> None:
+    """In a trainer process, before any user code runs: the token moves from the environment into this module,
+    so reward functions and the processes they start do not get it; ``job_token()`` gives it to code that asks."""
+    token = os.environ.pop(VLLM_TOKEN_VARIABLE, None)
+    if token:
+        _TAKEN["token"] = token
+
+
 def job_token() -> Optional[str]:
     """The job's token: the variable, else the first line of the file the path variable names; None if neither."""
-    token = os.environ.get(VLLM_TOKEN_VARIABLE)
+    token = _TAKEN.get("token") or os.environ.get(VLLM_TOKEN_VARIABLE)
     path = os.environ.get(VLLM_TOKEN_PATH_VARIABLE)
     if not token and path:
         try:
