@@ -123,17 +123,26 @@ class FaultInjection(TrainerCallback):
     ``raise`` raises, ``hang`` sleeps forever and ``exit`` leaves with status
     13, on rank ``rank`` when optimizer step ``step`` ends (``0``: before the
     first step). ``kill`` SIGKILLs the rank in the middle of the checkpoint
-    save of step ``step``: after the model files, before the optimizer state.
-    Each fault fires once per ``output_dir`` (a marker file records it), so
-    a restarted or requeued job resumes instead of failing again.
+    save of step ``step``: after the model files, before the optimizer state;
+    ``kill:0:final`` SIGKILLs rank 0 while the final model moves into
+    ``output_dir``, after its first file. Each fault fires once per
+    ``output_dir`` (a marker file records it), so a restarted or requeued job
+    resumes instead of failing again.
     """
 
     def __init__(self, text: str, output_dir: Path) -> None:
         parts = text.split(":")
-        if len(parts) != 3 or parts[0] not in FAULT_KINDS or not parts[1].isdigit() or not parts[2].isdigit():
+        final = len(parts) == 3 and parts[0] == "kill" and parts[2] == "final"
+        if (
+            len(parts) != 3
+            or parts[0] not in FAULT_KINDS
+            or not parts[1].isdigit()
+            or not (parts[2].isdigit() or final)
+        ):
             raise SpecError([f"{FAULT_ENV}={text!r}: expected <{'|'.join(FAULT_KINDS)}>:<rank>:<step>, e.g. raise:1:5"])
-        self.kind, self.rank, self.step = parts[0], int(parts[1]), int(parts[2])
-        self.marker = output_dir / f".posttrain_fault_{self.kind}_{self.rank}_{self.step}"
+        # the final save has no step of its own: -1 matches no step's end
+        self.kind, self.rank, self.step = parts[0], int(parts[1]), -1 if final else int(parts[2])
+        self.marker = output_dir / f".posttrain_fault_{self.kind}_{self.rank}_{parts[2]}"
 
     @classmethod
     def from_env(cls, output_dir: Path) -> Optional["FaultInjection"]:
@@ -150,12 +159,23 @@ class FaultInjection(TrainerCallback):
         if self.step > 0:
             self._maybe_fire(state.global_step)
 
+    def final_file_moved(self) -> None:
+        """Called by the final save after each file it moves into ``output_dir``."""
+        if self.step == -1 and _rank() == self.rank and not self.marker.exists():
+            self._fire("the final save")
+            os.kill(os.getpid(), signal.SIGKILL)
+
     def _maybe_fire(self, step: int) -> None:
         if step != self.step or _rank() != self.rank or self.marker.exists():
             return
+        self._fire(f"step {self.step}")
+        if self.kind == "kill":
+            _kill_on_next_torch_save()
+
+    def _fire(self, where: str) -> None:
         self.marker.parent.mkdir(parents=True, exist_ok=True)
         self.marker.write_text(f"{time.time()}\n")
-        message = f"posttrain fault injection: {self.kind} on rank {self.rank} at step {self.step}, t={time.time():.3f}"
+        message = f"posttrain fault injection: {self.kind} on rank {self.rank} at {where}, t={time.time():.3f}"
         print(message, file=sys.stderr, flush=True)
         if self.kind == "raise":
             raise RuntimeError(message)
@@ -164,7 +184,6 @@ class FaultInjection(TrainerCallback):
         if self.kind == "hang":
             while True:
                 time.sleep(60)
-        _kill_on_next_torch_save()
 
 
 def _kill_on_next_torch_save() -> None:

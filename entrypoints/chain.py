@@ -17,7 +17,9 @@ preemption, a requeue) skips the stages recorded there whose model is still
 in their directory, and runs the rest: the stage it was in resumes from its
 newest checkpoint as any run does (``resume: auto``), and every stage after a
 stage that runs runs again (its input is new). A finished stage whose spec
-has changed since stops the chain with one line. SIGTERM or SIGINT (a
+has changed since stops the chain with one line; one whose model was trained
+again since (its run records each model's fingerprint) runs again, its run
+from the old model removed. SIGTERM or SIGINT (a
 preemption), or the end of the process that started the chain, is passed on
 to the running stage once, so that it checkpoints, and no stage starts after
 it. At the end, and at a failure, node 0 writes the chain's
@@ -29,6 +31,7 @@ which names every stage's model.
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,7 +44,7 @@ from posttrain.components.spec.chain import STAGE_ENV, Chain, Stage, chain_from_
 from posttrain.components.spec.loading import NOT_TRAINING_RELEVANT, spec_diff
 from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints import curves, rendezvous_port
-from posttrain.entrypoints.checkpoints import write_json_atomic
+from posttrain.entrypoints.checkpoints import read_record, stale_runs, write_json_atomic
 from posttrain.entrypoints.error_file import STOPPED, record_error
 
 STATE_FILE = "chain.json"
@@ -66,12 +69,15 @@ def finished_stages(chain: Chain) -> Dict[str, Dict[str, Any]]:
     """The stages to skip: recorded in ``chain.json`` as finished, their model still in their directory, and no
     stage before them to run again. Stops the chain where one finished under another spec."""
     path = Path(chain.output_dir) / STATE_FILE
-    recorded = json.loads(path.read_text())["stages"] if path.exists() else {}
+    remedy = "remove it (the chain then runs every stage again) or use another output_dir"
+    recorded = read_record(path, remedy, keys=("stages",))["stages"] if path.exists() else {}
     finished: Dict[str, Dict[str, Any]] = {}
     for stage in chain.stages:
         record = recorded.get(stage.name)
         if record is None or not (Path(stage.output_dir) / SUMMARY_FILE).exists():
             break  # this stage runs, and so every stage after it
+        if stale_runs(stage.spec, Path(stage.output_dir))[0]:
+            break  # a model it was trained from was trained again since (outside the chain): it runs again
         changed = [d[0] for d in spec_diff(record["spec"], stage.spec.model_dump(mode="json"))]
         changed = [key for key in changed if key not in NOT_TRAINING_RELEVANT]
         if changed:
@@ -84,6 +90,24 @@ def finished_stages(chain: Chain) -> Dict[str, Dict[str, Any]]:
             )
         finished[stage.name] = record
     return finished
+
+
+def clear_stale(stage: Stage) -> None:
+    """Removes what a stage trained from a model that has been trained again since (its finished run's summary,
+    its checkpoints), saying which model changed: its run would otherwise be finished, or resumed, on the old one."""
+    changes, stale = stale_runs(stage.spec, Path(stage.output_dir))
+    if not changes:
+        return
+    print(
+        f"chain: stage {stage.name}: {'; '.join(changes)}; training it again (its run from the old model removed)",
+        file=sys.stderr,
+        flush=True,
+    )
+    for path in stale:
+        if path.is_dir():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
 
 
 class Stopping:
@@ -201,6 +225,7 @@ def _run(spec_json: str, node: str, rank0_host: str, launcher_args: List[str], s
         if stopping.signal is not None:
             return 128 + stopping.signal
         if node0:
+            clear_stale(stage)  # before its launcher joins the rendezvous: no node's stage reads it first
             print(f"chain: stage {stage.name} ({stage.spec.name()}) starts", file=sys.stderr, flush=True)
         stage_started = time.monotonic()
         code = stopping.run(command, dict(os.environ, **{STAGE_ENV: stage.name}))

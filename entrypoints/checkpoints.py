@@ -3,7 +3,8 @@
 ``resume: auto`` takes the newest sound checkpoint in ``output_dir`` if
 the spec that wrote it (``posttrain_spec.json``) matches this one in every
 training-relevant key, and the data and the global batch it was trained on
-are the ones this job has (``posttrain_inputs.json`` in the checkpoint);
+are the ones this job has (``posttrain_inputs.json`` in the checkpoint,
+also naming each model it was trained from: :func:`model_fingerprint`);
 ``never`` refuses a directory that holds checkpoints; a path resumes from
 that checkpoint whatever changed. Before any of them (:func:`finished_at`),
 whatever ``resume`` says: a finished model of another spec, or weights
@@ -24,7 +25,7 @@ import shutil
 import struct
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 from transformers import TrainerCallback
 
@@ -39,6 +40,7 @@ log = logging.getLogger("posttrain")
 
 SPEC_FILE = "posttrain_spec.json"
 INPUTS_FILE = "posttrain_inputs.json"
+FINAL_STAGING = ".posttrain-final"  # the final model, until it is whole and moved into output_dir
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 # torch.save's files (zip archives) and JSON: what a checkpoint of any trainer here holds besides safetensors
 _TORCH_SUFFIXES = (".pt", ".pth", ".bin")
@@ -46,6 +48,21 @@ _TORCH_SUFFIXES = (".pt", ".pth", ".bin")
 _WEIGHT_SUFFIXES = (".safetensors", *_TORCH_SUFFIXES)
 _NOT_WEIGHTS = ("training_args.bin",)  # the Trainer's arguments, which it torch.saves beside the model
 _WHOLE_HASH_BYTES = 64 << 20  # data files up to this size are hashed whole; larger ones by size, time, head and tail
+# a model directory's small files that say what it is, hashed whole where no run_summary.json names its run
+_MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "adapter_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
+_SAMPLE_BYTES = 64 << 10  # of a weight file's tensor data, first and last: new values of the same shapes show there
 
 
 def checkpoint_steps(output_dir: Path) -> List[Tuple[int, Path]]:
@@ -66,8 +83,21 @@ def complete_checkpoints(output_dir: Path) -> List[Path]:
 
 
 def checkpoint_verdicts(output_dir: Path) -> List[Tuple[Path, Optional[str]]]:
-    """Every checkpoint, oldest first, with what makes it unusable (None: sound)."""
-    return [(path, checkpoint_problem(path)) for _, path in checkpoint_steps(output_dir)]
+    """Every checkpoint, oldest first, with what makes it unusable (None: sound).
+
+    Every posttrain run records its inputs in each checkpoint of its own, but
+    the Trainer offers no hook before ``trainer_state.json`` lands: the record
+    comes after it (``RecordInputs``), so one of ``output_dir``'s checkpoints
+    without it is a save cut short, which the data check would otherwise wave
+    through. A checkpoint named by path (another tool's) needs none.
+    """
+    return [(path, checkpoint_problem(path) or _inputs_problem(path)) for _, path in checkpoint_steps(output_dir)]
+
+
+def _inputs_problem(checkpoint: Path) -> Optional[str]:
+    if not (checkpoint / INPUTS_FILE).is_file():
+        return f"no {INPUTS_FILE} (its save was interrupted)"
+    return file_problem(checkpoint / INPUTS_FILE)
 
 
 def checkpoint_problem(checkpoint: Path) -> Optional[str]:
@@ -167,7 +197,10 @@ def resolve_resume(spec: Spec, output_dir: Path, inputs: Dict[str, Any]) -> Opti
                 f"resume: auto found {checkpoints[-1]} but no {SPEC_FILE} saying what spec wrote it; set resume to that path"
             ]
         )
-    differences = _spec_differences(json.loads(saved_path.read_text()), spec)
+    saved = read_record(
+        saved_path, "remove it and set resume to a checkpoint's path to continue, or use another training.output_dir"
+    )
+    differences = _spec_differences(saved, spec)
     if differences:
         raise SpecError(
             [
@@ -197,7 +230,8 @@ def finished_at(spec: Spec, output_dir: Path, inputs: Dict[str, Any]) -> Optiona
     other inputs), or weights posttrain did not write, are refused rather than
     overwritten; ``overwrite_output_dir: true`` lets the run write over any of
     them, this spec's finished model included. A run is finished once its
-    ``run_summary.json`` is written, last, with the spec it ran.
+    ``run_summary.json`` is written, last, with the spec it ran and its inputs (the models it was trained from
+    among them: a model retrained since makes the run stale, not finished).
     """
     if spec.overwrite_output_dir:
         return None
@@ -206,8 +240,10 @@ def finished_at(spec: Spec, output_dir: Path, inputs: Dict[str, Any]) -> Optiona
     summary = _read_json(output_dir / SUMMARY_FILE)
     if isinstance(summary, dict) and isinstance(summary.get("spec"), dict):
         differences = _spec_differences(summary["spec"], spec)
+        # what the run was trained from: recorded in its summary, or (an older posttrain's) in its last checkpoint
         checkpoints = complete_checkpoints(output_dir)
-        changes = _input_changes(checkpoints[-1], inputs) if checkpoints and not differences else []
+        recorded = summary.get("inputs") or (_read_json(checkpoints[-1] / INPUTS_FILE) if checkpoints else None)
+        changes = _input_changes(recorded, inputs) if not differences else []
         if differences or changes:
             what = (
                 f"a finished model written by a different spec ({_shown(differences)})"
@@ -261,6 +297,18 @@ def _shown(differences: List[Tuple[str, Any, Any]]) -> str:
     return shown + (f"; and {len(differences) - 3} more" if len(differences) > 3 else "")
 
 
+def read_record(path: Path, remedy: str, keys: Tuple[str, ...] = ()) -> Dict[str, Any]:
+    """A JSON object posttrain wrote and relies on, or one line naming the file and ``remedy`` where it is cut
+    short or garbled (a disk filled, a hand edit): never a traceback."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):  # a UnicodeDecodeError is a ValueError too
+        data = None
+    if not isinstance(data, dict) or any(key not in data for key in keys):
+        raise SpecError([f"{path} is cut short or not what posttrain wrote; {remedy}"])
+    return data
+
+
 def _read_json(path: Path) -> Any:
     """A JSON file's contents, or None where it is missing or unreadable."""
     try:
@@ -270,11 +318,13 @@ def _read_json(path: Path) -> Any:
 
 
 def job_inputs(spec: Spec, training: Dict[str, Any], world_size: int, datasets: Any) -> Dict[str, Any]:
-    """What a checkpoint depends on besides its spec: each data source's fingerprint and the global batch."""
+    """What a checkpoint depends on besides its spec: each data source's and each model's fingerprint, and the
+    global batch."""
     per_device = config_value(spec.config_class, training, "per_device_train_batch_size")
     accumulation = config_value(spec.config_class, training, "gradient_accumulation_steps")
     return {
         "data": {where: split_fingerprint(spec, where.split(".")[1], dataset) for where, dataset in datasets},
+        "models": model_fingerprints(spec),
         "global_batch": {
             "processes": world_size,
             "per_device_train_batch_size": per_device,
@@ -315,9 +365,56 @@ def data_fingerprint(source: Any, dataset: Any) -> Dict[str, Any]:
     return {"source": str(path), "bytes": stat.st_size, "mtime": stat.st_mtime, "sha256_head_tail": digest.hexdigest()}
 
 
+def model_fingerprints(spec: Spec) -> Dict[str, Dict[str, Any]]:
+    """Each model the spec reads, by where it names it (``model.name_or_path``, ``reference_model``,
+    ``rewards.0.model``, ...): what the run is trained from."""
+    named = [("model.name_or_path", spec.model.name_or_path)]
+    named += [(field, getattr(spec, field)) for field in spec.extra_models]
+    named += [(f"rewards.{index}.model", reward.model) for index, reward in enumerate(getattr(spec, "rewards", []))]
+    revision = spec.model.revision  # posttrain loads every model at the policy's revision
+    return {where: model_fingerprint(name, revision) for where, name in named if isinstance(name, str)}
+
+
+def model_fingerprint(name_or_path: str, revision: Optional[str] = None) -> Dict[str, Any]:
+    """What changes when a model changes, read cheaply: a hub id or built-in by its name and revision; a local
+    directory by the id of the posttrain run that wrote it, else by its weight files (each one's size and a hash of
+    its safetensors header and of its first and last tensor bytes) and its config and tokenizer files (hashed)."""
+    path = Path(name_or_path).expanduser()
+    if name_or_path.startswith("builtin:") or not path.is_dir():
+        return {"source": name_or_path, "revision": revision}
+    summary = _read_json(path / SUMMARY_FILE)
+    if isinstance(summary, dict) and isinstance(summary.get("run_id"), str):
+        return {"source": name_or_path, "run_id": summary["run_id"]}
+    files: Dict[str, Any] = {}
+    weights = set(weight_files(path))
+    for file in sorted(path.iterdir()):
+        if file.name in _MODEL_FILES or file.name.endswith(".index.json"):
+            files[file.name] = hashlib.sha256(file.read_bytes()).hexdigest()
+        elif file.name in weights:
+            files[file.name] = _weight_fingerprint(file)
+    return {"source": name_or_path, "files": files}
+
+
+def _weight_fingerprint(path: Path) -> Dict[str, Any]:
+    """A weight file's size and a hash of its header and of its data's first and last bytes: never the whole file."""
+    size = path.stat().st_size
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        start = 0
+        if path.suffix == ".safetensors" and size >= 8:
+            (header_size,) = struct.unpack("<Q", stream.read(8))
+            digest.update(stream.read(header_size))
+            start = min(8 + header_size, size)
+        stream.seek(start)
+        digest.update(stream.read(_SAMPLE_BYTES))
+        stream.seek(max(start, size - _SAMPLE_BYTES))
+        digest.update(stream.read(_SAMPLE_BYTES))
+    return {"bytes": size, "sha256_sampled": digest.hexdigest()}
+
+
 def _check_same_inputs(checkpoint: Path, inputs: Dict[str, Any]) -> None:
     """``resume: auto`` continues only what the checkpoint was trained on (a checkpoint without a record passes)."""
-    changes = _input_changes(checkpoint, inputs)
+    changes = _input_changes(_read_json(checkpoint / INPUTS_FILE), inputs)
     if changes:
         raise SpecError(
             [
@@ -327,13 +424,12 @@ def _check_same_inputs(checkpoint: Path, inputs: Dict[str, Any]) -> None:
         )
 
 
-def _input_changes(checkpoint: Path, inputs: Dict[str, Any]) -> List[str]:
-    """How this job's inputs differ from what ``checkpoint`` records it was trained on (none where no record)."""
-    try:
-        recorded = json.loads((checkpoint / INPUTS_FILE).read_text())
-    except OSError:
+def _input_changes(recorded: Any, inputs: Dict[str, Any]) -> List[str]:
+    """How this job's inputs differ from what a checkpoint or a finished run records it was trained on (none
+    where there is no record)."""
+    if not isinstance(recorded, dict):
         return []
-    changes = []
+    changes = model_changes(recorded, inputs.get("models", {}))
     for where, now in inputs["data"].items():
         before = recorded["data"].get(where)
         if before != now:
@@ -342,6 +438,35 @@ def _input_changes(checkpoint: Path, inputs: Dict[str, Any]) -> List[str]:
     if before != now:
         changes.append(f"the global batch was {_batch_text(before)} and is now {_batch_text(now)}")
     return changes
+
+
+def model_changes(recorded: Any, models: Dict[str, Dict[str, Any]]) -> List[str]:
+    """The models that are not the ones a record says the run was trained from (none where it names none: a
+    record of an older posttrain)."""
+    before = recorded.get("models") if isinstance(recorded, dict) else None
+    if not isinstance(before, dict):
+        return []
+    return [
+        f"{where} ({now['source']}) is not the model it was trained from"
+        for where, now in models.items()
+        if where in before and before[where] != now
+    ]
+
+
+def stale_runs(spec: Spec, output_dir: Path) -> Tuple[List[str], List[Path]]:
+    """What in ``output_dir`` was trained from other models than ``spec`` names now: which models changed, and
+    the files that record it (its finished run's ``run_summary.json``, its checkpoints)."""
+    models = model_fingerprints(spec)
+    summary = _read_json(output_dir / SUMMARY_FILE)
+    found = [(output_dir / SUMMARY_FILE, summary.get("inputs") if isinstance(summary, dict) else None)]
+    found += [(path, _read_json(path / INPUTS_FILE)) for _, path in checkpoint_steps(output_dir)]
+    changes: List[str] = []
+    stale: List[Path] = []
+    for path, recorded in found:
+        changed = model_changes(recorded, models)
+        stale += [path] if changed else []
+        changes += [change for change in changed if change not in changes]
+    return changes, stale
 
 
 def _batch_text(batch: Dict[str, int]) -> str:
@@ -402,11 +527,80 @@ def already_finished(output_dir: Path, checkpoint: Path, max_steps: int) -> bool
     return 0 < last <= step and summary.get("global_steps") == step
 
 
+def resume_past_final_save(output_dir: Path, resume_from: str, max_steps: int) -> Optional[str]:
+    """What ``resume: auto`` continues from where its checkpoint is at the run's last step but the run has no
+    ``run_summary.json`` (its final save was cut short, :func:`publish_final`): resuming there would take one
+    step too many, so the checkpoint before it trains the last stretch again (None: from scratch)."""
+    try:
+        state = json.loads((Path(resume_from) / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return resume_from
+    last = max_steps if max_steps > 0 else state.get("max_steps", 0)
+    if (output_dir / SUMMARY_FILE).exists() or not 0 < last <= state.get("global_step", 0):
+        return resume_from
+    earlier = [str(path) for path in complete_checkpoints(output_dir) if str(path) != resume_from]
+    return earlier[-1] if earlier else None
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Writes ``data`` as JSON through a temporary file: readers see the old file or the new one, never half."""
+    """Writes ``data`` as JSON through a temporary file: readers see the old file or the new one, never half.
+
+    Both the file and its directory are fsynced: after a power loss the name may otherwise point at no data.
+    """
     temporary = path.with_name(path.name + ".tmp")
-    temporary.write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
+    with temporary.open("w") as stream:
+        stream.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+        stream.flush()
+        os.fsync(stream.fileno())
     os.replace(temporary, path)
+    fsync_directory(path.parent)
+
+
+def fsync_directory(path: Path) -> None:
+    """Makes the names in ``path`` durable (a new file, a rename): fsyncing a file does not."""
+    descriptor = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def final_staging(output_dir: Path) -> Path:
+    """Where rank 0 saves the final model before :func:`publish_final` moves it in; a killed run's leftover is
+    removed first. The same path on every rank: a sharded model's save is collective."""
+    staging = output_dir / FINAL_STAGING
+    if env_rank() == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+    return staging
+
+
+def publish_final(staging: Path, output_dir: Path, moved: Optional[Callable[[], None]] = None) -> None:
+    """Moves the final model from ``staging`` into ``output_dir``, durably, for ``run_summary.json`` to follow.
+
+    ``output_dir`` holds checkpoints and logs, so it cannot be swapped whole:
+    each file is renamed in. A reader (or a kill) mid-way sees old and new
+    files mixed, but never a ``run_summary.json``: the old one goes first, and
+    the run is finished only once the caller writes the new one. ``moved`` is
+    called after each rename (fault injection).
+    """
+    (output_dir / SUMMARY_FILE).unlink(missing_ok=True)
+    fsync_directory(output_dir)
+    for path in sorted(staging.rglob("*"), reverse=True):  # each file and folder before the folder holding it
+        if path.is_dir():
+            fsync_directory(path)
+        else:
+            with path.open("rb") as stream:
+                os.fsync(stream.fileno())
+    fsync_directory(staging)
+    for entry in sorted(staging.iterdir()):
+        target = output_dir / entry.name
+        if entry.is_dir() and target.is_dir():
+            shutil.rmtree(target)  # a folder cannot be renamed over a non-empty one (our PPO's value_model/)
+        os.replace(entry, target)
+        if moved is not None:
+            moved()
+    staging.rmdir()
+    fsync_directory(output_dir)
 
 
 @contextlib.contextmanager

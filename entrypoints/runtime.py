@@ -271,12 +271,16 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
             log.warning("SIGTERM: saved checkpoint-%d; a restart resumes from it", trainer.state.global_step)
             raise SystemExit(128 + signal.SIGTERM)
         strategy.prepare_final_save(trainer)
-        trainer.save_model(str(output_dir))
-        trainer.save_state()
-        summary = run_summary(algorithm, spec, trainer, result.metrics, resume_from, tokens)
+        # saved aside and moved in whole, then the summary: a kill leaves a resumable run, never a finished-looking one
+        staging = checkpoints.final_staging(output_dir)
+        distributed.barrier()  # rank 0 has cleared a leftover before any rank writes there
+        trainer.save_model(str(staging))
+        summary = run_summary(algorithm, spec, trainer, result.metrics, resume_from, tokens, inputs.record)
         if trainer.is_world_process_zero():
-            write_json_atomic(output_dir / SUMMARY_FILE, summary)
+            trainer.state.save_to_json(str(staging / "trainer_state.json"))  # what save_state writes, staged
             write_model_card(trainer, output_dir, spec.model.name_or_path)
+            checkpoints.publish_final(staging, output_dir, fault.final_file_moved if fault is not None else None)
+            write_json_atomic(output_dir / SUMMARY_FILE, summary)  # last: the mark of a finished run
         strategy.teardown(trainer)
         vllm_generation.shutdown(trainer)  # while the process group exists: vLLM leaves its groups at shutdown
         if distributed.is_rank0():  # the run's last line: the details are in run_summary.json
@@ -310,6 +314,13 @@ def _check_inputs(spec: Spec, output_dir: Path, world_size: int, reward_check: R
     if resume_from is not None and already_finished(output_dir, Path(resume_from), training.get("max_steps", -1)):
         log.info("%s already holds this run, finished at %s: nothing to train", output_dir, resume_from)
         return None
+    if resume_from is not None and spec.resume == "auto":
+        last_step = resume_from
+        resume_from = checkpoints.resume_past_final_save(output_dir, last_step, training.get("max_steps", -1))
+        if resume_from != last_step:
+            log.info(
+                "%s is at the last step but the final save was cut short: resuming from %s", last_step, resume_from
+            )
     rewards = resolve_rewards(spec, reward_check)
     check_reward_columns(spec, datasets)
     check_weight_shapes(spec.model.name_or_path, spec)

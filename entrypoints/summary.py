@@ -2,6 +2,7 @@
 
 import os
 import statistics
+import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -19,9 +20,16 @@ _NOT_METRICS = {"step", "epoch", "total_flos", "train_runtime", "train_tokens_pe
 
 
 def run_summary(
-    algorithm: str, spec: Spec, trainer: Any, metrics: Dict[str, Any], resumed_from: Optional[str], tokens: TokenCounter
+    algorithm: str,
+    spec: Spec,
+    trainer: Any,
+    metrics: Dict[str, Any],
+    resumed_from: Optional[str],
+    tokens: TokenCounter,
+    inputs: Optional[Dict[str, Any]] = None,
 ) -> Dict[str, Any]:
-    """The contents of ``run_summary.json``, read from the live trainer."""
+    """The contents of ``run_summary.json``, read from the live trainer; ``inputs`` is what it was trained on and
+    from (``checkpoints.job_inputs``)."""
     runtime = float(metrics.get("train_runtime", 0.0))
     total_tokens = int(trainer.state.num_input_tokens_seen or 0)
     attempt_tokens = total_tokens - tokens.at_start
@@ -30,6 +38,8 @@ def run_summary(
     first, last = metric_ends(trainer.state.log_history)
     return {
         "algorithm": algorithm,
+        # this finished run, new each time it trains: a run trained from its model knows whether it still is
+        "run_id": uuid.uuid4().hex,
         "world_size": world,
         "nnodes": world // local_world_size,
         "engine": engine(trainer),
@@ -42,6 +52,7 @@ def run_summary(
         "metrics_last": last,
         "resumed_from": resumed_from,
         "spec": spec.model_dump(mode="json"),
+        "inputs": inputs,
         "generation": generation(trainer) if spec.generates else None,
     }
 

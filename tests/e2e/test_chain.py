@@ -1,5 +1,6 @@
 """posttrain.chain through the real ``torchx run``: the tiny RLHF chain in one job, killed and picked up again."""
 
+import shutil
 import subprocess
 import sys
 import time
@@ -70,3 +71,40 @@ def test_the_rlhf_chain_picks_up_after_a_kill_and_ppo_raises_the_reward_model_s_
     assert closing and closing[0].endswith(
         f"sft -> {output_dir}/sft, reward -> {output_dir}/reward, ppo -> {output_dir}/ppo"
     )
+
+
+def test_a_stage_trained_from_a_model_that_was_trained_again_trains_again_and_says_why(tmp_path: Path) -> None:
+    output_dir = tmp_path / "sft-dpo"
+    args = ["run", "-s", "local_cwd", "posttrain.chain", "--spec", "templates/chain/sft-dpo-tiny.yaml", "-j", "1x1"]
+    args += ["--rdzv_port", str(free_port()), f"output_dir={output_dir}"]
+    assert_succeeded(torchx(args, tmp_path, timeout=900))
+    first_sft = read_json(output_dir / "sft" / "run_summary.json")
+    dpo = read_json(output_dir / "dpo" / "run_summary.json")
+    assert dpo["inputs"]["models"]["model.name_or_path"] == {
+        "source": str(output_dir / "sft"),
+        "run_id": first_sft["run_id"],
+    }
+
+    # SFT changed: its directory removed, as the chain's refusal says, and the chain run again
+    shutil.rmtree(output_dir / "sft")
+    again = torchx([*args, "stages.sft.training.max_steps=20"], tmp_path, timeout=900)
+    assert_succeeded(again)
+    logs = again.stdout + again.stderr
+    sft = read_json(output_dir / "sft" / "run_summary.json")
+    assert sft["global_steps"] == 20 and sft["run_id"] != first_sft["run_id"]
+    assert (
+        f"chain: stage dpo: model.name_or_path ({output_dir}/sft) is not the model it was trained from; "
+        "training it again (its run from the old model removed)"
+    ) in logs
+    assert "nothing to train" not in logs
+    dpo_again = read_json(output_dir / "dpo" / "run_summary.json")
+    assert dpo_again["run_id"] != dpo["run_id"] and dpo_again["global_steps"] == dpo["global_steps"]
+    assert dpo_again["resumed_from"] is None  # from scratch: no checkpoint of the old model's run resumed
+    assert dpo_again["inputs"]["models"]["model.name_or_path"]["run_id"] == sft["run_id"]
+
+    # nothing changed since: both stages finished already, neither trains
+    last = torchx([*args, "stages.sft.training.max_steps=20"], tmp_path, timeout=900)
+    assert_succeeded(last)
+    logs = last.stdout + last.stderr
+    assert "chain: stage sft finished already" in logs and "chain: stage dpo finished already" in logs
+    assert read_json(output_dir / "dpo" / "run_summary.json")["run_id"] == dpo_again["run_id"]

@@ -20,6 +20,7 @@ from helpers import (
     run_template,
     start_training,
 )
+from posttrain.entrypoints.checkpoints import complete_checkpoints, file_problem
 
 SFT = "templates/sft/tiny.yaml"
 
@@ -69,7 +70,7 @@ def test_a_crashing_rank_ends_the_job_within_30_s_in_one_line_its_traceback_kept
             rf"posttrain: rank {rank} crashed: RuntimeError: posttrain fault injection: raise on rank {rank} at step "
         )
         assert re.search(
-            line + rf"\d+, t=[\d.]+ \(at callbacks.py:\d+ in _maybe_fire\); traceback in {re.escape(str(kept))}\n", logs
+            line + rf"\d+, t=[\d.]+ \(at callbacks.py:\d+ in _fire\); traceback in {re.escape(str(kept))}\n", logs
         ), logs[-3000:]
         assert "Traceback (most recent call last)" in kept.read_text() and "Traceback" not in logs
     else:
@@ -129,6 +130,30 @@ def test_a_kill_during_a_save_leaves_the_previous_checkpoint_and_resume_ignores_
     summary = read_json(output_dir / "run_summary.json")
     assert summary["resumed_from"] == str(output_dir / "checkpoint-20"), "the partial checkpoint-40 must be skipped"
     assert summary["global_steps"] == 40
+
+
+@pytest.mark.e2e
+def test_a_kill_during_the_final_save_leaves_a_resumable_run_never_a_summary_over_partial_weights(
+    tmp_path: Path,
+) -> None:
+    output_dir = tmp_path / "out"
+    overrides = ["training.max_steps=4", "training.save_steps=2"]
+    killed = run_template("sft/tiny.yaml", tmp_path, output_dir, "1x1", overrides, POSTTRAIN_FAULT="kill:0:final")
+    assert killed.returncode != 0
+    assert "posttrain fault injection: kill on rank 0 at the final save" in job_logs(killed)
+    # mid-way: one file of the final model moved in, the rest still staged, and nothing says the run finished
+    assert not (output_dir / "run_summary.json").exists()
+    assert any((output_dir / ".posttrain-final").iterdir())
+    assert complete_checkpoints(output_dir)[-1] == output_dir / "checkpoint-4"
+
+    again = run_template("sft/tiny.yaml", tmp_path, output_dir, "1x1", overrides)
+    assert_succeeded(again)
+    summary = read_json(output_dir / "run_summary.json")
+    # checkpoint-4 is at the last step, where a resume takes one step too many: the one before trains steps 3-4 again
+    assert summary["resumed_from"] == str(output_dir / "checkpoint-2") and summary["global_steps"] == 4
+    assert not (output_dir / ".posttrain-final").exists() and file_problem(output_dir / "model.safetensors") is None
+    steps = [entry["step"] for entry in read_json(output_dir / "trainer_state.json")["log_history"] if "loss" in entry]
+    assert steps == [1, 2, 3, 4]
 
 
 @pytest.mark.e2e

@@ -17,6 +17,8 @@ pytestmark = pytest.mark.e2e
 
 SUMMARY_KEYS = {
     "algorithm",
+    "run_id",
+    "inputs",
     "world_size",
     "nnodes",
     "engine",

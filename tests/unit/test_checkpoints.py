@@ -35,6 +35,8 @@ def write_checkpoint(output_dir: Path, step: int, complete: bool = True, max_ste
     path.mkdir(parents=True)
     state = json.dumps({"global_step": step, "max_steps": max_steps})
     (path / "trainer_state.json").write_text(state if complete else '{"global_')
+    if complete:  # RecordInputs writes it after the state: the last file of a whole save
+        (path / INPUTS_FILE).write_text(json.dumps(INPUTS))
     return path
 
 
@@ -229,6 +231,8 @@ def test_the_job_checks_a_finished_model_in_every_resume_mode_before_any_model_l
 
     for loader in ("check_weight_shapes", "check_model_paths", "load_tokenizer"):
         monkeypatch.setattr(runtime, loader, no_model)
+    # what write_checkpoint records it was trained on: the run is this one
+    monkeypatch.setattr(runtime.checkpoints, "job_inputs", lambda *args: INPUTS)
     spec = mode_spec(tmp_path, mode)
     output_dir = Path(spec.training["output_dir"])
     write_finished(output_dir, spec)

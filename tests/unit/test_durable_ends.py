@@ -1,0 +1,149 @@
+"""Durable ends: files written whole and fsynced, the final model moved in before ``run_summary.json``, a checkpoint
+complete only with its inputs' record, and a damaged record of posttrain's own said in one line. (The kill during a
+real final save: ``tests/e2e/test_reliability.py``.)"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from helpers import REPO, sft_spec
+from posttrain.components.spec.chain import load_chain
+from posttrain.components.spec.messages import SpecError
+from posttrain.entrypoints.callbacks import FaultInjection
+from posttrain.entrypoints.checkpoints import (
+    INPUTS_FILE,
+    SPEC_FILE,
+    complete_checkpoints,
+    publish_final,
+    resolve_resume,
+    write_json_atomic,
+)
+from posttrain.entrypoints.summary import SUMMARY_FILE
+
+INPUTS = {
+    "data": {},
+    "global_batch": {"processes": 1, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1},
+}
+
+
+@pytest.fixture
+def fsynced(monkeypatch: pytest.MonkeyPatch) -> List[Path]:
+    """The paths os.fsync is called on, in order."""
+    paths: List[Path] = []
+    real = os.fsync
+
+    def record(descriptor: int) -> None:
+        paths.append(Path(os.readlink(f"/proc/self/fd/{descriptor}")))
+        real(descriptor)
+
+    monkeypatch.setattr(os, "fsync", record)
+    return paths
+
+
+def test_write_json_atomic_fsyncs_the_file_then_its_directory(tmp_path: Path, fsynced: List[Path]) -> None:
+    path = tmp_path / "record.json"
+    path.write_text("old")
+    write_json_atomic(path, {"a": 1})
+    assert json.loads(path.read_text()) == {"a": 1}
+    assert fsynced == [tmp_path / "record.json.tmp", tmp_path]  # the data before the rename that names it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["record.json"]
+
+
+def staged(output_dir: Path) -> Path:
+    staging = output_dir / ".posttrain-final"
+    (staging / "value_model").mkdir(parents=True)
+    (staging / "config.json").write_text('{"new": true}')
+    (staging / "model.safetensors").write_bytes(b"new weights")
+    (staging / "value_model" / "model.safetensors").write_bytes(b"new value")
+    return staging
+
+
+def test_the_final_model_is_moved_in_fsynced_and_a_kill_mid_way_leaves_no_summary(
+    tmp_path: Path, fsynced: List[Path]
+) -> None:
+    output_dir = tmp_path / "out"
+    (output_dir / "value_model").mkdir(parents=True)
+    (output_dir / "value_model" / "old.bin").write_bytes(b"old")
+    (output_dir / "model.safetensors").write_bytes(b"old weights")
+    (output_dir / SUMMARY_FILE).write_text('{"global_steps": 3}')  # a finished run being trained over
+    staging = staged(output_dir)
+
+    def killed() -> None:
+        raise KeyboardInterrupt  # stands for the SIGKILL the e2e test sends
+
+    with pytest.raises(KeyboardInterrupt):
+        publish_final(staging, output_dir, killed)
+    # mid-way: old and new files mixed, but nothing says the run finished
+    assert not (output_dir / SUMMARY_FILE).exists()
+    assert (output_dir / "config.json").read_text() == '{"new": true}'
+    assert (output_dir / "model.safetensors").read_bytes() == b"old weights"
+    # every staged file and folder was fsynced before the first rename
+    assert {staging / "model.safetensors", staging / "value_model" / "model.safetensors", staging} <= set(fsynced)
+
+    staging = staged(output_dir / "again")  # a fresh staging, as the next attempt saves it
+    publish_final(staging, output_dir)
+    assert (output_dir / "model.safetensors").read_bytes() == b"new weights"
+    assert sorted(p.name for p in (output_dir / "value_model").iterdir()) == ["model.safetensors"]
+    assert not staging.exists() and fsynced[-1] == output_dir  # the renames made durable
+
+
+def write_checkpoint(output_dir: Path, step: int, inputs: bool = True) -> Path:
+    path = output_dir / f"checkpoint-{step}"
+    path.mkdir(parents=True)
+    (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    if inputs:
+        (path / INPUTS_FILE).write_text(json.dumps(INPUTS))
+    return path
+
+
+def test_a_checkpoint_of_this_run_without_its_inputs_record_is_incomplete(tmp_path: Path) -> None:
+    """A kill between trainer_state.json and posttrain_inputs.json: resume: auto takes the checkpoint before."""
+    spec = sft_spec(tmp_path)
+    output_dir = Path(spec.training["output_dir"])
+    before = write_checkpoint(output_dir, 10)
+    cut = write_checkpoint(output_dir, 20, inputs=False)
+    (output_dir / SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json")))
+    assert complete_checkpoints(output_dir) == [before]
+    assert resolve_resume(spec, output_dir, INPUTS) == str(before)
+    # named by path, a checkpoint needs no record (another tool's)
+    assert resolve_resume(sft_spec(tmp_path, resume=str(cut)), output_dir, INPUTS) == str(cut)
+
+
+@pytest.mark.parametrize("text", ['{"algorithm": "sf', "", "[]", "\xff\xfe"])
+def test_a_damaged_spec_record_is_one_line_naming_it_and_what_to_do(tmp_path: Path, text: str) -> None:
+    spec = sft_spec(tmp_path)
+    output_dir = Path(spec.training["output_dir"])
+    write_checkpoint(output_dir, 10)
+    (output_dir / SPEC_FILE).write_bytes(text.encode("latin-1"))
+    with pytest.raises(SpecError) as error:
+        resolve_resume(spec, output_dir, INPUTS)
+    assert str(error.value) == (
+        f"{output_dir / SPEC_FILE} is cut short or not what posttrain wrote; remove it and set resume to a "
+        "checkpoint's path to continue, or use another training.output_dir"
+    )
+
+
+def test_a_damaged_chain_record_ends_the_chain_in_one_line(tmp_path: Path) -> None:
+    chain = load_chain(str(REPO / "templates/chain/sft-dpo-tiny.yaml"), [f"output_dir={tmp_path}"], world_size=1)
+    (tmp_path / "chain.json").write_text('{"stages": {"sft": {"spe')  # the chain's process, for real: no traceback
+    args = ["--spec-json", chain.to_json(), "--node", "0", "--rank0-host", "localhost", "--", "--rdzv_id", "x"]
+    env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(tmp_path / "error.json")}
+    result = subprocess.run(
+        [sys.executable, "-m", "posttrain.entrypoints.chain", *args], capture_output=True, text=True, env=env
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.splitlines() == [
+        f"posttrain: {tmp_path / 'chain.json'} is cut short or not what posttrain wrote; remove it (the chain then "
+        "runs every stage again) or use another output_dir"
+    ]
+
+
+def test_the_final_save_fault_is_a_kill_and_nothing_else(tmp_path: Path) -> None:
+    assert FaultInjection("kill:0:final", tmp_path).step == -1
+    with pytest.raises(SpecError):
+        FaultInjection("raise:0:final", tmp_path)
