@@ -10,8 +10,9 @@ that checkpoint whatever changed. Before any of them (:func:`finished_at`),
 whatever ``resume`` says: a finished model of another spec, or weights
 posttrain did not write, are never overwritten, and this spec's finished run
 is left as it is, unless ``overwrite_output_dir: true``. A damaged checkpoint
-(a file cut short, unreadable, or missing its state) is named and passed over
-for the one before; nothing is deleted.
+(a file cut short, unreadable or malformed, a shard its index names missing,
+its state missing, or a check that failed) is named and passed over for the
+one before; where all are damaged, ``auto`` stops; nothing is deleted.
 """
 
 import contextlib
@@ -91,7 +92,18 @@ def checkpoint_verdicts(output_dir: Path) -> List[Tuple[Path, Optional[str]]]:
     without it is a save cut short, which the data check would otherwise wave
     through. A checkpoint named by path (another tool's) needs none.
     """
-    return [(path, checkpoint_problem(path) or _inputs_problem(path)) for _, path in checkpoint_steps(output_dir)]
+    return [
+        (path, _judged(lambda: checkpoint_problem(path) or _inputs_problem(path)))
+        for _, path in checkpoint_steps(output_dir)
+    ]
+
+
+def _judged(judge: Callable[[], Optional[str]]) -> Optional[str]:
+    """A judge's verdict; one that fails (a file it did not foresee) calls the checkpoint damaged, never the run."""
+    try:
+        return judge()
+    except Exception as error:  # whatever stops the judging stops a resume from it too
+        return f"could not be checked ({type(error).__name__}: {' '.join(str(error).split())})"  # one line
 
 
 def _inputs_problem(checkpoint: Path) -> Optional[str]:
@@ -106,6 +118,10 @@ def checkpoint_problem(checkpoint: Path) -> Optional[str]:
     Reads headers only (safetensors' header against the file's size, a zip's
     directory at its end): cheap for any model size.
     """
+    return _judged(lambda: _checkpoint_problem(checkpoint))
+
+
+def _checkpoint_problem(checkpoint: Path) -> Optional[str]:
     if not _readable_state(checkpoint / "trainer_state.json"):
         return "no readable trainer_state.json (its save was interrupted)"
     for path in sorted(checkpoint.rglob("*")):
@@ -117,7 +133,12 @@ def checkpoint_problem(checkpoint: Path) -> Optional[str]:
 
 
 def file_problem(path: Path) -> Optional[str]:
-    """Why a weights, torch or JSON file is not whole, or None (other files are not looked into)."""
+    """Why a weights, torch or JSON file is not whole, or None (other files are not looked into); an index
+    (``*.index.json``) is whole where every shard its ``weight_map`` names is there and whole."""
+    return _judged(lambda: _file_problem(path))
+
+
+def _file_problem(path: Path) -> Optional[str]:
     try:
         size = path.stat().st_size
         with path.open("rb") as stream:
@@ -131,11 +152,14 @@ def file_problem(path: Path) -> Optional[str]:
                     return f"not a whole torch file ({size} bytes)"
                 return None if ends <= size else f"cut short at {size} bytes"
             if path.suffix == ".json":
-                json.loads(stream.read())
+                try:
+                    data = json.loads(stream.read())
+                except ValueError:  # a UnicodeDecodeError too
+                    return "not valid JSON"
+                if path.name.endswith(".index.json"):
+                    return _index_problem(path, data)
     except OSError as error:
         return f"unreadable ({error.strerror})"
-    except ValueError:
-        return "not valid JSON"
     return None
 
 
@@ -150,9 +174,46 @@ def _safetensors_problem(stream: Any, size: int) -> Optional[str]:
         header = json.loads(stream.read(header_size))
     except ValueError:
         return "its header is not valid JSON"
-    ends = max((entry["data_offsets"][1] for key, entry in header.items() if key != "__metadata__"), default=0)
+    if not isinstance(header, dict):
+        return f"its header is a JSON {type(header).__name__}, not an object of tensors"
+    ends = 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (isinstance(entry, dict) and "dtype" in entry and _ints(entry.get("shape")) and _ints(offsets, 2)):
+            return f"its header's tensor {name!r} lacks a dtype, a shape or two integer data_offsets"
+        if offsets[0] > offsets[1]:
+            return f"its header's tensor {name!r} has data_offsets {offsets}, which do not run forward"
+        ends = max(ends, offsets[1])
     expected = 8 + header_size + ends
     return None if expected <= size else f"cut short at {size} of {expected} bytes"
+
+
+def _ints(value: Any, length: Optional[int] = None) -> bool:
+    """Whether ``value`` is a list of non-negative integers (of ``length``); JSON's true is no integer here."""
+    return (
+        isinstance(value, list)
+        and (length is None or len(value) == length)
+        and all(isinstance(item, int) and not isinstance(item, bool) and item >= 0 for item in value)
+    )
+
+
+def _index_problem(index: Path, data: Any) -> Optional[str]:
+    """What is wrong with the shards a sharded model's index names (beside it): missing, or not whole."""
+    weight_map = data.get("weight_map") if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict):
+        return "no weight_map naming its shards"
+    shards = sorted({str(name) for name in weight_map.values()})
+    missing = [name for name in shards if not (index.parent / name).is_file()]
+    if missing:
+        return f"names {len(missing)} shard(s) that are missing ({', '.join(missing[:3])})"
+    for name in shards:
+        # an index naming an index would be judged without end
+        problem = None if name.endswith(".json") else file_problem(index.parent / name)
+        if problem is not None:
+            return f"its shard {name}: {problem}"
+    return None
 
 
 def _readable_state(path: Path) -> bool:
@@ -170,6 +231,8 @@ def resolve_resume(spec: Spec, output_dir: Path, inputs: Dict[str, Any]) -> Opti
     """
     verdicts = checkpoint_verdicts(output_dir)
     checkpoints = [path for path, problem in verdicts if problem is None]
+    if spec.resume == "auto" and verdicts and not checkpoints:
+        raise SpecError([_all_damaged(output_dir, verdicts)])
     _say_damaged(verdicts)
     if spec.resume == "never":
         if checkpoints:
@@ -221,6 +284,16 @@ def _say_damaged(verdicts: List[Tuple[Path, Optional[str]]]) -> None:
     for path, problem in newer:
         instead = f"resuming from {sound[-1].name}" if sound else "no sound checkpoint before it"
         log.warning("resume: %s is damaged (%s); %s, leaving it as it is", path, problem, instead)
+
+
+def _all_damaged(output_dir: Path, verdicts: List[Tuple[Path, Optional[str]]]) -> str:
+    """One line for an ``output_dir`` whose checkpoints are all damaged: starting at step 0 is the user's call."""
+    newest = [f"{path.name} ({problem})" for path, problem in reversed(verdicts)]
+    more = f"; and {len(newest) - 3} more" if len(newest) > 3 else ""
+    return (
+        f"resume: auto found no whole checkpoint in {output_dir}, only damaged ones: {'; '.join(newest[:3])}{more}; "
+        "remove them to start over from step 0, or use another training.output_dir (or resume: never there)"
+    )
 
 
 def finished_at(spec: Spec, output_dir: Path, inputs: Dict[str, Any]) -> Optional[int]:

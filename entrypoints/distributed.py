@@ -15,7 +15,7 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence
+from typing import Iterator, List, Optional, Sequence, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -24,6 +24,7 @@ from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints.deepspeed_launcher import DONE_DIR_ENV
 
 log = logging.getLogger("posttrain")
+T = TypeVar("T")
 
 
 def device_backend() -> str:
@@ -142,6 +143,16 @@ def all_ranks_agree() -> Iterator[None]:
     first = first_message(None if mine is None else str(mine))
     if first is not None:
         raise SpecError(first.split("\n")) from None
+
+
+def rank0s(value: T) -> T:
+    """Rank 0's ``value``, on every rank (every rank calls it): a choice all must share, such as the checkpoint
+    to resume from, which each rank would otherwise make from files that may change between its reads."""
+    if not dist.is_initialized():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def says_any(error: Optional[BaseException], signs: Sequence[str]) -> bool:

@@ -232,6 +232,8 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
             if distributed.is_rank0():
                 held.callback(lease.acquire(output_dir).release)
             inputs = _check_inputs(spec, output_dir, world_size, reward_check)
+        # every rank judged the checkpoints (their errors agree above); all resume from rank 0's choice
+        resume_from = distributed.rank0s(inputs.resume_from if inputs is not None else None)
         # before a finished run ends: nodes that do not share output_dir would not agree that it finished
         distributed.check_shared_output(output_dir)
         if inputs is None:
@@ -239,7 +241,7 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
         if distributed.is_rank0():
             write_json_atomic(output_dir / SPEC_FILE, spec.model_dump(mode="json"))
 
-        args, tokenizer, resume_from = inputs.args, inputs.tokenizer, inputs.resume_from
+        args, tokenizer = inputs.args, inputs.tokenizer
         tokens, preemption = TokenCounter(), Preemption()
         metrics_log = MetricsLog(output_dir, algorithm, spec.model.name_or_path, world_size)
         callbacks = [tokens, preemption, metrics_log, BestMetricCheck(), checkpoints.RecordInputs(inputs.record)]

@@ -1,15 +1,20 @@
 """Resume: which checkpoint a job continues from, checked before it is trusted, and when a run is already finished."""
 
 import json
+import os
 import shutil
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers import REPO, load_template, sft_spec
+from helpers import REPO, free_port, load_template, sft_spec
 from posttrain.components.spec.loading import SpecError, validate
 from posttrain.components.spec.overrides import apply_overrides
+from posttrain.entrypoints import checkpoints
 from posttrain.entrypoints.checkpoints import (
     INPUTS_FILE,
     SPEC_FILE,
@@ -22,6 +27,7 @@ from posttrain.entrypoints.checkpoints import (
     job_inputs,
     resolve_resume,
 )
+from posttrain.entrypoints.distributed import rank0s
 from posttrain.entrypoints.summary import SUMMARY_FILE
 
 INPUTS = {
@@ -153,6 +159,134 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_previous_whole_one_resumed
     assert (output_dir / "checkpoint-20" / "model.safetensors").stat().st_size == 100  # nothing deleted
     with pytest.raises(SpecError, match=r"checkpoint-20 is not a complete checkpoint: model.safetensors: cut short"):
         resolve_resume(sft_spec(tmp_path, resume=str(output_dir / "checkpoint-20")), output_dir, INPUTS)
+
+
+def write_safetensors(path: Path, header: Any, data: bytes = bytes(16)) -> None:
+    """A safetensors file with ``header`` as it is, well formed or not."""
+    raw = json.dumps(header).encode()
+    path.write_bytes(len(raw).to_bytes(8, "little") + raw + data)
+
+
+def damaged_after_whole(tmp_path: Path) -> Any:
+    """The spec, and its output_dir with a whole checkpoint-10 and a checkpoint-20 for the test to damage."""
+    spec = sft_spec(tmp_path)
+    output_dir = Path(spec.training["output_dir"])
+    for step in (10, 20):
+        save_weights(write_checkpoint(output_dir, step) / "model.safetensors")
+    (output_dir / SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json")))
+    return spec, output_dir
+
+
+WEIGHT = {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}
+MALFORMED = {
+    "a list": ([WEIGHT], "its header is a JSON list, not an object of tensors"),
+    "no data_offsets": ({"weight": {"dtype": "F32", "shape": [4]}}, "lacks a dtype, a shape or two integer"),
+    "offsets not integers": ({"weight": {**WEIGHT, "data_offsets": ["0", 16.5]}}, "two integer data_offsets"),
+    "offsets backwards": ({"weight": {**WEIGHT, "data_offsets": [16, 0]}}, "which do not run forward"),
+    "offsets beyond the file": ({"weight": {**WEIGHT, "data_offsets": [0, 4096]}}, "cut short at "),
+}
+
+
+@pytest.mark.parametrize("case", MALFORMED)
+def test_a_malformed_safetensors_header_is_damage_and_the_previous_whole_checkpoint_resumed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, case: str
+) -> None:
+    header, reason = MALFORMED[case]
+    spec, output_dir = damaged_after_whole(tmp_path)
+    write_safetensors(output_dir / "checkpoint-20" / "model.safetensors", header)
+    with caplog.at_level("WARNING", logger="posttrain"):
+        assert resolve_resume(spec, output_dir, INPUTS) == str(output_dir / "checkpoint-10")
+    [line] = caplog.messages
+    assert "checkpoint-20 is damaged (model.safetensors: " in line and reason in line, line
+
+
+def test_an_index_whose_shard_is_missing_or_cut_short_is_damage(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec, output_dir = damaged_after_whole(tmp_path)
+    index = {"weight_map": {"a": "model-1-of-2.safetensors", "b": "model-2-of-2.safetensors"}}
+    for step in (10, 20):
+        (output_dir / f"checkpoint-{step}" / "model.safetensors.index.json").write_text(json.dumps(index))
+        save_weights(output_dir / f"checkpoint-{step}" / "model-1-of-2.safetensors")
+    save_weights(output_dir / "checkpoint-10" / "model-2-of-2.safetensors")  # checkpoint-10: whole, sharded
+    with caplog.at_level("WARNING", logger="posttrain"):
+        assert resolve_resume(spec, output_dir, INPUTS) == str(output_dir / "checkpoint-10")
+    assert (
+        "(model.safetensors.index.json: names 1 shard(s) that are missing (model-2-of-2.safetensors))"
+        in (caplog.messages[0])
+    )
+    shard = output_dir / "checkpoint-10" / "model-2-of-2.safetensors"
+    cut(shard, 100)  # where shards are judged apart from their index (a local model's files)
+    assert file_problem(output_dir / "checkpoint-10" / "model.safetensors.index.json") == (
+        f"its shard model-2-of-2.safetensors: {file_problem(shard)}"
+    )
+
+
+def test_a_judge_that_fails_calls_the_checkpoint_damaged_never_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec, output_dir = damaged_after_whole(tmp_path)
+    real = checkpoints._safetensors_problem
+
+    def judge(stream: Any, size: int) -> Any:
+        if "checkpoint-20" in stream.name:
+            raise RuntimeError("a case\nnobody foresaw")
+        return real(stream, size)
+
+    monkeypatch.setattr(checkpoints, "_safetensors_problem", judge)
+    with caplog.at_level("WARNING", logger="posttrain"):
+        assert resolve_resume(spec, output_dir, INPUTS) == str(output_dir / "checkpoint-10")
+    assert "(model.safetensors: could not be checked (RuntimeError: a case nobody foresaw))" in caplog.messages[0]
+
+
+def test_every_checkpoint_damaged_stops_in_one_line_never_from_step_0(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    spec, output_dir = damaged_after_whole(tmp_path)
+    for step in (30, 40):
+        write_checkpoint(output_dir, step, complete=False)
+    for step in (10, 20):
+        cut(output_dir / f"checkpoint-{step}" / "model.safetensors", 100)
+    with caplog.at_level("WARNING", logger="posttrain"), pytest.raises(SpecError) as stopped:
+        resolve_resume(spec, output_dir, INPUTS)
+    assert str(stopped.value) == (
+        f"resume: auto found no whole checkpoint in {output_dir}, only damaged ones: checkpoint-40 (no readable "
+        "trainer_state.json (its save was interrupted)); checkpoint-30 (no readable trainer_state.json (its save was "
+        "interrupted)); checkpoint-20 (model.safetensors: cut short at 100 of 328 bytes); "
+        "and 1 more; remove them to start over from step 0, or use another training.output_dir (or resume: never "
+        "there)"
+    )
+    assert caplog.messages == []  # the one line is the error's
+    assert resolve_resume(sft_spec(tmp_path, resume="never"), output_dir, INPUTS) is None
+
+
+RANK0S = textwrap.dedent("""
+    import os
+    from datetime import timedelta
+    from posttrain.entrypoints import distributed
+
+    distributed.init_process_group("gloo", timedelta(seconds=60))
+    print("chose", distributed.rank0s(f"checkpoint-{10 * (distributed.env_rank() + 1)}"))
+    distributed.destroy_process_group()
+""")
+
+
+def test_every_rank_resumes_from_rank_0s_choice() -> None:
+    assert rank0s("checkpoint-10") == "checkpoint-10"  # no process group: this process's own
+    port = str(free_port())
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", RANK0S],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**env, "RANK": str(rank)},
+        )
+        for rank in (0, 1)
+    ]
+    for process in processes:
+        assert "chose checkpoint-10" in process.communicate(timeout=120)[0]
 
 
 # ---------------------------------------------------------------- a finished model, in every resume mode
