@@ -14,7 +14,14 @@ It also keeps the run's logs: torchrun writes each process's output to files
 (``--tee`` reads them back), in a directory torchx's local_cwd deletes when
 its client exits; at the end, failed or not, the launcher copies this node's
 into ``<output_dir>/logs/`` (not written to while training runs: a full disk
-there must not silence the job's last line).
+there must not silence the job's last line). A run refused there because
+another run holds the directory (``lease.py``), or taken over by one, keeps
+none: they are the other run's logs, and the refusal's line says all they hold.
+
+SIGTERM (a scheduler's preemption, ``torchx cancel``) goes on to the ranks,
+which save a checkpoint at the end of their step and stop; torchrun waits
+:data:`SHUTDOWN_S` for them before it kills them. The launcher then ends
+with one line, not torchrun's ``SignalException`` traceback.
 """
 
 import contextlib
@@ -22,15 +29,22 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Tuple
 
+from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.run import main as torchrun
 
-from posttrain.entrypoints.error_file import CRASHED, KEPT_LOGS, LAUNCHER_SAYS, STOPPED, posttrain_line
+from posttrain.entrypoints import lease
+from posttrain.entrypoints.error_file import CRASHED, KEPT_LOGS, LAUNCHER_SAYS, STOPPED, posttrain_line, record_error
+
+# After a SIGTERM, how long torchrun waits for the ranks before SIGKILL (its default, 30 s, is short for the end of a
+# step plus a checkpoint of a large model); a scheduler's own grace (Slurm's KillWait) may end the wait sooner.
+SHUTDOWN_S = 120
 
 
 def failure_line(rank: int, failure: ProcessFailure) -> Optional[str]:
@@ -82,11 +96,24 @@ def keep_logs(log_dir: Path, kept: Path) -> None:
             shutil.copytree(log_dir / run, kept / run, dirs_exist_ok=True)
 
 
+def stopped_line(signum: int, argv: Sequence[str]) -> str:
+    """What the launcher says when a signal stopped the job: the ranks were told to save a checkpoint."""
+    kept = kept_logs(argv)
+    where = f" in {kept.parent}" if kept is not None else ""
+    return (
+        f"posttrain: stopped by {signal.Signals(signum).name}: the ranks were told to save a checkpoint at the end of "
+        f"their step (given {SHUTDOWN_S} s) and stop; a restart resumes from the latest checkpoint{where}"
+    )
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     os.environ[LAUNCHER_SAYS] = "1"  # the workers inherit it: a crash's line is left for this process to say
     # its "failed (exitcode: 2) local_rank: 0" and "Sending process closing signal" lines: the failure line says it
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
+    # its "Received 15 death signal, shutting down workers": the stopped line says it
+    logging.getLogger("torch.distributed.elastic.agent.server.api").setLevel(logging.ERROR)
+    os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_S))  # torchrun's wait after a SIGTERM
     kept = kept_logs(argv)
     # torchrun's place (torchx's local_cwd names one for all its nodes), a directory of this launcher's own in it
     parent = os.environ.get("PET_LOG_DIR")
@@ -95,16 +122,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     log_dir = Path(tempfile.mkdtemp(prefix="torchelastic_", dir=parent or None))
     if kept is not None:
         os.environ[KEPT_LOGS] = str(kept)  # rank 0's first line names it
+    ours = True  # whether output_dir is this run's: a refused run's logs stay out of the holder's
     try:
         torchrun(["--log-dir", str(log_dir), *argv])
+    except SignalException as stopped:  # torchrun passed it on to the ranks and waited for them
+        line = stopped_line(stopped.sigval, argv)
+        record_error(line)  # in place of the exception torchrun's @record left: torchx's structured error
+        print(line, file=sys.stderr, flush=True)
+        return 128 + stopped.sigval
     except ChildFailedError as failed:
         rank, failure = root_cause(failed.failures)
+        ours = not lease.says_not_this_runs(posttrain_line(failure.error_file_data))
         line = failure_line(rank, failure)
         if line:
             print(line, file=sys.stderr, flush=True)
         return failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
     finally:
-        if kept is not None:
+        if kept is not None and ours:
             keep_logs(log_dir, kept)
     return 0
 

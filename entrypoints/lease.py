@@ -145,6 +145,22 @@ def _alive(pid: int) -> bool:
     return True
 
 
+# What a line says where output_dir is another run's: every refusal of acquire() that finds a lease there, and a
+# takeover. A job that says one never held the directory (or no longer does): its launcher keeps no logs there.
+NOT_THIS_RUNS = (
+    " is held by ",
+    f" holds a lease ({LEASE_FILE}) this run cannot read ",
+    "'s lease was claimed by a run that never took it ",
+    " was taken over by ",
+)
+
+
+def says_not_this_runs(line: Optional[str]) -> bool:
+    """Whether a ``posttrain:`` line says the job's output_dir is another run's (see :data:`NOT_THIS_RUNS`)."""
+    prefix = "posttrain: training.output_dir: "
+    return line is not None and line.startswith(prefix) and any(phrase in line for phrase in NOT_THIS_RUNS)
+
+
 def _held_error(output_dir: Path, holder: Optional[Holder]) -> SpecError:
     who = holder.describe() if holder is not None else "another run (its lease is being written)"
     return SpecError(

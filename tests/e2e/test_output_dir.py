@@ -3,6 +3,7 @@ failed job says, through torchx's own channels."""
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -64,6 +65,11 @@ def test_two_runs_started_at_once_into_one_directory_one_trains_and_the_other_is
     steps = [entry["step"] for entry in read_json(output_dir / "trainer_state.json")["log_history"] if "loss" in entry]
     assert steps == list(range(1, 41))
     assert not (output_dir / LEASE_FILE).exists()
+    # its logs alone: the refused run keeps none there (torchrun names a run's log directory "<app id>_...")
+    held_by = re.search(r" is held by job (\S+) on host ", refusal[0])
+    assert held_by is not None, refusal[0]
+    kept = [path.name for path in (output_dir / "logs").iterdir()]
+    assert kept and all(name.startswith(f"{held_by[1]}_") for name in kept), kept
 
 
 @pytest.mark.e2e

@@ -187,6 +187,10 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes_from_it(tmp_path: P
     logs = log_path.read_text()
     assert job.returncode != 0
     assert "SIGTERM: saved checkpoint-" in logs
+    # one line, the launcher's, also torchx's structured error; no torchrun traceback
+    stopped = subprocess.CompletedProcess(args, job.returncode, logs, "")
+    assert_stopped_once(stopped, "stopped by SIGTERM: the ranks were told to save a checkpoint")
+    assert "Traceback" not in logs, logs[-4000:]
     checkpoints = list(output_dir.glob("checkpoint-*"))
     assert len(checkpoints) == 1
     saved_step = read_json(checkpoints[0] / "trainer_state.json")["global_step"]

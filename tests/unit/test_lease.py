@@ -236,3 +236,11 @@ def test_a_later_attempt_of_the_same_job_takes_its_lease_back_and_the_earlier_on
     line = json.loads(error_file.read_text())["message"]["message"]
     assert line.startswith(f"posttrain: training.output_dir: {output_dir} was taken over by job grpo-x1 on host ")
     assert line.endswith("; this job stops")
+
+
+def test_a_refusal_says_the_directory_is_another_runs_and_other_output_dir_lines_do_not() -> None:
+    held = lease._held_error(Path("/out"), Holder.this_process())
+    assert lease.says_not_this_runs(f"posttrain: {held}")
+    assert lease.says_not_this_runs("posttrain: training.output_dir: /out was taken over by job x; this job stops")
+    assert not lease.says_not_this_runs("posttrain: training.output_dir: /out holds a finished run")
+    assert not lease.says_not_this_runs(None)
