@@ -13,10 +13,11 @@ holder. Each fact a newcomer decides from holds where it decides:
   gone when its lease does not change for :data:`STALE_S` seconds of the
   newcomer's own monotonic clock (a live holder renews it meanwhile, so a
   newcomer waits up to one heartbeat before it refuses);
-- a process id means something only in its PID namespace on its boot: a
-  holder whose process is gone is taken over at once only where host, boot
-  id and PID namespace are the newcomer's own (not across containers that
-  share a host name);
+- a process id means something only in its PID namespace on its boot: where
+  host, boot id and PID namespace are the newcomer's own (not across
+  containers that share a host name), the holder's process (its id and start
+  time, so a reused id is not it) decides at once: alive, the newcomer
+  refuses; gone, it takes over;
 - a job is named by torchx's app id (torchrun's run id), which two runs in
   one Slurm allocation do not share, else by the Slurm job and step: a later
   attempt of the same job (a torchrun restart, a Slurm requeue) takes its own
@@ -84,6 +85,7 @@ class Holder:
     attempt: Tuple[int, int]  # (Slurm's restart count, torchrun's): a later attempt of a job is a greater one
     host: str
     pid: int
+    pid_start: int  # the process's start, in clock ticks since boot: with pid, this process and no later one
     process_space: str  # where pid means this process (process_space())
     since: float  # wall clock, for people to read: no decision compares it with another host's clock
     beat: int
@@ -95,8 +97,10 @@ class Holder:
             int(os.environ.get("SLURM_RESTART_COUNT", "0")),
             int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
         )
+        pid = os.getpid()
+        start = process_start(pid) or 0
         return Holder(
-            job_name(), attempt, socket.gethostname(), os.getpid(), process_space(), time.time(), 0, os.urandom(8).hex()
+            job_name(), attempt, socket.gethostname(), pid, start, process_space(), time.time(), 0, os.urandom(8).hex()
         )
 
     def describe(self) -> str:
@@ -123,26 +127,34 @@ def read_holder(output_dir: Path) -> Optional[Holder]:
 
 
 def gone_at_once(holder: Holder, me: Holder) -> Optional[str]:
-    """Why ``holder`` no longer holds its lease against ``me`` by what both lease files say, or None where only
-    watching its heartbeat can tell."""
+    """Why ``holder`` no longer holds its lease against ``me`` by what both lease files say, or None where it does
+    or only watching its heartbeat can tell."""
     if holder.job == me.job and holder.attempt < me.attempt:
         return f"an earlier attempt of this job (attempt {holder.attempt}) held it"
-    same_space = holder.host == me.host and holder.process_space == me.process_space != ""
-    if same_space and holder.pid == me.pid:
+    if not _same_space(holder, me):
+        return None
+    if holder.pid == me.pid:
         return "this process held it"
-    if same_space and not _alive(holder.pid):
+    if process_start(holder.pid) != holder.pid_start:  # none, or a later process given the same id
         return f"{holder.describe()} held it, and that process is gone"
     return None
 
 
-def _alive(pid: int) -> bool:
+def alive_at_once(holder: Holder, me: Holder) -> bool:
+    """Whether ``holder``'s process is known to live: its id means the same process here, and it runs."""
+    return _same_space(holder, me) and holder.pid != me.pid and process_start(holder.pid) == holder.pid_start
+
+
+def _same_space(holder: Holder, me: Holder) -> bool:
+    return holder.host == me.host and holder.process_space == me.process_space != ""
+
+
+def process_start(pid: int) -> Optional[int]:
+    """When process ``pid`` started, in clock ticks since boot; None where there is no such process (or no /proc)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: it exists
-        return True
-    return True
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 # What a line says where output_dir is another run's: every refusal of acquire() that finds a lease there, and a
@@ -259,6 +271,8 @@ def acquire(output_dir: Path) -> Lease:
             ) from None
         holder = parse_holder(seen)
         reason = gone_at_once(holder, me) if holder is not None else None
+        if reason is None and holder is not None and alive_at_once(holder, me):
+            raise _held_error(output_dir, holder)
         if reason is None:
             log.info(
                 "training.output_dir: %s is leased to %s; watching its heartbeat (up to %.0f s) to see if it lives",

@@ -15,7 +15,7 @@ import pytest
 
 from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints import lease
-from posttrain.entrypoints.lease import LEASE_FILE, Holder, acquire, gone_at_once, read_holder
+from posttrain.entrypoints.lease import LEASE_FILE, Holder, acquire, alive_at_once, gone_at_once, read_holder
 
 HEARTBEAT_S, STALE_S = 0.2, 1.5
 SETTINGS = f"from posttrain.entrypoints import lease; lease.HEARTBEAT_S = {HEARTBEAT_S}; lease.STALE_S = {STALE_S}"
@@ -66,6 +66,7 @@ def foreign_lease(output_dir: Path, **fields: object) -> dict:
         "attempt": [0, 0],
         "host": "node-elsewhere",
         "pid": 1,
+        "pid_start": 1,
         "process_space": "other-boot/pid:[1]",
         "since": time.time() + 86400,  # its clock a day ahead
         "beat": 40,
@@ -136,7 +137,16 @@ def test_a_holder_in_another_pid_namespace_is_judged_by_its_heartbeat_not_its_pi
         holder.kill()
         holder.wait()
     dead = Holder(**{**vars(found), "pid": 999_999_999})  # no such process here; not proof of anything there
-    assert gone_at_once(dead, Holder.this_process()) is None
+    assert gone_at_once(dead, Holder.this_process()) is None and not alive_at_once(dead, Holder.this_process())
+
+
+def test_a_holder_whose_process_id_was_given_to_another_process_is_gone(tmp_path: Path) -> None:
+    me = Holder.this_process()
+    parent = Holder(**{**vars(me), "pid": os.getppid(), "pid_start": lease.process_start(os.getppid())})
+    assert alive_at_once(parent, me) and gone_at_once(parent, me) is None  # alive here: refused at once
+    reused = Holder(**{**vars(parent), "pid_start": parent.pid_start - 1})  # that id, an earlier process's
+    assert not alive_at_once(reused, me)
+    assert gone_at_once(reused, me).endswith("held it, and that process is gone")
 
 
 def test_a_holder_on_another_host_is_gone_when_its_heartbeat_stops_whatever_its_clock_says(
