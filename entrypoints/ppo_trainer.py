@@ -230,7 +230,7 @@ class PPOTrainer:
     """PPO with a policy, a frozen reference, a value model and rewards; HF Trainer's outputs.
 
     It offers what the runtime uses of a Trainer: ``train``, ``save_model``,
-    ``save_state``, ``state``, ``accelerator``, ``is_world_process_zero``.
+    ``state``, ``accelerator``, ``is_world_process_zero``.
     """
 
     def __init__(
@@ -452,10 +452,6 @@ class PPOTrainer:
             self.tokenizer.save_pretrained(directory)
             unwrapped.value_model.save_pretrained(directory / "value_model")
         self.accelerator.wait_for_everyone()
-
-    def save_state(self) -> None:
-        if self.accelerator.is_main_process:
-            self.state.save_to_json(str(Path(self.args.output_dir) / "trainer_state.json"))
 
     def _save_checkpoint(self) -> None:
         directory = Path(self.args.output_dir) / f"checkpoint-{self.state.global_step}"
