@@ -91,7 +91,7 @@ from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging as hf_logging
 
 from posttrain.components.spec.registry import PPOSpec
-from posttrain.entrypoints.checkpoints import checkpoint_steps
+from posttrain.entrypoints.checkpoints import checkpoint_steps, complete_checkpoints
 from posttrain.entrypoints.ppo_math import (
     adapted_kl_coef,
     masked_mean,
@@ -385,7 +385,9 @@ class PPOTrainer:
             self._callback("on_step_end")
             if self.control.should_save or (state.save_steps and state.global_step % state.save_steps == 0):
                 self._save_checkpoint()
-                self._callback("on_save")
+                self._callback("on_save")  # the inputs' record: the checkpoint is whole from here on
+                if self.accelerator.is_main_process:
+                    self._rotate_checkpoints()
                 self.control.should_save = False
             if self.control.should_training_stop:
                 break
@@ -462,16 +464,21 @@ class PPOTrainer:
             torch.save(self.optimizer.state_dict(), directory / "optimizer.pt")
             torch.save(self.scheduler.state_dict(), directory / "scheduler.pt")
             (directory / "ppo_state.json").write_text(json.dumps({"kl_coef": self.kl_coef}))
-            self.state.save_to_json(str(directory / "trainer_state.json"))  # last: marks the checkpoint complete
-            self._rotate_checkpoints()
+            self.state.save_to_json(str(directory / "trainer_state.json"))
         self.accelerator.wait_for_everyone()
 
     def _rotate_checkpoints(self) -> None:
+        """Keeps the newest ``save_total_limit`` whole checkpoints and whatever came after the oldest of them: a
+        damaged newer one never costs a whole older one."""
         limit = self.args.save_total_limit
-        if not limit:
+        output_dir = Path(self.args.output_dir)
+        whole = complete_checkpoints(output_dir)
+        if not limit or len(whole) <= limit:
             return
-        checkpoints = [path for _, path in checkpoint_steps(Path(self.args.output_dir))]  # not a user's checkpoint-best
-        for old in checkpoints[:-limit]:
+        kept = whole[-limit]
+        for _, old in checkpoint_steps(output_dir):  # not a user's checkpoint-best
+            if old == kept:
+                break
             shutil.rmtree(old, ignore_errors=True)
 
     def _load_checkpoint(self, directory: Path) -> None:

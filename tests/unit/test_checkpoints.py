@@ -564,3 +564,17 @@ def test_ppo_rotates_its_checkpoints_and_leaves_a_users_checkpoint_best_alone(tm
     (tmp_path / "checkpoint-best").mkdir()  # crashed the rotation once: int("best")
     PPOTrainer._rotate_checkpoints(SimpleNamespace(args=SimpleNamespace(output_dir=str(tmp_path), save_total_limit=2)))
     assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint-20", "checkpoint-30", "checkpoint-best"]
+
+
+def test_ppo_rotation_keeps_whole_checkpoints_when_newer_ones_are_damaged(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from posttrain.entrypoints.ppo_trainer import PPOTrainer
+
+    for step in (10, 20, 30):
+        write_checkpoint(tmp_path, step)
+    for step in (40, 50):  # cut short, say by a full disk: they count for nothing
+        write_checkpoint(tmp_path, step, complete=False)
+    PPOTrainer._rotate_checkpoints(SimpleNamespace(args=SimpleNamespace(output_dir=str(tmp_path), save_total_limit=2)))
+    names = sorted(path.name for path in tmp_path.iterdir())
+    assert names == ["checkpoint-20", "checkpoint-30", "checkpoint-40", "checkpoint-50"]  # the two whole ones kept
