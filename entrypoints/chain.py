@@ -19,10 +19,10 @@ newest checkpoint as any run does (``resume: auto``), and every stage after a
 stage that runs runs again (its input is new). A finished stage whose spec
 has changed since stops the chain with one line; one whose model was trained
 again since (its run records each model's fingerprint) runs again, its run
-from the old model removed. SIGTERM or SIGINT (a
-preemption), or the end of the process that started the chain, is passed on
-to the running stage once, so that it checkpoints, and no stage starts after
-it. At the end, and at a failure, node 0 writes the chain's
+from the old model removed. SIGTERM or SIGINT (a preemption), or the end of
+the process that started the chain, is passed on to the running stage once,
+so that it checkpoints, and no stage starts after it. At the end, and at a
+failure, node 0 writes the chain's
 ``run_summary.json`` (each stage's status, time and first and last metrics)
 and, at the end, ``curves.png`` (each stage's curves) and the closing line,
 which names every stage's model.
