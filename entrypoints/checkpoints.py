@@ -590,26 +590,31 @@ def already_finished(output_dir: Path, checkpoint: Path, max_steps: int) -> bool
     (``max_steps`` unset) ends at the step count its trainer state recorded:
     resume already refused a checkpoint of another spec.
     """
+    step = _at_last_step(checkpoint, max_steps)
+    try:
+        summary = json.loads((output_dir / SUMMARY_FILE).read_text())
+    except (OSError, ValueError):
+        return False
+    return step is not None and summary.get("global_steps") == step
+
+
+def _at_last_step(checkpoint: Path, max_steps: int) -> Optional[int]:
+    """``checkpoint``'s step where it is the run's last (``max_steps``, or for a run of epochs the step count its
+    trainer state recorded); None where it is not, or its state is unreadable."""
     try:
         state = json.loads((checkpoint / "trainer_state.json").read_text())
         step = state["global_step"]
-        summary = json.loads((output_dir / SUMMARY_FILE).read_text())
     except (OSError, ValueError, KeyError):
-        return False
+        return None
     last = max_steps if max_steps > 0 else state.get("max_steps", 0)
-    return 0 < last <= step and summary.get("global_steps") == step
+    return step if 0 < last <= step else None
 
 
 def resume_past_final_save(output_dir: Path, resume_from: str, max_steps: int) -> Optional[str]:
     """What ``resume: auto`` continues from where its checkpoint is at the run's last step but the run has no
     ``run_summary.json`` (its final save was cut short, :func:`publish_final`): resuming there would take one
     step too many, so the checkpoint before it trains the last stretch again (None: from scratch)."""
-    try:
-        state = json.loads((Path(resume_from) / "trainer_state.json").read_text())
-    except (OSError, ValueError):
-        return resume_from
-    last = max_steps if max_steps > 0 else state.get("max_steps", 0)
-    if (output_dir / SUMMARY_FILE).exists() or not 0 < last <= state.get("global_step", 0):
+    if (output_dir / SUMMARY_FILE).exists() or _at_last_step(Path(resume_from), max_steps) is None:
         return resume_from
     earlier = [str(path) for path in complete_checkpoints(output_dir) if str(path) != resume_from]
     return earlier[-1] if earlier else None
