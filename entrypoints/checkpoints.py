@@ -13,6 +13,13 @@ is left as it is, unless ``overwrite_output_dir: true``. A damaged checkpoint
 (a file cut short, unreadable or malformed, a shard its index names missing,
 its state missing, or a check that failed) is named and passed over for the
 one before; where all are damaged, ``auto`` stops; nothing is deleted.
+
+A checkpoint of a posttrain run is whole only where its manifest
+(``posttrain_manifest.json``, written last, after every rank's files are
+in and fsynced: :func:`seal_checkpoint`) names every file it holds at its
+size and each safetensors header by its hash: a shard, an RNG state or an
+FSDP ``.distcp`` file missing or of another size is damage, whatever its
+format. A checkpoint named by path (another tool's) needs no manifest.
 """
 
 import contextlib
@@ -34,13 +41,14 @@ from posttrain.components.spec.fields import config_value
 from posttrain.components.spec.loading import NOT_TRAINING_RELEVANT, spec_diff
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import Spec
-from posttrain.entrypoints.distributed import env_rank, says_any
+from posttrain.entrypoints.distributed import barrier, env_rank, says_any
 from posttrain.entrypoints.summary import SUMMARY_FILE
 
 log = logging.getLogger("posttrain")
 
 SPEC_FILE = "posttrain_spec.json"
 INPUTS_FILE = "posttrain_inputs.json"
+MANIFEST_FILE = "posttrain_manifest.json"
 FINAL_STAGING = ".posttrain-final"  # the final model, until it is whole and moved into output_dir
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 # torch.save's files (zip archives) and JSON: what a checkpoint of any trainer here holds besides safetensors
@@ -84,16 +92,10 @@ def complete_checkpoints(output_dir: Path) -> List[Path]:
 
 
 def checkpoint_verdicts(output_dir: Path) -> List[Tuple[Path, Optional[str]]]:
-    """Every checkpoint, oldest first, with what makes it unusable (None: sound).
-
-    Every posttrain run records its inputs in each checkpoint of its own, but
-    the Trainer offers no hook before ``trainer_state.json`` lands: the record
-    comes after it (``RecordInputs``), so one of ``output_dir``'s checkpoints
-    without it is a save cut short, which the data check would otherwise wave
-    through. A checkpoint named by path (another tool's) needs none.
-    """
+    """Every checkpoint, oldest first, with what makes it unusable (None: sound): its files as they are, then
+    against its manifest, without which one of ``output_dir``'s checkpoints is a save cut short."""
     return [
-        (path, _judged(lambda: checkpoint_problem(path) or _inputs_problem(path)))
+        (path, _judged(lambda: checkpoint_problem(path) or _manifest_problem(path)))
         for _, path in checkpoint_steps(output_dir)
     ]
 
@@ -106,10 +108,59 @@ def _judged(judge: Callable[[], Optional[str]]) -> Optional[str]:
         return f"could not be checked ({type(error).__name__}: {' '.join(str(error).split())})"  # one line
 
 
-def _inputs_problem(checkpoint: Path) -> Optional[str]:
-    if not (checkpoint / INPUTS_FILE).is_file():
-        return f"no {INPUTS_FILE} (its save was interrupted)"
-    return file_problem(checkpoint / INPUTS_FILE)
+def _manifest_problem(checkpoint: Path) -> Optional[str]:
+    """What differs between ``checkpoint``'s files and its manifest: a file missing, of another size, a
+    safetensors header that changed; files added since are not looked at."""
+    manifest = checkpoint / MANIFEST_FILE
+    if not manifest.is_file():
+        return f"no {MANIFEST_FILE} (its save was interrupted)"
+    for name, recorded in sorted(json.loads(manifest.read_text())["files"].items()):
+        path = checkpoint / name
+        if not path.is_file():
+            return f"{name} is missing (its manifest names it)"
+        size = path.stat().st_size
+        if size != recorded["bytes"]:
+            return f"{name} is {size} bytes, its manifest says {recorded['bytes']}"
+        if "header_sha256" in recorded and _header_hash(path) != recorded["header_sha256"]:
+            return f"{name}'s safetensors header changed since it was saved"
+    return None
+
+
+def seal_checkpoint(checkpoint: Path, inputs: Dict[str, Any]) -> None:
+    """Makes ``checkpoint`` whole for resume: the inputs it was trained on, every file fsynced, then its manifest,
+    last (rank 0, once every rank's files are in)."""
+    write_json_atomic(checkpoint / INPUTS_FILE, inputs)
+    files = {}
+    for path in _fsynced_tree(checkpoint):
+        if path.name == MANIFEST_FILE:  # an earlier seal's
+            continue
+        entry: Dict[str, Any] = {"bytes": path.stat().st_size}
+        if path.suffix == ".safetensors":
+            entry["header_sha256"] = _header_hash(path)
+        files[str(path.relative_to(checkpoint))] = entry
+    write_json_atomic(checkpoint / MANIFEST_FILE, {"files": files})
+
+
+def _fsynced_tree(root: Path) -> List[Path]:
+    """Every file under ``root``, each fsynced, and every folder's names (``root``'s too): durable before a
+    mark that says they are whole."""
+    files = []
+    for path in sorted(root.rglob("*"), reverse=True):  # each file and folder before the folder holding it
+        if path.is_dir():
+            fsync_directory(path)
+        else:
+            with path.open("rb") as stream:
+                os.fsync(stream.fileno())
+            files.append(path)
+    fsync_directory(root)
+    return sorted(files)
+
+
+def _header_hash(path: Path) -> str:
+    """The SHA-256 of a safetensors file's header: its tensors' names, dtypes, shapes and places."""
+    with path.open("rb") as stream:
+        (header_size,) = struct.unpack("<Q", stream.read(8))
+        return hashlib.sha256(stream.read(header_size)).hexdigest()
 
 
 def checkpoint_problem(checkpoint: Path) -> Optional[str]:
@@ -570,16 +621,18 @@ def check_room(output_dir: Path, spec: Spec, training: Dict[str, Any]) -> None:
         )
 
 
-class RecordInputs(TrainerCallback):
-    """Records in each checkpoint, as it is saved, the data and global batch it was trained on (rank 0)."""
+class SealCheckpoints(TrainerCallback):
+    """Seals each checkpoint as it is saved (:func:`seal_checkpoint`), once every rank has written its part:
+    the Trainer waits for no rank after its RNG states and shards."""
 
     def __init__(self, inputs: Dict[str, Any]) -> None:
         self.inputs = inputs
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        barrier()
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if state.is_world_process_zero and checkpoint.is_dir():
-            write_json_atomic(checkpoint / INPUTS_FILE, self.inputs)
+            seal_checkpoint(checkpoint, self.inputs)
 
 
 def already_finished(output_dir: Path, checkpoint: Path, max_steps: int) -> bool:
@@ -663,13 +716,7 @@ def publish_final(staging: Path, output_dir: Path, moved: Optional[Callable[[], 
     """
     (output_dir / SUMMARY_FILE).unlink(missing_ok=True)
     fsync_directory(output_dir)
-    for path in sorted(staging.rglob("*"), reverse=True):  # each file and folder before the folder holding it
-        if path.is_dir():
-            fsync_directory(path)
-        else:
-            with path.open("rb") as stream:
-                os.fsync(stream.fileno())
-    fsync_directory(staging)
+    _fsynced_tree(staging)
     for entry in sorted(staging.iterdir()):
         target = output_dir / entry.name
         if entry.is_dir() and target.is_dir():

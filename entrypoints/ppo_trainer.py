@@ -385,7 +385,7 @@ class PPOTrainer:
             self._callback("on_step_end")
             if self.control.should_save or (state.save_steps and state.global_step % state.save_steps == 0):
                 self._save_checkpoint()
-                self._callback("on_save")  # the inputs' record: the checkpoint is whole from here on
+                self._callback("on_save")  # sealed: the checkpoint is whole from here on
                 if self.accelerator.is_main_process:
                     self._rotate_checkpoints()
                 self.control.should_save = False

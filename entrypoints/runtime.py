@@ -244,7 +244,7 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
         args, tokenizer = inputs.args, inputs.tokenizer
         tokens, preemption = TokenCounter(), Preemption()
         metrics_log = MetricsLog(output_dir, algorithm, spec.model.name_or_path, world_size)
-        callbacks = [tokens, preemption, metrics_log, BestMetricCheck(), checkpoints.RecordInputs(inputs.record)]
+        callbacks = [tokens, preemption, metrics_log, BestMetricCheck(), checkpoints.SealCheckpoints(inputs.record)]
         callbacks += [fault] if fault is not None else []
         callbacks += [reward_check] if has_rewards(spec) else []
         # a progress bar on a terminal (the trainer's own); plain lines in files and pipes, and for our PPO

@@ -35,6 +35,9 @@ def test_a_crashed_run_leaves_its_history_and_the_next_run_continues_it(tmp_path
     steps = [record["step"] for record in lines(output_dir / curves.METRICS_FILE)]
     assert steps in (list(range(1, 25)), list(range(1, 26))), steps  # rank 0 may log step 25 before the job ends
     assert not (output_dir / curves.CURVES_FILE).exists()
+    # checkpoint-20 was sealed once both ranks had written: its manifest names each rank's RNG state
+    manifest = read_json(output_dir / "checkpoint-20" / "posttrain_manifest.json")["files"]
+    assert {"rng_state_0.pth", "rng_state_1.pth", "model.safetensors", "posttrain_inputs.json"} <= set(manifest)
     # the next run resumes from checkpoint-20: the crashed attempt's later steps are dropped, none doubled
     assert_succeeded(run_template("sft/tiny.yaml", tmp_path, output_dir))
     assert read_json(output_dir / "run_summary.json")["resumed_from"] == str(output_dir / "checkpoint-20")

@@ -16,7 +16,7 @@ from posttrain.components.spec.loading import SpecError, validate
 from posttrain.components.spec.overrides import apply_overrides
 from posttrain.entrypoints import checkpoints
 from posttrain.entrypoints.checkpoints import (
-    INPUTS_FILE,
+    MANIFEST_FILE,
     SPEC_FILE,
     already_finished,
     check_room,
@@ -26,6 +26,7 @@ from posttrain.entrypoints.checkpoints import (
     finished_at,
     job_inputs,
     resolve_resume,
+    seal_checkpoint,
 )
 from posttrain.entrypoints.distributed import rank0s
 from posttrain.entrypoints.summary import SUMMARY_FILE
@@ -41,8 +42,8 @@ def write_checkpoint(output_dir: Path, step: int, complete: bool = True, max_ste
     path.mkdir(parents=True)
     state = json.dumps({"global_step": step, "max_steps": max_steps})
     (path / "trainer_state.json").write_text(state if complete else '{"global_')
-    if complete:  # RecordInputs writes it after the state: the last file of a whole save
-        (path / INPUTS_FILE).write_text(json.dumps(INPUTS))
+    if complete:  # sealed after the state: its manifest is the last file of a whole save
+        seal_checkpoint(path, INPUTS)
     return path
 
 
@@ -220,6 +221,60 @@ def test_an_index_whose_shard_is_missing_or_cut_short_is_damage(
     assert file_problem(output_dir / "checkpoint-10" / "model.safetensors.index.json") == (
         f"its shard model-2-of-2.safetensors: {file_problem(shard)}"
     )
+
+
+def sealed_pair(tmp_path: Path) -> Any:
+    """The spec, and its output_dir with checkpoint-10 and -20 as two ranks of a sharded run leave them, sealed."""
+    import torch
+
+    spec = sft_spec(tmp_path)
+    output_dir = Path(spec.training["output_dir"])
+    for step in (10, 20):
+        checkpoint = write_checkpoint(output_dir, step, complete=False)
+        (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+        save_weights(checkpoint / "model.safetensors")
+        for rank in (0, 1):
+            torch.save({"cpu": torch.random.get_rng_state()}, checkpoint / f"rng_state_{rank}.pth")
+        (checkpoint / "pytorch_model_fsdp_0").mkdir()
+        (checkpoint / "pytorch_model_fsdp_0" / "__1_0.distcp").write_bytes(bytes(100))  # no format to check
+        seal_checkpoint(checkpoint, INPUTS)
+    (output_dir / SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json")))
+    return spec, output_dir / "checkpoint-20"
+
+
+def rename_the_tensor(path: Path) -> None:
+    """The same file size, another header: a tensor renamed in place."""
+    path.write_bytes(path.read_bytes().replace(b'"weight"', b'"weighs"', 1))
+
+
+MANIFEST_DAMAGE = {
+    "an RNG state missing": (lambda c: (c / "rng_state_1.pth").unlink(), "rng_state_1.pth is missing"),
+    "a .distcp shard cut short": (
+        lambda c: cut(c / "pytorch_model_fsdp_0" / "__1_0.distcp", 60),
+        "pytorch_model_fsdp_0/__1_0.distcp is 60 bytes, its manifest says 100",
+    ),
+    "a header rewritten": (
+        lambda c: rename_the_tensor(c / "model.safetensors"),
+        "model.safetensors's safetensors header changed since it was saved",
+    ),
+    "no manifest": (lambda c: (c / MANIFEST_FILE).unlink(), f"no {MANIFEST_FILE} (its save was interrupted)"),
+}
+
+
+@pytest.mark.parametrize("case", MANIFEST_DAMAGE)
+def test_a_file_its_manifest_names_missing_or_changed_is_damage_whatever_its_format(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, case: str
+) -> None:
+    damage, reason = MANIFEST_DAMAGE[case]
+    spec, checkpoint = sealed_pair(tmp_path)
+    assert resolve_resume(spec, checkpoint.parent, INPUTS) == str(checkpoint)
+    damage(checkpoint)
+    with caplog.at_level("WARNING", logger="posttrain"):
+        assert resolve_resume(spec, checkpoint.parent, INPUTS) == str(checkpoint.parent / "checkpoint-10")
+    [line] = caplog.messages
+    assert f"checkpoint-20 is damaged ({reason}" in line, line
+    if case == "no manifest":  # named by path, another tool's checkpoint is judged by its files alone
+        assert resolve_resume(sft_spec(tmp_path, resume=str(checkpoint)), checkpoint.parent, INPUTS) == str(checkpoint)
 
 
 def test_a_judge_that_fails_calls_the_checkpoint_damaged_never_the_run(
@@ -454,7 +509,6 @@ def test_this_specs_finished_model_trained_on_other_inputs_is_refused(tmp_path: 
     spec = sft_spec(tmp_path)
     output_dir = Path(spec.training["output_dir"])
     write_finished(output_dir, spec)
-    (output_dir / "checkpoint-40" / INPUTS_FILE).write_text(json.dumps(INPUTS))
     assert finished_at(spec, output_dir, INPUTS) == 40
     doubled = {**INPUTS, "global_batch": {**INPUTS["global_batch"], "processes": 2}}
     with pytest.raises(SpecError) as error:
@@ -494,7 +548,7 @@ def test_resume_auto_stops_where_the_data_or_the_global_batch_changed(tmp_path: 
     inputs = job_inputs(spec, dict(spec.training), 2, [("data.train", None)])
     checkpoint = write_checkpoint(output_dir, 10)
     (output_dir / SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json")))
-    (checkpoint / INPUTS_FILE).write_text(json.dumps(inputs))
+    seal_checkpoint(checkpoint, inputs)
     assert resolve_resume(spec, output_dir, inputs) == str(checkpoint)
 
     halved = job_inputs(spec, dict(spec.training), 1, [("data.train", None)])

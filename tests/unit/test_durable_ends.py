@@ -21,6 +21,7 @@ from posttrain.entrypoints.checkpoints import (
     complete_checkpoints,
     publish_final,
     resolve_resume,
+    seal_checkpoint,
     write_json_atomic,
 )
 from posttrain.entrypoints.summary import SUMMARY_FILE
@@ -92,21 +93,23 @@ def test_the_final_model_is_moved_in_fsynced_and_a_kill_mid_way_leaves_no_summar
     assert not staging.exists() and fsynced[-1] == output_dir  # the renames made durable
 
 
-def write_checkpoint(output_dir: Path, step: int, inputs: bool = True) -> Path:
+def write_checkpoint(output_dir: Path, step: int, sealed: bool = True) -> Path:
     path = output_dir / f"checkpoint-{step}"
     path.mkdir(parents=True)
     (path / "trainer_state.json").write_text(json.dumps({"global_step": step}))
-    if inputs:
-        (path / INPUTS_FILE).write_text(json.dumps(INPUTS))
+    if sealed:
+        seal_checkpoint(path, INPUTS)
     return path
 
 
-def test_a_checkpoint_of_this_run_without_its_inputs_record_is_incomplete(tmp_path: Path) -> None:
-    """A kill between trainer_state.json and posttrain_inputs.json: resume: auto takes the checkpoint before."""
+def test_a_checkpoint_of_this_run_without_its_manifest_is_incomplete(tmp_path: Path) -> None:
+    """A kill before the manifest (the trainer's files, even the inputs' record, all there): resume: auto takes
+    the checkpoint before."""
     spec = sft_spec(tmp_path)
     output_dir = Path(spec.training["output_dir"])
     before = write_checkpoint(output_dir, 10)
-    cut = write_checkpoint(output_dir, 20, inputs=False)
+    cut = write_checkpoint(output_dir, 20, sealed=False)
+    (cut / INPUTS_FILE).write_text(json.dumps(INPUTS))
     (output_dir / SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json")))
     assert complete_checkpoints(output_dir) == [before]
     assert resolve_resume(spec, output_dir, INPUTS) == str(before)
