@@ -32,10 +32,26 @@ def job_env(tmp_root: Path, **extra: str) -> Dict[str, str]:
     return env
 
 
-def free_port() -> int:
+def free_port(span: int = 1) -> int:
+    """A port free now, with the ``span - 1`` after it: a chain's stage i rendezvouses on the port plus i."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("localhost", 0))
+            base = s.getsockname()[1]
+        if base + span <= 65536 and all(_bindable(base + offset) for offset in range(1, span)):
+            return base
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
+        try:
+            s.bind(("localhost", port))
+        except OSError:
+            return False
+        return True
+
+
+CHAIN_PORTS = 4  # the most stages a chain template has, and one more
 
 
 def torchx(args: Sequence[str], tmp_root: Path, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, assert_succeeded, assert_valid_png, ends, free_port, job_env, read_json, torchx
+from helpers import CHAIN_PORTS, REPO, assert_succeeded, assert_valid_png, ends, free_port, job_env, read_json, torchx
 
 pytestmark = pytest.mark.e2e
 
@@ -36,7 +36,7 @@ def kill_when(marker: Path, output_dir: Path, log_path: Path, args: list, tmp_pa
 def test_the_rlhf_chain_picks_up_after_a_kill_and_ppo_raises_the_reward_model_s_scores(tmp_path: Path) -> None:
     output_dir = tmp_path / "rlhf"
     args = ["run", "-s", "local_cwd", "posttrain.chain", "--spec", "templates/chain/rlhf-tiny.yaml", "-j", "1x2"]
-    args += ["--rdzv_port", str(free_port()), f"output_dir={output_dir}"]
+    args += ["--rdzv_port", str(free_port(CHAIN_PORTS)), f"output_dir={output_dir}"]
     # the reward stage's rank 0 stops at step 22, its checkpoint-20 whole; then every process is killed
     hanging = output_dir / "reward" / ".posttrain_fault_hang_0_22"
     kill_when(hanging, output_dir, tmp_path / "killed.log", args, tmp_path, POSTTRAIN_FAULT="hang:0:22@reward")
@@ -76,7 +76,7 @@ def test_the_rlhf_chain_picks_up_after_a_kill_and_ppo_raises_the_reward_model_s_
 def test_a_stage_trained_from_a_model_that_was_trained_again_trains_again_and_says_why(tmp_path: Path) -> None:
     output_dir = tmp_path / "sft-dpo"
     args = ["run", "-s", "local_cwd", "posttrain.chain", "--spec", "templates/chain/sft-dpo-tiny.yaml", "-j", "1x1"]
-    args += ["--rdzv_port", str(free_port()), f"output_dir={output_dir}"]
+    args += ["--rdzv_port", str(free_port(CHAIN_PORTS)), f"output_dir={output_dir}"]
     assert_succeeded(torchx(args, tmp_path, timeout=900))
     first_sft = read_json(output_dir / "sft" / "run_summary.json")
     dpo = read_json(output_dir / "dpo" / "run_summary.json")

@@ -14,7 +14,7 @@ from typing import List, Tuple
 
 import pytest
 
-from helpers import REPO, assert_succeeded, ends, free_port, read_json, torchx
+from helpers import CHAIN_PORTS, REPO, assert_succeeded, ends, free_port, read_json, torchx
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
 
@@ -53,7 +53,7 @@ def run_on_slurm(template: str, tmp_path: Path, output_dir: Path, args: List[str
                 "-j",
                 "2x1",
                 "--rdzv_port",
-                str(free_port()),
+                str(free_port(CHAIN_PORTS if algorithm == "chain" else 1)),
                 *args,
                 f"output_dir={output_dir}" if algorithm == "chain" else f"training.output_dir={output_dir}",
             ],
