@@ -122,7 +122,7 @@ def build_model_dir(path: Path, gpu_shape: Optional[str] = None) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from posttrain.entrypoints.tiny import CHAT_TEMPLATE  # ChatML with generation marks, as the tiny models'
+    from posttrain.entrypoints.inputs.tiny import CHAT_TEMPLATE  # ChatML with generation marks, as the tiny models'
 
     if (path / "config.json").is_file():
         return path

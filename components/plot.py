@@ -4,7 +4,7 @@
     python -m posttrain.components.plot outputs/dpo-lr1e-5 outputs/dpo-lr1e-6 -o outputs/dpo.png
 
 The figure is the one every job draws as its ``curves.png``
-(``posttrain.entrypoints.curves``), one line per run on each metric's plot,
+(``posttrain.entrypoints.records.curves``), one line per run on each metric's plot,
 the legend naming each run by its directory.
 """
 
@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
-from posttrain.entrypoints.curves import METRICS_FILE, Series, draw, read_metrics, run_title, series
+from posttrain.entrypoints.records.curves import METRICS_FILE, Series, draw, read_metrics, run_title, series
 
 
 def run_of(directory: Path) -> Tuple[str, Series, Optional[str]]:

@@ -43,9 +43,10 @@ from typing import Any, Dict, List, Optional, Sequence
 from posttrain.components.spec.chain import STAGE_ENV, Chain, Stage, chain_from_json
 from posttrain.components.spec.loading import NOT_TRAINING_RELEVANT, spec_diff
 from posttrain.components.spec.messages import SpecError
-from posttrain.entrypoints import curves, rendezvous_port
-from posttrain.entrypoints.checkpoints import read_record, stale_runs, write_json_atomic
-from posttrain.entrypoints.error_file import STOPPED, record_error
+from posttrain.entrypoints import rendezvous_port
+from posttrain.entrypoints.job.error_file import STOPPED, record_error
+from posttrain.entrypoints.records import curves
+from posttrain.entrypoints.records.checkpoints import read_record, stale_runs, write_json_atomic
 
 STATE_FILE = "chain.json"
 SUMMARY_FILE = "run_summary.json"

@@ -11,7 +11,7 @@ Data: ``prompt`` rows. The student generates completions; the loss is the genera
 
 from trl import DistillationTrainer
 
-from posttrain.entrypoints.runtime import Job, run
+from posttrain.entrypoints.job.runtime import Job, run
 
 
 def build_trainer(job: Job) -> DistillationTrainer:

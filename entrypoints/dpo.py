@@ -11,7 +11,7 @@ Refused: ``padding_free`` (TRL 1.16's DPOTrainer turns it off).
 
 from trl import DPOTrainer
 
-from posttrain.entrypoints.runtime import Job, run
+from posttrain.entrypoints.job.runtime import Job, run
 
 
 def build_trainer(job: Job) -> DPOTrainer:

@@ -14,7 +14,7 @@ Logs: ``reward``, ``reward_std``, ``rewards/<name>/mean``, ``kl`` (with ``beta``
 
 from trl import GRPOTrainer
 
-from posttrain.entrypoints.runtime import Job, run
+from posttrain.entrypoints.job.runtime import Job, run
 
 
 def build_trainer(job: Job) -> GRPOTrainer:

@@ -11,7 +11,7 @@ Logs: ``loss``, ``kl``, ``rewards/chosen``, ``rewards/rejected``, ``rewards/marg
 
 from trl import KTOTrainer
 
-from posttrain.entrypoints.runtime import Job, run
+from posttrain.entrypoints.job.runtime import Job, run
 
 
 def build_trainer(job: Job) -> KTOTrainer:

@@ -39,8 +39,15 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.run import main as torchrun
 
-from posttrain.entrypoints import lease
-from posttrain.entrypoints.error_file import CRASHED, KEPT_LOGS, LAUNCHER_SAYS, STOPPED, posttrain_line, record_error
+from posttrain.entrypoints.job import lease
+from posttrain.entrypoints.job.error_file import (
+    CRASHED,
+    KEPT_LOGS,
+    LAUNCHER_SAYS,
+    STOPPED,
+    posttrain_line,
+    record_error,
+)
 
 # After a SIGTERM, how long torchrun waits for the ranks before SIGKILL (its default, 30 s, is short for the end of a
 # step plus a checkpoint of a large model); a scheduler's own grace (Slurm's KillWait) may end the wait sooner.

@@ -14,7 +14,7 @@ default, is what its prompt rows need), ``reward_model_path`` (use ``rewards: [{
 
 from trl.experimental.online_dpo import OnlineDPOTrainer
 
-from posttrain.entrypoints.runtime import Job, run
+from posttrain.entrypoints.job.runtime import Job, run
 
 
 def build_trainer(job: Job) -> OnlineDPOTrainer:

@@ -11,7 +11,7 @@ Refused: ``remove_unused_columns`` (ORPO's collator needs every column; posttrai
 
 from trl.experimental.orpo import ORPOTrainer
 
-from posttrain.entrypoints.runtime import Job, run
+from posttrain.entrypoints.job.runtime import Job, run
 
 
 def build_trainer(job: Job) -> ORPOTrainer:

@@ -1,4 +1,4 @@
-"""PPO with posttrain's own trainer (``posttrain.entrypoints.ppo_trainer``; TRL 1.x has none).
+"""PPO with posttrain's own trainer (``posttrain.entrypoints.trainers.ppo_trainer``; TRL 1.x has none).
 
     torchx run -s local_cwd posttrain.ppo --spec templates/ppo/tiny.yaml
 
@@ -11,8 +11,8 @@ Logs: ``objective/scores``, ``objective/kl``, ``objective/kl_coef``, ``objective
 does not honour, each with its reason (``PPOSpec.refused_keys``).
 """
 
-from posttrain.entrypoints.ppo_trainer import PPOTrainer
-from posttrain.entrypoints.runtime import Job, run
+from posttrain.entrypoints.job.runtime import Job, run
+from posttrain.entrypoints.trainers.ppo_trainer import PPOTrainer
 
 
 def build_trainer(job: Job) -> PPOTrainer:

@@ -10,7 +10,7 @@ Logs: ``loss``, ``accuracy``, ``margin``, ``mean_reward``, ``min_reward``, ``max
 
 from trl import RewardTrainer
 
-from posttrain.entrypoints.runtime import Job, run
+from posttrain.entrypoints.job.runtime import Job, run
 
 
 def build_trainer(job: Job) -> RewardTrainer:

@@ -11,7 +11,7 @@ no activation checkpointing. Refused: ``dataset_kwargs`` (the trainer tokenizes 
 
 from trl import SFTTrainer
 
-from posttrain.entrypoints.runtime import Job, run
+from posttrain.entrypoints.job.runtime import Job, run
 
 
 def build_trainer(job: Job) -> SFTTrainer:

@@ -46,8 +46,8 @@ from typing import Dict, Iterator, List, Optional, Sequence
 from posttrain.components.spec.loading import spec_from_json
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, Spec
-from posttrain.entrypoints import vllm_token
-from posttrain.entrypoints.vllm_generation import server_model
+from posttrain.entrypoints.generation import vllm_token
+from posttrain.entrypoints.generation.vllm_generation import server_model
 
 log = logging.getLogger("posttrain.vllm_server")
 
@@ -116,7 +116,7 @@ def server_command(
         "--host",
         host,
         "--middleware",
-        "posttrain.entrypoints.vllm_token.RequireToken",
+        "posttrain.entrypoints.generation.vllm_token.RequireToken",
         "--port",
         str(training.get("vllm_server_port", 8000)),
         "--dtype",
@@ -150,7 +150,7 @@ class CheckpointReload:
 
     def reload_checkpoint(self, weights_path: str) -> None:
         """Reloads the weights from the safetensors in ``weights_path``, in place, and repacks a tied LM head."""
-        from posttrain.entrypoints.vllm_generation import repack_tied_lm_head
+        from posttrain.entrypoints.generation.vllm_generation import repack_tied_lm_head
 
         runner = self.model_runner  # type: ignore[attr-defined]
         runner.reload_weights(weights_path=weights_path, is_checkpoint_format=True)

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Sequence
 import pytest
 import yaml
 
-from posttrain.entrypoints import curves
+from posttrain.entrypoints.records import curves
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO / "templates"
@@ -186,10 +186,10 @@ def tiny_job(tmp_path: Path, algorithm: str, **changes: Any) -> Any:
     """The job ``run`` would build from the algorithm's tiny template, every extra model the template's built-in one."""
     from posttrain.components.spec.loading import validate
     from posttrain.components.spec.registry import SPEC_CLASSES
-    from posttrain.entrypoints import runtime
-    from posttrain.entrypoints.data import load_data
-    from posttrain.entrypoints.models import import_object, load_tokenizer
-    from posttrain.entrypoints.rewards import resolve_rewards
+    from posttrain.entrypoints.inputs.data import load_data
+    from posttrain.entrypoints.inputs.models import import_object, load_tokenizer
+    from posttrain.entrypoints.inputs.rewards import resolve_rewards
+    from posttrain.entrypoints.job import runtime
 
     raw = load_template(f"{algorithm}/tiny.yaml")
     raw["training"]["output_dir"] = str(tmp_path / "out")
@@ -204,7 +204,7 @@ def tiny_job(tmp_path: Path, algorithm: str, **changes: Any) -> Any:
 
 def build_trainer(job: Any) -> Any:
     """The trainer the algorithm's entrypoint builds from the job, as ``run`` has it built."""
-    from posttrain.entrypoints import runtime
+    from posttrain.entrypoints.job import runtime
 
     entrypoint = importlib.import_module(f"posttrain.entrypoints.{job.spec.algorithm}")
     return runtime.built_trainer(job, entrypoint.build_trainer)
@@ -212,7 +212,7 @@ def build_trainer(job: Any) -> Any:
 
 def run_entrypoint(algorithm: str, spec_json: str) -> None:
     """Runs the algorithm's entrypoint in this process, as ``python -m posttrain.entrypoints.<algorithm>``."""
-    from posttrain.entrypoints import runtime
+    from posttrain.entrypoints.job import runtime
 
     entrypoint = importlib.import_module(f"posttrain.entrypoints.{algorithm}")
     runtime.run(algorithm, entrypoint.build_trainer, argv=["--spec-json", spec_json])
@@ -228,8 +228,8 @@ def stopped_in_process(algorithm: str, spec_json: str, capsys: pytest.CaptureFix
 
 def trainer_with(job: Any, train_dataset: Any = None, **training: Any) -> Any:
     """The trainer the job builds, with ``training`` set on its config beyond what the spec allows."""
-    from posttrain.entrypoints import runtime
-    from posttrain.entrypoints.models import import_object
+    from posttrain.entrypoints.inputs.models import import_object
+    from posttrain.entrypoints.job import runtime
 
     kwargs = {**runtime.training_arguments(job.spec, dict(job.spec.training)), **training}
     args = import_object(job.spec.config_class)(**kwargs)

@@ -6,8 +6,8 @@ from typing import Any, List
 from datasets import Dataset
 from transformers import LlamaForCausalLM, LlamaForSequenceClassification
 
-from posttrain.entrypoints import tiny
-from posttrain.entrypoints.ppo_trainer import PPOConfig, PPOTrainer
+from posttrain.entrypoints.inputs import tiny
+from posttrain.entrypoints.trainers.ppo_trainer import PPOConfig, PPOTrainer
 
 PROMPTS = [[{"role": "user", "content": text}] for text in ("Say a color.", "Tell me about the sky.")] * 4
 

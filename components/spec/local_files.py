@@ -1,6 +1,6 @@
 """What the client checks of the local files a spec names, where it can read them, before it submits.
 
-The job loads the data with ``datasets`` (``entrypoints/data.py``) and the
+The job loads the data with ``datasets`` (``entrypoints/inputs/data.py``) and the
 models with transformers, which the client cannot afford to import (nor
 torch). Where a data path or a model directory is there for the client
 (always on local_cwd; on a cluster whose file system the client shares), it

@@ -227,12 +227,12 @@ class PPOSpec(_OnlineSpec):
     algorithm: Literal["ppo"]
     reference_model: Optional[str] = None
     value_model: Optional[str] = None
-    config_class: ClassVar[str] = "posttrain.entrypoints.ppo_trainer:PPOConfig"
+    config_class: ClassVar[str] = "posttrain.entrypoints.trainers.ppo_trainer:PPOConfig"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PROMPT_FORMATS
     extra_models: ClassVar[Tuple[str, ...]] = ("reference_model", "value_model")
 
     # the fields of PPOConfig that posttrain's PPO trainer (or the runtime around it) reads; keep in step
-    # with entrypoints/ppo_trainer.py (the registry does not import it: the client stays light)
+    # with entrypoints/trainers/ppo_trainer.py (the registry does not import it: the client stays light)
     honoured_keys: ClassVar[frozenset] = frozenset(
         {
             # PPO's own

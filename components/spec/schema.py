@@ -44,7 +44,7 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
-# posttrain's own attention implementation (entrypoints/attention.py): torch's varlen kernels, for training only
+# posttrain's own attention implementation (entrypoints/speed/attention.py): torch's varlen kernels, for training only
 TORCH_VARLEN = "torch_varlen"
 # Attention implementations that keep packed sequences apart given restarting position ids: eager, SDPA and flex
 # through the mask transformers builds from them (masking_utils.find_packed_sequence_indices), flash attention
@@ -56,7 +56,7 @@ CHECKPOINTING_OPTIONS = ("activation_checkpointing_kwargs", "gradient_checkpoint
 # where a job with vllm_mode: server finds its vllm role's host: the component sets it from the scheduler's host
 # variables (components/vllm_role.py), the trainers and the role read it (entrypoints/vllm_*.py)
 VLLM_HOST_VARIABLE = "POSTTRAIN_VLLM_HOST"
-# the job's secret between its trainers and its vllm role (entrypoints/vllm_token.py): the component makes one for the
+# the job's secret between its trainers and its vllm role (entrypoints/generation/vllm_token.py): the component makes one for the
 # job in the submitting environment, which local_cwd and Slurm jobs inherit; elsewhere a file the job can read
 VLLM_TOKEN_VARIABLE = "POSTTRAIN_VLLM_TOKEN"
 VLLM_TOKEN_PATH_VARIABLE = "POSTTRAIN_VLLM_TOKEN_PATH"
@@ -192,7 +192,7 @@ class FSDPSpec(_Strict):
 
 
 # Each sharding section says what its strategy refuses, of the hardware and of ``training``: the client asks it at
-# submit, the job's strategy (entrypoints/sharding.py) before it starts
+# submit, the job's strategy (entrypoints/job/sharding.py) before it starts
 class DistributedSpec(_Strict):
     """How the job is distributed; ``timeout_s`` bounds every collective (every backend)."""
 
@@ -254,7 +254,7 @@ class Spec(_Strict):
     distributed: DistributedSpec = DistributedSpec()
     resume: str = "auto"
     # the run may write over the model output_dir holds: another spec's, one posttrain did not write, or this spec's
-    # finished one (trained again); checkpoints stay as resume says (entrypoints/checkpoints.py)
+    # finished one (trained again); checkpoints stay as resume says (entrypoints/records/checkpoints.py)
     overwrite_output_dir: bool = False
 
     # the class ``training`` is handed to, "module:Class"
@@ -267,7 +267,7 @@ class Spec(_Strict):
     generates: ClassVar[bool] = False
     # compares num_generations completions of each prompt (GRPO, RLOO)
     groups: ClassVar[bool] = False
-    # its trainer generates with SDPA where the model trains with torch_varlen (entrypoints/rl_padding_free.py)
+    # its trainer generates with SDPA where the model trains with torch_varlen (entrypoints/speed/rl_padding_free.py)
     generates_with_sdpa: ClassVar[bool] = False
     # TRL's tokenised rows hold input_ids, which transformers' length-grouping samplers measure (SFT's do)
     rows_hold_input_ids: ClassVar[bool] = False
@@ -282,7 +282,7 @@ class Spec(_Strict):
     refused_keys: ClassVar[Dict[str, str]] = {}
     # and values of honoured keys refused, by key, with the reason
     refused_values: ClassVar[Dict[str, Dict[str, str]]] = {}
-    # the job's fast paths this algorithm takes where the user leaves their keys unset (entrypoints/fast_paths.py)
+    # the job's fast paths this algorithm takes where the user leaves their keys unset (entrypoints/speed/fast_paths.py)
     fast_paths: ClassVar[Tuple[str, ...]] = ()
     # with vllm_mode: server (and no server of the spec's own) the job gets a vllm role, placed by the component's
     # --vllm_* arguments (components/vllm_role.py); where False, server mode is refused at submit

@@ -29,7 +29,7 @@ import torch
 from transformers import LlamaForCausalLM
 
 from helpers import REPO, assert_succeeded, job_env, load_template, log_history, read_json, run_template
-from posttrain.entrypoints import tiny
+from posttrain.entrypoints.inputs import tiny
 
 pytestmark = pytest.mark.e2e
 
@@ -80,7 +80,7 @@ from trl.experimental.online_dpo import OnlineDPOConfig, OnlineDPOTrainer
 from trl.experimental.orpo import ORPOConfig, ORPOTrainer
 
 from posttrain.components.spec.rewards import BUILTIN_REWARDS
-from posttrain.entrypoints import tiny
+from posttrain.entrypoints.inputs import tiny
 
 settings = json.loads(sys.argv[1])
 algorithm, training = settings["algorithm"], settings["training"]

@@ -12,7 +12,7 @@ from helpers import (
     read_json,
     run_template,
 )
-from posttrain.entrypoints import curves
+from posttrain.entrypoints.records import curves
 
 # ---------------------------------------------------------------- real runs
 

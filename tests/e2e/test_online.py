@@ -128,7 +128,7 @@ def test_ppo_on_gpus_in_bf16_with_a_linear_schedule_and_a_real_shaped_model(tmp_
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from posttrain.entrypoints import tiny
+    from posttrain.entrypoints.inputs import tiny
 
     gpus = min(torch.cuda.device_count(), 2)
     assert gpus >= 1, "run with pytest -m gpu on a machine with GPUs"

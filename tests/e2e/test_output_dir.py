@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, assert_stopped_once, assert_succeeded, free_port, job_env, read_json, start_training, torchx
-from posttrain.entrypoints.checkpoints import complete_checkpoints
-from posttrain.entrypoints.lease import LEASE_FILE
+from posttrain.entrypoints.job.lease import LEASE_FILE
+from posttrain.entrypoints.records.checkpoints import complete_checkpoints
 
 
 def sft_args(output_dir: Path, *overrides: str, j: str = "1x2", port: int = 0) -> list:

@@ -22,7 +22,7 @@ def test_dpo_prefers_chosen(tmp_path: Path) -> None:
     assert read_json(output_dir / "run_summary.json")["engine"]["strategy"] == "ddp"
     # what the run wrote for people: the metrics as logged, and a figure of exactly those
     from helpers import assert_metrics_match_the_trainer, assert_valid_png
-    from posttrain.entrypoints import curves
+    from posttrain.entrypoints.records import curves
 
     records = assert_metrics_match_the_trainer(output_dir)
     data = assert_valid_png(output_dir / curves.CURVES_FILE)

@@ -87,7 +87,7 @@ def show(item: Item, ran: Ran) -> str:
 
 def check_png(workdir: Path, argv: Sequence[str]) -> None:
     """A plot command wrote a PNG holding each named run's curves."""
-    from posttrain.entrypoints.curves import read_embedded
+    from posttrain.entrypoints.records.curves import read_embedded
 
     png = workdir / option(argv, "-o", "--output")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{png} is not a PNG"

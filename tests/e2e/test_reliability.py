@@ -20,7 +20,7 @@ from helpers import (
     run_template,
     start_training,
 )
-from posttrain.entrypoints.checkpoints import complete_checkpoints, file_problem
+from posttrain.entrypoints.records.checkpoints import complete_checkpoints, file_problem
 
 SFT = "templates/sft/tiny.yaml"
 

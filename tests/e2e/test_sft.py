@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from helpers import REPO, assert_succeeded, ends, job_env, read_json, run_template
-from posttrain.entrypoints import tiny
+from posttrain.entrypoints.inputs import tiny
 
 pytestmark = pytest.mark.e2e
 
@@ -50,7 +50,7 @@ def assert_learned(output_dir: Path, world_size: int, nnodes: int) -> None:
     assert summary["algorithm"] == "sft" and summary["global_steps"] == 40
     assert (summary["world_size"], summary["nnodes"]) == (world_size, nnodes)
     assert summary["engine"] == {"backend": "gloo", "strategy": "ddp", "zero_stage": None}
-    # padding-free: on by default for SFT (entrypoints/fast_paths.py); no checkpointing: the template's choice
+    # padding-free: on by default for SFT (entrypoints/speed/fast_paths.py); no checkpointing: the template's choice
     assert summary["fast_paths"] == ["padding_free", "no_activation_checkpointing"]
     assert summary["train_tokens"] > 0 and summary["tokens_per_s"] > 0 and summary["train_runtime_s"] > 0
     assert summary["resumed_from"] is None

@@ -34,10 +34,10 @@ from helpers import (
     torchx,
 )
 from posttrain.components.spec.loading import validate
-from posttrain.entrypoints import runtime
-from posttrain.entrypoints.data import load_data
-from posttrain.entrypoints.models import import_object, load_tokenizer
-from posttrain.entrypoints.rewards import resolve_rewards
+from posttrain.entrypoints.inputs.data import load_data
+from posttrain.entrypoints.inputs.models import import_object, load_tokenizer
+from posttrain.entrypoints.inputs.rewards import resolve_rewards
+from posttrain.entrypoints.job import runtime
 from posttrain.entrypoints.vllm_server import lease_port, route_address
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]  # slow too: the fast loop (-m "not e2e") leaves them out
@@ -69,7 +69,7 @@ def vllm_logprobs(llm, ids) -> torch.Tensor:
 def test_head_sizes_are_vllms_own() -> None:
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
 
-    from posttrain.entrypoints.vllm_generation import CPU_HEAD_SIZES
+    from posttrain.entrypoints.generation.vllm_generation import CPU_HEAD_SIZES
 
     assert list(CPU_HEAD_SIZES) == CPUAttentionBackend.get_supported_head_sizes()
 
@@ -172,7 +172,7 @@ def test_the_server_roles_weights_after_a_sync_are_the_trainers(tmp_path: Path) 
 
     from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, VLLM_TOKEN_VARIABLE
     from posttrain.entrypoints import vllm_server
-    from posttrain.entrypoints.models import CAUSAL_LM, load_model
+    from posttrain.entrypoints.inputs.models import CAUSAL_LM, load_model
 
     port = free_port()
     raw = load_template("grpo/tiny-vllm-server.yaml")

@@ -233,7 +233,7 @@ class TorchxComponentChecks(ComponentTestCase):
         ),
         # the training processes read the spec without the AppDef's machinery (21 ms less start-up per process:
         # torchx.specs, docstring_parser, importlib_metadata)
-        ("posttrain.entrypoints.runtime, posttrain.entrypoints.vllm_server", ("torchx", "docstring_parser")),
+        ("posttrain.entrypoints.job.runtime, posttrain.entrypoints.vllm_server", ("torchx", "docstring_parser")),
     ],
     ids=["client", "job"],
 )

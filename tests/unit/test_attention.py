@@ -25,7 +25,7 @@ from transformers import (
 
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
-from posttrain.entrypoints import attention, fast_paths
+from posttrain.entrypoints.speed import attention, fast_paths
 
 SHAPE = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, max_position_embeddings=256)
 LENGTHS = [3, 41, 7, 19, 64, 12]  # a long tail, as instruction data has

@@ -12,8 +12,9 @@ from trl.chat_template_utils import qwen2_5_chat_template
 from helpers import load_template, stopped_in_process, tiny_job, trainer_with
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
-from posttrain.entrypoints import runtime, tiny
-from posttrain.entrypoints.chat_templates import check_chat_template
+from posttrain.entrypoints.inputs import tiny
+from posttrain.entrypoints.inputs.chat_templates import check_chat_template
+from posttrain.entrypoints.job import runtime
 
 LLAMA3 = {"name_or_path": tiny.NAME_LLAMA3}  # its chat template has no {% generation %} markers
 ASSISTANT_ONLY = SimpleNamespace(assistant_only_loss=True, chat_template_path=None)

@@ -18,8 +18,8 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from helpers import build_trainer, load_template, tiny_job
 from posttrain.components.spec.loading import SpecError, validate
-from posttrain.entrypoints import runtime
-from posttrain.entrypoints.models import import_object
+from posttrain.entrypoints.inputs.models import import_object
+from posttrain.entrypoints.job import runtime
 
 
 def _checkpointing_job(tmp_path: Path, algorithm: str, options: Dict[str, Any]) -> runtime.Job:

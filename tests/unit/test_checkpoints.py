@@ -14,8 +14,9 @@ import pytest
 from helpers import REPO, free_port, load_template, sft_spec
 from posttrain.components.spec.loading import SpecError, validate
 from posttrain.components.spec.overrides import apply_overrides
-from posttrain.entrypoints import checkpoints
-from posttrain.entrypoints.checkpoints import (
+from posttrain.entrypoints.job.distributed import rank0s
+from posttrain.entrypoints.records import checkpoints
+from posttrain.entrypoints.records.checkpoints import (
     MANIFEST_FILE,
     SPEC_FILE,
     already_finished,
@@ -28,8 +29,7 @@ from posttrain.entrypoints.checkpoints import (
     resolve_resume,
     seal_checkpoint,
 )
-from posttrain.entrypoints.distributed import rank0s
-from posttrain.entrypoints.summary import SUMMARY_FILE
+from posttrain.entrypoints.records.summary import SUMMARY_FILE
 
 INPUTS = {
     "data": {},
@@ -318,7 +318,7 @@ def test_every_checkpoint_damaged_stops_in_one_line_never_from_step_0(
 RANK0S = textwrap.dedent("""
     import os
     from datetime import timedelta
-    from posttrain.entrypoints import distributed
+    from posttrain.entrypoints.job import distributed
 
     distributed.init_process_group("gloo", timedelta(seconds=60))
     print("chose", distributed.rank0s(f"checkpoint-{10 * (distributed.env_rank() + 1)}"))
@@ -413,7 +413,7 @@ def test_a_finished_model_of_a_very_different_spec_is_still_one_short_line(tmp_p
 def test_the_job_checks_a_finished_model_in_every_resume_mode_before_any_model_loads(
     tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from posttrain.entrypoints import runtime
+    from posttrain.entrypoints.job import runtime
 
     def no_model(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a model was looked at")
@@ -611,7 +611,7 @@ def test_a_file_system_without_room_for_one_checkpoint_is_refused_before_any_mod
 def test_ppo_rotates_its_checkpoints_and_leaves_a_users_checkpoint_best_alone(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from posttrain.entrypoints.ppo_trainer import PPOTrainer
+    from posttrain.entrypoints.trainers.ppo_trainer import PPOTrainer
 
     for step in (10, 20, 30):
         write_checkpoint(tmp_path, step)
@@ -623,7 +623,7 @@ def test_ppo_rotates_its_checkpoints_and_leaves_a_users_checkpoint_best_alone(tm
 def test_ppo_rotation_keeps_whole_checkpoints_when_newer_ones_are_damaged(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from posttrain.entrypoints.ppo_trainer import PPOTrainer
+    from posttrain.entrypoints.trainers.ppo_trainer import PPOTrainer
 
     for step in (10, 20, 30):
         write_checkpoint(tmp_path, step)

@@ -11,8 +11,8 @@ from helpers import REPO, load_template, read_json, run_entrypoint
 from posttrain.components import algorithms
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
-from posttrain.entrypoints.checkpoints import job_inputs
-from posttrain.entrypoints.data import load_split
+from posttrain.entrypoints.inputs.data import load_split
+from posttrain.entrypoints.records.checkpoints import job_inputs
 
 SFT = "templates/sft/tiny.yaml"
 CHAT = REPO / "templates/data/sft_chat.jsonl"

@@ -14,8 +14,8 @@ import pytest
 from helpers import REPO, sft_spec
 from posttrain.components.spec.chain import load_chain
 from posttrain.components.spec.messages import SpecError
-from posttrain.entrypoints.callbacks import FaultInjection
-from posttrain.entrypoints.checkpoints import (
+from posttrain.entrypoints.job.callbacks import FaultInjection
+from posttrain.entrypoints.records.checkpoints import (
     INPUTS_FILE,
     SPEC_FILE,
     complete_checkpoints,
@@ -24,7 +24,7 @@ from posttrain.entrypoints.checkpoints import (
     seal_checkpoint,
     write_json_atomic,
 )
-from posttrain.entrypoints.summary import SUMMARY_FILE
+from posttrain.entrypoints.records.summary import SUMMARY_FILE
 
 INPUTS = {
     "data": {},

@@ -16,7 +16,7 @@ from helpers import (
     trainer_with,
 )
 from posttrain.components.spec.loading import validate
-from posttrain.entrypoints import runtime
+from posttrain.entrypoints.job import runtime
 
 pytestmark = pytest.mark.usefixtures("job_process")
 

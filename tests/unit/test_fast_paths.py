@@ -19,7 +19,9 @@ from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
-from posttrain.entrypoints import fast_paths, gpu_memory, runtime, tiny
+from posttrain.entrypoints.inputs import tiny
+from posttrain.entrypoints.job import runtime
+from posttrain.entrypoints.speed import fast_paths, gpu_memory
 
 ATTENTION = ["sdpa", "eager"]
 

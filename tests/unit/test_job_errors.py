@@ -35,9 +35,9 @@ from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.registry import SPEC_CLASSES
 from posttrain.components.spec.schema import DataSource
-from posttrain.entrypoints import data, runtime
-from posttrain.entrypoints.data import load_data
-from posttrain.entrypoints.models import (
+from posttrain.entrypoints.inputs import data
+from posttrain.entrypoints.inputs.data import load_data
+from posttrain.entrypoints.inputs.models import (
     CAUSAL_LM,
     check_model_options,
     check_model_path,
@@ -47,6 +47,7 @@ from posttrain.entrypoints.models import (
     load_model,
     load_tokenizer,
 )
+from posttrain.entrypoints.job import runtime
 
 LM = SPEC_CLASSES["sft"].data_formats
 PREFERENCE = SPEC_CLASSES["dpo"].data_formats
@@ -419,7 +420,7 @@ def test_a_directory_that_is_not_a_model_lists_what_it_lacks(tmp_path: Path) -> 
 def test_weights_of_another_shape_than_config_json_makes_are_named_before_any_model_loads(tmp_path: Path) -> None:
     import transformers
 
-    from posttrain.entrypoints.models import check_weight_shapes
+    from posttrain.entrypoints.inputs.models import check_weight_shapes
 
     model = tmp_path / "model"
     config = transformers.LlamaConfig(
@@ -455,8 +456,8 @@ TWO_RANKS = textwrap.dedent("""
     from datetime import timedelta
     from types import SimpleNamespace
     from posttrain.components.spec.messages import SpecError
-    from posttrain.entrypoints import distributed
-    from posttrain.entrypoints.rewards import RewardCheck
+    from posttrain.entrypoints.job import distributed
+    from posttrain.entrypoints.inputs.rewards import RewardCheck
 
     distributed.init_process_group(os.environ["BACKEND"], timedelta(seconds=60))
     rank = distributed.env_rank()
@@ -530,7 +531,7 @@ def test_a_model_that_fails_to_load_on_one_rank_is_said_by_that_rank(
     # the job without a word (rank 0 may have loaded fine)
     import transformers
 
-    from posttrain.entrypoints import tiny
+    from posttrain.entrypoints.inputs import tiny
 
     monkeypatch.chdir(REPO)
     tokenizer = tiny.build_tokenizer()

@@ -15,7 +15,8 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from helpers import free_port
-from posttrain.entrypoints import distributed, error_file, launcher
+from posttrain.entrypoints import launcher
+from posttrain.entrypoints.job import distributed, error_file
 
 
 def _failure(tmp_path: Path, exitcode: int, message: str = "", rank: int = 0) -> ProcessFailure:
@@ -161,7 +162,7 @@ A_RANK_DIES = textwrap.dedent("""
 
     import torch
     import torch.distributed as dist
-    from posttrain.entrypoints import distributed
+    from posttrain.entrypoints.job import distributed
 
     distributed.init_process_group("gloo", timedelta(seconds=60))
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))

@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 
 from posttrain.components.spec.messages import SpecError
-from posttrain.entrypoints import lease
-from posttrain.entrypoints.lease import LEASE_FILE, Holder, acquire, alive_at_once, gone_at_once, read_holder
+from posttrain.entrypoints.job import lease
+from posttrain.entrypoints.job.lease import LEASE_FILE, Holder, acquire, alive_at_once, gone_at_once, read_holder
 
 HEARTBEAT_S, STALE_S = 0.2, 1.5
-SETTINGS = f"from posttrain.entrypoints import lease; lease.HEARTBEAT_S = {HEARTBEAT_S}; lease.STALE_S = {STALE_S}"
+SETTINGS = f"from posttrain.entrypoints.job import lease; lease.HEARTBEAT_S = {HEARTBEAT_S}; lease.STALE_S = {STALE_S}"
 HOLD = f"""
 import sys, time
 from pathlib import Path

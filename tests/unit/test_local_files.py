@@ -105,7 +105,7 @@ def test_data_the_client_can_read_is_checked_before_it_submits(tmp_path: Path, c
 
 
 def test_the_job_says_the_same_words(tmp_path: Path) -> None:
-    from posttrain.entrypoints.data import load_data
+    from posttrain.entrypoints.inputs.data import load_data
 
     for case in ("a line that is not JSON", "not UTF-8", "empty", "other columns", "a rename of a column it lacks"):
         case_dir = tmp_path / case.replace(" ", "-")
@@ -149,7 +149,7 @@ def test_a_relative_data_path_that_names_nothing_here_is_refused_before_anything
 
 
 def test_a_model_directory_the_client_can_see_is_checked_in_the_jobs_words(tmp_path: Path) -> None:
-    from posttrain.entrypoints.models import check_model_path
+    from posttrain.entrypoints.inputs.models import check_model_path
 
     model = tmp_path / "model"
     model.mkdir()

@@ -15,8 +15,8 @@ from helpers import (
     lines,
 )
 from posttrain.components import plot
-from posttrain.entrypoints import curves
-from posttrain.entrypoints.metrics import MetricsLog
+from posttrain.entrypoints.records import curves
+from posttrain.entrypoints.records.metrics import MetricsLog
 
 CLOSING = {"train_runtime": 9.0, "train_samples_per_second": 1.0, "train_steps_per_second": 1.0, "train_loss": 1.0}
 

@@ -11,7 +11,7 @@ import pytest
 
 from helpers import sft_spec
 from posttrain.components.spec.loading import SpecError
-from posttrain.entrypoints.checkpoints import (
+from posttrain.entrypoints.records.checkpoints import (
     INPUTS_FILE,
     SPEC_FILE,
     finished_at,
@@ -19,7 +19,7 @@ from posttrain.entrypoints.checkpoints import (
     model_fingerprints,
     stale_runs,
 )
-from posttrain.entrypoints.summary import SUMMARY_FILE
+from posttrain.entrypoints.records.summary import SUMMARY_FILE
 
 BATCH = {"processes": 1, "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1}
 

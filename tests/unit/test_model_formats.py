@@ -14,7 +14,7 @@ import pytest
 from helpers import REPO, load_template, read_json, run_entrypoint
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
-from posttrain.entrypoints.models import check_model_path
+from posttrain.entrypoints.inputs.models import check_model_path
 
 SHIPPED = Path(mistral_common.__file__).parent / "data"
 # (the file mistral_common ships, the name a model directory gives it, the tokenizer's vocabulary)

@@ -18,7 +18,7 @@ from posttrain.components.spec.fields import config_fields
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.registry import PPOSpec
-from posttrain.entrypoints.ppo_trainer import PPOConfig, PPOTrainer
+from posttrain.entrypoints.trainers.ppo_trainer import PPOConfig, PPOTrainer
 from ppo_setup import length
 from ppo_setup import make_trainer as realistic_trainer
 

@@ -5,8 +5,8 @@ import doctest
 import pytest
 import torch
 
-from posttrain.entrypoints import ppo_math
-from posttrain.entrypoints.ppo_math import (
+from posttrain.entrypoints.trainers import ppo_math
+from posttrain.entrypoints.trainers.ppo_math import (
     adapted_kl_coef,
     gae,
     kl_per_token,

@@ -17,11 +17,11 @@ from transformers import GenerationConfig, LlamaForCausalLM
 from helpers import load_template
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
-from posttrain.entrypoints import tiny
-from posttrain.entrypoints.models import check_same_tokenizer
-from posttrain.entrypoints.ppo_math import response_logprobs
-from posttrain.entrypoints.ppo_trainer import PPOTrainer
-from posttrain.entrypoints.rewards import RewardCheck
+from posttrain.entrypoints.inputs import tiny
+from posttrain.entrypoints.inputs.models import check_same_tokenizer
+from posttrain.entrypoints.inputs.rewards import RewardCheck
+from posttrain.entrypoints.trainers.ppo_math import response_logprobs
+from posttrain.entrypoints.trainers.ppo_trainer import PPOTrainer
 from ppo_setup import length, make_trainer, tokenizer
 
 

@@ -265,8 +265,8 @@ def test_job_side_checks_in_process(
 ) -> None:
     """What the job checks before any model loads, each mechanism launched once above; the messages here."""
     from posttrain.components.spec.loading import validate
-    from posttrain.entrypoints.data import fit_batch, load_data
-    from posttrain.entrypoints.models import load_tokenizer
+    from posttrain.entrypoints.inputs.data import fit_batch, load_data
+    from posttrain.entrypoints.inputs.models import load_tokenizer
 
     monkeypatch.chdir(REPO)
     one_row = tmp_path / "one.jsonl"
@@ -292,7 +292,7 @@ def test_a_rank_prints_where_it_waits_on_sigusr1_and_goes_on() -> None:
     # how a hung job says where it hangs (tests/e2e/test_slurm.py signals the ranks of a job that outlives its test)
     code = """if True:
         import os, signal, time
-        from posttrain.entrypoints import distributed
+        from posttrain.entrypoints.job import distributed
         distributed.setup_logging()
         def waits_here():
             os.kill(os.getpid(), signal.SIGUSR1)

@@ -17,8 +17,8 @@ from trl.trainer.utils import is_async_callable
 from helpers import load_template, tiny_job, trainer_with
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
-from posttrain.entrypoints.data import load_data
-from posttrain.entrypoints.rewards import RewardCheck, check_reward_columns, resolve_rewards
+from posttrain.entrypoints.inputs.data import load_data
+from posttrain.entrypoints.inputs.rewards import RewardCheck, check_reward_columns, resolve_rewards
 
 
 def grpo_spec(**changes: object):

@@ -29,8 +29,13 @@ from trl import GRPOTrainer
 from trl.trainer.utils import add_fused_lm_head
 
 from helpers import build_trainer, tiny_job
-from posttrain.entrypoints import attention, fast_paths, tiny
-from posttrain.entrypoints.rl_padding_free import forward_without_float32_outputs, generation_attention, pack_passes
+from posttrain.entrypoints.inputs import tiny
+from posttrain.entrypoints.speed import attention, fast_paths
+from posttrain.entrypoints.speed.rl_padding_free import (
+    forward_without_float32_outputs,
+    generation_attention,
+    pack_passes,
+)
 
 SHAPE = dict(
     vocab_size=300,

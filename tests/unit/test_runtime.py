@@ -15,11 +15,14 @@ from helpers import TEMPLATES, build_trainer, load_template, sft_spec, tiny_job,
 from posttrain.components.spec.fields import config_fields
 from posttrain.components.spec.loading import SpecError, validate
 from posttrain.components.spec.registry import SPEC_CLASSES
-from posttrain.entrypoints import deepspeed_launcher, distributed, runtime, summary, tiny
-from posttrain.entrypoints.data import check_online_data, fit_batch, load_data
-from posttrain.entrypoints.models import EXTRA_MODELS, import_object, load_tokenizer
-from posttrain.entrypoints.rewards import has_rewards, resolve_rewards
-from posttrain.entrypoints.sharding import deepspeed_config, strategy_for
+from posttrain.entrypoints import deepspeed_launcher
+from posttrain.entrypoints.inputs import tiny
+from posttrain.entrypoints.inputs.data import check_online_data, fit_batch, load_data
+from posttrain.entrypoints.inputs.models import EXTRA_MODELS, import_object, load_tokenizer
+from posttrain.entrypoints.inputs.rewards import has_rewards, resolve_rewards
+from posttrain.entrypoints.job import distributed, runtime
+from posttrain.entrypoints.job.sharding import deepspeed_config, strategy_for
+from posttrain.entrypoints.records import summary
 
 SFT_FORMATS = SPEC_CLASSES["sft"].data_formats
 SFT_CONFIG = SPEC_CLASSES["sft"].config_class
@@ -436,7 +439,7 @@ def test_ppo_builds_its_trainer_from_the_jobs_models(tmp_path: Path) -> None:
 def test_progress_lines_come_from_rank_0_with_the_step_values_and_time_left(caplog: pytest.LogCaptureFixture) -> None:
     from transformers import TrainerControl, TrainerState
 
-    from posttrain.entrypoints.callbacks import ProgressLog
+    from posttrain.entrypoints.job.callbacks import ProgressLog
 
     progress, state = ProgressLog(), TrainerState(max_steps=40, global_step=10, is_world_process_zero=True)
     progress.on_train_begin(None, state, TrainerControl())
@@ -483,7 +486,7 @@ def test_every_key_reaches_the_trainer_as_the_spec_says(tmp_path: Path, algorith
 def test_ddp_searches_for_unused_parameters_only_in_models_that_can_leave_some() -> None:
     from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 
-    from posttrain.entrypoints.sharding import may_leave_parameters_unused
+    from posttrain.entrypoints.job.sharding import may_leave_parameters_unused
 
     small = {
         "hidden_size": 16,

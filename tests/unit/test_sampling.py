@@ -11,8 +11,8 @@ from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from helpers import load_template, refusal, stopped_in_process, tiny_job, trainer_with
 from posttrain.components.spec.loading import SpecError, validate
-from posttrain.entrypoints import runtime
-from posttrain.entrypoints.data import check_length_column
+from posttrain.entrypoints.inputs.data import check_length_column
+from posttrain.entrypoints.job import runtime
 
 
 def order(trainer: Any) -> list:

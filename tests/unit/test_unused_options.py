@@ -9,8 +9,8 @@ import torch
 
 from helpers import load_template, refusal, stopped_in_process, tiny_job, trainer_with
 from posttrain.components.spec.loading import SpecError, validate
-from posttrain.entrypoints import runtime
-from posttrain.entrypoints.data import check_loss_masks
+from posttrain.entrypoints.inputs.data import check_loss_masks
+from posttrain.entrypoints.job import runtime
 
 TIMINGS = ("runtime", "per_second", "time")
 

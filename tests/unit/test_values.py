@@ -327,7 +327,7 @@ VALID_VALUES = [
 def test_values_trl_accepts_are_accepted_by_the_validator_and_by_trl(
     tmp_path: Path, algorithm: str, training: dict
 ) -> None:
-    from posttrain.entrypoints.models import import_object
+    from posttrain.entrypoints.inputs.models import import_object
 
     spec = validate(spec_with(algorithm, **training))
     assert {key: spec.training[key] for key in training} == training  # accepted as given
@@ -664,7 +664,7 @@ def test_the_last_values_the_client_let_through_are_one_line_each(algorithm: str
     ],
 )
 def test_the_same_keys_with_values_trl_takes_pass(tmp_path: Path, training: dict) -> None:
-    from posttrain.entrypoints.models import import_object
+    from posttrain.entrypoints.inputs.models import import_object
 
     algorithm = "reward" if "center_rewards_coefficient" in training else "dpo"
     spec = validate(spec_with(algorithm, **training))

@@ -9,8 +9,10 @@ from transformers import LlamaForCausalLM
 
 from helpers import load_template
 from posttrain.components.spec.loading import SpecError, validate
-from posttrain.entrypoints import summary, tiny, vllm_generation
-from posttrain.entrypoints.vllm_generation import config_problems, head_size_problem, training_dtype
+from posttrain.entrypoints.generation import vllm_generation
+from posttrain.entrypoints.generation.vllm_generation import config_problems, head_size_problem, training_dtype
+from posttrain.entrypoints.inputs import tiny
+from posttrain.entrypoints.records import summary
 
 
 def grpo_vllm(**training: object):

@@ -25,7 +25,8 @@ from helpers import REPO, free_port, load_template
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, VLLM_TOKEN_VARIABLE
-from posttrain.entrypoints import vllm_generation, vllm_server, vllm_token
+from posttrain.entrypoints import vllm_server
+from posttrain.entrypoints.generation import vllm_generation, vllm_token
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 LOOPBACK = vllm_server.LOOPBACK
@@ -326,7 +327,7 @@ def test_trainers_without_the_job_s_token_stop_in_one_line_before_they_connect(t
 def test_the_server_listens_where_it_is_told_behind_the_job_s_guard(tmp_path: Path, on_cuda: bool) -> None:
     command = vllm_server.server_command(server_spec(tmp_path, 8123), "/m", "float32", 1, 1, on_cuda, "10.1.2.3")
     assert command[command.index("--host") + 1] == "10.1.2.3" and "0.0.0.0" not in command
-    assert command[command.index("--middleware") + 1] == "posttrain.entrypoints.vllm_token.RequireToken"
+    assert command[command.index("--middleware") + 1] == "posttrain.entrypoints.generation.vllm_token.RequireToken"
     assert TOKEN not in " ".join(command)  # the token reaches vLLM through the environment only
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import VLLM_TOKEN_PATH_VARIABLE, VLLM_TOKEN_VARIABLE
-from posttrain.entrypoints import vllm_token
+from posttrain.entrypoints.generation import vllm_token
 
 TOKEN = "the-job-s-secret"
 

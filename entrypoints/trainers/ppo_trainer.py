@@ -91,8 +91,8 @@ from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging as hf_logging
 
 from posttrain.components.spec.registry import PPOSpec
-from posttrain.entrypoints.checkpoints import checkpoint_steps, complete_checkpoints
-from posttrain.entrypoints.ppo_math import (
+from posttrain.entrypoints.records.checkpoints import checkpoint_steps, complete_checkpoints
+from posttrain.entrypoints.trainers.ppo_math import (
     adapted_kl_coef,
     masked_mean,
     policy_loss,
@@ -100,7 +100,7 @@ from posttrain.entrypoints.ppo_math import (
     response_logprobs,
     value_loss,
 )
-from posttrain.entrypoints.ppo_rollout import Rollouts
+from posttrain.entrypoints.trainers.ppo_rollout import Rollouts
 
 
 @dataclasses.dataclass

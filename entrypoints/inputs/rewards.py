@@ -28,15 +28,15 @@ from posttrain.components.spec.fields import config_value
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.rewards import BUILTIN_REWARDS, RewardFunction, builtin_reward
 from posttrain.components.spec.schema import Spec
-from posttrain.entrypoints import distributed
-from posttrain.entrypoints.data import first_line
-from posttrain.entrypoints.models import (
+from posttrain.entrypoints.inputs.data import first_line
+from posttrain.entrypoints.inputs.models import (
     SEQUENCE_CLASSIFICATION,
     check_model_path,
     import_object,
     load_model,
     load_tokenizer,
 )
+from posttrain.entrypoints.job import distributed
 
 
 def has_rewards(spec: Spec) -> bool:

@@ -18,8 +18,8 @@ import torch
 from posttrain.components.spec.fields import config_value
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import DeepSpeedSpec, DistributedSpec, FSDPSpec
-from posttrain.entrypoints import distributed
-from posttrain.entrypoints.summary import engine
+from posttrain.entrypoints.job import distributed
+from posttrain.entrypoints.records.summary import engine
 
 
 class Strategy:

@@ -21,7 +21,7 @@ from posttrain.components.spec.local_files import (
 )
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import DataSource, Spec
-from posttrain.entrypoints.distributed import env_rank
+from posttrain.entrypoints.job.distributed import env_rank
 
 log = logging.getLogger("posttrain")
 

@@ -17,12 +17,12 @@ Measured gains: BENCHMARKS.md.
   over the whole row), so it stays off there. Off-switch: ``training.padding_free: false``. (``packing`` is not a
   default: it changes how many sequences a step trains on.) GRPO's and RLOO's forward passes over prompts and
   completions (the policy's, the old policy's, the reference's) are padding-free where the model's attention is
-  varlen (on GPUs: ``torch_varlen``, flash attention; entrypoints/rl_padding_free.py): the same log-probabilities,
+  varlen (on GPUs: ``torch_varlen``, flash attention; entrypoints/speed/rl_padding_free.py): the same log-probabilities,
   without the padding of each prompt to the longest and each completion to the longest. Off-switch:
   ``model.attn_implementation: sdpa``.
 - ``torch_varlen`` attention (SFT, GRPO, RLOO, on GPUs that run torch's varlen kernels,
   for the model types it is checked for, in half precision): the kernels
-  (entrypoints/attention.py) attend within each sequence of a padding-free
+  (entrypoints/speed/attention.py) attend within each sequence of a padding-free
   row, so padding-free pays on GPUs too. Off-switch:
   ``model.attn_implementation`` (e.g. ``sdpa``) or ``training.padding_free:
   false``.
@@ -33,7 +33,7 @@ Measured gains: BENCHMARKS.md.
 - ``gpu_batch`` (SFT, on CUDA, with Liger's fused loss): rows of
   ``max_length`` per device and step up to ``GPU_TOKENS_PER_STEP`` (64 rows
   of TRL's default 1024) instead of TRL's 8, where they fit
-  (entrypoints/gpu_memory.py): a 0.5B model's 8 rows leave an 80 GB GPU
+  (entrypoints/speed/gpu_memory.py): a 0.5B model's 8 rows leave an 80 GB GPU
   mostly idle. A step then trains on more sequences: the one default here
   that changes what training does, said in the job's first lines.
   Off-switch: ``training.per_device_train_batch_size`` (or
@@ -42,7 +42,7 @@ Measured gains: BENCHMARKS.md.
   the backward then runs every layer's forward again; the same gradients
   without that, for more memory (activations are kept). On CPUs always; on
   GPUs without FSDP or DeepSpeed where the estimate of the step fits the
-  GPU's memory (entrypoints/gpu_memory.py). Measured for SFT only: DPO and GRPO did not gain on CPU.
+  GPU's memory (entrypoints/speed/gpu_memory.py). Measured for SFT only: DPO and GRPO did not gain on CPU.
   Off-switch: ``training.activation_checkpointing: true``.
 
 The job's first lines say what it chose on a GPU, and why.
@@ -63,7 +63,7 @@ from posttrain.components.spec.schema import (
     PACKING_AWARE_ATTENTION,
     Spec,
 )
-from posttrain.entrypoints import attention, gpu_memory, rl_padding_free
+from posttrain.entrypoints.speed import attention, gpu_memory, rl_padding_free
 
 log = logging.getLogger("posttrain")
 

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import IO, Optional, Tuple
 
 from posttrain.components.spec.messages import SpecError
-from posttrain.entrypoints.error_file import STOPPED, record_error
+from posttrain.entrypoints.job.error_file import STOPPED, record_error
 
 log = logging.getLogger("posttrain")
 

@@ -41,8 +41,8 @@ from posttrain.components.spec.fields import config_value
 from posttrain.components.spec.loading import NOT_TRAINING_RELEVANT, spec_diff
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import Spec
-from posttrain.entrypoints.distributed import barrier, env_rank, says_any
-from posttrain.entrypoints.summary import SUMMARY_FILE
+from posttrain.entrypoints.job.distributed import barrier, env_rank, says_any
+from posttrain.entrypoints.records.summary import SUMMARY_FILE
 
 log = logging.getLogger("posttrain")
 

@@ -44,8 +44,8 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, Spec
-from posttrain.entrypoints import vllm_token
-from posttrain.entrypoints.data import first_line
+from posttrain.entrypoints.generation import vllm_token
+from posttrain.entrypoints.inputs.data import first_line
 
 PROOF_S = 10.0  # how long the server has to answer the trainers' nonce
 
@@ -187,7 +187,7 @@ def _builtin_directory(spec: Spec) -> str:
     """
     from safetensors.torch import save_file
 
-    from posttrain.entrypoints.models import CAUSAL_LM, load_model, load_tokenizer
+    from posttrain.entrypoints.inputs.models import CAUSAL_LM, load_model, load_tokenizer
 
     name = spec.model.name_or_path
     if name not in _BUILTIN_DIRECTORIES:

@@ -61,19 +61,10 @@ from posttrain.components.spec.fields import config_fields, config_value
 from posttrain.components.spec.loading import spec_from_json
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import CHECKPOINTING_OPTIONS, Spec
-from posttrain.entrypoints import (
-    checkpoints,
-    distributed,
-    fast_paths,
-    lease,
-    vllm_generation,
-    vllm_server,
-    vllm_token,
-)
-from posttrain.entrypoints.callbacks import BestMetricCheck, FaultInjection, Preemption, ProgressLog, TokenCounter
-from posttrain.entrypoints.chat_templates import check_chat_template, check_reward_templates
-from posttrain.entrypoints.checkpoints import SPEC_FILE, already_finished, write_json_atomic
-from posttrain.entrypoints.data import (
+from posttrain.entrypoints import vllm_server
+from posttrain.entrypoints.generation import vllm_generation, vllm_token
+from posttrain.entrypoints.inputs.chat_templates import check_chat_template, check_reward_templates
+from posttrain.entrypoints.inputs.data import (
     check_kept_rows,
     check_length_column,
     check_loss_masks,
@@ -82,9 +73,7 @@ from posttrain.entrypoints.data import (
     fit_batch,
     load_split,
 )
-from posttrain.entrypoints.error_file import CRASHED, KEPT_LOGS, STOPPED, record_crash, record_error
-from posttrain.entrypoints.metrics import MetricsLog
-from posttrain.entrypoints.models import (
+from posttrain.entrypoints.inputs.models import (
     check_model_options,
     check_model_paths,
     check_weight_shapes,
@@ -94,15 +83,22 @@ from posttrain.entrypoints.models import (
     load_tokenizer,
     lora_config,
 )
-from posttrain.entrypoints.rewards import (
+from posttrain.entrypoints.inputs.rewards import (
     RewardCheck,
     check_reward_columns,
     has_rewards,
     load_reward_models,
     resolve_rewards,
 )
-from posttrain.entrypoints.sharding import may_leave_parameters_unused, strategy_for
-from posttrain.entrypoints.summary import SUMMARY_FILE, closing_line, run_summary, write_model_card
+from posttrain.entrypoints.job import distributed, lease
+from posttrain.entrypoints.job.callbacks import BestMetricCheck, FaultInjection, Preemption, ProgressLog, TokenCounter
+from posttrain.entrypoints.job.error_file import CRASHED, KEPT_LOGS, STOPPED, record_crash, record_error
+from posttrain.entrypoints.job.sharding import may_leave_parameters_unused, strategy_for
+from posttrain.entrypoints.records import checkpoints
+from posttrain.entrypoints.records.checkpoints import SPEC_FILE, already_finished, write_json_atomic
+from posttrain.entrypoints.records.metrics import MetricsLog
+from posttrain.entrypoints.records.summary import SUMMARY_FILE, closing_line, run_summary, write_model_card
+from posttrain.entrypoints.speed import fast_paths
 
 log = logging.getLogger("posttrain")
 

@@ -23,8 +23,8 @@ import torch
 from posttrain.components.spec.local_files import model_directory_problem
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import Spec
-from posttrain.entrypoints.checkpoints import file_problem
-from posttrain.entrypoints.data import first_line
+from posttrain.entrypoints.inputs.data import first_line
+from posttrain.entrypoints.records.checkpoints import file_problem
 
 CAUSAL_LM = "AutoModelForCausalLM"
 SEQUENCE_CLASSIFICATION = "AutoModelForSequenceClassification"
@@ -46,7 +46,7 @@ def load_tokenizer(name_or_path: str, spec: Spec, padding_side: str) -> Any:
     """
     from transformers import AutoTokenizer
 
-    from posttrain.entrypoints import tiny
+    from posttrain.entrypoints.inputs import tiny
 
     model = spec.model
     if name_or_path in tiny.BUILTINS:
@@ -64,7 +64,7 @@ def load_tokenizer(name_or_path: str, spec: Spec, padding_side: str) -> Any:
 def model_attention(spec: Spec) -> Optional[str]:
     """The attention implementation the models load with (fast_paths.attention_implementation), registered
     with transformers where it is posttrain's own (on CPUs it runs SDPA sequence by sequence: the tests')."""
-    from posttrain.entrypoints import attention, fast_paths
+    from posttrain.entrypoints.speed import attention, fast_paths
 
     implementation = fast_paths.attention_implementation(spec)
     if implementation == attention.NAME:
@@ -83,7 +83,7 @@ def load_model(name_or_path: str, spec: Spec, tokenizer: Any, model_class: str) 
     """
     import transformers
 
-    from posttrain.entrypoints import tiny
+    from posttrain.entrypoints.inputs import tiny
 
     model, implementation = spec.model, model_attention(spec)
     scores = "SequenceClassification" in model_class
@@ -196,7 +196,7 @@ def check_model_options(spec: Spec) -> None:
     """
     import transformers
 
-    from posttrain.entrypoints import tiny
+    from posttrain.entrypoints.inputs import tiny
 
     model, implementation = spec.model, model_attention(spec)
     router_loss = spec.training.get("router_aux_loss_coef")

@@ -28,7 +28,7 @@ from typing import Any, Iterator, Optional, Tuple
 import torch
 import torch.nn.functional as F
 
-from posttrain.entrypoints import attention
+from posttrain.entrypoints.speed import attention
 
 
 def packed_log_probs(

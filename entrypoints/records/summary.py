@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from posttrain.components.spec.schema import Spec
-from posttrain.entrypoints import fast_paths
-from posttrain.entrypoints.callbacks import TokenCounter
-from posttrain.entrypoints.distributed import backend_for, world_size
+from posttrain.entrypoints.job.callbacks import TokenCounter
+from posttrain.entrypoints.job.distributed import backend_for, world_size
+from posttrain.entrypoints.speed import fast_paths
 
 SUMMARY_FILE = "run_summary.json"
 
@@ -85,7 +85,7 @@ def generation(trainer: Any) -> Dict[str, Any]:
     if not getattr(args, "use_vllm", False):
         mode = "continuous_batching" if getattr(args, "use_transformers_continuous_batching", False) else "generate"
         return {"engine": "transformers", "mode": mode, "weight_sync": None, "tokens_per_s": None}
-    from posttrain.entrypoints.vllm_generation import STATS
+    from posttrain.entrypoints.generation.vllm_generation import STATS
 
     seconds = STATS["seconds"]
     return {

@@ -1,6 +1,6 @@
 """PPO's experience: prompts drawn for an iteration, responses generated and scored, advantages computed.
 
-Steps 1 to 3 of an iteration of :class:`~posttrain.entrypoints.ppo_trainer.PPOTrainer`
+Steps 1 to 3 of an iteration of :class:`~posttrain.entrypoints.trainers.ppo_trainer.PPOTrainer`
 (rollout, score, advantages); the update consumes what :meth:`Rollouts.collect`
 returns. Nothing here changes a weight.
 """
@@ -17,7 +17,7 @@ from accelerate import Accelerator
 from transformers import GenerationConfig, PreTrainedModel
 
 from posttrain.components.spec.rewards import completion_text
-from posttrain.entrypoints.ppo_math import gae, kl_per_token, positions, response_logprobs, until_first, whiten
+from posttrain.entrypoints.trainers.ppo_math import gae, kl_per_token, positions, response_logprobs, until_first, whiten
 
 
 class Rollouts:

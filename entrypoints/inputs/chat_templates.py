@@ -19,8 +19,8 @@ from trl.data_utils import is_conversational
 
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import Spec
-from posttrain.entrypoints.models import load_tokenizer
-from posttrain.entrypoints.rewards import RewardFunction
+from posttrain.entrypoints.inputs.models import load_tokenizer
+from posttrain.entrypoints.inputs.rewards import RewardFunction
 
 # what TRL's SFT and reward trainers read as a template file; any other chat_template_path names a tokenizer to
 # clone (a directory or a Hub id)

@@ -1,0 +1,1 @@
+"""What a run writes and resumes from: checkpoints and resume, the run summary, metrics and curves."""
