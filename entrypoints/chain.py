@@ -46,7 +46,8 @@ from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints import rendezvous_port
 from posttrain.entrypoints.job.error_file import STOPPED, record_error
 from posttrain.entrypoints.records import curves
-from posttrain.entrypoints.records.checkpoints import read_record, stale_runs, write_json_atomic
+from posttrain.entrypoints.records.checkpoints import read_record, stale_runs
+from posttrain.entrypoints.records.files import write_json_atomic
 
 STATE_FILE = "chain.json"
 SUMMARY_FILE = "run_summary.json"

@@ -41,25 +41,19 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Dict, Iterator, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 from posttrain.components.spec.loading import spec_from_json
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, Spec
 from posttrain.entrypoints.generation import vllm_token
-from posttrain.entrypoints.generation.vllm_generation import server_model
+from posttrain.entrypoints.generation.role_lease import HANDSHAKE_S, POLL_S, keep_alive, lease_port, route_address
+from posttrain.entrypoints.generation.vllm_generation import repack_tied_lm_head, server_model
 
 log = logging.getLogger("posttrain.vllm_server")
 
-POLL_S = 2.0  # how often a wait looks at the vLLM process
-HANDSHAKE_S = 5.0  # how long a connection to the lease has to say the job's token
 LOOPBACK = "127.0.0.1"  # local_cwd: the trainers are on this host (components/vllm_role.py points them here)
 RESOLVE_S = 60.0  # how long the role waits for its own host name to resolve (a Kubernetes DNS record lags the pod)
-
-
-def lease_port(server_port: int) -> int:
-    """Where the trainers' rank 0 holds its lease: the port after the server's."""
-    return server_port + 1
 
 
 def listen_address() -> str:
@@ -92,13 +86,6 @@ def listen_address() -> str:
                     [f"vllm role: no address of {name} to listen on ({error}); see the host's network"]
                 ) from None
             time.sleep(POLL_S)
-
-
-def route_address(host: str) -> str:
-    """This host's address on the route to ``host`` (the kernel picks it; nothing is sent)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as route:
-        route.connect((socket.gethostbyname(host), 9))
-        return route.getsockname()[0]
 
 
 def server_command(
@@ -150,8 +137,6 @@ class CheckpointReload:
 
     def reload_checkpoint(self, weights_path: str) -> None:
         """Reloads the weights from the safetensors in ``weights_path``, in place, and repacks a tied LM head."""
-        from posttrain.entrypoints.generation.vllm_generation import repack_tied_lm_head
-
         runner = self.model_runner  # type: ignore[attr-defined]
         runner.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
         repack_tied_lm_head(runner.get_model(), runner.vllm_config.model_config)
@@ -210,7 +195,7 @@ def _hold_until_done(listener: socket.socket, server: subprocess.Popen, first_co
         _close_all(pending)
         with holder:
             holder.setblocking(True)
-            _keep_alive(holder)
+            keep_alive(holder)
             if _held(holder, server, rest) == b"done":
                 return "training ended"
         waited = grace_s
@@ -266,36 +251,6 @@ def _close_all(pending: Dict[socket.socket, _Handshake]) -> None:
     pending.clear()
 
 
-def handshake(connection: socket.socket, token: str) -> None:
-    """The trainers' side of the lease's handshake: the role proves it holds the job's token, then this process
-    does; raises OSError where what listens proves nothing (the token itself never crosses)."""
-    nonce = os.urandom(16).hex().encode()
-    connection.settimeout(HANDSHAKE_S)
-    connection.sendall(nonce + b"\n")
-    answer = b""
-    while not answer.endswith(b"\n") and len(answer) < 1024:
-        chunk = connection.recv(1024)
-        if not chunk:
-            break
-        answer += chunk
-    role_proof, _, role_nonce = answer.strip().partition(b" ")
-    if not role_nonce.isalnum() or not hmac.compare_digest(role_proof, vllm_token.proof(token, b"role", nonce)):
-        raise NotTheRole(f"{connection.getpeername()[0]}:{connection.getpeername()[1]}")
-    connection.sendall(vllm_token.proof(token, b"trainer", role_nonce) + b"\n")
-
-
-class NotTheRole(OSError):
-    """What listens on the role's port did not prove it holds the job's token."""
-
-
-def _keep_alive(lease: socket.socket) -> None:
-    """A trainer host that vanishes (power, network) sends no close: TCP keepalive notices it within about a minute."""
-    lease.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    for option, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
-        if hasattr(socket, option):  # Linux names
-            lease.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
-
-
 def _held(lease: socket.socket, server: subprocess.Popen, said: bytes = b"") -> bytes:
     """What the lease's holder said before it closed (``done``, or nothing: it went away), after ``said``."""
     lease.settimeout(POLL_S)
@@ -324,70 +279,6 @@ def _stop(started: List[subprocess.Popen], reason: str, listener: socket.socket)
                 server.kill()
     if reason == "SIGTERM":
         raise SystemExit(0)
-
-
-@contextlib.contextmanager
-def lease(spec: Spec) -> Iterator[None]:
-    """The trainers' side, on rank 0 of a job with a ``vllm`` role: held from the start, ``done`` at a clean end.
-
-    An exception just drops it: with torchrun restarts (``--max_restarts``) the
-    server waits its grace for the restarted rank 0.
-    """
-    host = os.environ.get(VLLM_HOST_VARIABLE)
-    if not host or int(os.environ.get("RANK", "0")) != 0:
-        yield
-        return
-    token = vllm_token.required_token("the trainers")
-    port = lease_port(spec.training.get("vllm_server_port", 8000))
-    timeout_s = spec.training.get("vllm_server_timeout", 240)
-    deadline = time.monotonic() + timeout_s
-    while True:
-        held = None
-        try:
-            held = socket.create_connection((host, port), timeout=POLL_S)
-            handshake(held, token)  # the role gives its lease to the job only, and is the job's own
-            _keep_alive(held)  # and a vanished role host shows in role_exited
-            break
-        except NotTheRole as where:
-            held.close()
-            raise SpecError(
-                [
-                    f"vllm role: what listens at {where} did not prove it holds the job's token: not this job's "
-                    "vllm role (another process on its port?); nothing was sent to it"
-                ]
-            ) from None
-        except OSError as error:
-            if held is not None:
-                held.close()
-            if time.monotonic() > deadline:
-                raise SpecError(
-                    [
-                        f"training.vllm_server_timeout: the vllm role at {host}:{port} did not answer within "
-                        f"{timeout_s:.0f} s ({error}); see its log"
-                    ]
-                ) from None
-            time.sleep(POLL_S)
-    _HELD[:] = [held]
-    try:
-        yield
-        with contextlib.suppress(OSError):  # a role gone already needs no done
-            held.sendall(b"done")
-    finally:
-        _HELD.clear()
-        held.close()
-
-
-_HELD: List[socket.socket] = []  # the lease this process holds
-
-
-def role_exited() -> bool:
-    """Whether the role whose lease this process holds has gone (its end of the connection closed)."""
-    if not _HELD or not select.select(_HELD, [], [], 0)[0]:
-        return False  # nothing to read: the role is there (it never writes on the lease)
-    try:
-        return _HELD[0].recv(1, socket.MSG_PEEK) == b""
-    except OSError:
-        return True
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

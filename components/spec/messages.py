@@ -28,6 +28,12 @@ class SpecError(ValueError):
         super().__init__("\n".join(self.problems))
 
 
+def first_line(error: BaseException) -> str:
+    """An exception's message, one line: its first non-empty one, else its type."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return lines[0] if lines else type(error).__name__
+
+
 def model_in(annotation: Any) -> Optional[Type[BaseModel]]:
     """The pydantic model an annotation holds (``X``, ``Optional[X]``, ``List[X]``), if any."""
     for arg in (annotation,) + typing.get_args(annotation):

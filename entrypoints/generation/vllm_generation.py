@@ -29,7 +29,8 @@ safetensors file in a directory under ``output_dir`` (which the server must
 see) and asks the server's workers to reload from it
 (``vllm_server.CheckpointReload``, through vLLM's dev-mode ``/collective_rpc``).
 
-``run_summary.json``'s ``generation`` reads :data:`STATS`.
+``run_summary.json``'s ``generation`` reads :func:`weight_sync` and what
+:func:`_timed_generate` counted on TRL's generator.
 """
 
 import contextlib
@@ -42,10 +43,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
-from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.messages import SpecError, first_line
 from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, Spec
-from posttrain.entrypoints.generation import vllm_token
-from posttrain.entrypoints.inputs.data import first_line
+from posttrain.entrypoints.generation import role_lease, vllm_token
+from posttrain.entrypoints.inputs.models import CAUSAL_LM, load_model, load_tokenizer
 
 PROOF_S = 10.0  # how long the server has to answer the trainers' nonce
 
@@ -56,8 +57,16 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 _VLLM_GENERATION = ("trl.generation.vllm_generation", "VLLMGeneration", "sync_weights")  # GRPO, RLOO
 _ONLINE_DPO = ("trl.experimental.online_dpo.online_dpo_trainer", "OnlineDPOTrainer", "_move_model_to_vllm")
 
-# this process's generation, for run_summary.json: completion tokens and seconds in vLLM's generate
-STATS: Dict[str, Any] = {"weight_sync": None, "tokens": 0, "seconds": 0.0}
+# what TRL's VLLMGeneration counts, for run_summary.json: completion tokens and seconds in vLLM's generate
+TOKENS, SECONDS = "posttrain_completion_tokens", "posttrain_generate_seconds"
+
+
+def weight_sync(mode: str, on_cpu: bool) -> str:
+    """How the policy's weights reach vLLM (:func:`prepare` set it up): colocated, in place or through vLLM's
+    loader; to the server, a safetensors file it reloads (CPU) or TRL's NCCL group."""
+    if mode != "server":
+        return "inplace_reload" if on_cpu else "load_weights"
+    return "safetensors_reload" if on_cpu else "nccl"
 
 
 def config_problems(algorithm: str, training: Mapping[str, Any], on_cpu: bool) -> List[str]:
@@ -124,7 +133,6 @@ def prepare(spec: Spec, training: Mapping[str, Any], on_cpu: bool) -> Dict[str, 
     if class_name == "VLLMGeneration":
         owner.generate = _timed_generate(_unwrapped(owner.generate))
     if training.get("vllm_mode", "colocate") != "server":
-        STATS["weight_sync"] = "inplace_reload" if on_cpu else "load_weights"
         return {}
     from trl.generation import vllm_client
 
@@ -132,7 +140,6 @@ def prepare(spec: Spec, training: Mapping[str, Any], on_cpu: bool) -> Dict[str, 
     client.check_server = _role_health_check(_unwrapped(client.check_server))
     if on_cpu:
         _write_and_reload(client, Path(training["output_dir"]))
-    STATS["weight_sync"] = "safetensors_reload" if on_cpu else "nccl"
     host = os.environ.get(VLLM_HOST_VARIABLE)
     if isinstance(vars(client).get("session"), TokenSession):  # an earlier prepare's, in this process
         del client.session
@@ -186,8 +193,6 @@ def _builtin_directory(spec: Spec) -> str:
     config and weights are written directly, tied weights once (as transformers does).
     """
     from safetensors.torch import save_file
-
-    from posttrain.entrypoints.inputs.models import CAUSAL_LM, load_model, load_tokenizer
 
     name = spec.model.name_or_path
     if name not in _BUILTIN_DIRECTORIES:
@@ -249,8 +254,9 @@ def _timed_generate(generate: Callable[..., Any]) -> Callable[..., Any]:
     def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         result = generate(self, *args, **kwargs)
-        STATS["seconds"] += time.perf_counter() - started
-        STATS["tokens"] += sum(len(ids) for ids in result[1])  # (prompt_ids, completion_ids, logprobs, extra)
+        setattr(self, SECONDS, getattr(self, SECONDS, 0.0) + time.perf_counter() - started)
+        # (prompt_ids, completion_ids, logprobs, extra)
+        setattr(self, TOKENS, getattr(self, TOKENS, 0) + sum(len(ids) for ids in result[1]))
         return result
 
     return timed
@@ -286,20 +292,18 @@ def _role_health_check(check_server: Callable[..., Any]) -> Callable[..., Any]:
     def check(self: Any, total_timeout: float = 0.0, *args: Any, **kwargs: Any) -> Any:
         import requests
 
-        from posttrain.entrypoints.vllm_server import POLL_S, role_exited
-
         role = os.environ.get(VLLM_HOST_VARIABLE)
         where = "the vllm role's server" if role else "the vLLM server"
         deadline = time.monotonic() + total_timeout
         while True:
             try:
-                if requests.get(f"{self.base_url}/health", timeout=POLL_S).status_code == 200:
+                if requests.get(f"{self.base_url}/health", timeout=role_lease.POLL_S).status_code == 200:
                     if role:  # before TRL's client sends it the token: the server proves it holds it too
                         _check_proof(self.base_url)
                     return check_server(self, total_timeout, *args, **kwargs)
             except requests.RequestException:
                 pass
-            if role_exited():
+            if role_lease.role_exited():
                 raise SpecError([f"vllm role: {where} exited before it answered at {self.base_url}; see its log"])
             if time.monotonic() > deadline:
                 raise SpecError(
@@ -308,7 +312,7 @@ def _role_health_check(check_server: Callable[..., Any]) -> Callable[..., Any]:
                         f"within {total_timeout:.0f} s; see its log, or allow it longer"
                     ]
                 )
-            time.sleep(POLL_S)
+            time.sleep(role_lease.POLL_S)
 
     return check
 
@@ -316,11 +320,10 @@ def _role_health_check(check_server: Callable[..., Any]) -> Callable[..., Any]:
 def _toward(host: str, get_ip: Callable[[], str]) -> Callable[[], str]:
     """Where TRL's NCCL rendezvous (torch's TCPStore, which has no authentication) listens on GPUs: this host's
     address toward the role (loopback on local_cwd), not TRL's choice, the address of the default route."""
-    from posttrain.entrypoints.vllm_server import route_address
 
     @functools.wraps(get_ip)
     def toward() -> str:
-        return route_address(host)
+        return role_lease.route_address(host)
 
     return toward
 

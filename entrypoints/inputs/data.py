@@ -19,7 +19,7 @@ from posttrain.components.spec.local_files import (
     not_a_data_file,
     not_a_saved_data_set,
 )
-from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.messages import SpecError, first_line
 from posttrain.components.spec.schema import DataSource, Spec
 from posttrain.entrypoints.job.distributed import env_rank
 
@@ -174,12 +174,6 @@ def _load_hub(source: DataSource, where: str, datasets: Any) -> Any:
     except (OSError, ValueError, datasets.exceptions.DatasetsError) as error:
         named = f"{source.name!r}" + (f" (config {source.config!r})" if source.config else "")
         raise SpecError([f"{where}.name: cannot load split {source.split!r} of {named}: {first_line(error)}"]) from None
-
-
-def first_line(error: BaseException) -> str:
-    """An exception's message, one line: its first non-empty one, else its type."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-    return lines[0] if lines else type(error).__name__
 
 
 TEXT_OR_CHAT = "text or chat messages (a list of {role, content})"

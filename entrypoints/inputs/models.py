@@ -21,10 +21,11 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import torch
 
 from posttrain.components.spec.local_files import model_directory_problem
-from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.messages import SpecError, first_line
 from posttrain.components.spec.schema import Spec
-from posttrain.entrypoints.inputs.data import first_line
-from posttrain.entrypoints.records.checkpoints import file_problem
+from posttrain.entrypoints.inputs import tiny
+from posttrain.entrypoints.records.files import file_problem
+from posttrain.entrypoints.speed import attention, fast_paths
 
 CAUSAL_LM = "AutoModelForCausalLM"
 SEQUENCE_CLASSIFICATION = "AutoModelForSequenceClassification"
@@ -46,8 +47,6 @@ def load_tokenizer(name_or_path: str, spec: Spec, padding_side: str) -> Any:
     """
     from transformers import AutoTokenizer
 
-    from posttrain.entrypoints.inputs import tiny
-
     model = spec.model
     if name_or_path in tiny.BUILTINS:
         tokenizer = tiny.BUILTINS[name_or_path][0]()
@@ -64,7 +63,6 @@ def load_tokenizer(name_or_path: str, spec: Spec, padding_side: str) -> Any:
 def model_attention(spec: Spec) -> Optional[str]:
     """The attention implementation the models load with (fast_paths.attention_implementation), registered
     with transformers where it is posttrain's own (on CPUs it runs SDPA sequence by sequence: the tests')."""
-    from posttrain.entrypoints.speed import attention, fast_paths
 
     implementation = fast_paths.attention_implementation(spec)
     if implementation == attention.NAME:
@@ -82,8 +80,6 @@ def load_model(name_or_path: str, spec: Spec, tokenizer: Any, model_class: str) 
     classifier (reward or value model) gets one label: one score per sequence.
     """
     import transformers
-
-    from posttrain.entrypoints.inputs import tiny
 
     model, implementation = spec.model, model_attention(spec)
     scores = "SequenceClassification" in model_class
@@ -195,8 +191,6 @@ def check_model_options(spec: Spec) -> None:
     traceback from every rank once they have.
     """
     import transformers
-
-    from posttrain.entrypoints.inputs import tiny
 
     model, implementation = spec.model, model_attention(spec)
     router_loss = spec.training.get("router_aux_loss_coef")

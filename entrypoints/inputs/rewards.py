@@ -25,10 +25,9 @@ from transformers import TrainerCallback
 from trl.trainer.utils import is_async_callable
 
 from posttrain.components.spec.fields import config_value
-from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.messages import SpecError, first_line
 from posttrain.components.spec.rewards import BUILTIN_REWARDS, RewardFunction, builtin_reward
 from posttrain.components.spec.schema import Spec
-from posttrain.entrypoints.inputs.data import first_line
 from posttrain.entrypoints.inputs.models import (
     SEQUENCE_CLASSIFICATION,
     check_model_path,

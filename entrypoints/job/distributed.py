@@ -21,10 +21,12 @@ import torch
 import torch.distributed as dist
 
 from posttrain.components.spec.messages import SpecError
-from posttrain.entrypoints.deepspeed_launcher import DONE_DIR_ENV
 
 log = logging.getLogger("posttrain")
 T = TypeVar("T")
+
+# where posttrain's DeepSpeed launcher has each rank say it finished (report_done)
+DONE_DIR_ENV = "POSTTRAIN_RANKS_DONE_DIR"
 
 
 def device_backend() -> str:

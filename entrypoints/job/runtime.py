@@ -59,17 +59,15 @@ from transformers.utils import logging as transformers_logging
 from posttrain.components.spec.chain import STAGE_ENV
 from posttrain.components.spec.fields import config_fields, config_value
 from posttrain.components.spec.loading import spec_from_json
-from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.messages import SpecError, first_line
 from posttrain.components.spec.schema import CHECKPOINTING_OPTIONS, Spec
-from posttrain.entrypoints import vllm_server
-from posttrain.entrypoints.generation import vllm_generation, vllm_token
+from posttrain.entrypoints.generation import role_lease, vllm_generation, vllm_token
 from posttrain.entrypoints.inputs.chat_templates import check_chat_template, check_reward_templates
 from posttrain.entrypoints.inputs.data import (
     check_kept_rows,
     check_length_column,
     check_loss_masks,
     check_online_data,
-    first_line,
     fit_batch,
     load_split,
 )
@@ -95,7 +93,8 @@ from posttrain.entrypoints.job.callbacks import BestMetricCheck, FaultInjection,
 from posttrain.entrypoints.job.error_file import CRASHED, KEPT_LOGS, STOPPED, record_crash, record_error
 from posttrain.entrypoints.job.sharding import may_leave_parameters_unused, strategy_for
 from posttrain.entrypoints.records import checkpoints
-from posttrain.entrypoints.records.checkpoints import SPEC_FILE, already_finished, write_json_atomic
+from posttrain.entrypoints.records.checkpoints import SPEC_FILE, already_finished
+from posttrain.entrypoints.records.files import write_json_atomic
 from posttrain.entrypoints.records.metrics import MetricsLog
 from posttrain.entrypoints.records.summary import SUMMARY_FILE, closing_line, run_summary, write_model_card
 from posttrain.entrypoints.speed import fast_paths
@@ -162,7 +161,7 @@ def run(algorithm: str, build_trainer: Callable[[Job], Any], argv: Optional[Sequ
         spec = spec_from_json(options.spec_json)
         if spec.algorithm != algorithm:
             raise SpecError([f"algorithm: the spec is for {spec.algorithm!r}, this entrypoint runs {algorithm!r}"])
-        with vllm_server.lease(spec):  # a job with a vllm role: rank 0 tells it when training ends
+        with role_lease.lease(spec):  # a job with a vllm role: rank 0 tells it when training ends
             _train(algorithm, spec, build_trainer)
     except SpecError as error:
         # every rank meets the same error (the checks agree across ranks, see distributed.all_ranks_agree): one says

@@ -31,7 +31,6 @@ import os
 import re
 import shutil
 import struct
-import zipfile
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
@@ -42,6 +41,15 @@ from posttrain.components.spec.loading import NOT_TRAINING_RELEVANT, spec_diff
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import Spec
 from posttrain.entrypoints.job.distributed import barrier, env_rank, says_any
+from posttrain.entrypoints.records.files import (
+    TORCH_SUFFIXES,
+    file_problem,
+    fsync_directory,
+    fsynced_tree,
+    header_hash,
+    judged,
+    write_json_atomic,
+)
 from posttrain.entrypoints.records.summary import SUMMARY_FILE
 
 log = logging.getLogger("posttrain")
@@ -51,10 +59,8 @@ INPUTS_FILE = "posttrain_inputs.json"
 MANIFEST_FILE = "posttrain_manifest.json"
 FINAL_STAGING = ".posttrain-final"  # the final model, until it is whole and moved into output_dir
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-# torch.save's files (zip archives) and JSON: what a checkpoint of any trainer here holds besides safetensors
-_TORCH_SUFFIXES = (".pt", ".pth", ".bin")
 # a model's weights in output_dir itself: whole files, a sharded model's index, a PEFT adapter
-_WEIGHT_SUFFIXES = (".safetensors", *_TORCH_SUFFIXES)
+_WEIGHT_SUFFIXES = (".safetensors", *TORCH_SUFFIXES)
 _NOT_WEIGHTS = ("training_args.bin",)  # the Trainer's arguments, which it torch.saves beside the model
 _WHOLE_HASH_BYTES = 64 << 20  # data files up to this size are hashed whole; larger ones by size, time, head and tail
 # a model directory's small files that say what it is, hashed whole where no run_summary.json names its run
@@ -95,17 +101,9 @@ def checkpoint_verdicts(output_dir: Path) -> List[Tuple[Path, Optional[str]]]:
     """Every checkpoint, oldest first, with what makes it unusable (None: sound): its files as they are, then
     against its manifest, without which one of ``output_dir``'s checkpoints is a save cut short."""
     return [
-        (path, _judged(lambda: checkpoint_problem(path) or _manifest_problem(path)))
+        (path, judged(lambda: checkpoint_problem(path) or _manifest_problem(path)))
         for _, path in checkpoint_steps(output_dir)
     ]
-
-
-def _judged(judge: Callable[[], Optional[str]]) -> Optional[str]:
-    """A judge's verdict; one that fails (a file it did not foresee) calls the checkpoint damaged, never the run."""
-    try:
-        return judge()
-    except Exception as error:  # whatever stops the judging stops a resume from it too
-        return f"could not be checked ({type(error).__name__}: {' '.join(str(error).split())})"  # one line
 
 
 def _manifest_problem(checkpoint: Path) -> Optional[str]:
@@ -121,7 +119,7 @@ def _manifest_problem(checkpoint: Path) -> Optional[str]:
         size = path.stat().st_size
         if size != recorded["bytes"]:
             return f"{name} is {size} bytes, its manifest says {recorded['bytes']}"
-        if "header_sha256" in recorded and _header_hash(path) != recorded["header_sha256"]:
+        if "header_sha256" in recorded and header_hash(path) != recorded["header_sha256"]:
             return f"{name}'s safetensors header changed since it was saved"
     return None
 
@@ -131,36 +129,14 @@ def seal_checkpoint(checkpoint: Path, inputs: Dict[str, Any]) -> None:
     last (rank 0, once every rank's files are in)."""
     write_json_atomic(checkpoint / INPUTS_FILE, inputs)
     files = {}
-    for path in _fsynced_tree(checkpoint):
+    for path in fsynced_tree(checkpoint):
         if path.name == MANIFEST_FILE:  # an earlier seal's
             continue
         entry: Dict[str, Any] = {"bytes": path.stat().st_size}
         if path.suffix == ".safetensors":
-            entry["header_sha256"] = _header_hash(path)
+            entry["header_sha256"] = header_hash(path)
         files[str(path.relative_to(checkpoint))] = entry
     write_json_atomic(checkpoint / MANIFEST_FILE, {"files": files})
-
-
-def _fsynced_tree(root: Path) -> List[Path]:
-    """Every file under ``root``, each fsynced, and every folder's names (``root``'s too): durable before a
-    mark that says they are whole."""
-    files = []
-    for path in sorted(root.rglob("*"), reverse=True):  # each file and folder before the folder holding it
-        if path.is_dir():
-            fsync_directory(path)
-        else:
-            with path.open("rb") as stream:
-                os.fsync(stream.fileno())
-            files.append(path)
-    fsync_directory(root)
-    return sorted(files)
-
-
-def _header_hash(path: Path) -> str:
-    """The SHA-256 of a safetensors file's header: its tensors' names, dtypes, shapes and places."""
-    with path.open("rb") as stream:
-        (header_size,) = struct.unpack("<Q", stream.read(8))
-        return hashlib.sha256(stream.read(header_size)).hexdigest()
 
 
 def checkpoint_problem(checkpoint: Path) -> Optional[str]:
@@ -169,7 +145,7 @@ def checkpoint_problem(checkpoint: Path) -> Optional[str]:
     Reads headers only (safetensors' header against the file's size, a zip's
     directory at its end): cheap for any model size.
     """
-    return _judged(lambda: _checkpoint_problem(checkpoint))
+    return judged(lambda: _checkpoint_problem(checkpoint))
 
 
 def _checkpoint_problem(checkpoint: Path) -> Optional[str]:
@@ -180,90 +156,6 @@ def _checkpoint_problem(checkpoint: Path) -> Optional[str]:
             problem = file_problem(path)
             if problem is not None:
                 return f"{path.relative_to(checkpoint)}: {problem}"
-    return None
-
-
-def file_problem(path: Path) -> Optional[str]:
-    """Why a weights, torch or JSON file is not whole, or None (other files are not looked into); an index
-    (``*.index.json``) is whole where every shard its ``weight_map`` names is there and whole."""
-    return _judged(lambda: _file_problem(path))
-
-
-def _file_problem(path: Path) -> Optional[str]:
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as stream:
-            if path.suffix == ".safetensors":
-                return _safetensors_problem(stream, size)
-            if path.suffix in _TORCH_SUFFIXES and size > 0:
-                try:
-                    with zipfile.ZipFile(stream) as archive:
-                        ends = max((i.header_offset + i.compress_size for i in archive.infolist()), default=0)
-                except zipfile.BadZipFile:
-                    return f"not a whole torch file ({size} bytes)"
-                return None if ends <= size else f"cut short at {size} bytes"
-            if path.suffix == ".json":
-                try:
-                    data = json.loads(stream.read())
-                except ValueError:  # a UnicodeDecodeError too
-                    return "not valid JSON"
-                if path.name.endswith(".index.json"):
-                    return _index_problem(path, data)
-    except OSError as error:
-        return f"unreadable ({error.strerror})"
-    return None
-
-
-def _safetensors_problem(stream: Any, size: int) -> Optional[str]:
-    head = stream.read(8)
-    if len(head) < 8:
-        return f"cut short at {size} bytes"
-    (header_size,) = struct.unpack("<Q", head)
-    if 8 + header_size > size:
-        return f"cut short at {size} bytes (its header alone is {header_size} bytes)"
-    try:
-        header = json.loads(stream.read(header_size))
-    except ValueError:
-        return "its header is not valid JSON"
-    if not isinstance(header, dict):
-        return f"its header is a JSON {type(header).__name__}, not an object of tensors"
-    ends = 0
-    for name, entry in header.items():
-        if name == "__metadata__":
-            continue
-        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
-        if not (isinstance(entry, dict) and "dtype" in entry and _ints(entry.get("shape")) and _ints(offsets, 2)):
-            return f"its header's tensor {name!r} lacks a dtype, a shape or two integer data_offsets"
-        if offsets[0] > offsets[1]:
-            return f"its header's tensor {name!r} has data_offsets {offsets}, which do not run forward"
-        ends = max(ends, offsets[1])
-    expected = 8 + header_size + ends
-    return None if expected <= size else f"cut short at {size} of {expected} bytes"
-
-
-def _ints(value: Any, length: Optional[int] = None) -> bool:
-    """Whether ``value`` is a list of non-negative integers (of ``length``); JSON's true is no integer here."""
-    return (
-        isinstance(value, list)
-        and (length is None or len(value) == length)
-        and all(isinstance(item, int) and not isinstance(item, bool) and item >= 0 for item in value)
-    )
-
-
-def _index_problem(index: Path, data: Any) -> Optional[str]:
-    """What is wrong with the shards a sharded model's index names (beside it): missing, or not whole."""
-    weight_map = data.get("weight_map") if isinstance(data, dict) else None
-    if not isinstance(weight_map, dict):
-        return "no weight_map naming its shards"
-    shards = sorted({str(name) for name in weight_map.values()})
-    missing = [name for name in shards if not (index.parent / name).is_file()]
-    if missing:
-        return f"names {len(missing)} shard(s) that are missing ({', '.join(missing[:3])})"
-    for name in shards:
-        # an index naming an index would be judged without end
-        problem = None if name.endswith(".json") else file_problem(index.parent / name)
-        if problem is not None:
-            return f"its shard {name}: {problem}"
     return None
 
 
@@ -673,29 +565,6 @@ def resume_past_final_save(output_dir: Path, resume_from: str, max_steps: int) -
     return earlier[-1] if earlier else None
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Writes ``data`` as JSON through a temporary file: readers see the old file or the new one, never half.
-
-    Both the file and its directory are fsynced: after a power loss the name may otherwise point at no data.
-    """
-    temporary = path.with_name(path.name + ".tmp")
-    with temporary.open("w") as stream:
-        stream.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
-        stream.flush()
-        os.fsync(stream.fileno())
-    os.replace(temporary, path)
-    fsync_directory(path.parent)
-
-
-def fsync_directory(path: Path) -> None:
-    """Makes the names in ``path`` durable (a new file, a rename): fsyncing a file does not."""
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
-
-
 def final_staging(output_dir: Path) -> Path:
     """Where rank 0 saves the final model before :func:`publish_final` moves it in; a killed run's leftover is
     removed first. The same path on every rank: a sharded model's save is collective."""
@@ -716,7 +585,7 @@ def publish_final(staging: Path, output_dir: Path, moved: Optional[Callable[[], 
     """
     (output_dir / SUMMARY_FILE).unlink(missing_ok=True)
     fsync_directory(output_dir)
-    _fsynced_tree(staging)
+    fsynced_tree(staging)
     for entry in sorted(staging.iterdir()):
         target = output_dir / entry.name
         if entry.is_dir() and target.is_dir():

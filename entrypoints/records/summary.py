@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from posttrain.components.spec.schema import Spec
+from posttrain.entrypoints.generation import vllm_generation
 from posttrain.entrypoints.job.callbacks import TokenCounter
 from posttrain.entrypoints.job.distributed import backend_for, world_size
 from posttrain.entrypoints.speed import fast_paths
@@ -85,14 +86,13 @@ def generation(trainer: Any) -> Dict[str, Any]:
     if not getattr(args, "use_vllm", False):
         mode = "continuous_batching" if getattr(args, "use_transformers_continuous_batching", False) else "generate"
         return {"engine": "transformers", "mode": mode, "weight_sync": None, "tokens_per_s": None}
-    from posttrain.entrypoints.generation.vllm_generation import STATS
-
-    seconds = STATS["seconds"]
+    counted = getattr(trainer, "vllm_generation", None)  # GRPO's and RLOO's; online DPO generates in its own way
+    seconds = getattr(counted, vllm_generation.SECONDS, 0.0)
     return {
         "engine": "vllm",
         "mode": args.vllm_mode,
-        "weight_sync": STATS["weight_sync"],
-        "tokens_per_s": STATS["tokens"] / seconds if seconds > 0 else None,
+        "weight_sync": vllm_generation.weight_sync(args.vllm_mode, on_cpu=args.use_cpu),
+        "tokens_per_s": getattr(counted, vllm_generation.TOKENS, 0) / seconds if seconds > 0 else None,
     }
 
 

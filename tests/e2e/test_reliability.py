@@ -20,7 +20,8 @@ from helpers import (
     run_template,
     start_training,
 )
-from posttrain.entrypoints.records.checkpoints import complete_checkpoints, file_problem
+from posttrain.entrypoints.records.checkpoints import complete_checkpoints
+from posttrain.entrypoints.records.files import file_problem
 
 SFT = "templates/sft/tiny.yaml"
 

@@ -34,11 +34,11 @@ from helpers import (
     torchx,
 )
 from posttrain.components.spec.loading import validate
+from posttrain.entrypoints.generation.role_lease import lease_port, route_address
 from posttrain.entrypoints.inputs.data import load_data
 from posttrain.entrypoints.inputs.models import import_object, load_tokenizer
 from posttrain.entrypoints.inputs.rewards import resolve_rewards
 from posttrain.entrypoints.job import runtime
-from posttrain.entrypoints.vllm_server import lease_port, route_address
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]  # slow too: the fast loop (-m "not e2e") leaves them out
 
@@ -171,7 +171,7 @@ def test_the_server_roles_weights_after_a_sync_are_the_trainers(tmp_path: Path) 
     from trl.generation.vllm_client import VLLMClient
 
     from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, VLLM_TOKEN_VARIABLE
-    from posttrain.entrypoints import vllm_server
+    from posttrain.entrypoints.generation import role_lease
     from posttrain.entrypoints.inputs.models import CAUSAL_LM, load_model
 
     port = free_port()
@@ -199,7 +199,7 @@ def test_the_server_roles_weights_after_a_sync_are_the_trainers(tmp_path: Path) 
             env.setenv(VLLM_TOKEN_VARIABLE, TOKEN)
             kwargs = runtime.training_arguments(spec, dict(spec.training))  # patches TRL's VLLMClient for CPU
             assert kwargs["vllm_server_host"] == "127.0.0.1"
-            with vllm_server.lease(spec):
+            with role_lease.lease(spec):
                 client = VLLMClient(host="127.0.0.1", server_port=port, connection_timeout=600)
                 client.init_communicator(device="cpu")
                 tokenizer = load_tokenizer(spec.model.name_or_path, spec, "left")

@@ -15,7 +15,7 @@ from helpers import REPO, free_port, load_template, sft_spec
 from posttrain.components.spec.loading import SpecError, validate
 from posttrain.components.spec.overrides import apply_overrides
 from posttrain.entrypoints.job.distributed import rank0s
-from posttrain.entrypoints.records import checkpoints
+from posttrain.entrypoints.records import files
 from posttrain.entrypoints.records.checkpoints import (
     MANIFEST_FILE,
     SPEC_FILE,
@@ -23,12 +23,12 @@ from posttrain.entrypoints.records.checkpoints import (
     check_room,
     complete_checkpoints,
     disk_errors,
-    file_problem,
     finished_at,
     job_inputs,
     resolve_resume,
     seal_checkpoint,
 )
+from posttrain.entrypoints.records.files import file_problem
 from posttrain.entrypoints.records.summary import SUMMARY_FILE
 
 INPUTS = {
@@ -281,14 +281,14 @@ def test_a_judge_that_fails_calls_the_checkpoint_damaged_never_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     spec, output_dir = damaged_after_whole(tmp_path)
-    real = checkpoints._safetensors_problem
+    real = files._safetensors_problem
 
     def judge(stream: Any, size: int) -> Any:
         if "checkpoint-20" in stream.name:
             raise RuntimeError("a case\nnobody foresaw")
         return real(stream, size)
 
-    monkeypatch.setattr(checkpoints, "_safetensors_problem", judge)
+    monkeypatch.setattr(files, "_safetensors_problem", judge)
     with caplog.at_level("WARNING", logger="posttrain"):
         assert resolve_resume(spec, output_dir, INPUTS) == str(output_dir / "checkpoint-10")
     assert "(model.safetensors: could not be checked (RuntimeError: a case nobody foresaw))" in caplog.messages[0]

@@ -22,8 +22,8 @@ from posttrain.entrypoints.records.checkpoints import (
     publish_final,
     resolve_resume,
     seal_checkpoint,
-    write_json_atomic,
 )
+from posttrain.entrypoints.records.files import write_json_atomic
 from posttrain.entrypoints.records.summary import SUMMARY_FILE
 
 INPUTS = {

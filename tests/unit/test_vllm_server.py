@@ -26,7 +26,7 @@ from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, VLLM_TOKEN_VARIABLE
 from posttrain.entrypoints import vllm_server
-from posttrain.entrypoints.generation import vllm_generation, vllm_token
+from posttrain.entrypoints.generation import role_lease, vllm_generation, vllm_token
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 LOOPBACK = vllm_server.LOOPBACK
@@ -71,7 +71,7 @@ class Serving:
             try:
                 connection = socket.create_connection((LOOPBACK, self.port), timeout=5)
                 if says is None:
-                    vllm_server.handshake(connection, TOKEN)
+                    role_lease.handshake(connection, TOKEN)
                 else:
                     connection.sendall(says)
                 return connection
@@ -212,7 +212,7 @@ def listen() -> Tuple[socket.socket, int]:
     listener = socket.create_server(("localhost", 0))
     listener.settimeout(10)
     lease = listener.getsockname()[1]
-    assert vllm_server.lease_port(lease - 1) == lease
+    assert role_lease.lease_port(lease - 1) == lease
     return listener, lease - 1
 
 
@@ -237,7 +237,7 @@ def test_rank0_holds_the_lease_and_says_done_only_at_a_clean_end(tmp_path: Path,
         role = threading.Thread(target=lambda: accepted.append(play_the_role(listener)))
         accepted: List[socket.socket] = []
         role.start()
-        with vllm_server.lease(spec):
+        with role_lease.lease(spec):
             role.join()
         held = accepted[0]
         # both proved they hold the job's token (the role holds no other lease), then done; the token never crossed
@@ -245,16 +245,16 @@ def test_rank0_holds_the_lease_and_says_done_only_at_a_clean_end(tmp_path: Path,
         held.close()
         role = threading.Thread(target=lambda: accepted.append(play_the_role(listener)))
         role.start()
-        with pytest.raises(RuntimeError), vllm_server.lease(spec):
+        with pytest.raises(RuntimeError), role_lease.lease(spec):
             role.join()
             raise RuntimeError("a failing step")
         held = accepted[1]
         # no done, the lease just dropped: the role waits its grace, then stops
         assert b"".join(iter(lambda: held.recv(64), b"")) == b""
-        assert not vllm_server.role_exited()  # and this process holds no lease any more
+        assert not role_lease.role_exited()  # and this process holds no lease any more
         held.close()
         monkeypatch.setenv("RANK", "1")
-        with vllm_server.lease(spec):
+        with role_lease.lease(spec):
             listener.settimeout(0.5)
             with pytest.raises(socket.timeout):
                 listener.accept()  # other ranks hold none
@@ -262,9 +262,9 @@ def test_rank0_holds_the_lease_and_says_done_only_at_a_clean_end(tmp_path: Path,
 
 def test_no_role_to_lease_from_is_one_line_naming_the_timeout(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv(VLLM_HOST_VARIABLE, "localhost")
-    monkeypatch.setattr(vllm_server, "POLL_S", 0.2)
+    monkeypatch.setattr(role_lease, "POLL_S", 0.2)
     with pytest.raises(SpecError, match=r"^training.vllm_server_timeout: the vllm role at localhost:\d+ did not"):
-        with vllm_server.lease(server_spec(tmp_path, free_port(), timeout_s=1)):
+        with role_lease.lease(server_spec(tmp_path, free_port(), timeout_s=1)):
             pass
 
 
@@ -274,14 +274,14 @@ def test_role_exited_sees_the_role_close_its_end(tmp_path: Path, monkeypatch) ->
     accepted: List[socket.socket] = []
     role = threading.Thread(target=lambda: accepted.append(play_the_role(listener)))
     role.start()
-    with listener, vllm_server.lease(server_spec(tmp_path, port)):
+    with listener, role_lease.lease(server_spec(tmp_path, port)):
         role.join()
         role_side = accepted[0]
-        assert not vllm_server.role_exited()
+        assert not role_lease.role_exited()
         role_side.close()
         time.sleep(0.2)
-        assert vllm_server.role_exited()
-    assert not vllm_server.role_exited()  # no lease held any more
+        assert role_lease.role_exited()
+    assert not role_lease.role_exited()  # no lease held any more
 
 
 class Health(http.server.BaseHTTPRequestHandler):
@@ -294,7 +294,7 @@ class Health(http.server.BaseHTTPRequestHandler):
 
 
 def test_the_health_wait_answers_ends_at_a_gone_role_and_times_out_in_one_line(monkeypatch) -> None:
-    monkeypatch.setattr(vllm_server, "POLL_S", 0.2)
+    monkeypatch.setattr(role_lease, "POLL_S", 0.2)
     check = vllm_generation._role_health_check(lambda client, total_timeout: "TRL's own check")
     server = http.server.HTTPServer(("localhost", 0), Health)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -303,12 +303,12 @@ def test_the_health_wait_answers_ends_at_a_gone_role_and_times_out_in_one_line(m
     finally:
         server.shutdown()
     nobody = SimpleNamespace(base_url=f"http://localhost:{free_port()}")
-    monkeypatch.setattr(vllm_server, "role_exited", lambda: True)
+    monkeypatch.setattr(role_lease, "role_exited", lambda: True)
     started = time.monotonic()
     with pytest.raises(SpecError, match=r"^vllm role: the vLLM server exited before it answered"):
         check(nobody, 60)
     assert time.monotonic() - started < 10
-    monkeypatch.setattr(vllm_server, "role_exited", lambda: False)
+    monkeypatch.setattr(role_lease, "role_exited", lambda: False)
     with pytest.raises(SpecError, match=r"^training.vllm_server_timeout: the vLLM server at .* within 1 s"):
         check(nobody, 1)
 
@@ -319,7 +319,7 @@ def test_trainers_without_the_job_s_token_stop_in_one_line_before_they_connect(t
     with pytest.raises(
         SpecError, match=r"^the trainers: the job's vLLM token is missing \(it has none\); `torchx run`"
     ):
-        with vllm_server.lease(server_spec(tmp_path, free_port())):
+        with role_lease.lease(server_spec(tmp_path, free_port())):
             pass
 
 
@@ -334,7 +334,7 @@ def test_the_server_listens_where_it_is_told_behind_the_job_s_guard(tmp_path: Pa
 def network_address() -> str:
     """This host's address on its network (the route to a documentation address); a host without one skips."""
     try:
-        return vllm_server.route_address("203.0.113.5")
+        return role_lease.route_address("203.0.113.5")
     except OSError as error:
         pytest.skip(f"this host has no route to another network ({error})")
 
@@ -429,7 +429,7 @@ def test_trainers_stop_in_one_line_at_a_squatter_on_the_role_s_port_and_send_it_
         thread = threading.Thread(target=lambda: squatter.append(play_the_role(listener, answer)))
         thread.start()
         with pytest.raises(SpecError, match=r"^vllm role: what listens at 127.0.0.1:\d+ did not prove it holds"):
-            with vllm_server.lease(server_spec(tmp_path, port)):
+            with role_lease.lease(server_spec(tmp_path, port)):
                 pass
         thread.join()
         squatter[0].settimeout(5)

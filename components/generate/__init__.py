@@ -1,0 +1,1 @@
+"""What writes the generated files (components/generated/: the field table, the JSON Schemas; docs/pages/reference/): python -m posttrain.components.generate rewrites them all."""

@@ -1,0 +1,97 @@
+"""The tree is the architecture (docs/pages/design.md): programs at entrypoints/' top level, the job library in
+rooms below, and imports that run one way, at module level."""
+
+import ast
+from pathlib import Path
+from typing import Dict, List, Set, Tuple
+
+from helpers import REPO
+
+ROOTS = {"components": "posttrain.components", "entrypoints": "posttrain.entrypoints"}
+
+
+def modules() -> Dict[str, Path]:
+    """Every posttrain module, by its dotted name."""
+    found = {}
+    for top, dotted in ROOTS.items():
+        for path in (REPO / top).rglob("*.py"):
+            parts = [part for part in path.relative_to(REPO / top).with_suffix("").parts if part != "__init__"]
+            found[".".join([dotted, *parts])] = path
+    return found
+
+
+def posttrain_imports(path: Path, known: Dict[str, Path]) -> Tuple[Set[str], List[str]]:
+    """The posttrain modules ``path`` imports at module level, and its imports of posttrain inside functions."""
+    at_top: Set[str] = set()
+    inside: List[str] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import):
+                targets = [alias.name for alias in child.names]
+            elif isinstance(child, ast.ImportFrom) and child.module:
+                targets = [
+                    f"{child.module}.{a.name}" if f"{child.module}.{a.name}" in known else child.module
+                    for a in child.names
+                ]
+            else:
+                visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)))
+                continue
+            for target in (t for t in targets if t.startswith("posttrain.")):
+                if in_function:
+                    inside.append(f"{path.relative_to(REPO)}:{child.lineno} imports {target}")
+                else:
+                    at_top.add(target)
+
+    visit(ast.parse(path.read_text()), False)
+    return at_top, inside
+
+
+def test_entrypoints_top_level_holds_only_programs() -> None:
+    not_programs = [
+        path.name
+        for path in sorted((REPO / "entrypoints").glob("*.py"))
+        if path.name != "__init__.py" and 'if __name__ == "__main__":' not in path.read_text()
+    ]
+    assert not_programs == [], "modules a component does not run belong in a room below entrypoints/"
+
+
+def test_no_import_circles_and_no_posttrain_imports_inside_functions() -> None:
+    known = modules()
+    graph, inside = {}, []
+    for name, path in known.items():
+        graph[name], found = posttrain_imports(path, known)
+        inside += found
+    assert inside == []
+
+    def circle_from(start: str, trail: List[str]) -> List[str]:
+        for target in sorted(graph.get(trail[-1], ())):
+            if target == start:
+                return trail
+            if target not in trail and target in graph and target not in cleared:
+                found = circle_from(start, trail + [target])
+                if found:
+                    return found
+        return []
+
+    circles, cleared = [], set()
+    for name in sorted(graph):
+        circle = circle_from(name, [name])
+        if circle:
+            circles.append(" -> ".join(circle))
+        cleared.add(name)
+    assert circles == []
+
+
+def test_the_job_library_imports_no_program_and_the_client_no_job_library() -> None:
+    """The user's tools (plot) may read both."""
+    known = modules()
+    programs = {f"posttrain.entrypoints.{p.stem}" for p in (REPO / "entrypoints").glob("*.py") if p.stem != "__init__"}
+    wrong = []
+    for name, path in known.items():
+        targets, _ = posttrain_imports(path, known)
+        if name.startswith("posttrain.components") and not name.startswith("posttrain.components.tools"):
+            wrong += [f"{name} -> {t}" for t in targets if t.startswith("posttrain.entrypoints")]
+        elif name not in programs:
+            wrong += [f"{name} -> {t}" for t in targets & programs]
+    assert wrong == []
