@@ -1,6 +1,6 @@
 """``config_fields.json``, generated from the installed trl, peft and transformers (imports them)::
 
-    python -m posttrain.components.spec.field_table   # rewrites config_fields.json
+    python -m posttrain.components.generate.field_table   # rewrites config_fields.json
 
 The table holds every field of the registry's config classes and PEFT's
 ``LoraConfig`` (types, choices, JSON defaults, help), widened by the
@@ -14,6 +14,7 @@ import importlib
 import json
 import os
 import typing
+from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
 from posttrain.components.spec.fields import KINDS, LORA_CONFIG, TABLE_PATH, field_type
@@ -90,6 +91,11 @@ def render_table(table: Mapping[str, Any]) -> str:
     return json.dumps(table, indent=1, sort_keys=True) + "\n"
 
 
-if __name__ == "__main__":
+def write() -> Path:
+    """Rewrites config_fields.json from the installed packages; returns its path."""
     TABLE_PATH.write_text(render_table(generate_table()))
-    print(f"wrote {TABLE_PATH}")
+    return TABLE_PATH
+
+
+if __name__ == "__main__":
+    print(f"wrote {write()}")

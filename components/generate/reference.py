@@ -7,7 +7,7 @@ posttrain's own sections from the JSON Schema of the spec class
 transformers' and PEFT's types, defaults and help) with the value rules
 (``value_rules/``), and the ``training`` keys posttrain refuses with the reason::
 
-    python -m posttrain.components.reference --all   # rewrites docs/pages/reference/*.md
+    python -m posttrain.components.generate.reference --all   # rewrites docs/pages/reference/*.md
 
 A test fails when the pages drift from the code.
 """
@@ -18,12 +18,12 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from posttrain.components.schema_json import spec_schema, write_each_algorithm
+from posttrain.components.generate.schema_json import spec_schema, write_each_algorithm
 from posttrain.components.spec.fields import LORA_CONFIG, TABLE_PATH, config_fields
 from posttrain.components.spec.registry import SPEC_CLASSES
 from posttrain.components.spec.values import rows_for
 
-PAGES_DIR = Path(__file__).resolve().parents[1] / "docs" / "pages" / "reference"
+PAGES_DIR = Path(__file__).resolve().parents[2] / "docs" / "pages" / "reference"
 
 
 def _cell(text: Any) -> str:
@@ -97,7 +97,7 @@ def render(algorithm: str) -> str:
     lines = [
         f"# `posttrain.{algorithm}` spec reference",
         "",
-        f"Generated from the field tables the validator uses (`python -m posttrain.components.reference --all`). "
+        f"Generated from the field tables the validator uses (`python -m posttrain.components.generate`). "
         f"`training` holds the fields of `{cls.config_class}`; `model.lora` those of `{LORA_CONFIG}`.",
         "",
         "## Top level",
@@ -149,9 +149,14 @@ def page_path(algorithm: str, directory: Path = PAGES_DIR) -> Path:
     return directory / f"{algorithm}.md"
 
 
+def write_all() -> List[Path]:
+    """Writes every algorithm's page into PAGES_DIR; returns the paths written."""
+    return write_each_algorithm(render, page_path)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m posttrain.components.reference", description=__doc__.splitlines()[0]
+        prog="python -m posttrain.components.generate.reference", description=__doc__.splitlines()[0]
     )
     parser.add_argument("algorithm", nargs="?", choices=sorted(SPEC_CLASSES), help="print this algorithm's page")
     parser.add_argument("--all", action="store_true", help=f"write every algorithm's page into {PAGES_DIR}")
@@ -159,7 +164,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if (args.algorithm is None) == (not args.all):
         parser.error("give an algorithm or --all")
     if args.all:
-        for path in write_each_algorithm(render, page_path):
+        for path in write_all():
             print(f"wrote {path}")
     else:
         sys.stdout.write(render(args.algorithm))

@@ -5,13 +5,13 @@ itself uses: the sections from the algorithm's pydantic spec class
 (``registry.SPEC_CLASSES``), ``training`` and ``model.lora`` from the field
 table (``config_fields.json``), so neither TRL nor PEFT is imported::
 
-    python -m posttrain.components.schema_json sft      # prints sft's schema
-    python -m posttrain.components.schema_json --all    # rewrites components/schemas/*.schema.json
+    python -m posttrain.components.generate.schema_json sft      # prints sft's schema
+    python -m posttrain.components.generate.schema_json --all    # rewrites components/generated/schemas/*.schema.json
 
 The files ship in the package; a test fails when they drift from the code.
 The templates point the YAML language server at them with their first line::
 
-    # yaml-language-server: $schema=../../components/schemas/sft.schema.json
+    # yaml-language-server: $schema=../../components/generated/schemas/sft.schema.json
 
 The schema checks what fields alone can say (keys, types, choices, the value
 ranges, text forms and mapping keys of ``value_rules/``, ``training.output_dir``
@@ -32,7 +32,7 @@ from posttrain.components.spec.schema import Spec
 from posttrain.components.spec.values import Range, rows_for
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
-SCHEMA_DIR = Path(__file__).with_name("schemas")
+SCHEMA_DIR = Path(__file__).resolve().parents[1] / "generated" / "schemas"
 
 # The field table's kinds as JSON Schema types; "any" and "choice" are handled apart.
 JSON_TYPES = {
@@ -291,7 +291,7 @@ def write_all(directory: Path = SCHEMA_DIR) -> List[Path]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m posttrain.components.schema_json", description="JSON Schemas of posttrain's specs."
+        prog="python -m posttrain.components.generate.schema_json", description="JSON Schemas of posttrain's specs."
     )
     parser.add_argument("algorithm", nargs="?", choices=sorted(SPEC_CLASSES), help="print this algorithm's schema")
     parser.add_argument(

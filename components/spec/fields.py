@@ -6,7 +6,7 @@ submit time without importing trl (``--dryrun`` and ``torchx builtins`` stay
 fast), so ``config_fields.json`` holds a table of every field's accepted types,
 generated from the installed packages by ``field_table.py``::
 
-    python -m posttrain.components.spec.field_table   # rewrites config_fields.json
+    python -m posttrain.components.generate.field_table   # rewrites config_fields.json
 
 A test regenerates the table in memory and fails when it drifts from the
 installed trl/peft/transformers.
@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import yaml
 
-TABLE_PATH = Path(__file__).with_name("config_fields.json")
+TABLE_PATH = Path(__file__).resolve().parents[1] / "generated" / "config_fields.json"
 
 # PEFT's LoraConfig: ``model.lora``'s fields. The algorithms' config classes are the registry's.
 LORA_CONFIG = "peft:LoraConfig"

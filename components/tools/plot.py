@@ -1,7 +1,7 @@
 """Training curves: one PNG of a run's ``metrics.jsonl``, or of several runs side by side.
 
-    python -m posttrain.components.plot outputs/sft-tiny                          # outputs/sft-tiny.png
-    python -m posttrain.components.plot outputs/dpo-lr1e-5 outputs/dpo-lr1e-6 -o outputs/dpo.png
+    python -m posttrain.components.tools.plot outputs/sft-tiny                          # outputs/sft-tiny.png
+    python -m posttrain.components.tools.plot outputs/dpo-lr1e-5 outputs/dpo-lr1e-6 -o outputs/dpo.png
 
 The figure is the one every job draws as its ``curves.png``
 (``posttrain.entrypoints.records.curves``), one line per run on each metric's plot,
@@ -27,7 +27,9 @@ def run_of(directory: Path) -> Tuple[str, Series, Optional[str]]:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m posttrain.components.plot", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m posttrain.components.tools.plot", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("output_dirs", nargs="+", type=Path, help=f"run directories holding {METRICS_FILE}")
     parser.add_argument(
         "-o", "--output", type=Path, help="the PNG to write (default: outputs/<each run's name, joined by ->.png)"

@@ -2,14 +2,14 @@
 
 ::
 
-    python -m posttrain.components.templates
+    python -m posttrain.components.tools.templates
 
 prints one row per ``templates/<algorithm>/<name>.yaml``: its path, its
 command (the ``# torchx run ...`` line it opens with) and its summary (the
 first sentence of the comment after the command).
 
 The templates are not installed as package data: they are found relative to
-the checkout, ``Path(__file__).parents[1] / "templates"`` (the repository
+the checkout, ``Path(__file__).parents[2] / "templates"`` (the repository
 root, as in an editable install), and their commands run from there.
 """
 
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Sequence, Tuple
 
-TEMPLATES_DIR = Path(__file__).resolve().parents[1] / "templates"
+TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
 
 COMMAND_PREFIX = "# torchx run"
 

@@ -164,5 +164,5 @@ def test_readme_code_runs(item: Item, readme_runs: Dict[int, Ran]) -> None:
         else:
             assert re.search(r"^local_cwd://torchx/\S+", result.stdout, re.M), "no app handle\n" + show(plan, ran)
             assert "SUCCEEDED" in output, show(plan, ran)
-    elif argv[:3] == ("python", "-m", "posttrain.components.plot"):
+    elif argv[:3] == ("python", "-m", "posttrain.components.tools.plot"):
         check_png(ran.workdir, argv)

@@ -5,13 +5,13 @@ import importlib
 
 import pytest
 
+from posttrain.components.generate.field_table import generate_table, render_table
 from posttrain.components.spec import fields
-from posttrain.components.spec.field_table import generate_table, render_table
 from posttrain.components.spec.fields import TABLE_PATH, FieldType, config_fields
 
 
 def test_the_shipped_table_matches_the_installed_trl_and_peft() -> None:
-    """Fails when trl/peft/transformers drift: run `python -m posttrain.components.spec.field_table`."""
+    """Fails when trl/peft/transformers drift: run `python -m posttrain.components.generate.field_table`."""
     assert TABLE_PATH.read_text() == render_table(generate_table())
 
 

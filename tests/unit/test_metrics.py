@@ -14,7 +14,7 @@ from helpers import (
     assert_valid_png,
     lines,
 )
-from posttrain.components import plot
+from posttrain.components.tools import plot
 from posttrain.entrypoints.records import curves
 from posttrain.entrypoints.records.metrics import MetricsLog
 
@@ -138,7 +138,7 @@ def test_the_plot_command_draws_two_runs_side_by_side(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "posttrain.components.plot",
+            "posttrain.components.tools.plot",
             str(tmp_path / "grpo-a"),
             str(tmp_path / "grpo-b"),
             "-o",
@@ -150,7 +150,13 @@ def test_the_plot_command_draws_two_runs_side_by_side(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert sorted(path.name for path in tmp_path.iterdir()) == ["both.png", "grpo-a", "grpo-b"]
-    plot = [sys.executable, "-m", "posttrain.components.plot", "grpo-a", "grpo-b"]  # no -o: under outputs/, ignored
+    plot = [
+        sys.executable,
+        "-m",
+        "posttrain.components.tools.plot",
+        "grpo-a",
+        "grpo-b",
+    ]  # no -o: under outputs/, ignored
     result = subprocess.run(plot, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout == "outputs/grpo-a-grpo-b.png\n", result.stderr
     assert assert_valid_png(tmp_path / "outputs" / "grpo-a-grpo-b.png")["runs"].keys() == {"grpo-a", "grpo-b"}
@@ -173,7 +179,7 @@ def test_the_plot_command_names_a_directory_without_metrics(tmp_path: Path, caps
 def test_the_client_imports_no_matplotlib() -> None:
     code = (
         "import sys; sys.modules['matplotlib'] = None\n"  # as if not installed
-        "import posttrain.components, posttrain.components.plot\n"
+        "import posttrain.components, posttrain.components.tools.plot\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

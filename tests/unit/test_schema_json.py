@@ -14,15 +14,16 @@ import pytest
 import yaml
 
 from helpers import REPO, TEMPLATES, load_template
-from posttrain.components import schema_json, templates
-from posttrain.components.schema_json import SCHEMA_DIR, render, schema_path, spec_schema
+from posttrain.components.generate import schema_json
+from posttrain.components.generate.schema_json import SCHEMA_DIR, render, schema_path, spec_schema
 from posttrain.components.spec.fields import config_default
 from posttrain.components.spec.loading import load_spec, validate
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.registry import SPEC_CLASSES
+from posttrain.components.tools import templates
 
 ALL_TEMPLATES = sorted(str(p.relative_to(TEMPLATES)) for p in TEMPLATES.glob("*/*.yaml"))
-MODELINE = "# yaml-language-server: $schema=../../components/schemas/{algorithm}.schema.json"
+MODELINE = "# yaml-language-server: $schema=../../components/generated/schemas/{algorithm}.schema.json"
 
 
 def validator(algorithm: str) -> jsonschema.Draft202012Validator:
@@ -33,7 +34,7 @@ def validator(algorithm: str) -> jsonschema.Draft202012Validator:
 def test_the_shipped_schemas_match_the_code(algorithm: str) -> None:
     """Fails when the spec classes or config_fields.json change.
 
-    Regenerate with ``python -m posttrain.components.schema_json --all``.
+    Regenerate with ``python -m posttrain.components.generate.schema_json --all``.
     """
     assert schema_path(algorithm).read_text() == render(algorithm)
     jsonschema.Draft202012Validator.check_schema(json.loads(render(algorithm)))
@@ -173,7 +174,11 @@ def test_mutated_templates_fail_the_schema_and_the_validator(template: str, muta
 
 def test_every_template_is_listed_with_its_command() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "posttrain.components.templates"], capture_output=True, text=True, cwd=REPO, check=True
+        [sys.executable, "-m", "posttrain.components.tools.templates"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
     )
     rows = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
     assert sorted(rows) == [f"templates/{t}" for t in ALL_TEMPLATES]
@@ -192,7 +197,7 @@ def test_doctests_and_a_light_client() -> None:
         result = doctest.testmod(module)
         assert result.failed == 0 and result.attempted > 0, module.__name__
     code = (
-        "import sys, posttrain.components.schema_json, posttrain.components.templates; "
+        "import sys, posttrain.components.generate.schema_json, posttrain.components.tools.templates; "
         "print(sorted(m for m in ('torch', 'trl', 'transformers', 'deepspeed', 'peft') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
