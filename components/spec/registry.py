@@ -10,7 +10,7 @@ tests.
 
 import difflib
 import fnmatch
-from typing import ClassVar, Dict, List, Literal, Optional, Tuple, Type
+from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple, Type
 
 from posttrain.components.spec.fields import config_fields, config_value
 from posttrain.components.spec.schema import (
@@ -118,6 +118,9 @@ class ORPOSpec(Spec):
     algorithm: Literal["orpo"]
     config_class: ClassVar[str] = "trl.experimental.orpo:ORPOConfig"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PREFERENCE_FORMATS
+    batches_hold_input_ids: ClassVar[bool] = False
+    # its collator needs the columns; else TRL sets it, and warns
+    config_defaults: ClassVar[Dict[str, Any]] = {"remove_unused_columns": False}
     refused_keys: ClassVar[Dict[str, str]] = {
         "remove_unused_columns": "ORPO's collator needs every column, so TRL's trainer sets it to false whatever it is",
     }
@@ -194,6 +197,13 @@ class OnlineDPOSpec(_ReferenceSpec, _OnlineSpec):
     config_class: ClassVar[str] = "trl.experimental.online_dpo:OnlineDPOConfig"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PROMPT_FORMATS
     vllm_role: ClassVar[bool] = True
+    vllm_owner: ClassVar[Optional[Tuple[str, str, str]]] = (
+        "trl.experimental.online_dpo.online_dpo_trainer",
+        "OnlineDPOTrainer",
+        "_move_model_to_vllm",
+    )
+    vllm_server_needs_gpus: ClassVar[bool] = True
+    batches_hold_input_ids: ClassVar[bool] = False
     owned_keys: ClassVar[Dict[str, str]] = {
         **_OnlineSpec.owned_keys,
         "reward_model_path": "use rewards: [{model: <path or hub id>}]",
@@ -369,6 +379,12 @@ class PPOSpec(_OnlineSpec):
 
     refused_keys: ClassVar[Dict[str, str]] = _refusals(config_class, honoured_keys, refusal_reasons)
     del _refusals
+
+    def value_model_path(self) -> str:
+        """Where the critic starts: ``value_model``, else the one reward model, which knows what good looks like
+        (the usual start), else the policy's weights (a fresh score head)."""
+        reward_models = [reward.model for reward in self.rewards if reward.model is not None]
+        return self.value_model or (reward_models[0] if len(reward_models) == 1 else self.model.name_or_path)
 
     def problems(self, world_size: Optional[int]) -> List[str]:
         found = super().problems(world_size)

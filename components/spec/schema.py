@@ -287,6 +287,16 @@ class Spec(_Strict):
     # with vllm_mode: server (and no server of the spec's own) the job gets a vllm role, placed by the component's
     # --vllm_* arguments (components/vllm_role.py); where False, server mode is refused at submit
     vllm_role: ClassVar[bool] = False
+    # where TRL builds vLLM for it: the module (which imports LLM by name), the class that owns the engine, and
+    # its weight-sync method, which the job adapts (entrypoints/generation/vllm_generation.py)
+    vllm_owner: ClassVar[Optional[Tuple[str, str, str]]] = None
+    # TRL's server mode asks torch for an accelerator in its trainer (refused on CPU)
+    vllm_server_needs_gpus: ClassVar[bool] = False
+    # transformers counts the tokens trained on from the batches' input_ids; where they hold none (prompts to
+    # generate from, a collator's chosen and rejected pairs) it cannot, and warns at every step on every rank
+    batches_hold_input_ids: ClassVar[bool] = True
+    # TRL config values its trainer needs where the user leaves them unset
+    config_defaults: ClassVar[Dict[str, Any]] = {}
 
     @classmethod
     def trainer_name(cls) -> str:
@@ -476,6 +486,13 @@ class _GroupSpec(_OnlineSpec):
 
     groups: ClassVar[bool] = True
     vllm_role: ClassVar[bool] = True
+    vllm_owner: ClassVar[Optional[Tuple[str, str, str]]] = (
+        "trl.generation.vllm_generation",
+        "VLLMGeneration",
+        "sync_weights",
+    )
+    # GRPO and RLOO count their tokens themselves
+    batches_hold_input_ids: ClassVar[bool] = False
     fast_paths: ClassVar[Tuple[str, ...]] = ("padding_free", "use_liger_kernel")
     generates_with_sdpa: ClassVar[bool] = True
 

@@ -41,7 +41,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Type
 
 from posttrain.components.spec.messages import SpecError, first_line
 from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, Spec
@@ -52,10 +52,6 @@ PROOF_S = 10.0  # how long the server has to answer the trainers' nonce
 
 # vLLM 0.32's CPU attention (CPUAttentionBackend.get_supported_head_sizes); tests/e2e/test_vllm.py checks it
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-
-# where TRL 1.16 builds vLLM (the module imports LLM by name), the class that owns it, its weight-sync method
-_VLLM_GENERATION = ("trl.generation.vllm_generation", "VLLMGeneration", "sync_weights")  # GRPO, RLOO
-_ONLINE_DPO = ("trl.experimental.online_dpo.online_dpo_trainer", "OnlineDPOTrainer", "_move_model_to_vllm")
 
 # what TRL's VLLMGeneration counts, for run_summary.json: completion tokens and seconds in vLLM's generate
 TOKENS, SECONDS = "posttrain_completion_tokens", "posttrain_generate_seconds"
@@ -69,14 +65,14 @@ def weight_sync(mode: str, on_cpu: bool) -> str:
     return "safetensors_reload" if on_cpu else "nccl"
 
 
-def config_problems(algorithm: str, training: Mapping[str, Any], on_cpu: bool) -> List[str]:
-    """What cannot work with vLLM on this hardware, one line each."""
+def config_problems(algorithm: Type[Spec], training: Mapping[str, Any], on_cpu: bool) -> List[str]:
+    """What cannot work with vLLM on this hardware for ``algorithm`` (its spec class), one line each."""
     if not on_cpu:
         return []
     found = []
-    if algorithm == "online_dpo" and training.get("vllm_mode", "colocate") == "server":
+    if algorithm.vllm_server_needs_gpus and training.get("vllm_mode", "colocate") == "server":
         found.append(
-            "training.vllm_mode: online DPO's server mode needs GPUs (TRL asks torch for an accelerator); "
+            f"training.vllm_mode: {algorithm.name()}'s server mode needs GPUs (TRL asks torch for an accelerator); "
             "on CPU use colocate"
         )
     if training.get("vllm_enable_sleep_mode"):
@@ -119,12 +115,12 @@ def prepare(spec: Spec, training: Mapping[str, Any], on_cpu: bool) -> Dict[str, 
 
     Returns the TRL config's keyword arguments the job sets: the ``vllm`` role's host, if it has one.
     """
-    problems = config_problems(spec.algorithm, training, on_cpu)
+    problems = config_problems(type(spec), training, on_cpu)
     if problems:
         raise SpecError(problems)
     import importlib
 
-    module_name, class_name, sync_name = _ONLINE_DPO if spec.algorithm == "online_dpo" else _VLLM_GENERATION
+    module_name, class_name, sync_name = spec.vllm_owner
     module = importlib.import_module(module_name)
     module.LLM = _llm_factory(_unwrapped(module.LLM), spec, training, on_cpu)
     owner = getattr(module, class_name)

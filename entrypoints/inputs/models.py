@@ -123,18 +123,11 @@ def _reference_path(spec: Spec) -> Optional[str]:
     return spec.reference_model or spec.model.name_or_path
 
 
-def _value_path(spec: Spec) -> str:
-    """PPO's critic: ``value_model``, else the one reward model, else the policy's weights (a fresh head)."""
-    reward_models = [reward.model for reward in spec.rewards if reward.model is not None]
-    # the reward model knows what good looks like: the usual start for the critic
-    return spec.value_model or (reward_models[0] if len(reward_models) == 1 else spec.model.name_or_path)
-
-
 # spec field naming an extra model -> (where its path comes from, its auto class)
 EXTRA_MODELS: Dict[str, Tuple[Callable[[Spec], Optional[str]], str]] = {
     "reference_model": (_reference_path, CAUSAL_LM),
     "teacher_model": (lambda spec: spec.teacher_model, CAUSAL_LM),
-    "value_model": (_value_path, SEQUENCE_CLASSIFICATION),
+    "value_model": (lambda spec: spec.value_model_path(), SEQUENCE_CLASSIFICATION),
 }
 
 

@@ -101,16 +101,6 @@ from posttrain.entrypoints.speed import fast_paths
 
 log = logging.getLogger("posttrain")
 
-# The configs of trainers whose batches hold no input_ids (prompts to generate from, or a collator's chosen and
-# rejected pairs): transformers' token count cannot read them and warns at every step on every rank (GRPO and RLOO
-# count their tokens themselves)
-NO_INPUT_IDS = (
-    "trl:GRPOConfig",
-    "trl:RLOOConfig",
-    "trl.experimental.online_dpo:OnlineDPOConfig",
-    "trl.experimental.orpo:ORPOConfig",
-)
-
 
 @dataclasses.dataclass
 class Job:
@@ -424,9 +414,9 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
                 "pinned host memory; this job runs on CPU, where they are in host memory already: drop it"
             ]
         )
-    kwargs.setdefault("include_num_input_tokens_seen", "no" if spec.config_class in NO_INPUT_IDS else "non_padding")
-    if spec.config_class == "trl.experimental.orpo:ORPOConfig":
-        kwargs.setdefault("remove_unused_columns", False)  # its collator needs the columns; else TRL sets it, and warns
+    kwargs.setdefault("include_num_input_tokens_seen", "non_padding" if spec.batches_hold_input_ids else "no")
+    for key, value in spec.config_defaults.items():
+        kwargs.setdefault(key, value)
     kwargs.setdefault("disable_tqdm", not sys.stdout.isatty())  # a bar on a terminal; lines elsewhere (ProgressLog)
     if has_rewards(spec) and "reward_weights" in config_fields(spec.config_class):
         kwargs["reward_weights"] = [reward.weight for reward in spec.rewards]  # else the trainer takes them itself

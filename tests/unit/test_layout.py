@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Dict, List, Set, Tuple
 
 from helpers import REPO
+from posttrain.components.spec.registry import SPEC_CLASSES
 
 ROOTS = {"components": "posttrain.components", "entrypoints": "posttrain.entrypoints"}
 
@@ -95,3 +96,24 @@ def test_the_job_library_imports_no_program_and_the_client_no_job_library() -> N
         elif name not in programs:
             wrong += [f"{name} -> {t}" for t in targets & programs]
     assert wrong == []
+
+
+def test_the_job_library_names_no_algorithm() -> None:
+    """What an algorithm is lives in its spec class or its entrypoint; trainers/ holds PPO's own code. ``reward``
+    is also a metric's name, which the summary and the curves read."""
+    names = set(SPEC_CLASSES) - {"reward"}
+    rooms = [path for path in (REPO / "entrypoints").glob("*/*.py") if path.parent.name != "trainers"]
+    found = []
+    for path in rooms:
+        tree = ast.parse(path.read_text())
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and ast.get_docstring(node) is not None
+        }
+        found += [
+            f"{path.relative_to(REPO)}:{node.lineno} {node.value!r}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and node.value in names and id(node) not in docstrings
+        ]
+    assert found == []

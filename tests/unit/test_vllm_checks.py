@@ -9,6 +9,7 @@ from transformers import LlamaForCausalLM
 
 from helpers import load_template
 from posttrain.components.spec.loading import SpecError, validate
+from posttrain.components.spec.registry import SPEC_CLASSES
 from posttrain.entrypoints.generation import vllm_generation
 from posttrain.entrypoints.generation.vllm_generation import config_problems, head_size_problem, training_dtype
 from posttrain.entrypoints.inputs import tiny
@@ -54,16 +55,16 @@ def test_the_vllm_template_and_every_value_vllm_takes_validate() -> None:
 
 def test_on_cpu_sleep_mode_and_online_dpos_server_mode_are_one_line_each_and_gpus_take_both() -> None:
     training = {"vllm_mode": "server", "vllm_enable_sleep_mode": True}
-    assert config_problems("grpo", training, on_cpu=True) == [
+    assert config_problems(SPEC_CLASSES["grpo"], training, on_cpu=True) == [
         "training.vllm_enable_sleep_mode: vLLM's sleep mode needs GPUs; remove it on CPU",
     ]
-    assert config_problems("online_dpo", training, on_cpu=True) == [
-        "training.vllm_mode: online DPO's server mode needs GPUs (TRL asks torch for an accelerator); on CPU use "
+    assert config_problems(SPEC_CLASSES["online_dpo"], training, on_cpu=True) == [
+        "training.vllm_mode: online_dpo's server mode needs GPUs (TRL asks torch for an accelerator); on CPU use "
         "colocate",
         "training.vllm_enable_sleep_mode: vLLM's sleep mode needs GPUs; remove it on CPU",
     ]
-    assert config_problems("online_dpo", training, on_cpu=False) == []
-    assert config_problems("grpo", {"vllm_mode": "colocate"}, on_cpu=True) == []
+    assert config_problems(SPEC_CLASSES["online_dpo"], training, on_cpu=False) == []
+    assert config_problems(SPEC_CLASSES["grpo"], {"vllm_mode": "colocate"}, on_cpu=True) == []
 
 
 def test_a_head_size_vllm_on_cpu_does_not_take_is_named_with_a_model_it_takes() -> None:
