@@ -60,6 +60,22 @@ def load_tokenizer(name_or_path: str, spec: Spec, padding_side: str) -> Any:
     return tokenizer
 
 
+def model_config(name_or_path: str, spec: Spec) -> Optional[Any]:
+    """The model's config, read before its weights load; None where there is none to read (a hub id out of reach,
+    a PEFT adapter's directory). The built-in tiny models are Llamas."""
+    import transformers
+
+    if name_or_path in tiny.BUILTINS:
+        return transformers.LlamaConfig()
+    model = spec.model
+    try:
+        return transformers.AutoConfig.from_pretrained(
+            name_or_path, revision=model.revision, trust_remote_code=model.trust_remote_code
+        )
+    except (OSError, ValueError):
+        return None
+
+
 def model_attention(spec: Spec) -> Optional[str]:
     """The attention implementation the models load with (fast_paths.attention_implementation), registered
     with transformers where it is posttrain's own (on CPUs it runs SDPA sequence by sequence: the tests')."""

@@ -80,6 +80,7 @@ from posttrain.entrypoints.inputs.models import (
     load_model,
     load_tokenizer,
     lora_config,
+    model_config,
 )
 from posttrain.entrypoints.inputs.rewards import (
     RewardCheck,
@@ -116,10 +117,7 @@ class Job:
 
     def load_model(self) -> Any:
         """The model to train: ``model.name_or_path`` with the algorithm's ``model_class``."""
-        model = load_model(self.spec.model.name_or_path, self.spec, self.tokenizer, self.spec.model_class)
-        if getattr(self.args, "ddp_find_unused_parameters", False) is None:  # unset: decided by the model
-            self.args.ddp_find_unused_parameters = may_leave_parameters_unused(model)
-        return model
+        return load_model(self.spec.model.name_or_path, self.spec, self.tokenizer, self.spec.model_class)
 
     def load_extra_model(self, field: str) -> Any:
         """The model the spec field ``field`` names (``reference_model``, ``teacher_model``, ``value_model``), loaded
@@ -418,6 +416,12 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
     for key, value in spec.config_defaults.items():
         kwargs.setdefault(key, value)
     kwargs.setdefault("disable_tqdm", not sys.stdout.isatty())  # a bar on a terminal; lines elsewhere (ProgressLog)
+    if (
+        "ddp_find_unused_parameters" in config_fields(spec.config_class)
+        and kwargs.get("ddp_find_unused_parameters") is None
+    ):
+        config = model_config(spec.model.name_or_path, spec)
+        kwargs["ddp_find_unused_parameters"] = may_leave_parameters_unused(config)  # decided by the model
     if has_rewards(spec) and "reward_weights" in config_fields(spec.config_class):
         kwargs["reward_weights"] = [reward.weight for reward in spec.rewards]  # else the trainer takes them itself
     kwargs.update(strategy_for(spec.distributed).trainer_arguments(spec.config_class, kwargs))

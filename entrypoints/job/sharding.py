@@ -120,13 +120,13 @@ _PARTIAL_FORWARD_KEYS = (
 )
 
 
-def may_leave_parameters_unused(model: Any) -> bool:
-    """Whether DDP must search each backward for parameters the forward left unused (``find_unused_parameters``).
+def may_leave_parameters_unused(config: Any) -> bool:
+    """Whether DDP must search each backward for parameters the forward left unused (``find_unused_parameters``),
+    from the model's config (None: unknown, search).
 
     Unset, transformers searches for every model trained without activation checkpointing; for a model whose
     forward uses every parameter that search is wasted, and DDP warns of it from every rank.
     """
-    config = getattr(model, "config", None)
     return config is None or any(getattr(config, key, None) for key in _PARTIAL_FORWARD_KEYS)
 
 

@@ -470,8 +470,6 @@ def test_every_key_reaches_the_trainer_as_the_spec_says(tmp_path: Path, algorith
     job = tiny_job(tmp_path, algorithm)
     trainer = build_trainer(job)
     expected = import_object(job.spec.config_class)(**runtime.training_arguments(job.spec, dict(job.spec.training)))
-    if expected.ddp_find_unused_parameters is None:  # unset: decided by the loaded model (Job.load_model)
-        expected.ddp_find_unused_parameters = False  # the tiny Llama uses every parameter
     differing = {
         f.name
         for f in dataclasses.fields(expected)
@@ -484,7 +482,7 @@ def test_every_key_reaches_the_trainer_as_the_spec_says(tmp_path: Path, algorith
 
 
 def test_ddp_searches_for_unused_parameters_only_in_models_that_can_leave_some() -> None:
-    from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
+    from transformers import LlamaConfig, MixtralConfig
 
     from posttrain.entrypoints.job.sharding import may_leave_parameters_unused
 
@@ -496,5 +494,19 @@ def test_ddp_searches_for_unused_parameters_only_in_models_that_can_leave_some()
         "num_key_value_heads": 1,
         "vocab_size": 64,
     }
-    assert not may_leave_parameters_unused(LlamaForCausalLM(LlamaConfig(**small)))
-    assert may_leave_parameters_unused(MixtralForCausalLM(MixtralConfig(**small, num_local_experts=4)))
+    assert not may_leave_parameters_unused(LlamaConfig(**small))
+    assert may_leave_parameters_unused(MixtralConfig(**small, num_local_experts=4))
+    assert may_leave_parameters_unused(None)  # a config out of reach: DDP searches, as transformers would
+
+
+def test_whether_ddp_searches_is_in_the_trainers_arguments_before_any_model_loads(tmp_path: Path) -> None:
+    """Read from the model's config when the arguments are built: nothing changes them once the trainer has them."""
+    from transformers import MixtralConfig
+
+    MixtralConfig(hidden_size=16, num_hidden_layers=1, num_local_experts=4).save_pretrained(tmp_path / "moe")
+    builtin = sft_spec(tmp_path)
+    moe = sft_spec(tmp_path, model={**builtin.model.model_dump(), "name_or_path": str(tmp_path / "moe")})
+    assert runtime.training_arguments(builtin, dict(builtin.training))["ddp_find_unused_parameters"] is False
+    assert runtime.training_arguments(moe, dict(moe.training))["ddp_find_unused_parameters"] is True
+    said = {**moe.training, "ddp_find_unused_parameters": False}  # the user's choice stands
+    assert runtime.training_arguments(moe, said)["ddp_find_unused_parameters"] is False
