@@ -71,3 +71,20 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "vllm: needs vLLM (its own environment); deselected by default, run with pytest -m vllm"
     )
+
+
+# what a test needs that a run gets only by asking for it with -m (any -m that names it, e.g. "gpu and not vllm")
+ASKED_FOR = ("gpu", "vllm")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:
+    """Deselects the tests marked ``gpu`` or ``vllm`` unless ``-m`` names the mark: a ``-m "not e2e"`` of the
+    user's replaces any configured ``-m``, so the default cannot live in ``addopts``."""
+    asked = config.getoption("markexpr") or ""
+    unasked = [mark for mark in ASKED_FOR if mark not in asked]
+    kept, deselected = [], []
+    for item in items:
+        (deselected if any(item.get_closest_marker(mark) for mark in unasked) else kept).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
