@@ -2,10 +2,11 @@
 
 import logging
 import os
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import Dict, Iterator
 
 # No hub access, ever: in-process tests too (huggingface_hub reads these when it is first imported, so here,
 # before any test module imports it). Jobs get their own through helpers.job_env.
@@ -14,7 +15,7 @@ os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="posttrain-tests-hf-")
 
 import pytest
 
-from helpers import REPO, assert_succeeded, run_template
+from helpers import HEARTBEAT_S, JOB_TOKEN, MISTRAL_FORMATS, REPO, STALE_S, assert_succeeded, run_template
 
 
 @pytest.fixture
@@ -28,6 +29,81 @@ def job_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for attribute in ("propagate", "level"):
         monkeypatch.setattr(logger, attribute, getattr(logger, attribute))
     monkeypatch.setattr(logger, "handlers", list(logger.handlers))
+
+
+@pytest.fixture
+def hf_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test's own ``HF_HOME`` and datasets cache, under ``tmp_path`` (a module asks for it in its ``pytestmark``)."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_home" / "datasets"))
+
+
+@pytest.fixture
+def isolated(hf_home: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """``hf_home``, offline, and the ``posttrain`` logger restored afterwards (run() adds its handler)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    logger = logging.getLogger("posttrain")
+    handlers, propagate = list(logger.handlers), logger.propagate
+    yield
+    logger.handlers, logger.propagate = handlers, propagate
+
+
+@pytest.fixture
+def short_intervals(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lease's intervals of the tests (``helpers.HEARTBEAT_S``, ``STALE_S``) in this process."""
+    from posttrain.entrypoints.job import lease
+
+    monkeypatch.setattr(lease, "HEARTBEAT_S", HEARTBEAT_S)
+    monkeypatch.setattr(lease, "STALE_S", STALE_S)
+
+
+@pytest.fixture
+def job_token(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every process of the job has its token (the component made it in the environment the job inherits)."""
+    from posttrain.components.spec.schema import VLLM_TOKEN_VARIABLE
+
+    monkeypatch.setenv(VLLM_TOKEN_VARIABLE, JOB_TOKEN)
+
+
+@pytest.fixture
+def job(job_token: None) -> None:
+    """``job_token``, by the name the tests of the vllm role's guard give it."""
+
+
+@pytest.fixture(scope="module")
+def mistral_models(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
+    """A tiny random Mistral model around each of Mistral's own tokenizer files (``helpers.MISTRAL_FORMATS``)."""
+    import mistral_common
+    from transformers import MistralConfig, MistralForCausalLM
+
+    shipped_files = Path(mistral_common.__file__).parent / "data"
+    built = {}
+    for name, (shipped, file, vocab) in MISTRAL_FORMATS.items():
+        path = tmp_path_factory.mktemp("models") / name
+        config = MistralConfig(
+            vocab_size=vocab,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            bos_token_id=1,
+            eos_token_id=2,
+        )
+        MistralForCausalLM(config).save_pretrained(path)
+        shutil.copy(shipped_files / shipped, path / file)
+        built[name] = path
+    return built
+
+
+@pytest.fixture(scope="module")
+def broken_specs(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Spec files no validator reaches: YAML that does not parse, and YAML that is no mapping (``golden_messages``'
+    ``{broken_yaml}`` and ``{list_yaml}``)."""
+    directory = tmp_path_factory.mktemp("specs")
+    (directory / "broken.yaml").write_text("algorithm: sft\nmodel: [unclosed\n")
+    (directory / "list.yaml").write_text("- algorithm\n- sft\n")
+    return {"broken_yaml": str(directory / "broken.yaml"), "list_yaml": str(directory / "list.yaml")}
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Sequence, Tuple
 
 import pytest
 import yaml
@@ -226,6 +226,16 @@ def stopped_in_process(algorithm: str, spec_json: str, capsys: pytest.CaptureFix
     return capsys.readouterr().err
 
 
+def run_refused(raw: dict, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> str:
+    """Runs the spec ``raw`` in this process, expecting a stop before any model loads; what it printed."""
+    from posttrain.components.spec.loading import validate
+    from posttrain.entrypoints.job import runtime
+
+    with monkeypatch.context() as patch:
+        patch.setattr(runtime, "load_model", lambda *args, **kwargs: pytest.fail("a model loaded"))
+        return stopped_in_process(raw["algorithm"], validate(raw).to_json(), capsys)
+
+
 def trainer_with(job: Any, train_dataset: Any = None, **training: Any) -> Any:
     """The trainer the job builds, with ``training`` set on its config beyond what the spec allows."""
     from posttrain.entrypoints.inputs.models import import_object
@@ -244,6 +254,112 @@ def refusal(job: Any, **training: Any) -> str:
     with pytest.raises(SpecError) as error:
         validate({**job.spec.model_dump(), "training": {**job.spec.training, **training}})
     return str(error.value)
+
+
+# ---------------------------------------------------------------- what conftest's fixtures set
+
+# the lease's heartbeat, and the silence after which its holder is gone, in the tests (the job's: 5 s and 60 s)
+HEARTBEAT_S, STALE_S = 0.2, 1.5
+JOB_TOKEN = "the-job-s-secret"  # the job's token for its vllm role, as the component makes one
+
+
+# ---------------------------------------------------------------- data files: the shipped chat rows, reshaped
+
+CHAT = REPO / "templates/data/sft_chat.jsonl"
+
+
+def _write(path: Path, rows: List[dict]) -> str:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def _qa(tmp_path: Path) -> str:
+    """The shipped chat rows as question/answer pairs: a source that needs its own renames."""
+    rows = [json.loads(line)["messages"] for line in CHAT.read_text().splitlines()]
+    return _write(tmp_path / "qa.jsonl", [{"question": m[0]["content"], "answer": m[1]["content"]} for m in rows])
+
+
+def _pc(tmp_path: Path) -> str:
+    """The shipped chat rows as prompt/completion pairs."""
+    rows = [json.loads(line)["messages"] for line in CHAT.read_text().splitlines()]
+    return _write(tmp_path / "pc.jsonl", [{"prompt": m[0]["content"], "completion": m[1]["content"]} for m in rows])
+
+
+# ---------------------------------------------------------------- Mistral's own tokenizer files
+
+# (the file mistral_common ships, the name a model directory gives it, the tokenizer's vocabulary)
+MISTRAL_FORMATS = {
+    "tekken": ("tekken_240911.json", "tekken.json", 131072),
+    "sentencepiece": ("mistral_instruct_tokenizer_240323.model.v3", "tokenizer.model", 32768),
+}
+
+
+def _run_sft(tmp_path: Path, model: Path, data: str, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The tiny SFT, in this process as rank 0, on ``model`` and the rows of ``data``, for 12 steps."""
+    from posttrain.components.spec.loading import validate
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("RANK", "0")
+    raw = load_template("sft/tiny.yaml")
+    raw["model"]["name_or_path"] = str(model)
+    raw["data"]["train"]["path"] = data
+    raw["training"].update(output_dir=str(tmp_path / "out"), max_steps=12, save_steps=100)
+    run_entrypoint("sft", validate(raw).to_json())
+    return tmp_path / "out"
+
+
+# ---------------------------------------------------------------- small causal LMs and a padded batch of them
+
+SHAPE = dict(
+    vocab_size=300,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
+PAD = 0
+MODELS = ("llama", "qwen2", "qwen3")  # the architectures ``model`` builds at SHAPE
+
+
+def model(name: str, implementation: str) -> Any:
+    """A seeded model of the architecture ``name``, attending with ``implementation``, with TRL's fused LM head."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM
+    from trl.trainer.utils import add_fused_lm_head
+
+    from posttrain.entrypoints.speed import attention
+
+    torch.manual_seed(0)
+    built = {
+        "llama": lambda: LlamaForCausalLM(LlamaConfig(**SHAPE, attention_dropout=0.1)),
+        "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**SHAPE)),
+        "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=16)),
+    }[name]()
+    if implementation == attention.NAME:
+        attention.register()
+    built.set_attn_implementation(implementation)
+    add_fused_lm_head(built, outputs=("log_probs", "entropy"))
+    return built.eval()  # attention dropout off: the two paths must be deterministic
+
+
+def batch(padding: str) -> Tuple[Any, Any, int]:
+    """Prompt and completion ids, their mask and the completions' width, as TRL concatenates them: prompts of
+    different lengths padded on the left ("left"), completions of different lengths padded on the right
+    ("right"), or both."""
+    import torch
+
+    generator = torch.Generator().manual_seed(1)
+    prompt_lengths = [3, 17, 9, 30, 1, 12] if padding in ("left", "both") else [14] * 6
+    completion_lengths = [25, 4, 25, 11, 1, 19] if padding in ("right", "both") else [25] * 6
+    width_p, width_c = max(prompt_lengths), max(completion_lengths)
+    ids = torch.full((6, width_p + width_c), PAD)
+    mask = torch.zeros_like(ids)
+    for row, (p, c) in enumerate(zip(prompt_lengths, completion_lengths)):
+        ids[row, width_p - p : width_p + c] = torch.randint(1, 300, (p + c,), generator=generator)
+        mask[row, width_p - p : width_p + c] = 1
+    return ids, mask, width_c
 
 
 # ---------------------------------------------------------------- what a run wrote: metrics.jsonl, curves.png

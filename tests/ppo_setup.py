@@ -49,3 +49,8 @@ def make_trainer(tmp_path: Path, rewards: List[Any], **training: Any) -> PPOTrai
 
 def length(completions: List[Any], **_: Any) -> List[float]:
     return [float(len(c[0]["content"])) for c in completions]
+
+
+def mini_batched_trainer(tmp_path: Path, **training: Any) -> PPOTrainer:
+    """``make_trainer``'s trainer rewarding ``length``, in two mini-batches."""
+    return make_trainer(tmp_path, [length], **{"num_mini_batches": 2, **training})

@@ -23,7 +23,7 @@ SHELL_LANGUAGES = ("shell", "console", "bash", "sh")
 # Commands not run, by prefix of their text (as parsed: continuations joined, comments dropped).
 LISTED: Dict[str, str] = {
     "pytest": "the suite itself: this test is part of it",
-    "ruff format . && ruff check --fix .": "rewrites the checkout; tests/unit/test_format.py runs ruff's checks",
+    "ruff format . && ruff check --fix .": "rewrites the checkout; tests/integration/test_format.py runs ruff's checks",
     "NODES=2 ACCOUNTING=1 bash schedulers_config/slurm_up.sh": (
         "brings up a Slurm cluster and exports SLURM_CONF for it: infrastructure, which .ci/run sets up for "
         "tests/e2e/test_slurm.py"

@@ -3,8 +3,6 @@
 import inspect
 import json
 import shlex
-import subprocess
-import sys
 
 import pytest
 import torchx.specs as specs
@@ -223,26 +221,6 @@ class TorchxComponentChecks(ComponentTestCase):
             self.validate(algorithms, algorithm)
 
 
-@pytest.mark.parametrize(
-    "modules, absent",
-    [
-        # the client: --dryrun and `torchx builtins` stay fast
-        (
-            "posttrain.components, posttrain.components.algorithms",
-            ("torch", "trl", "transformers", "deepspeed", "peft", "datasets", "pyarrow"),
-        ),
-        # the training processes read the spec without the AppDef's machinery (21 ms less start-up per process:
-        # torchx.specs, docstring_parser, importlib_metadata)
-        ("posttrain.entrypoints.job.runtime, posttrain.entrypoints.vllm_server", ("torchx", "docstring_parser")),
-    ],
-    ids=["client", "job"],
-)
-def test_each_side_imports_only_what_it_needs(modules: str, absent: tuple) -> None:
-    code = f"import sys, {modules}; print(sorted(m for m in sys.modules if m.split('.')[0] in {absent!r}))"
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
-    assert result.stdout.strip() == "[]"
-
-
 def test_the_job_imports_nothing_from_components_but_the_spec_package() -> None:
     """Every import in entrypoints/ of posttrain.components is of posttrain.components.spec, at module level."""
     import ast
@@ -274,16 +252,6 @@ def test_torchx_finds_only_the_components_in_the_component_module() -> None:
     assert functions == {*SPEC_CLASSES, "chain"}  # an algorithm each, and the chain of them
     # and the package exports each of them (its lazy table names them again)
     assert set(posttrain.components.__all__) == {*SPEC_CLASSES, "chain", "SpecError"}
-
-
-def test_a_job_reads_its_spec_without_the_appdef_builder() -> None:
-    code = (
-        "import sys, posttrain.components.spec.loading; "
-        "print('posttrain.components.appdef' in sys.modules, 'posttrain.components.algorithms' in sys.modules); "
-        "from posttrain.components import SpecError, sft; print(SpecError.__name__, sft.__name__)"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
-    assert result.stdout.split() == ["False", "False", "SpecError", "sft"]
 
 
 def test_a_multi_node_job_checks_its_rendezvous_port_before_the_launcher_listens(capsys) -> None:

@@ -9,24 +9,16 @@ import transformers
 from datasets import Dataset
 from trl.chat_template_utils import qwen2_5_chat_template
 
-from helpers import load_template, stopped_in_process, tiny_job, trainer_with
-from posttrain.components.spec.loading import validate
+from helpers import load_template, run_refused, tiny_job, trainer_with
 from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints.inputs import tiny
 from posttrain.entrypoints.inputs.chat_templates import check_chat_template
-from posttrain.entrypoints.job import runtime
 
 LLAMA3 = {"name_or_path": tiny.NAME_LLAMA3}  # its chat template has no {% generation %} markers
 ASSISTANT_ONLY = SimpleNamespace(assistant_only_loss=True, chat_template_path=None)
 
 
 pytestmark = pytest.mark.usefixtures("job_process")
-
-
-def run_refused(raw: dict, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> str:
-    with monkeypatch.context() as patch:
-        patch.setattr(runtime, "load_model", lambda *args, **kwargs: pytest.fail("a model loaded"))
-        return stopped_in_process(raw["algorithm"], validate(raw).to_json(), capsys)
 
 
 def test_chat_rows_with_a_tokenizer_without_a_template_are_one_line_before_any_model_loads(
@@ -106,29 +98,3 @@ def test_a_chat_template_path_that_is_no_template_file_is_a_tokenizer_the_traine
         r"templates from .jinja or .j2 files only",
     ):
         check_chat_template(SimpleNamespace(chat_template_path="README.md"), no_template, chat, "m")
-
-
-def test_a_reward_model_without_a_chat_template_is_one_line_before_any_model_loads(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
-) -> None:
-    tokenizer = tiny.build_tokenizer_llama3()
-    tokenizer.chat_template = None  # a reward model trained from a base model on text rows
-    reward_dir = tmp_path / "reward-model"
-    tiny.build_model_llama3(tokenizer, transformers.LlamaForSequenceClassification).save_pretrained(reward_dir)
-    tokenizer.save_pretrained(reward_dir)
-    rewards = [{"model": str(reward_dir)}]
-    # what TRL did: it raised at the first step, after generating, the models loaded
-    trainer = trainer_with(tiny_job(tmp_path, "grpo", rewards=rewards), max_steps=1)
-    with pytest.raises(ValueError, match="Cannot use chat template functions"):
-        trainer.train()
-    raw = load_template("grpo/tiny.yaml")  # chat prompts
-    raw["rewards"] = rewards
-    raw["training"]["output_dir"] = str(tmp_path / "out")
-    err = run_refused(raw, monkeypatch, capsys)
-    assert (
-        err.count(
-            f"posttrain: rewards.0: data.train's rows are chat messages, which the reward model {reward_dir} "
-            "scores rendered with its tokenizer's chat template, and it has none"
-        )
-        == 1
-    ), err

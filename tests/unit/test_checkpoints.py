@@ -1,26 +1,20 @@
 """Resume: which checkpoint a job continues from, checked before it is trusted, and when a run is already finished."""
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from helpers import REPO, free_port, load_template, sft_spec
+from helpers import REPO, load_template, sft_spec
 from posttrain.components.spec.loading import SpecError, validate
 from posttrain.components.spec.overrides import apply_overrides
-from posttrain.entrypoints.job.distributed import rank0s
 from posttrain.entrypoints.records import files
 from posttrain.entrypoints.records.checkpoints import (
     MANIFEST_FILE,
     SPEC_FILE,
     already_finished,
-    check_room,
     complete_checkpoints,
     disk_errors,
     finished_at,
@@ -315,35 +309,6 @@ def test_every_checkpoint_damaged_stops_in_one_line_never_from_step_0(
     assert resolve_resume(sft_spec(tmp_path, resume="never"), output_dir, INPUTS) is None
 
 
-RANK0S = textwrap.dedent("""
-    import os
-    from datetime import timedelta
-    from posttrain.entrypoints.job import distributed
-
-    distributed.init_process_group("gloo", timedelta(seconds=60))
-    print("chose", distributed.rank0s(f"checkpoint-{10 * (distributed.env_rank() + 1)}"))
-    distributed.destroy_process_group()
-""")
-
-
-def test_every_rank_resumes_from_rank_0s_choice() -> None:
-    assert rank0s("checkpoint-10") == "checkpoint-10"  # no process group: this process's own
-    port = str(free_port())
-    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-c", RANK0S],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**env, "RANK": str(rank)},
-        )
-        for rank in (0, 1)
-    ]
-    for process in processes:
-        assert "chose checkpoint-10" in process.communicate(timeout=120)[0]
-
-
 # ---------------------------------------------------------------- a finished model, in every resume mode
 
 MODES = ("auto", "never", "path")
@@ -587,25 +552,6 @@ def test_write_failures_for_want_of_room_end_in_one_line(tmp_path: Path) -> None
     with pytest.raises(OSError):  # any other error keeps its traceback
         with disk_errors(tmp_path):
             raise OSError(errno.EACCES, "Permission denied")
-
-
-def test_a_file_system_without_room_for_one_checkpoint_is_refused_before_any_model_loads(
-    tmp_path: Path, small_disk: Path
-) -> None:
-    import torch
-    from safetensors.torch import save_file
-
-    model = tmp_path / "model"
-    model.mkdir()
-    save_file({"weight": torch.zeros(200_000)}, str(model / "model.safetensors"))  # 0.8 MB: 2.4 MB with Adam's state
-    spec = sft_spec(tmp_path, model={"name_or_path": str(model)})
-    with pytest.raises(SpecError) as error:
-        check_room(small_disk / "out", spec, dict(spec.training))
-    assert str(error.value) == (
-        f"training.output_dir: {small_disk / 'out'} has 2.0 MiB free; one checkpoint (the weights and the optimizer's "
-        f"state) of {model} needs about 2.3 MiB: make room, or use another output_dir"
-    )
-    check_room(small_disk / "out", spec, {**spec.training, "save_strategy": "no"})  # the final weights alone fit
 
 
 def test_ppo_rotates_its_checkpoints_and_leaves_a_users_checkpoint_best_alone(tmp_path: Path) -> None:

@@ -3,11 +3,11 @@ each with its own renames and cap on rows, concatenated or interleaved by weight
 
 import json
 from pathlib import Path
-from typing import Any, List
+from typing import Any
 
 import pytest
 
-from helpers import REPO, load_template, read_json, run_entrypoint
+from helpers import CHAT, _pc, _qa, _write, load_template
 from posttrain.components import algorithms
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
@@ -15,18 +15,6 @@ from posttrain.entrypoints.inputs.data import load_split
 from posttrain.entrypoints.records.checkpoints import job_inputs
 
 SFT = "templates/sft/tiny.yaml"
-CHAT = REPO / "templates/data/sft_chat.jsonl"
-
-
-def _write(path: Path, rows: List[dict]) -> str:
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return str(path)
-
-
-def _qa(tmp_path: Path) -> str:
-    """The shipped chat rows as question/answer pairs: a source that needs its own renames."""
-    rows = [json.loads(line)["messages"] for line in CHAT.read_text().splitlines()]
-    return _write(tmp_path / "qa.jsonl", [{"question": m[0]["content"], "answer": m[1]["content"]} for m in rows])
 
 
 def _spec(train: Any, **data: Any) -> Any:
@@ -69,12 +57,6 @@ def test_a_mixture_that_does_not_hold_together_is_one_line_naming_the_source(
     with pytest.raises(SpecError) as error:
         _spec(train, **data)
     assert len(error.value.problems) == 1 and error.value.problems[0].startswith(message), error.value.problems
-
-
-def _pc(tmp_path: Path) -> str:
-    """The shipped chat rows as prompt/completion pairs."""
-    rows = [json.loads(line)["messages"] for line in CHAT.read_text().splitlines()]
-    return _write(tmp_path / "pc.jsonl", [{"prompt": m[0]["content"], "completion": m[1]["content"]} for m in rows])
 
 
 def test_sources_are_renamed_capped_and_concatenated_in_order(tmp_path: Path) -> None:
@@ -157,22 +139,3 @@ def test_a_resume_knows_a_mixture_changed(tmp_path: Path) -> None:
         for cap in ({}, {"max_rows": 9})
     ]
     assert capped[0] != capped[1]
-
-
-def test_sft_learns_from_an_interleaved_mixture(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    qa = _qa(tmp_path)
-    monkeypatch.chdir(REPO)
-    monkeypatch.setenv("RANK", "0")
-    raw = load_template("sft/tiny.yaml")
-    raw["data"] = {
-        "train": [
-            {"path": str(CHAT), "weight": 1},
-            {"path": qa, "weight": 1, "columns": {"question": "prompt", "answer": "completion"}},
-        ],
-        "mix": "interleave",
-    }
-    raw["training"].update(output_dir=str(tmp_path / "out"), max_steps=15, save_steps=100)
-    raw["data"]["train"][0] = {"path": _pc(tmp_path), "weight": 1}
-    run_entrypoint("sft", validate(raw).to_json())
-    summary = read_json(tmp_path / "out" / "run_summary.json")
-    assert summary["metrics_last"]["loss"] < 0.8 * summary["metrics_first"]["loss"], summary["metrics_last"]

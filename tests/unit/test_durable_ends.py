@@ -4,15 +4,12 @@ real final save: ``tests/e2e/test_reliability.py``.)"""
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import List
 
 import pytest
 
-from helpers import REPO, sft_spec
-from posttrain.components.spec.chain import load_chain
+from helpers import sft_spec
 from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints.job.callbacks import FaultInjection
 from posttrain.entrypoints.records.checkpoints import (
@@ -129,21 +126,6 @@ def test_a_damaged_spec_record_is_one_line_naming_it_and_what_to_do(tmp_path: Pa
         f"{output_dir / SPEC_FILE} is cut short or not what posttrain wrote; remove it and set resume to a "
         "checkpoint's path to continue, or use another training.output_dir"
     )
-
-
-def test_a_damaged_chain_record_ends_the_chain_in_one_line(tmp_path: Path) -> None:
-    chain = load_chain(str(REPO / "templates/chain/sft-dpo-tiny.yaml"), [f"output_dir={tmp_path}"], world_size=1)
-    (tmp_path / "chain.json").write_text('{"stages": {"sft": {"spe')  # the chain's process, for real: no traceback
-    args = ["--spec-json", chain.to_json(), "--node", "0", "--rank0-host", "localhost", "--", "--rdzv_id", "x"]
-    env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(tmp_path / "error.json")}
-    result = subprocess.run(
-        [sys.executable, "-m", "posttrain.entrypoints.chain", *args], capture_output=True, text=True, env=env
-    )
-    assert result.returncode == 2, result.stderr
-    assert result.stderr.splitlines() == [
-        f"posttrain: {tmp_path / 'chain.json'} is cut short or not what posttrain wrote; remove it (the chain then "
-        "runs every stage again) or use another output_dir"
-    ]
 
 
 def test_the_final_save_fault_is_a_kill_and_nothing_else(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """The job fails fast and clearly: one ``posttrain: <problem>`` line per problem, from rank 0 alone, exit 2.
 
 In process, one test per message (data, models, the TRL config, ranks
-agreeing; rewards: ``test_reward_checks.py``); the real ``torchx run`` launches are in
+agreeing; rewards: ``test_reward_checks.py``); ranks in processes of their own are in
+``tests/integration/test_job_errors.py``, the real ``torchx run`` launches in
 ``tests/e2e/test_job_errors.py``.
 """
 
@@ -10,11 +11,7 @@ import http.server
 import importlib.util
 import json
 import logging
-import os
 import re
-import subprocess
-import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -25,7 +22,6 @@ import pytest
 from helpers import (
     REPO,
     build_trainer,
-    free_port,
     load_template,
     stopped_in_process,
     tiny_job,
@@ -54,15 +50,7 @@ PREFERENCE = SPEC_CLASSES["dpo"].data_formats
 KTO = SPEC_CLASSES["kto"].data_formats
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf_home"))
-    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_home" / "datasets"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    logger = logging.getLogger("posttrain")
-    handlers, propagate = list(logger.handlers), logger.propagate
-    yield
-    logger.handlers, logger.propagate = handlers, propagate  # run() adds its handler
+pytestmark = pytest.mark.usefixtures("isolated")
 
 
 def write(path: Path, rows: List[dict]) -> Path:
@@ -449,60 +437,6 @@ def test_weights_of_another_shape_than_config_json_makes_are_named_before_any_mo
 
 
 # ---------------------------------------------------------------- ranks: printed once, everyone stops
-
-TWO_RANKS = textwrap.dedent("""
-    import math
-    import os
-    from datetime import timedelta
-    from types import SimpleNamespace
-    from posttrain.components.spec.messages import SpecError
-    from posttrain.entrypoints.job import distributed
-    from posttrain.entrypoints.inputs.rewards import RewardCheck
-
-    distributed.init_process_group(os.environ["BACKEND"], timedelta(seconds=60))
-    rank = distributed.env_rank()
-    try:
-        with distributed.all_ranks_agree():
-            if rank == 1:
-                raise SpecError(["data.train: only rank 1 sees this"])
-        print(f"rank {rank} went on")
-    except SpecError as error:
-        print(f"rank {rank} stopped: {error}")
-    check = RewardCheck()
-    check.wrap(lambda completions, **kw: [math.nan if rank == 1 else 1.0], "rewards.0")(completions=["a"])
-    try:
-        check.on_step_end(None, SimpleNamespace(global_step=3), None)
-    except SpecError as error:
-        print(f"rank {rank} stopped: {error}")
-    distributed.destroy_process_group()
-""")
-
-
-# "cpu:gloo": a group named by device, as posttrain's on GPUs is ("cuda:nccl,cpu:gloo"), whose flags stay on gloo
-@pytest.mark.parametrize("backend", ["gloo", "cpu:gloo"])
-def test_a_problem_one_rank_alone_sees_stops_every_rank_with_its_message(tmp_path: Path, backend: str) -> None:
-    port = str(free_port())
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-c", TWO_RANKS],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={
-                **os.environ,
-                "RANK": str(rank),
-                "WORLD_SIZE": "2",
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": port,
-                "BACKEND": backend,
-            },
-        )
-        for rank in (0, 1)
-    ]
-    outputs = [process.communicate(timeout=120)[0] for process in processes]
-    for rank, output in enumerate(outputs):
-        assert f"rank {rank} stopped: data.train: only rank 1 sees this" in output, output
-        assert f"rank {rank} stopped: rewards.0 (<lambda>): returned nan at step 3" in output, output
 
 
 def test_run_prints_on_rank_0_alone_and_writes_nothing(

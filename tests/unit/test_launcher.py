@@ -1,12 +1,8 @@
 """A failed job ends with one line: posttrain's launcher around torchrun, and a crash's line and traceback file."""
 
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 from typing import Callable
 
@@ -14,7 +10,6 @@ import pytest
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
-from helpers import free_port
 from posttrain.entrypoints import launcher
 from posttrain.entrypoints.job import distributed, error_file
 
@@ -153,48 +148,3 @@ def test_torchs_collective_errors_are_a_lost_peer_only_with_peers(monkeypatch: p
     assert distributed.lost_a_peer(error) and not distributed.lost_a_peer(dist.DistBackendError("out of memory"))
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert not distributed.lost_a_peer(error)
-
-
-A_RANK_DIES = textwrap.dedent("""
-    import os
-    import time
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-    from posttrain.entrypoints.job import distributed
-
-    distributed.init_process_group("gloo", timedelta(seconds=60))
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))
-    distributed.barrier()
-    if distributed.env_rank() == 1:
-        os._exit(13)  # its sockets close
-    time.sleep(1)
-    steps = {
-        "backward": lambda: model(torch.ones(1, 2)).sum().backward(),  # DDP all-reduces inside autograd
-        "all_reduce": lambda: dist.all_reduce(torch.ones(1)),
-    }
-    for name, step in steps.items():
-        try:
-            step()
-        except RuntimeError as error:
-            print(f"{name}: lost a peer {distributed.lost_a_peer(error)}")
-""")
-
-
-def test_a_gloo_collective_failing_because_a_rank_died_is_a_lost_peer() -> None:
-    port = str(free_port())
-    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-c", A_RANK_DIES],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**env, "RANK": str(rank)},
-        )
-        for rank in (0, 1)
-    ]
-    output = ranks[0].communicate(timeout=120)[0]
-    assert ranks[1].wait(timeout=60) == 13
-    assert "backward: lost a peer True\nall_reduce: lost a peer True\n" in output, output

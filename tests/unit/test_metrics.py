@@ -1,9 +1,7 @@
-"""metrics.jsonl and curves.png: the callback, the figure and the plot command (real runs: tests/e2e)."""
+"""metrics.jsonl and curves.png: the callback, the figure and the plot command, in process (the command in a process
+of its own: tests/integration; real runs: tests/e2e)."""
 
 import doctest
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -123,66 +121,11 @@ def test_a_figure_that_cannot_be_drawn_does_not_fail_the_run(tmp_path: Path, cap
     assert "could not draw curves.png" in caplog.text
 
 
-def write_run(directory: Path, algorithm: str, records: List[Dict[str, Any]]) -> None:
-    directory.mkdir(parents=True)
-    (directory / curves.METRICS_FILE).write_text("".join(json.dumps(record) + "\n" for record in records))
-    summary = {"algorithm": algorithm, "world_size": 1, "spec": {"model": {"name_or_path": "builtin:tiny-llama"}}}
-    (directory / "run_summary.json").write_text(json.dumps(summary))
-
-
-def test_the_plot_command_draws_two_runs_side_by_side(tmp_path: Path) -> None:
-    write_run(tmp_path / "grpo-a", "grpo", [{"step": s, "loss": 0.1 * s, "reward": s, "kl": 0.01} for s in (1, 2, 3)])
-    write_run(tmp_path / "grpo-b", "grpo", [{"step": s, "loss": 0.2 * s, "reward": -s} for s in (1, 2)])
-    output = tmp_path / "both.png"
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "posttrain.components.tools.plot",
-            str(tmp_path / "grpo-a"),
-            str(tmp_path / "grpo-b"),
-            "-o",
-            str(output),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["both.png", "grpo-a", "grpo-b"]
-    plot = [
-        sys.executable,
-        "-m",
-        "posttrain.components.tools.plot",
-        "grpo-a",
-        "grpo-b",
-    ]  # no -o: under outputs/, ignored
-    result = subprocess.run(plot, cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0 and result.stdout == "outputs/grpo-a-grpo-b.png\n", result.stderr
-    assert assert_valid_png(tmp_path / "outputs" / "grpo-a-grpo-b.png")["runs"].keys() == {"grpo-a", "grpo-b"}
-    data = assert_valid_png(output)
-    assert data["title"] == "grpo · builtin:tiny-llama · 1 process"
-    assert data["runs"]["grpo-a"] == curves.series(lines(tmp_path / "grpo-a" / curves.METRICS_FILE))
-    assert data["runs"]["grpo-b"] == {
-        "loss": {"step": [1, 2], "value": [0.2, 0.4]},
-        "reward": {"step": [1, 2], "value": [-1.0, -2.0]},
-    }
-
-
 def test_the_plot_command_names_a_directory_without_metrics(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     with pytest.raises(SystemExit) as exit_info:
         plot.main([str(tmp_path)])
     assert exit_info.value.code == 2
     assert f"{tmp_path}: no metrics.jsonl" in capsys.readouterr().err
-
-
-def test_the_client_imports_no_matplotlib() -> None:
-    code = (
-        "import sys; sys.modules['matplotlib'] = None\n"  # as if not installed
-        "import posttrain.components, posttrain.components.tools.plot\n"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
 
 
 # ---------------------------------------------------------------- real runs

@@ -136,14 +136,3 @@ def test_an_extra_model_with_another_tokenizer_is_refused() -> None:
     with pytest.raises(SpecError, match=r"value_model: builtin:tiny-llama's tokenizer numbers .* differently"):
         check_same_tokenizer(tiny.NAME, spec, tokenizer(), "value_model")
     check_same_tokenizer(tiny.NAME_LLAMA3, spec, tokenizer(), "value_model")
-
-
-def test_report_to_tensorboard_records_ppos_logs(tmp_path: Path) -> None:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    trainer = make_trainer(tmp_path, [length], report_to=["tensorboard"])
-    trainer.train()
-    (runs,) = (tmp_path / "runs").iterdir()  # transformers' default: output_dir/runs/<date>_<host>
-    events = EventAccumulator(str(runs))
-    events.Reload()
-    assert {"train/objective/scores", "train/objective/kl", "train/loss/policy"} <= set(events.Tags()["scalars"])

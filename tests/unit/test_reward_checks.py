@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 from trl.trainer.utils import is_async_callable
 
-from helpers import load_template, tiny_job, trainer_with
+from helpers import load_template
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints.inputs.data import load_data
@@ -44,21 +44,6 @@ def test_a_builtin_reading_a_column_the_data_lacks(tmp_path: Path) -> None:
         "rewards.1: exact_match reads column 'answer', which data.train lacks; found ['prompt'] "
         "(set args.column, or map names with data.columns)"
     )
-
-
-def test_a_builtin_reading_a_column_that_remove_unused_columns_removes(tmp_path: Path) -> None:
-    job = tiny_job(tmp_path, "grpo", rewards=[{"builtin": "exact_match"}])
-    answered = job.train_dataset.map(lambda row: {"answer": "blue"})
-    spec = validate({**job.spec.model_dump(), "training": {**job.spec.training, "remove_unused_columns": True}})
-    with pytest.raises(SpecError) as error:
-        check_reward_columns(spec, [("data.train", answered)])
-    assert str(error.value) == (
-        "training.remove_unused_columns: true removes column 'answer', which rewards.0 (exact_match) reads: the "
-        "trainer keeps only prompt and images; set it false"
-    )
-    check_reward_columns(job.spec, [("data.train", answered)])  # TRL's default, false
-    with pytest.raises(KeyError, match="answer"):  # what TRL does, the model loaded and generating
-        trainer_with(job, answered, remove_unused_columns=True, max_steps=1).train()
 
 
 def scores_of(values: list):

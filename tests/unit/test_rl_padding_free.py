@@ -10,25 +10,15 @@ SDPA one sequence at a time). Generation then attends with SDPA and goes back.
 """
 
 from pathlib import Path
-from typing import Tuple
 
 import pytest
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from transformers import (
-    GenerationConfig,
-    LlamaConfig,
-    LlamaForCausalLM,
-    Qwen2Config,
-    Qwen2ForCausalLM,
-    Qwen3Config,
-    Qwen3ForCausalLM,
-)
+from transformers import GenerationConfig
 from trl import GRPOTrainer
-from trl.trainer.utils import add_fused_lm_head
 
-from helpers import build_trainer, tiny_job
+from helpers import MODELS, PAD, batch, build_trainer, model, tiny_job
 from posttrain.entrypoints.inputs import tiny
 from posttrain.entrypoints.speed import attention, fast_paths
 from posttrain.entrypoints.speed.rl_padding_free import (
@@ -36,22 +26,6 @@ from posttrain.entrypoints.speed.rl_padding_free import (
     generation_attention,
     pack_passes,
 )
-
-SHAPE = dict(
-    vocab_size=300,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-)
-PAD = 0
-MODELS = {
-    "llama": lambda: LlamaForCausalLM(LlamaConfig(**SHAPE, attention_dropout=0.1)),
-    "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**SHAPE)),
-    "qwen3": lambda: Qwen3ForCausalLM(Qwen3Config(**SHAPE, head_dim=16)),
-}
 
 
 class Padded:
@@ -68,32 +42,6 @@ def packed() -> Padded:
     trainer = Padded()
     pack_passes(trainer)
     return trainer
-
-
-def model(name: str, implementation: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    built = MODELS[name]()
-    if implementation == attention.NAME:
-        attention.register()
-    built.set_attn_implementation(implementation)
-    add_fused_lm_head(built, outputs=("log_probs", "entropy"))
-    return built.eval()  # attention dropout off: the two paths must be deterministic
-
-
-def batch(padding: str) -> Tuple[torch.Tensor, torch.Tensor, int]:
-    """Prompt and completion ids, their mask and the completions' width, as TRL concatenates them: prompts of
-    different lengths padded on the left ("left"), completions of different lengths padded on the right
-    ("right"), or both."""
-    generator = torch.Generator().manual_seed(1)
-    prompt_lengths = [3, 17, 9, 30, 1, 12] if padding in ("left", "both") else [14] * 6
-    completion_lengths = [25, 4, 25, 11, 1, 19] if padding in ("right", "both") else [25] * 6
-    width_p, width_c = max(prompt_lengths), max(completion_lengths)
-    ids = torch.full((6, width_p + width_c), PAD)
-    mask = torch.zeros_like(ids)
-    for row, (p, c) in enumerate(zip(prompt_lengths, completion_lengths)):
-        ids[row, width_p - p : width_p + c] = torch.randint(1, 300, (p + c,), generator=generator)
-        mask[row, width_p - p : width_p + c] = 1
-    return ids, mask, width_c
 
 
 def grpo_loss(logps: torch.Tensor, entropies: torch.Tensor, completion_mask: torch.Tensor) -> torch.Tensor:
@@ -156,20 +104,6 @@ def test_generation_attends_with_sdpa_and_goes_back() -> None:
             generated = varlen.generate(prompts, attention_mask=prompt_mask, generation_config=settings)
     assert varlen.config._attn_implementation == attention.NAME
     assert torch.equal(generated, expected)
-
-
-def test_continuous_batching_generates_what_generate_does() -> None:
-    """Greedy, transformers' continuous batching (the GPU default without vLLM) gives ``generate``'s tokens."""
-    prompts, prompt_mask, _ = batch("left")
-    prompts, prompt_mask = prompts[:, :30], prompt_mask[:, :30]
-    settings = GenerationConfig(max_new_tokens=8, do_sample=False, pad_token_id=PAD, eos_token_id=None)
-    policy = model("qwen2", "sdpa")
-    with torch.no_grad():
-        padded = policy.generate(prompts, attention_mask=prompt_mask, generation_config=settings)[:, 30:]
-        unpadded = [row[keep.bool()].tolist() for row, keep in zip(prompts, prompt_mask)]
-        outputs = policy.generate_batch(unpadded, generation_config=settings, progress_bar=False)
-    generated = [output.generated_tokens for output in outputs.values()]
-    assert generated == padded.tolist()
 
 
 def test_continuous_batching_runs_the_forward_accelerate_wrapped() -> None:

@@ -1,11 +1,9 @@
-"""The spec's JSON Schemas (editors) and the template listing: they agree with the validator and the templates."""
+"""The spec's JSON Schemas (editors): they agree with the validator and the templates. (The template listing:
+``tests/integration/test_schema_json.py``.)"""
 
 import copy
-import doctest
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator
 
@@ -13,14 +11,13 @@ import jsonschema
 import pytest
 import yaml
 
-from helpers import REPO, TEMPLATES, load_template
+from helpers import TEMPLATES, load_template
 from posttrain.components.generate import schema_json
 from posttrain.components.generate.schema_json import SCHEMA_DIR, render, schema_path, spec_schema
 from posttrain.components.spec.fields import config_default
 from posttrain.components.spec.loading import load_spec, validate
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.registry import SPEC_CLASSES
-from posttrain.components.tools import templates
 
 ALL_TEMPLATES = sorted(str(p.relative_to(TEMPLATES)) for p in TEMPLATES.glob("*/*.yaml"))
 MODELINE = "# yaml-language-server: $schema=../../components/generated/schemas/{algorithm}.schema.json"
@@ -170,35 +167,3 @@ def test_mutated_templates_fail_the_schema_and_the_validator(template: str, muta
     assert list(validator(raw["algorithm"]).iter_errors(raw)), mutation
     with pytest.raises(SpecError):  # the schema says no more than the validator does
         validate(raw)
-
-
-def test_every_template_is_listed_with_its_command() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "posttrain.components.tools.templates"],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        check=True,
-    )
-    rows = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
-    assert sorted(rows) == [f"templates/{t}" for t in ALL_TEMPLATES]
-    for template in ALL_TEMPLATES:
-        command = next(
-            line[2:] for line in (TEMPLATES / template).read_text().splitlines() if line.startswith("# torchx run")
-        )
-        assert f"  {command}  " in rows[f"templates/{template}"], template
-    listed = {t.path: t for t in templates.templates()}
-    assert listed["templates/sft/tiny.yaml"].description.startswith("SFT of the built-in tiny Llama")
-    assert all(t.description and t.commands for t in listed.values())
-
-
-def test_doctests_and_a_light_client() -> None:
-    for module in (schema_json, templates):
-        result = doctest.testmod(module)
-        assert result.failed == 0 and result.attempted > 0, module.__name__
-    code = (
-        "import sys, posttrain.components.generate.schema_json, posttrain.components.tools.templates; "
-        "print(sorted(m for m in ('torch', 'trl', 'transformers', 'deepspeed', 'peft') if m in sys.modules))"
-    )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)
-    assert result.stdout.strip() == "[]"

@@ -157,7 +157,7 @@ BAD_VALUES = [
         {"optim_args": "eps=1e-6"},
         "training.optim_args: eps=1e-6 cannot go with optim: adamw_torch_fused (TRL's default); expected null or '' (transformers reads no optim_args for this optimizer",
     ),
-    # the keys of a mapping (tests/unit/test_checkpointing_options.py trains with them)
+    # the keys of a mapping (tests/integration/test_checkpointing_options.py trains with them)
     (
         "dpo",
         {"activation_checkpointing_kwargs": {"selective": True}},

@@ -2,18 +2,14 @@
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 from typing import Any, Dict, List, Optional
 
 import pytest
 
+from helpers import JOB_TOKEN as TOKEN
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import VLLM_TOKEN_PATH_VARIABLE, VLLM_TOKEN_VARIABLE
 from posttrain.entrypoints.generation import vllm_token
-
-TOKEN = "the-job-s-secret"
 
 
 def answer(
@@ -32,11 +28,6 @@ def answer(
     scope = {"type": kind, "path": path, "headers": headers, "method": "POST", "query_string": query}
     asyncio.run(vllm_token.RequireToken(app)(scope, None, send))
     return sent
-
-
-@pytest.fixture
-def job(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(VLLM_TOKEN_VARIABLE, TOKEN)
 
 
 @pytest.mark.parametrize("path", ["/v1/models", "/v1/completions", "/collective_rpc", "/reset_prefix_cache", "/x"])
@@ -90,19 +81,3 @@ def test_the_server_proves_it_holds_the_token_without_sending_it(job: None) -> N
 def test_a_server_without_the_token_proves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(VLLM_TOKEN_VARIABLE, raising=False)
     assert answer(vllm_token.PROOF_PATH, query=b"nonce=abc123")[0]["status"] == 400
-
-
-def test_a_trainer_takes_the_token_out_of_its_environment_and_gives_it_only_to_code_that_asks(
-    job: None, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(vllm_token, "_TAKEN", {})
-    vllm_token.take_from_environment()  # what runtime.run does first, before any user code is imported
-    assert VLLM_TOKEN_VARIABLE not in os.environ
-    reward_process = subprocess.run(  # what a reward function starts: no token in its environment
-        [sys.executable, "-c", f"import os; print(os.environ.get({VLLM_TOKEN_VARIABLE!r}))"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    assert reward_process.stdout == "None\n"
-    assert vllm_token.job_token() == TOKEN  # the trainers' own use, or code that asks

@@ -1,0 +1,21 @@
+"""Greedy, transformers' continuous batching (the GPU default without vLLM) gives ``generate``'s tokens: about 30 s
+on CPU."""
+
+import torch
+from transformers import GenerationConfig
+
+from helpers import PAD, batch, model
+
+
+def test_continuous_batching_generates_what_generate_does() -> None:
+    """Greedy, transformers' continuous batching (the GPU default without vLLM) gives ``generate``'s tokens."""
+    prompts, prompt_mask, _ = batch("left")
+    prompts, prompt_mask = prompts[:, :30], prompt_mask[:, :30]
+    settings = GenerationConfig(max_new_tokens=8, do_sample=False, pad_token_id=PAD, eos_token_id=None)
+    policy = model("qwen2", "sdpa")
+    with torch.no_grad():
+        padded = policy.generate(prompts, attention_mask=prompt_mask, generation_config=settings)[:, 30:]
+        unpadded = [row[keep.bool()].tolist() for row, keep in zip(prompts, prompt_mask)]
+        outputs = policy.generate_batch(unpadded, generation_config=settings, progress_bar=False)
+    generated = [output.generated_tokens for output in outputs.values()]
+    assert generated == padded.tolist()
