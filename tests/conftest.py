@@ -65,11 +65,6 @@ def job_token(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(VLLM_TOKEN_VARIABLE, JOB_TOKEN)
 
 
-@pytest.fixture
-def job(job_token: None) -> None:
-    """``job_token``, by the name the tests of the vllm role's guard give it."""
-
-
 @pytest.fixture(scope="module")
 def mistral_models(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
     """A tiny random Mistral model around each of Mistral's own tokenizer files (``helpers.MISTRAL_FORMATS``)."""

@@ -13,7 +13,7 @@ from posttrain.entrypoints.generation import vllm_token
 
 
 def test_a_trainer_takes_the_token_out_of_its_environment_and_gives_it_only_to_code_that_asks(
-    job: None, monkeypatch: pytest.MonkeyPatch
+    job_token: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(vllm_token, "_TAKEN", {})
     vllm_token.take_from_environment()  # what runtime.run does first, before any user code is imported

@@ -32,18 +32,20 @@ def answer(
 
 @pytest.mark.parametrize("path", ["/v1/models", "/v1/completions", "/collective_rpc", "/reset_prefix_cache", "/x"])
 @pytest.mark.parametrize("authorization", [None, "Bearer wrong", f"Basic {TOKEN}", "Bearer ", TOKEN])
-def test_every_path_but_health_refuses_a_request_without_the_token(job: None, path: str, authorization: str) -> None:
+def test_every_path_but_health_refuses_a_request_without_the_token(
+    job_token: None, path: str, authorization: str
+) -> None:
     start, body = answer(path, authorization)
     assert start["status"] == 401 and b"Unauthorized" in body["body"]
 
 
 @pytest.mark.parametrize("path", ["/v1/models", "/collective_rpc", "/health"])
-def test_the_job_s_requests_and_health_get_through(job: None, path: str) -> None:
+def test_the_job_s_requests_and_health_get_through(job_token: None, path: str) -> None:
     assert answer(path, f"Bearer {TOKEN}") == [{"type": "app", "path": path}]
     assert answer("/health") == [{"type": "app", "path": "/health"}]  # the trainers' wait for the server
 
 
-def test_a_websocket_without_the_token_is_closed_and_lifespan_passes(job: None) -> None:
+def test_a_websocket_without_the_token_is_closed_and_lifespan_passes(job_token: None) -> None:
     assert answer("/v1/realtime", kind="websocket") == [{"type": "websocket.close", "code": 1008}]
     assert answer("/", kind="lifespan") == [{"type": "app", "path": "/"}]
 
@@ -68,7 +70,7 @@ def test_the_token_comes_from_the_environment_or_the_file_it_names(tmp_path, mon
     assert vllm_token.job_token() == "inherited"
 
 
-def test_the_server_proves_it_holds_the_token_without_sending_it(job: None) -> None:
+def test_the_server_proves_it_holds_the_token_without_sending_it(job_token: None) -> None:
     """Asked with no token at all: an HMAC of the asker's nonce, which only the token's holder can make."""
     start, body = answer(vllm_token.PROOF_PATH, query=b"nonce=abc123")
     assert start["status"] == 200
