@@ -362,9 +362,7 @@ class PPOSpec(_OnlineSpec):
         """Every field of ``config_class`` that is neither honoured nor package-owned, with its reason."""
         try:
             fields = config_fields(config_class)
-        except (
-            KeyError
-        ):  # the table predates this config (python -m posttrain.components.generate.field_table rewrites it)
+        except KeyError:  # the table predates this config (python -m posttrain.components.generate rewrites it)
             return {}
         owned = _OnlineSpec.owned_keys
         refused = {}

@@ -54,10 +54,11 @@ PACKING_AWARE_ATTENTION = ("eager", "sdpa", "flex_attention", "flash_attention_2
 CHECKPOINTING_SWITCHES = ("activation_checkpointing", "gradient_checkpointing")
 CHECKPOINTING_OPTIONS = ("activation_checkpointing_kwargs", "gradient_checkpointing_kwargs")
 # where a job with vllm_mode: server finds its vllm role's host: the component sets it from the scheduler's host
-# variables (components/vllm_role.py), the trainers and the role read it (entrypoints/vllm_*.py)
+# variables (components/vllm_role.py), the trainers and the role read it (entrypoints/generation/)
 VLLM_HOST_VARIABLE = "POSTTRAIN_VLLM_HOST"
-# the job's secret between its trainers and its vllm role (entrypoints/generation/vllm_token.py): the component makes one for the
-# job in the submitting environment, which local_cwd and Slurm jobs inherit; elsewhere a file the job can read
+# the job's secret between its trainers and its vllm role (entrypoints/generation/vllm_token.py): the component
+# makes one for the job in the submitting environment, which local_cwd and Slurm jobs inherit; elsewhere a file the
+# job can read
 VLLM_TOKEN_VARIABLE = "POSTTRAIN_VLLM_TOKEN"
 VLLM_TOKEN_PATH_VARIABLE = "POSTTRAIN_VLLM_TOKEN_PATH"
 

@@ -1,1 +1,2 @@
-"""The job's life: its runtime (spec to trainer to outputs), processes and their group, sharding strategies, the output-dir lease, errors torchx reads, the trainer callbacks."""
+"""The job's life: its runtime (spec to trainer to outputs), the processes and their group, the sharding
+strategies, the lease on output_dir, the error file torchx reads, the trainer's callbacks."""

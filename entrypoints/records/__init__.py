@@ -1,1 +1,2 @@
-"""What a run writes and resumes from: checkpoints and resume, the run summary, metrics and curves."""
+"""What a run writes and resumes from: checkpoints and resume, files written and judged whole, the run
+summary, metrics and curves."""
