@@ -197,7 +197,7 @@ def tiny_job(tmp_path: Path, algorithm: str, **changes: Any) -> Any:
     raw.update(changes)
     spec = validate(raw)
     args = import_object(spec.config_class)(**runtime.training_arguments(spec, dict(spec.training)))
-    tokenizer = load_tokenizer(spec.model.name_or_path, spec, "left" if spec.generates else "right")
+    tokenizer = load_tokenizer(spec.model.name_or_path, spec.model, "left" if spec.generates else "right")
     data = load_data(spec.data.train, spec.data.columns, "data.train", spec.data_formats)
     return runtime.Job(spec, args, tokenizer, data, None, callbacks=[], rewards=resolve_rewards(spec))
 

@@ -12,10 +12,10 @@ import os
 import select
 import socket
 import time
-from typing import Iterator, List
+from typing import Any, Iterator, List, Mapping
 
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, Spec
+from posttrain.components.spec.schema import VLLM_HOST_VARIABLE
 from posttrain.entrypoints.generation import vllm_token
 
 POLL_S = 2.0  # how often a wait looks at the other side
@@ -65,7 +65,7 @@ def keep_alive(lease: socket.socket) -> None:
 
 
 @contextlib.contextmanager
-def lease(spec: Spec) -> Iterator[None]:
+def lease(training: Mapping[str, Any]) -> Iterator[None]:
     """The trainers' side, on rank 0 of a job with a ``vllm`` role: held from the start, ``done`` at a clean end.
 
     An exception just drops it: with torchrun restarts (``--max_restarts``) the
@@ -76,8 +76,8 @@ def lease(spec: Spec) -> Iterator[None]:
         yield
         return
     token = vllm_token.required_token("the trainers")
-    port = lease_port(spec.training.get("vllm_server_port", 8000))
-    timeout_s = spec.training.get("vllm_server_timeout", 240)
+    port = lease_port(training.get("vllm_server_port", 8000))
+    timeout_s = training.get("vllm_server_timeout", 240)
     deadline = time.monotonic() + timeout_s
     while True:
         held = None

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Type
 
 from posttrain.components.spec.messages import SpecError, first_line
-from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, Spec
+from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, ModelSpec, Spec
 from posttrain.entrypoints.generation import role_lease, vllm_token
 from posttrain.entrypoints.inputs.models import CAUSAL_LM, load_model, load_tokenizer
 
@@ -91,7 +91,7 @@ def head_size_problem(config: Any, on_cpu: bool) -> Optional[str]:
     )
 
 
-def training_dtype(training: Mapping[str, Any], spec: Spec, checkpoint_dtype: Any, on_cpu: bool) -> str:
+def training_dtype(training: Mapping[str, Any], model: ModelSpec, checkpoint_dtype: Any, on_cpu: bool) -> str:
     """The dtype training computes in: mixed precision's, else the weights' (``auto``: the checkpoint's, fp32 if none).
 
     ``bf16`` unset is TRL's default on GPUs, bf16 unless fp16 (posttrain turns it off on CPU:
@@ -105,8 +105,8 @@ def training_dtype(training: Mapping[str, Any], spec: Spec, checkpoint_dtype: An
         return "bfloat16"
     if training.get("fp16"):
         return "float16"
-    if spec.model.dtype != "auto":
-        return spec.model.dtype
+    if model.dtype != "auto":
+        return model.dtype
     return str(checkpoint_dtype or "float32").removeprefix("torch.")
 
 
@@ -175,7 +175,7 @@ def _llm_factory(llm_class: Callable[..., Any], spec: Spec, training: Mapping[st
         problem = head_size_problem(config, on_cpu)
         if problem:
             raise SpecError([problem])
-        kwargs.setdefault("dtype", training_dtype(training, spec, getattr(config, "dtype", None), on_cpu))
+        kwargs.setdefault("dtype", training_dtype(training, spec.model, getattr(config, "dtype", None), on_cpu))
         return llm_class(**kwargs)
 
     make.__wrapped__ = llm_class  # type: ignore[attr-defined]
@@ -193,7 +193,7 @@ def _builtin_directory(spec: Spec) -> str:
     name = spec.model.name_or_path
     if name not in _BUILTIN_DIRECTORIES:
         directory = _BUILTIN_DIRECTORIES[name] = tempfile.TemporaryDirectory(prefix="posttrain-vllm-")
-        tokenizer = load_tokenizer(name, spec, padding_side="left")
+        tokenizer = load_tokenizer(name, spec.model, padding_side="left")
         model = load_model(name, spec, tokenizer, CAUSAL_LM)
         tensors: Dict[str, Any] = {}
         for key, tensor in model.state_dict().items():
@@ -406,4 +406,4 @@ def server_model(spec: Spec) -> Tuple[str, str]:
     problem = head_size_problem(config, on_cpu)
     if problem:
         raise SpecError([problem])
-    return model, training_dtype(spec.training, spec, getattr(config, "dtype", None), on_cpu)
+    return model, training_dtype(spec.training, spec.model, getattr(config, "dtype", None), on_cpu)

@@ -83,7 +83,7 @@ def check_reward_templates(
     for index, reward in enumerate(rewards):
         if not chat or not isinstance(reward, str):  # a function, or text prompts
             continue
-        if load_tokenizer(reward, spec, padding_side="right").chat_template is None:
+        if load_tokenizer(reward, spec.model, padding_side="right").chat_template is None:
             raise SpecError(
                 [
                     f"rewards.{index}: {chat[0]}'s rows are chat messages, which the reward model {reward} "

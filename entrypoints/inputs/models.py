@@ -22,7 +22,7 @@ import torch
 
 from posttrain.components.spec.local_files import model_directory_problem
 from posttrain.components.spec.messages import SpecError, first_line
-from posttrain.components.spec.schema import Spec
+from posttrain.components.spec.schema import ModelSpec, Spec
 from posttrain.entrypoints.inputs import tiny
 from posttrain.entrypoints.records.files import file_problem
 from posttrain.entrypoints.speed import attention, fast_paths
@@ -39,7 +39,7 @@ def import_object(path: str) -> Any:
     return functools.reduce(getattr, attr.split("."), importlib.import_module(module))
 
 
-def load_tokenizer(name_or_path: str, spec: Spec, padding_side: str) -> Any:
+def load_tokenizer(name_or_path: str, model: ModelSpec, padding_side: str) -> Any:
     """The tokenizer of ``name_or_path``, padding on ``padding_side``.
 
     transformers 5 does not save ``padding_side`` with a tokenizer, so it is
@@ -47,7 +47,6 @@ def load_tokenizer(name_or_path: str, spec: Spec, padding_side: str) -> Any:
     """
     from transformers import AutoTokenizer
 
-    model = spec.model
     if name_or_path in tiny.BUILTINS:
         tokenizer = tiny.BUILTINS[name_or_path][0]()
     else:
@@ -60,14 +59,13 @@ def load_tokenizer(name_or_path: str, spec: Spec, padding_side: str) -> Any:
     return tokenizer
 
 
-def model_config(name_or_path: str, spec: Spec) -> Optional[Any]:
+def model_config(name_or_path: str, model: ModelSpec) -> Optional[Any]:
     """The model's config, read before its weights load; None where there is none to read (a hub id out of reach,
     a PEFT adapter's directory). The built-in tiny models are Llamas."""
     import transformers
 
     if name_or_path in tiny.BUILTINS:
         return transformers.LlamaConfig()
-    model = spec.model
     try:
         return transformers.AutoConfig.from_pretrained(
             name_or_path, revision=model.revision, trust_remote_code=model.trust_remote_code
@@ -168,7 +166,7 @@ def check_same_tokenizer(name_or_path: str, spec: Spec, tokenizer: Any, where: s
     token ids directly; with another tokenizer it would score other text
     without a word. Its tokenizer may add tokens, not renumber them.
     """
-    theirs = load_tokenizer(name_or_path, spec, padding_side=tokenizer.padding_side).get_vocab()
+    theirs = load_tokenizer(name_or_path, spec.model, padding_side=tokenizer.padding_side).get_vocab()
     differing = [token for token, index in tokenizer.get_vocab().items() if theirs.get(token) != index]
     if differing:
         raise SpecError(

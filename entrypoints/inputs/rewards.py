@@ -189,7 +189,7 @@ def load_reward_models(
             funcs.append(reward)
             tokenizers.append(None)
             continue
-        tokenizer = load_tokenizer(reward, spec, padding_side="right")
+        tokenizer = load_tokenizer(reward, spec.model, padding_side="right")
         model = load_model(reward, spec, tokenizer, SEQUENCE_CLASSIFICATION)
         # the score is read at the last token before padding: the model must know its tokenizer's pad id
         model.config.pad_token_id = tokenizer.pad_token_id

@@ -149,7 +149,7 @@ def run(algorithm: str, build_trainer: Callable[[Job], Any], argv: Optional[Sequ
         spec = spec_from_json(options.spec_json)
         if spec.algorithm != algorithm:
             raise SpecError([f"algorithm: the spec is for {spec.algorithm!r}, this entrypoint runs {algorithm!r}"])
-        with role_lease.lease(spec):  # a job with a vllm role: rank 0 tells it when training ends
+        with role_lease.lease(spec.training):  # a job with a vllm role: rank 0 tells it when training ends
             _train(algorithm, spec, build_trainer)
     except SpecError as error:
         # every rank meets the same error (the checks agree across ranks, see distributed.all_ranks_agree): one says
@@ -317,7 +317,7 @@ def _check_inputs(spec: Spec, output_dir: Path, world_size: int, reward_check: R
     check_model_paths(spec)
     checkpoints.check_room(output_dir, spec, training)
     check_model_options(spec)
-    tokenizer = load_tokenizer(spec.model.name_or_path, spec, padding_side="left" if spec.generates else "right")
+    tokenizer = load_tokenizer(spec.model.name_or_path, spec.model, padding_side="left" if spec.generates else "right")
     check_chat_template(args, tokenizer, datasets, spec.model.name_or_path)
     check_reward_templates(rewards, spec, datasets)
     eval_dataset = datasets[1][1] if len(datasets) > 1 else None
@@ -420,7 +420,7 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
         "ddp_find_unused_parameters" in config_fields(spec.config_class)
         and kwargs.get("ddp_find_unused_parameters") is None
     ):
-        config = model_config(spec.model.name_or_path, spec)
+        config = model_config(spec.model.name_or_path, spec.model)
         kwargs["ddp_find_unused_parameters"] = may_leave_parameters_unused(config)  # decided by the model
     if has_rewards(spec) and "reward_weights" in config_fields(spec.config_class):
         kwargs["reward_weights"] = [reward.weight for reward in spec.rewards]  # else the trainer takes them itself

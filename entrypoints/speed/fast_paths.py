@@ -106,7 +106,7 @@ def gpu_batch(spec: Spec, on_cuda: bool) -> Dict[str, Any]:
     if "gpu_batch" not in spec.fast_paths or not on_cuda or sized:
         return {}
     max_length = config_value(spec.config_class, training, "max_length")
-    shape = gpu_memory.model_shape(spec)
+    shape = gpu_memory.model_shape(spec.model)
     if not max_length or shape is None or not fused_loss(training, shape):  # no max_length: no bound on a row
         return {}
     rows = max(1, GPU_TOKENS_PER_STEP // max_length)
@@ -133,7 +133,7 @@ def fused_loss(training: Dict[str, Any], shape: gpu_memory.ModelShape) -> bool:
 def activations_fit(spec: Spec, training: Dict[str, Any]) -> bool:
     """Whether a step keeps all its activations within this GPU's memory (gpu_memory.py); said on rank 0."""
     max_length = config_value(spec.config_class, training, "max_length")
-    shape = gpu_memory.model_shape(spec)
+    shape = gpu_memory.model_shape(spec.model)
     if not max_length or shape is None:
         return False
     rows = config_value(spec.config_class, training, "per_device_train_batch_size")
@@ -167,7 +167,7 @@ def attention_implementation(spec: Spec) -> Optional[str]:
         return chosen
     if attention.varlen_available() is not None:
         return None
-    shape = gpu_memory.model_shape(spec)
+    shape = gpu_memory.model_shape(spec.model)
     if shape is None or shape.model_type not in VARLEN_MODEL_TYPES or shape.attention_dropout:
         return None
     if not computes_in_16_bits(spec.training) and shape.weight_bytes != 2:  # float32: no varlen kernel takes it

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from posttrain.components.spec.schema import Spec
+from posttrain.components.spec.schema import ModelSpec
 
 # What a decoder layer keeps for its backward, per token, in bytes at 16 bits: about 16 x hidden (norms, the
 # attention's inputs and output) and 6 x intermediate (the gated MLP's three products), as Korthikanti et al.
@@ -58,10 +58,9 @@ class ModelShape:
         return LOGIT_BYTES * self.vocabulary * tokens
 
 
-def model_shape(spec: Spec) -> Optional[ModelShape]:
-    """The shape of ``spec``'s model from its config; None where there is none to read (a hub id out of reach,
-    a built-in, a config that is not a decoder's)."""
-    model = spec.model
+def model_shape(model: ModelSpec) -> Optional[ModelShape]:
+    """The shape of the model from its config; None where there is none to read (a hub id out of reach, a
+    built-in, a config that is not a decoder's)."""
     return _shape(model.name_or_path, model.revision, model.trust_remote_code, model.dtype)
 
 

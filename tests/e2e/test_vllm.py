@@ -101,7 +101,7 @@ def test_after_training_vllm_generates_with_the_trained_weights(tmp_path: Path) 
     raw["training"].update(output_dir=str(tmp_path / "out"), max_steps=3, save_steps=100)
     spec = validate(raw)
     args = import_object(spec.config_class)(**runtime.training_arguments(spec, dict(spec.training)))
-    tokenizer = load_tokenizer(spec.model.name_or_path, spec, "left")
+    tokenizer = load_tokenizer(spec.model.name_or_path, spec.model, "left")
     data = load_data(spec.data.train, spec.data.columns, "data.train", spec.data_formats)
     trainer = build_trainer(runtime.Job(spec, args, tokenizer, data, None, [], resolve_rewards(spec)))
     generation = trainer.vllm_generation
@@ -199,10 +199,10 @@ def test_the_server_roles_weights_after_a_sync_are_the_trainers(tmp_path: Path) 
             env.setenv(VLLM_TOKEN_VARIABLE, TOKEN)
             kwargs = runtime.training_arguments(spec, dict(spec.training))  # patches TRL's VLLMClient for CPU
             assert kwargs["vllm_server_host"] == "127.0.0.1"
-            with role_lease.lease(spec):
+            with role_lease.lease(spec.training):
                 client = VLLMClient(host="127.0.0.1", server_port=port, connection_timeout=600)
                 client.init_communicator(device="cpu")
-                tokenizer = load_tokenizer(spec.model.name_or_path, spec, "left")
+                tokenizer = load_tokenizer(spec.model.name_or_path, spec.model, "left")
                 model = load_model(spec.model.name_or_path, spec, tokenizer, CAUSAL_LM).eval()
                 ids = tokenizer(TEXT)["input_ids"]
                 initial = server_logprobs(port, client.model, ids)

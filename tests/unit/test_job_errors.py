@@ -331,7 +331,7 @@ def test_the_attention_implementation_is_checked_before_any_model_loads_and_hono
     with pytest.raises(SpecError, match=re.escape(toggled)):
         check_model_options(validate(raw))  # a built-in
     spec = validate({**raw, "model": {"name_or_path": raw["model"]["name_or_path"]}})
-    tokenizer = load_tokenizer(spec.model.name_or_path, spec, "right")
+    tokenizer = load_tokenizer(spec.model.name_or_path, spec.model, "right")
     load_model(spec.model.name_or_path, spec, tokenizer, CAUSAL_LM).save_pretrained(tmp_path / "saved")
     with pytest.raises(SpecError, match=re.escape(toggled)):
         check_model_options(

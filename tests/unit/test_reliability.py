@@ -89,7 +89,7 @@ def test_job_side_checks_in_process(
     spec = validate(raw)
     with pytest.raises(SpecError) as error:
         if "model" in change:
-            load_tokenizer(spec.model.name_or_path, spec, "right")
+            load_tokenizer(spec.model.name_or_path, spec.model, "right")
         data = load_data(spec.data.train, spec.data.columns, "data.train", spec.data_formats)
         fit_batch(spec.training, spec.config_class, len(data), world_size=2)
     assert str(error.value).startswith(message)

@@ -194,7 +194,7 @@ def test_a_trainer_that_set_up_another_strategy_is_refused(tmp_path: Path) -> No
 
     plain = sft_spec(tmp_path)
     args = SFTConfig(**runtime.training_arguments(plain, dict(plain.training)))
-    tokenizer = load_tokenizer(plain.model.name_or_path, plain, "right")
+    tokenizer = load_tokenizer(plain.model.name_or_path, plain.model, "right")
     data = load_data(plain.data.train, {}, "data.train", SFT_FORMATS)
     trainer = SFTTrainer(
         model=tiny.build_model(tokenizer, LlamaForCausalLM), args=args, train_dataset=data, processing_class=tokenizer

@@ -81,16 +81,18 @@ def test_a_head_size_vllm_on_cpu_does_not_take_is_named_with_a_model_it_takes() 
 def test_vllm_runs_in_the_dtype_training_computes_in() -> None:
     spec = grpo_vllm()
     for on_cpu in (True, False):
-        assert training_dtype({"bf16": False}, spec, None, on_cpu) == "float32"  # vLLM would make fp32 weights bf16
-        assert training_dtype({"bf16": True}, spec, torch.float32, on_cpu) == "bfloat16"
-        assert training_dtype({"fp16": True}, spec, None, on_cpu) == "float16"
+        assert (
+            training_dtype({"bf16": False}, spec.model, None, on_cpu) == "float32"
+        )  # vLLM would make fp32 weights bf16
+        assert training_dtype({"bf16": True}, spec.model, torch.float32, on_cpu) == "bfloat16"
+        assert training_dtype({"fp16": True}, spec.model, None, on_cpu) == "float16"
     # bf16 unset: TRL's default on GPUs is bf16 mixed precision, whatever the weights; off on CPU (posttrain's)
-    assert training_dtype({}, spec, torch.float32, on_cpu=False) == "bfloat16"
-    assert training_dtype({}, spec, torch.bfloat16, on_cpu=True) == "bfloat16"
-    assert training_dtype({}, spec, torch.float32, on_cpu=True) == "float32"
+    assert training_dtype({}, spec.model, torch.float32, on_cpu=False) == "bfloat16"
+    assert training_dtype({}, spec.model, torch.bfloat16, on_cpu=True) == "bfloat16"
+    assert training_dtype({}, spec.model, torch.float32, on_cpu=True) == "float32"
     raw = load_template("grpo/tiny-vllm.yaml")
     raw["model"]["dtype"] = "float16"
-    assert training_dtype({}, validate(raw), torch.float32, on_cpu=True) == "float16"
+    assert training_dtype({}, validate(raw).model, torch.float32, on_cpu=True) == "float16"
 
 
 def test_the_vllm_builtin_is_tiny_llama3_with_heads_of_32_and_the_same_weights() -> None:

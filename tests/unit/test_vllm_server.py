@@ -63,7 +63,7 @@ def test_rank0_holds_the_lease_and_says_done_only_at_a_clean_end(tmp_path: Path,
         role = threading.Thread(target=lambda: accepted.append(play_the_role(listener)))
         accepted: List[socket.socket] = []
         role.start()
-        with role_lease.lease(spec):
+        with role_lease.lease(spec.training):
             role.join()
         held = accepted[0]
         # both proved they hold the job's token (the role holds no other lease), then done; the token never crossed
@@ -71,7 +71,7 @@ def test_rank0_holds_the_lease_and_says_done_only_at_a_clean_end(tmp_path: Path,
         held.close()
         role = threading.Thread(target=lambda: accepted.append(play_the_role(listener)))
         role.start()
-        with pytest.raises(RuntimeError), role_lease.lease(spec):
+        with pytest.raises(RuntimeError), role_lease.lease(spec.training):
             role.join()
             raise RuntimeError("a failing step")
         held = accepted[1]
@@ -80,7 +80,7 @@ def test_rank0_holds_the_lease_and_says_done_only_at_a_clean_end(tmp_path: Path,
         assert not role_lease.role_exited()  # and this process holds no lease any more
         held.close()
         monkeypatch.setenv("RANK", "1")
-        with role_lease.lease(spec):
+        with role_lease.lease(spec.training):
             listener.settimeout(0.5)
             with pytest.raises(socket.timeout):
                 listener.accept()  # other ranks hold none
@@ -90,7 +90,7 @@ def test_no_role_to_lease_from_is_one_line_naming_the_timeout(tmp_path: Path, mo
     monkeypatch.setenv(VLLM_HOST_VARIABLE, "localhost")
     monkeypatch.setattr(role_lease, "POLL_S", 0.2)
     with pytest.raises(SpecError, match=r"^training.vllm_server_timeout: the vllm role at localhost:\d+ did not"):
-        with role_lease.lease(server_spec(tmp_path, free_port(), timeout_s=1)):
+        with role_lease.lease(server_spec(tmp_path, free_port(), timeout_s=1).training):
             pass
 
 
@@ -100,7 +100,7 @@ def test_role_exited_sees_the_role_close_its_end(tmp_path: Path, monkeypatch) ->
     accepted: List[socket.socket] = []
     role = threading.Thread(target=lambda: accepted.append(play_the_role(listener)))
     role.start()
-    with listener, role_lease.lease(server_spec(tmp_path, port)):
+    with listener, role_lease.lease(server_spec(tmp_path, port).training):
         role.join()
         role_side = accepted[0]
         assert not role_lease.role_exited()
@@ -116,7 +116,7 @@ def test_trainers_without_the_job_s_token_stop_in_one_line_before_they_connect(t
     with pytest.raises(
         SpecError, match=r"^the trainers: the job's vLLM token is missing \(it has none\); `torchx run`"
     ):
-        with role_lease.lease(server_spec(tmp_path, free_port())):
+        with role_lease.lease(server_spec(tmp_path, free_port()).training):
             pass
 
 
@@ -212,7 +212,7 @@ def test_trainers_stop_in_one_line_at_a_squatter_on_the_role_s_port_and_send_it_
         thread = threading.Thread(target=lambda: squatter.append(play_the_role(listener, answer)))
         thread.start()
         with pytest.raises(SpecError, match=r"^vllm role: what listens at 127.0.0.1:\d+ did not prove it holds"):
-            with role_lease.lease(server_spec(tmp_path, port)):
+            with role_lease.lease(server_spec(tmp_path, port).training):
                 pass
         thread.join()
         squatter[0].settimeout(5)
