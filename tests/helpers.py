@@ -294,12 +294,11 @@ MISTRAL_FORMATS = {
 }
 
 
-def _run_sft(tmp_path: Path, model: Path, data: str, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The tiny SFT, in this process as rank 0, on ``model`` and the rows of ``data``, for 12 steps."""
+def run_tiny_sft(tmp_path: Path, model: Path, data: str) -> Path:
+    """The tiny SFT, in this process as rank 0 (the ``job_process`` fixture), on ``model`` and the rows of
+    ``data``, for 12 steps."""
     from posttrain.components.spec.loading import validate
 
-    monkeypatch.chdir(REPO)
-    monkeypatch.setenv("RANK", "0")
     raw = load_template("sft/tiny.yaml")
     raw["model"]["name_or_path"] = str(model)
     raw["data"]["train"]["path"] = data

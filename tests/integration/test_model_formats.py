@@ -8,12 +8,14 @@ from typing import Dict
 import pytest
 
 from helpers import MISTRAL_FORMATS as FORMATS
-from helpers import REPO, _run_sft, read_json
+from helpers import REPO, read_json, run_tiny_sft
+
+pytestmark = pytest.mark.usefixtures("job_process")  # runs in process as a job's rank 0
 
 
 @pytest.mark.parametrize("name", sorted(FORMATS))
 def test_a_mistral_model_directory_trains_with_its_own_tokenizer_file(
-    tmp_path: Path, mistral_models: Dict[str, Path], name: str, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, mistral_models: Dict[str, Path], name: str
 ) -> None:
     from transformers import AutoTokenizer
 
@@ -22,7 +24,7 @@ def test_a_mistral_model_directory_trains_with_its_own_tokenizer_file(
     text.write_text(
         "".join(json.dumps({"text": " ".join(m["content"] for m in row["messages"])}) + "\n" for row in rows)
     )
-    output_dir = _run_sft(tmp_path, mistral_models[name], str(text), monkeypatch)
+    output_dir = run_tiny_sft(tmp_path, mistral_models[name], str(text))
     summary = read_json(output_dir / "run_summary.json")
     assert summary["metrics_last"]["loss"] < 0.95 * summary["metrics_first"]["loss"], summary["metrics_last"]
     source, saved = (AutoTokenizer.from_pretrained(path) for path in (mistral_models[name], output_dir))

@@ -10,16 +10,18 @@ from typing import Dict
 import pytest
 
 from helpers import MISTRAL_FORMATS as FORMATS
-from helpers import _run_sft
+from helpers import run_tiny_sft
 from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints.inputs.models import check_model_path
 
+pytestmark = pytest.mark.usefixtures("job_process")  # runs in process as a job's rank 0
+
 
 def test_chat_rows_with_mistrals_native_tokenizer_are_one_line(
-    tmp_path: Path, mistral_models: Dict[str, Path], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+    tmp_path: Path, mistral_models: Dict[str, Path], capsys: pytest.CaptureFixture
 ) -> None:
     with pytest.raises(SystemExit) as stopped:
-        _run_sft(tmp_path, mistral_models["tekken"], "templates/data/sft_chat.jsonl", monkeypatch)
+        run_tiny_sft(tmp_path, mistral_models["tekken"], "templates/data/sft_chat.jsonl")
     assert stopped.value.code == 2
     err = capsys.readouterr().err
     assert (
