@@ -32,6 +32,22 @@ def job_env(tmp_root: Path, **extra: str) -> Dict[str, str]:
     return env
 
 
+def two_gloo_ranks(code: str, **env: str) -> List[subprocess.Popen]:
+    """Ranks 0 and 1 of a two-process group on this host (a free ``MASTER_PORT``), each running ``python -c code``
+    with ``env`` added; their output (stderr in stdout) is theirs to read."""
+    group = {**os.environ, **env, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    return [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**group, "RANK": str(rank)},
+        )
+        for rank in (0, 1)
+    ]
+
+
 def free_port(span: int = 1) -> int:
     """A port free now, with the ``span - 1`` after it: a chain's stage i rendezvouses on the port plus i."""
     while True:

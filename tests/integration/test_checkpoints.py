@@ -1,15 +1,12 @@
 """Resume with real processes and a real disk: two gloo ranks resume from rank 0's choice, and a file system without
 room for one checkpoint is refused before any model loads (a 2 MiB tmpfs: needs root)."""
 
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from helpers import free_port, sft_spec
+from helpers import sft_spec, two_gloo_ranks
 from posttrain.components.spec.loading import SpecError
 from posttrain.entrypoints.job.distributed import rank0s
 from posttrain.entrypoints.records.checkpoints import check_room
@@ -27,19 +24,7 @@ RANK0S = textwrap.dedent("""
 
 def test_every_rank_resumes_from_rank_0s_choice() -> None:
     assert rank0s("checkpoint-10") == "checkpoint-10"  # no process group: this process's own
-    port = str(free_port())
-    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-c", RANK0S],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**env, "RANK": str(rank)},
-        )
-        for rank in (0, 1)
-    ]
-    for process in processes:
+    for process in two_gloo_ranks(RANK0S):
         assert "chose checkpoint-10" in process.communicate(timeout=120)[0]
 
 

@@ -1,15 +1,12 @@
 """A problem one rank alone sees stops every rank with its message: two gloo ranks, each a process of its own, for a
 check before training and for a reward's bad score at a step's end."""
 
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from helpers import free_port
+from helpers import two_gloo_ranks
 
 pytestmark = pytest.mark.usefixtures("isolated")
 
@@ -45,24 +42,7 @@ TWO_RANKS = textwrap.dedent("""
 # "cpu:gloo": a group named by device, as posttrain's on GPUs is ("cuda:nccl,cpu:gloo"), whose flags stay on gloo
 @pytest.mark.parametrize("backend", ["gloo", "cpu:gloo"])
 def test_a_problem_one_rank_alone_sees_stops_every_rank_with_its_message(tmp_path: Path, backend: str) -> None:
-    port = str(free_port())
-    processes = [
-        subprocess.Popen(
-            [sys.executable, "-c", TWO_RANKS],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={
-                **os.environ,
-                "RANK": str(rank),
-                "WORLD_SIZE": "2",
-                "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": port,
-                "BACKEND": backend,
-            },
-        )
-        for rank in (0, 1)
-    ]
+    processes = two_gloo_ranks(TWO_RANKS, BACKEND=backend)
     outputs = [process.communicate(timeout=120)[0] for process in processes]
     for rank, output in enumerate(outputs):
         assert f"rank {rank} stopped: data.train: only rank 1 sees this" in output, output

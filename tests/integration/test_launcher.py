@@ -1,12 +1,9 @@
 """A gloo collective that fails because a rank died is a lost peer: two ranks, each a process of its own, one of
 which exits."""
 
-import os
-import subprocess
-import sys
 import textwrap
 
-from helpers import free_port
+from helpers import two_gloo_ranks
 
 A_RANK_DIES = textwrap.dedent("""
     import os
@@ -36,18 +33,7 @@ A_RANK_DIES = textwrap.dedent("""
 
 
 def test_a_gloo_collective_failing_because_a_rank_died_is_a_lost_peer() -> None:
-    port = str(free_port())
-    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
-    ranks = [
-        subprocess.Popen(
-            [sys.executable, "-c", A_RANK_DIES],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env={**env, "RANK": str(rank)},
-        )
-        for rank in (0, 1)
-    ]
+    ranks = two_gloo_ranks(A_RANK_DIES)
     output = ranks[0].communicate(timeout=120)[0]
     assert ranks[1].wait(timeout=60) == 13
     assert "backward: lost a peer True\nall_reduce: lost a peer True\n" in output, output

@@ -17,6 +17,7 @@ from transformers import LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from trl import SFTConfig, SFTTrainer
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
+from helpers import SHAPE
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints.inputs import tiny
@@ -34,15 +35,7 @@ def llama(attention: str) -> torch.nn.Module:
 
 
 def qwen2(attention: str) -> torch.nn.Module:
-    config = Qwen2Config(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
+    config = Qwen2Config(**SHAPE)
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config)
     model.config._attn_implementation = attention
