@@ -1,15 +1,19 @@
-"""The arguments every component takes, documented once.
+"""A component's docstring, written once: its algorithm's description and the arguments every component takes.
 
 torchx needs each component as a real function with its own signature (they
-stay in ``algorithms.py``) and reads its docstring's ``Args:`` block at run
-time for ``torchx run posttrain.<algorithm> --help``: :func:`component`
-appends the block below to each.
+stay in ``algorithms.py``) and reads its docstring at run time for
+``torchx run posttrain.<algorithm> --help``: :func:`component` writes it from
+the algorithm's text (``spec/descriptions.py``, which the reference pages
+render too) and appends the ``Args:`` block below.
 """
 
 import inspect
+import textwrap
 from typing import Callable, Dict
 
 import torchx.specs as specs
+
+from posttrain.components.spec.descriptions import DESCRIPTIONS, facts
 
 # Every component's arguments, as ``torchx run posttrain.<algorithm> --help`` shows them.
 ARGS: Dict[str, str] = {
@@ -39,11 +43,35 @@ ARGS: Dict[str, str] = {
 }
 
 
+# torchx's --help prints the description as written (argparse's RawDescriptionHelpFormatter): wrap it for a terminal
+HELP_WIDTH = 80
+
+
+def _wrapped(text: str, indent: str = "") -> str:
+    """``text`` filled to HELP_WIDTH, never inside a reST literal (``builtin: exact_match | contains`` stays whole)."""
+    parts = text.split("``")  # odd parts are literals: their spaces become NULs while filling
+    glued = "``".join(part.replace(" ", "\0") if i % 2 else part for i, part in enumerate(parts))
+    filled = textwrap.fill(glued, HELP_WIDTH, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
+    return filled.replace("\0", " ")
+
+
+def description_docstring(algorithm: str) -> str:
+    """An algorithm's description (``spec/descriptions.py``) as its component's docstring, before ``Args:``."""
+    text = DESCRIPTIONS[algorithm]
+    lines = [_wrapped(text.summary), "", _wrapped(text.use), ""]
+    lines += [_wrapped(f"{label}: {line}", "    ") for label, line in facts(algorithm)]
+    lines += ["", ".. code-block:: shell-session", ""] + [f"    $ {command}" for command in text.examples]
+    return "\n".join(lines)
+
+
 def component(fn: Callable[..., specs.AppDef]) -> Callable[..., specs.AppDef]:
-    """Appends the shared ``Args:`` block (the arguments it takes) to a component's docstring; the function is unchanged."""
+    """Writes a component's docstring: its algorithm's description (chain, no algorithm: its own docstring), then
+    the shared ``Args:`` block (the arguments it takes); the function is unchanged."""
+    algorithm = fn.__name__
+    if algorithm in DESCRIPTIONS and fn.__doc__:
+        raise TypeError(f"posttrain.{algorithm}: its text is DESCRIPTIONS[{algorithm!r}] in spec/descriptions.py")
+    text = description_docstring(algorithm) if algorithm in DESCRIPTIONS else inspect.cleandoc(fn.__doc__ or "")
     taken = inspect.signature(fn).parameters
-    lines = "\n".join(
-        f"        {arg}: {text.format(algorithm=fn.__name__)}" for arg, text in ARGS.items() if arg in taken
-    )
-    fn.__doc__ = f"{(fn.__doc__ or '').rstrip()}\n\n    Args:\n{lines}\n    "
+    lines = "\n".join(f"    {arg}: {what.format(algorithm=algorithm)}" for arg, what in ARGS.items() if arg in taken)
+    fn.__doc__ = f"{text}\n\nArgs:\n{lines}\n"
     return fn

@@ -1,12 +1,7 @@
 """On-policy distillation of ``teacher_model`` into the model with ``trl.DistillationTrainer``.
 
-    torchx run -s local_cwd posttrain.distill --spec templates/distill/tiny.yaml
-
-Data: ``prompt`` rows. The student generates completions; the loss is the generalised Jensen-Shannon divergence
-(``beta``) between its and the teacher's next-token distributions on them. The teacher is loaded like the model
-(same dtype and options), frozen, and must share its tokenizer. Logs: ``loss``, ``entropy``,
-``completions/mean_length``. Refused: ``teacher_model_name_or_path``, ``teacher_model_revision`` and
-``teacher_model_init_kwargs`` (posttrain's: use ``teacher_model`` at the top of the spec).
+What it reads, loads, logs, saves and refuses, and how to run it: its description in components/spec/descriptions.py,
+shown by ``torchx run posttrain.distill --help`` and on docs/pages/reference/distill.md.
 """
 
 from trl import DistillationTrainer

@@ -1,12 +1,7 @@
 """Direct preference optimisation with ``trl.DPOTrainer``, as TRL's ``trl/scripts/dpo.py``.
 
-    torchx run -s local_cwd posttrain.dpo --spec templates/dpo/tiny.yaml
-
-Data: ``prompt``, ``chosen`` and ``rejected`` rows (or ``chosen`` and ``rejected`` alone).
-The reference: ``reference_model``, else a second load of the model (under LoRA: the model, adapter off).
-Logs: ``loss``, ``rewards/chosen``, ``rewards/rejected``, ``rewards/accuracies``, ``rewards/margins``,
-``logps/chosen``, ``logps/rejected``, ``logits/chosen``, ``logits/rejected``.
-Refused: ``padding_free`` (TRL 1.16's DPOTrainer turns it off).
+What it reads, loads, logs, saves and refuses, and how to run it: its description in components/spec/descriptions.py,
+shown by ``torchx run posttrain.dpo --help`` and on docs/pages/reference/dpo.md.
 """
 
 from trl import DPOTrainer

@@ -1,15 +1,7 @@
-"""Group relative policy optimisation with ``trl.GRPOTrainer``, as TRL's ``trl/scripts/grpo.py``; GSPO is
-``importance_sampling_level: sequence``.
+"""Group relative policy optimisation (and GSPO) with ``trl.GRPOTrainer``, as TRL's ``trl/scripts/grpo.py``.
 
-    torchx run -s local_cwd posttrain.grpo --spec templates/grpo/tiny.yaml
-    torchx run -s local_cwd posttrain.grpo --spec templates/grpo/gspo-tiny.yaml
-
-Data: ``prompt`` rows. Each prompt gets ``num_generations`` completions, scored by the spec's ``rewards``
-(functions, built-ins and reward models, weighted) and compared within their group. Generation: transformers'
-``generate``, or vLLM (``use_vllm``; ``vllm_mode: server`` adds the job's ``vllm`` role).
-Logs: ``reward``, ``reward_std``, ``rewards/<name>/mean``, ``kl`` (with ``beta`` > 0), ``entropy``,
-``completions/mean_length``, ``clip_ratio/*``. Every reward's scores are checked at each step's end
-(``rewards.RewardCheck``): a NaN or a wrong count stops the job with one line.
+What it reads, loads, logs, saves and refuses, and how to run it: its description in components/spec/descriptions.py,
+shown by ``torchx run posttrain.grpo --help`` and on docs/pages/reference/grpo.md.
 """
 
 from trl import GRPOTrainer

@@ -1,12 +1,7 @@
-"""Kahneman-Tversky optimisation on unpaired good and bad answers with ``trl.KTOTrainer``, as TRL's
-``trl/scripts/kto.py``.
+"""Kahneman-Tversky optimisation with ``trl.KTOTrainer``, as TRL's ``trl/scripts/kto.py``.
 
-    torchx run -s local_cwd posttrain.kto --spec templates/kto/tiny.yaml
-
-Data: ``prompt``, ``completion`` and ``label`` (true: desirable) rows.
-The reference: ``reference_model``, else a second load of the model (under LoRA: the model, adapter off).
-Logs: ``loss``, ``kl``, ``rewards/chosen``, ``rewards/rejected``, ``rewards/margins``, ``logps/chosen``,
-``logps/rejected``.
+What it reads, loads, logs, saves and refuses, and how to run it: its description in components/spec/descriptions.py,
+shown by ``torchx run posttrain.kto --help`` and on docs/pages/reference/kto.md.
 """
 
 from trl import KTOTrainer

@@ -1,15 +1,7 @@
-"""Online DPO with ``trl.experimental.online_dpo.OnlineDPOTrainer``: preference pairs sampled and scored as it
-trains.
+"""Online DPO with ``trl.experimental.online_dpo.OnlineDPOTrainer``.
 
-    torchx run -s local_cwd posttrain.online_dpo --spec templates/online_dpo/tiny.yaml
-
-Data: ``prompt`` rows. Two completions of each prompt are sampled and scored by the spec's ``rewards``; DPO's loss
-prefers the better one against the reference (``reference_model``, else a second load of the model). Generation:
-transformers' ``generate``, or vLLM (``use_vllm``; ``vllm_mode: server`` adds the job's ``vllm`` role).
-Logs: ``loss``, ``objective/scores``, ``objective/scores_margin``, ``objective/kl``, ``objective/entropy``,
-``rewards/chosen``, ``rewards/rejected``, ``rewards/margins``. Refused: evaluation (``data.eval``, ``eval_*``:
-TRL's trainer runs the model's forward on prompt rows, which fails), ``remove_unused_columns`` (false, TRL's
-default, is what its prompt rows need), ``reward_model_path`` (use ``rewards: [{model: ...}]``).
+What it reads, loads, logs, saves and refuses, and how to run it: its description in components/spec/descriptions.py,
+shown by ``torchx run posttrain.online_dpo --help`` and on docs/pages/reference/online_dpo.md.
 """
 
 from trl.experimental.online_dpo import OnlineDPOTrainer

@@ -1,12 +1,7 @@
-"""Odds-ratio preference optimisation with ``trl.experimental.orpo.ORPOTrainer``: SFT and preference in one loss,
-no reference model.
+"""Odds-ratio preference optimisation with ``trl.experimental.orpo.ORPOTrainer``.
 
-    torchx run -s local_cwd posttrain.orpo --spec templates/orpo/tiny.yaml
-
-Data: ``prompt``, ``chosen`` and ``rejected`` rows (or ``chosen`` and ``rejected`` alone).
-Logs: ``loss``, ``nll_loss``, ``log_odds_ratio``, ``log_odds_chosen``, ``rewards/chosen``, ``rewards/rejected``,
-``rewards/accuracies``, ``rewards/margins``.
-Refused: ``remove_unused_columns`` (ORPO's collator needs every column; posttrain sets it to false).
+What it reads, loads, logs, saves and refuses, and how to run it: its description in components/spec/descriptions.py,
+shown by ``torchx run posttrain.orpo --help`` and on docs/pages/reference/orpo.md.
 """
 
 from trl.experimental.orpo import ORPOTrainer

@@ -1,14 +1,7 @@
-"""PPO with posttrain's own trainer (``posttrain.entrypoints.trainers.ppo_trainer``; TRL 1.x has none).
+"""PPO with posttrain's own trainer (``trainers/ppo_trainer.py``; TRL 1.x has none).
 
-    torchx run -s local_cwd posttrain.ppo --spec templates/ppo/tiny.yaml
-
-Data: ``prompt`` rows. Models: the policy; the frozen reference (``reference_model``, else a second load of the
-policy); the value model (``value_model``, else the reward model where the rewards hold exactly one, else the
-policy's weights with a fresh score head); the spec's ``rewards`` (reward models, functions, built-ins, weighted).
-Logs: ``objective/scores``, ``objective/kl``, ``objective/kl_coef``, ``objective/non_score_reward``,
-``objective/entropy``, ``loss/policy``, ``loss/value``, ``policy/approxkl``, ``policy/clipfrac``, ``val/clipfrac``,
-``val/explained_variance``. Saves the policy and ``value_model/``. Refused: every field of ``PPOConfig`` the trainer
-does not honour, each with its reason (``PPOSpec.refused_keys``).
+What it reads, loads, logs, saves and refuses, and how to run it: its description in components/spec/descriptions.py,
+shown by ``torchx run posttrain.ppo --help`` and on docs/pages/reference/ppo.md.
 """
 
 from posttrain.entrypoints.job.runtime import Job, run

@@ -1,11 +1,7 @@
-"""Reward modelling with ``trl.RewardTrainer``, as TRL's ``trl/scripts/reward.py``: a sequence-classification head
-learns to score the chosen answer above the rejected one.
+"""Reward modelling with ``trl.RewardTrainer``, as TRL's ``trl/scripts/reward.py``.
 
-    torchx run -s local_cwd posttrain.reward --spec templates/reward/tiny.yaml
-
-Data: ``prompt``, ``chosen`` and ``rejected`` rows (or ``chosen`` and ``rejected`` alone).
-The model is loaded with ``AutoModelForSequenceClassification`` (one label); LoRA trains it as ``SEQ_CLS``.
-Logs: ``loss``, ``accuracy``, ``margin``, ``mean_reward``, ``min_reward``, ``max_reward``.
+What it reads, loads, logs, saves and refuses, and how to run it: its description in components/spec/descriptions.py,
+shown by ``torchx run posttrain.reward --help`` and on docs/pages/reference/reward.md.
 """
 
 from trl import RewardTrainer

@@ -1,13 +1,7 @@
-"""REINFORCE leave-one-out with ``trl.RLOOTrainer``, as TRL's ``trl/scripts/rloo.py``: each completion's baseline
-is the mean reward of the other completions of its prompt.
+"""REINFORCE leave-one-out with ``trl.RLOOTrainer``, as TRL's ``trl/scripts/rloo.py``.
 
-    torchx run -s local_cwd posttrain.rloo --spec templates/rloo/tiny.yaml
-
-Data: ``prompt`` rows; ``num_generations`` completions each, scored by the spec's ``rewards`` (functions, built-ins
-and reward models, weighted). Generation: transformers' ``generate``, or vLLM (``use_vllm``; ``vllm_mode: server``
-adds the job's ``vllm`` role).
-Logs: ``reward``, ``reward_std``, ``rewards/<name>/mean``, ``kl`` (with ``beta`` > 0), ``entropy``,
-``completions/mean_length``. Every reward's scores are checked at each step's end (``rewards.RewardCheck``).
+What it reads, loads, logs, saves and refuses, and how to run it: its description in components/spec/descriptions.py,
+shown by ``torchx run posttrain.rloo --help`` and on docs/pages/reference/rloo.md.
 """
 
 from trl import RLOOTrainer

@@ -1,12 +1,7 @@
 """Supervised fine-tuning with ``trl.SFTTrainer``, as TRL's ``trl/scripts/sft.py``.
 
-    torchx run -s local_cwd posttrain.sft --spec templates/sft/tiny.yaml
-
-Data: ``messages`` (chat), ``text``, or ``prompt`` and ``completion`` rows.
-Logs: ``loss``, ``entropy``, ``mean_token_accuracy``, ``num_tokens``.
-Fast paths where the spec leaves their keys unset (``fast_paths.py``): padding-free batches, Liger kernels on GPUs,
-no activation checkpointing. Refused: ``dataset_kwargs`` (the trainer tokenizes the rows itself);
-``dataset_text_field`` is posttrain's (map a column with ``data.columns``).
+What it reads, loads, logs, saves and refuses, and how to run it: its description in components/spec/descriptions.py,
+shown by ``torchx run posttrain.sft --help`` and on docs/pages/reference/sft.md.
 """
 
 from trl import SFTTrainer

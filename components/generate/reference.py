@@ -1,7 +1,8 @@
 """The spec reference of the documentation site: one page per algorithm, generated from what the validator uses.
 
-Every key of a spec with its type, default, range or choices and help text:
-posttrain's own sections from the JSON Schema of the spec class
+First the algorithm's description (``spec/descriptions.py``, the text of its
+component's ``--help`` too), then every key of a spec with its type, default,
+range or choices and help text: posttrain's own sections from the JSON Schema of the spec class
 (``schema_json``, itself built from the pydantic models), ``training`` and
 ``model.lora`` from the field table (``config_fields.json``: TRL's,
 transformers' and PEFT's types, defaults and help) with the value rules
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from posttrain.components.generate.schema_json import spec_schema, write_each_algorithm
+from posttrain.components.spec.descriptions import DESCRIPTIONS, facts
 from posttrain.components.spec.fields import LORA_CONFIG, TABLE_PATH, config_fields
 from posttrain.components.spec.registry import SPEC_CLASSES
 from posttrain.components.spec.values import rows_for
@@ -26,11 +28,26 @@ from posttrain.components.spec.values import rows_for
 PAGES_DIR = Path(__file__).resolve().parents[2] / "docs" / "pages" / "reference"
 
 
-def _cell(text: Any) -> str:
-    """Text as one Markdown table cell: one line, pipes and angle brackets escaped, reST's literals as Markdown's."""
-    parts = " ".join(str(text).split()).replace("``", "`").replace("|", "\\|").split("`")
+def _markdown(text: str) -> str:
+    """reST's literals as Markdown's, angle brackets escaped."""
+    parts = text.replace("``", "`").split("`")
     # outside code spans only: inside one, Markdown shows an entity as written
     return "`".join(part if i % 2 else part.replace("<", "&lt;").replace(">", "&gt;") for i, part in enumerate(parts))
+
+
+def _cell(text: Any) -> str:
+    """Text as one Markdown table cell: one line, pipes escaped, in Markdown (:func:`_markdown`)."""
+    return _markdown(" ".join(str(text).split()).replace("|", "\\|"))
+
+
+def _description(algorithm: str) -> List[str]:
+    """The page's section from the algorithm's description: the text its component's ``--help`` shows."""
+    text = DESCRIPTIONS[algorithm]
+    lines = ["## What it does", "", _markdown(text.summary), "", _markdown(text.use), ""]
+    lines += [f"- **{label}**: {_markdown(line)}" for label, line in facts(algorithm)]
+    # inline, not a ```shell block: tests/e2e/test_readme.py runs those in one directory, where these clash
+    # (a second sft tiny run finds the first's finished model)
+    return lines + ["", "Examples:", ""] + [f"- `{command}`" for command in text.examples]
 
 
 def _shown(value: Any) -> str:
@@ -97,8 +114,10 @@ def render(algorithm: str) -> str:
     lines = [
         f"# `posttrain.{algorithm}` spec reference",
         "",
-        f"Generated from the field tables the validator uses (`python -m posttrain.components.generate`). "
-        f"`training` holds the fields of `{cls.config_class}`; `model.lora` those of `{LORA_CONFIG}`.",
+        "Generated (`python -m posttrain.components.generate`) from the algorithm's description "
+        "(`components/spec/descriptions.py`) and the field tables the validator uses.",
+        "",
+        *_description(algorithm),
         "",
         "## Top level",
         "",

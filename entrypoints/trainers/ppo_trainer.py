@@ -41,10 +41,9 @@ the policy's step); the learning-rate schedule counts optimizer updates
 (``max_steps`` x ``num_ppo_epochs`` x ``num_mini_batches``) and steps once
 per update on every rank, whatever the number of processes.
 
-Logged each iteration: ``objective/scores``
-(mean reward), ``objective/kl``, ``objective/entropy``, ``objective/kl_coef``,
-``loss/policy``, ``loss/value``, ``policy/clipfrac``, ``policy/approxkl``,
-``val/clipfrac``, ``val/explained_variance``, ``response_length``.
+Logged each iteration: the metrics ``PPO_METRICS`` lists
+(``components/spec/descriptions.py``, the text of ``posttrain.ppo --help``; a
+unit test holds this trainer's log to it), ``objective/scores`` the mean reward.
 
 Multi-process rules it keeps: every rank runs the same forward passes,
 reductions and barriers in the same order (no rank-0 branches around them);
