@@ -78,7 +78,7 @@ def finished_stages(chain: Chain) -> Dict[str, Dict[str, Any]]:
         record = recorded.get(stage.name)
         if record is None or not (Path(stage.output_dir) / SUMMARY_FILE).exists():
             break  # this stage runs, and so every stage after it
-        if stale_runs(stage.spec, Path(stage.output_dir))[0]:
+        if stale_runs(stage.spec.named_models(), stage.spec.model.revision, Path(stage.output_dir))[0]:
             break  # a model it was trained from was trained again since (outside the chain): it runs again
         changed = [d[0] for d in spec_diff(record["spec"], stage.spec.model_dump(mode="json"))]
         changed = [key for key in changed if key not in NOT_TRAINING_RELEVANT]
@@ -97,7 +97,7 @@ def finished_stages(chain: Chain) -> Dict[str, Dict[str, Any]]:
 def clear_stale(stage: Stage) -> None:
     """Removes what a stage trained from a model that has been trained again since (its finished run's summary,
     its checkpoints), saying which model changed: its run would otherwise be finished, or resumed, on the old one."""
-    changes, stale = stale_runs(stage.spec, Path(stage.output_dir))
+    changes, stale = stale_runs(stage.spec.named_models(), stage.spec.model.revision, Path(stage.output_dir))
     if not changes:
         return
     print(

@@ -19,7 +19,7 @@ def build_trainer(job: Job) -> PPOTrainer:
         value_model=value_model,
         reward_funcs=reward_funcs,
         reward_processing_classes=reward_tokenizers,
-        reward_weights=[reward.weight for reward in job.spec.rewards],
+        reward_weights=job.reward_weights,
         args=job.args,
         train_dataset=job.train_dataset,
         processing_class=job.tokenizer,

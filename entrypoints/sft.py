@@ -10,9 +10,11 @@ from posttrain.entrypoints.job.runtime import Job, run
 
 
 def build_trainer(job: Job) -> SFTTrainer:
+    model = job.load_model()
     return SFTTrainer(
-        model=job.load_model(),
+        model=model,
         args=job.args,
+        data_collator=job.data_collator(model),
         train_dataset=job.train_dataset,
         eval_dataset=job.eval_dataset,
         processing_class=job.tokenizer,

@@ -41,11 +41,11 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from posttrain.components.spec.loading import spec_from_json
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, Spec
+from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, ModelSpec
 from posttrain.entrypoints.generation import vllm_token
 from posttrain.entrypoints.generation.role_lease import HANDSHAKE_S, POLL_S, keep_alive, lease_port, route_address
 from posttrain.entrypoints.generation.vllm_generation import repack_tied_lm_head, server_model
@@ -89,17 +89,24 @@ def listen_address() -> str:
 
 
 def server_command(
-    spec: Spec, model: str, dtype: str, tensor_parallel: int, data_parallel: int, on_cuda: bool, host: str
+    training: Mapping[str, Any],
+    model: ModelSpec,
+    directory: str,
+    dtype: str,
+    *,
+    tensor_parallel: int,
+    data_parallel: int,
+    on_cuda: bool,
+    host: str,
 ) -> List[str]:
-    """vLLM's server for the spec's model, as TRL's ``VLLMClient`` expects it (``trl vllm-serve``'s flags), on
-    ``host`` only and behind the job's token (vllm_token.py)."""
-    training = spec.training
+    """vLLM's server for ``model`` (read from ``directory``), as TRL's ``VLLMClient`` expects it (``trl
+    vllm-serve``'s flags, from ``training``), on ``host`` only and behind the job's token (vllm_token.py)."""
     command = [
         sys.executable,
         "-m",
         "vllm.entrypoints.openai.api_server",
         "--model",
-        model,
+        directory,
         "--host",
         host,
         "--middleware",
@@ -123,7 +130,7 @@ def server_command(
         command += ["--max-model-len", str(training["vllm_max_model_length"])]
     if training.get("vllm_gpu_memory_utilization") is not None:
         command += ["--gpu-memory-utilization", str(training["vllm_gpu_memory_utilization"])]
-    if spec.model.trust_remote_code:
+    if model.trust_remote_code:
         command += ["--trust-remote-code"]
     if on_cuda:
         command += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
@@ -296,13 +303,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     try:
         vllm_token.required_token("vllm role")
         host = listen_address()
-        model, dtype = server_model(spec)
+        directory, dtype = server_model(spec.model, spec.training)
     except SpecError as error:
         print(f"posttrain: {error}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     on_cuda = torch.cuda.is_available()
     tp, dp = options.tensor_parallel_size, options.data_parallel_size
-    command = server_command(spec, model, dtype, tp, dp, on_cuda, host)
+    command = server_command(
+        spec.training, spec.model, directory, dtype, tensor_parallel=tp, data_parallel=dp, on_cuda=on_cuda, host=host
+    )
     log.info("%s", " ".join(command))  # the token is in the environment only
     port = lease_port(spec.training.get("vllm_server_port", 8000))
     raise SystemExit(serve(command, host, port, options.first_contact_s, options.lease_grace_s))

@@ -1,5 +1,7 @@
 """Test helpers: running the real ``torchx`` CLI and reading what a run wrote."""
 
+import dataclasses
+import functools
 import importlib
 import json
 import os
@@ -198,13 +200,26 @@ def sft_spec(tmp_path: Path, **changes: Any) -> Any:
     return validate(raw)
 
 
+def resume_of(spec: Any, output_dir: Path) -> Any:
+    """What the job decides resume from for ``spec``, writing into ``output_dir``."""
+    from posttrain.entrypoints.job import runtime
+
+    return dataclasses.replace(runtime.parts(spec).resume, output_dir=output_dir)
+
+
+def fingerprints_of(spec: Any) -> Any:
+    """The fingerprint of each model ``spec`` names, as a run records what it was trained from."""
+    from posttrain.entrypoints.records.checkpoints import model_fingerprints
+
+    return model_fingerprints(spec.named_models(), spec.model.revision)
+
+
 def tiny_job(tmp_path: Path, algorithm: str, **changes: Any) -> Any:
     """The job ``run`` would build from the algorithm's tiny template, every extra model the template's built-in one."""
     from posttrain.components.spec.loading import validate
     from posttrain.components.spec.registry import SPEC_CLASSES
     from posttrain.entrypoints.inputs.data import load_data
     from posttrain.entrypoints.inputs.models import import_object, load_tokenizer
-    from posttrain.entrypoints.inputs.rewards import resolve_rewards
     from posttrain.entrypoints.job import runtime
 
     raw = load_template(f"{algorithm}/tiny.yaml")
@@ -215,7 +230,41 @@ def tiny_job(tmp_path: Path, algorithm: str, **changes: Any) -> Any:
     args = import_object(spec.config_class)(**runtime.training_arguments(spec, dict(spec.training)))
     tokenizer = load_tokenizer(spec.model.name_or_path, spec.model, "left" if spec.generates else "right")
     data = load_data(spec.data.train, spec.data.columns, "data.train", spec.data_formats)
-    return runtime.Job(spec, args, tokenizer, data, None, callbacks=[], rewards=resolve_rewards(spec))
+    return job_of(spec, args, tokenizer, data)
+
+
+@functools.cache
+def _spec_job() -> Any:
+    from posttrain.entrypoints.job import runtime
+
+    @dataclasses.dataclass
+    class SpecJob(runtime.Job):
+        """A job with the spec it was split from, which the tests read (the job's steps do not)."""
+
+        spec: Any = None
+
+    return SpecJob
+
+
+def job_of(spec: Any, args: Any, tokenizer: Any, train_dataset: Any) -> Any:
+    """The job ``run`` builds for ``spec`` from its config, tokenizer and data, without evaluation data or callbacks;
+    its spec kept beside it (``job.spec``) for the tests (``dataclasses.replace`` keeps it)."""
+    from posttrain.entrypoints.inputs.rewards import resolve_rewards
+    from posttrain.entrypoints.job import runtime
+
+    split = runtime.parts(spec)
+    return _spec_job()(
+        split.models,
+        split.fast_paths,
+        args,
+        tokenizer,
+        train_dataset,
+        None,
+        callbacks=[],
+        rewards=resolve_rewards(split.rewards),
+        reward_weights=[reward.weight for reward in split.rewards],
+        spec=spec,
+    )
 
 
 def build_trainer(job: Any) -> Any:
@@ -260,7 +309,7 @@ def trainer_with(job: Any, train_dataset: Any = None, **training: Any) -> Any:
     kwargs = {**runtime.training_arguments(job.spec, dict(job.spec.training)), **training}
     args = import_object(job.spec.config_class)(**kwargs)
     dataset = job.train_dataset if train_dataset is None else train_dataset
-    return build_trainer(runtime.Job(**{**vars(job), "args": args, "train_dataset": dataset}))
+    return build_trainer(dataclasses.replace(job, args=args, train_dataset=dataset))
 
 
 def refusal(job: Any, **training: Any) -> str:

@@ -206,12 +206,9 @@ def model_directory_problem(path: Path, name_or_path: str, where: str) -> Option
 def local_model_problems(spec: Any, skip: Collection[str] = ()) -> List[str]:
     """The client's check of each model directory the spec names that it can see (a hub id, a built-in: the
     job's), but those in ``skip`` (a chain's stages' outputs: written by the job, maybe half so far)."""
-    named = [("model.name_or_path", spec.model.name_or_path)]
-    named += [(field, getattr(spec, field)) for field in spec.extra_models]
-    named += [(f"rewards.{index}.model", reward.model) for index, reward in enumerate(getattr(spec, "rewards", []))]
     problems = []
-    for where, name_or_path in named:
-        if isinstance(name_or_path, str) and not name_or_path.startswith("builtin:") and name_or_path not in skip:
+    for where, name_or_path in spec.named_models():
+        if not name_or_path.startswith("builtin:") and name_or_path not in skip:
             path = Path(name_or_path).expanduser()
             problem = model_directory_problem(path, name_or_path, where) if path.exists() else None
             problems += [problem] if problem else []

@@ -3,9 +3,10 @@
 A spec class names the algorithm (its ``algorithm`` literal), the TRL config
 ``training`` is handed to, the trainer, the data it reads and its extra
 models; the field tables, the job's checks and loading, the components' tests
-and the AppDef all derive from it. Adding a TRL algorithm means a class here,
-a component in ``algorithms.py``, a three-line entrypoint, a template and its
-tests.
+and the AppDef all derive from it. Its text in words (summary, data, models,
+logs, refusals, examples) is ``descriptions.py``'s, keyed alike. Adding a TRL
+algorithm means a class here, its description, a component in
+``algorithms.py``, a three-line entrypoint, a template and its tests.
 """
 
 import difflib
@@ -378,11 +379,12 @@ class PPOSpec(_OnlineSpec):
     refused_keys: ClassVar[Dict[str, str]] = _refusals(config_class, honoured_keys, refusal_reasons)
     del _refusals
 
-    def value_model_path(self) -> str:
-        """Where the critic starts: ``value_model``, else the one reward model, which knows what good looks like
-        (the usual start), else the policy's weights (a fresh score head)."""
+    def extra_model_paths(self) -> Dict[str, Optional[str]]:
+        """The critic starts from ``value_model``, else the one reward model, which knows what good looks like (the
+        usual start), else the policy's weights (a fresh score head)."""
         reward_models = [reward.model for reward in self.rewards if reward.model is not None]
-        return self.value_model or (reward_models[0] if len(reward_models) == 1 else self.model.name_or_path)
+        value = self.value_model or (reward_models[0] if len(reward_models) == 1 else self.model.name_or_path)
+        return {**super().extra_model_paths(), "value_model": value}
 
     def problems(self, world_size: Optional[int]) -> List[str]:
         found = super().problems(world_size)

@@ -310,9 +310,33 @@ class Spec(_Strict):
         return typing.get_args(cls.model_fields["algorithm"].annotation)[0]
 
     @property
+    def keeps_only_prompts(self) -> bool:
+        """Whether the trainer drops every column of a row but its prompt and images (a reward reading another
+        finds it gone)."""
+        return False
+
+    @property
     def min_per_device_batch(self) -> int:
         """The fewest examples per device and step the trainer accepts (the job never shrinks a batch below it)."""
         return least_per_device_batch(self.config_class, self.training)
+
+    def named_models(self) -> List[Tuple[str, str]]:
+        """Each model the spec names, by where it names it (``model.name_or_path``, ``reference_model``,
+        ``rewards.0.model``, ...); defaults it leaves to the job are not named."""
+        named = [("model.name_or_path", self.model.name_or_path)]
+        named += [(field, getattr(self, field)) for field in self.extra_models]
+        named += [(f"rewards.{index}.model", reward.model) for index, reward in enumerate(getattr(self, "rewards", []))]
+        return [(where, name) for where, name in named if isinstance(name, str)]
+
+    def extra_model_paths(self) -> Dict[str, Optional[str]]:
+        """Each extra model's path or hub id, defaults applied; None where there is none to load. The reference
+        defaults to a second load of the policy, and under LoRA is none: the trainer turns the adapter off."""
+        paths = {field: getattr(self, field) for field in self.extra_models}
+        if "reference_model" in paths:
+            paths["reference_model"] = (
+                None if self.model.lora is not None else self.reference_model or self.model.name_or_path
+            )
+        return paths
 
     def to_json(self) -> str:
         """Canonical JSON: sorted keys, no whitespace. ``from_json`` inverts it."""
@@ -496,6 +520,10 @@ class _GroupSpec(_OnlineSpec):
     batches_hold_input_ids: ClassVar[bool] = False
     fast_paths: ClassVar[Tuple[str, ...]] = ("padding_free", "use_liger_kernel")
     generates_with_sdpa: ClassVar[bool] = True
+
+    @property
+    def keeps_only_prompts(self) -> bool:
+        return config_value(self.config_class, self.training, "remove_unused_columns") is True
 
     def problems(self, world_size: Optional[int]) -> List[str]:
         found = super().problems(world_size)

@@ -46,7 +46,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 from posttrain.components.spec.messages import SpecError, first_line
 from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, ModelSpec, Spec
 from posttrain.entrypoints.generation import role_lease, vllm_token
-from posttrain.entrypoints.inputs.models import CAUSAL_LM, load_model, load_tokenizer
+from posttrain.entrypoints.inputs.models import CAUSAL_LM, ModelLoading, load_model, load_tokenizer
 
 PROOF_S = 10.0  # how long the server has to answer the trainers' nonce
 
@@ -110,19 +110,19 @@ def training_dtype(training: Mapping[str, Any], model: ModelSpec, checkpoint_dty
     return str(checkpoint_dtype or "float32").removeprefix("torch.")
 
 
-def prepare(spec: Spec, training: Mapping[str, Any], on_cpu: bool) -> Dict[str, Any]:
+def prepare(algorithm: Type[Spec], model: ModelSpec, training: Mapping[str, Any], on_cpu: bool) -> Dict[str, Any]:
     """Checks the vLLM settings against the hardware, then adapts TRL's vLLM set-up for this job (see above).
 
     Returns the TRL config's keyword arguments the job sets: the ``vllm`` role's host, if it has one.
     """
-    problems = config_problems(type(spec), training, on_cpu)
+    problems = config_problems(algorithm, training, on_cpu)
     if problems:
         raise SpecError(problems)
     import importlib
 
-    module_name, class_name, sync_name = spec.vllm_owner
+    module_name, class_name, sync_name = algorithm.vllm_owner
     module = importlib.import_module(module_name)
-    module.LLM = _llm_factory(_unwrapped(module.LLM), spec, training, on_cpu)
+    module.LLM = _llm_factory(_unwrapped(module.LLM), model, training, on_cpu)
     owner = getattr(module, class_name)
     sync = _unwrapped(getattr(owner, sync_name))
     setattr(owner, sync_name, _cpu_sync(sync) if on_cpu else sync)  # on GPUs TRL's own
@@ -163,26 +163,28 @@ def _unwrapped(function: Any) -> Any:
     return getattr(function, "__wrapped__", function)
 
 
-def _llm_factory(llm_class: Callable[..., Any], spec: Spec, training: Mapping[str, Any], on_cpu: bool) -> Callable:
+def _llm_factory(
+    llm_class: Callable[..., Any], model: ModelSpec, training: Mapping[str, Any], on_cpu: bool
+) -> Callable:
     """vLLM's ``LLM`` as TRL calls it, with a model directory, the training dtype and the CPU head-size check."""
 
     def make(**kwargs: Any) -> Any:
         from transformers import AutoConfig
 
         if not kwargs.get("model"):  # a built-in model: TRL passes its empty name_or_path
-            kwargs["model"] = _builtin_directory(spec)
+            kwargs["model"] = _builtin_directory(model)
         config = AutoConfig.from_pretrained(kwargs["model"], trust_remote_code=kwargs.get("trust_remote_code", False))
         problem = head_size_problem(config, on_cpu)
         if problem:
             raise SpecError([problem])
-        kwargs.setdefault("dtype", training_dtype(training, spec.model, getattr(config, "dtype", None), on_cpu))
+        kwargs.setdefault("dtype", training_dtype(training, model, getattr(config, "dtype", None), on_cpu))
         return llm_class(**kwargs)
 
     make.__wrapped__ = llm_class  # type: ignore[attr-defined]
     return make
 
 
-def _builtin_directory(spec: Spec) -> str:
+def _builtin_directory(model: ModelSpec) -> str:
     """The built-in model and tokenizer, written where vLLM can load them (removed when the process ends).
 
     Every rank writes its own: ``save_pretrained`` writes on rank 0 only, so the
@@ -190,17 +192,17 @@ def _builtin_directory(spec: Spec) -> str:
     """
     from safetensors.torch import save_file
 
-    name = spec.model.name_or_path
+    name = model.name_or_path
     if name not in _BUILTIN_DIRECTORIES:
         directory = _BUILTIN_DIRECTORIES[name] = tempfile.TemporaryDirectory(prefix="posttrain-vllm-")
-        tokenizer = load_tokenizer(name, spec.model, padding_side="left")
-        model = load_model(name, spec, tokenizer, CAUSAL_LM)
+        tokenizer = load_tokenizer(name, model, padding_side="left")
+        built = load_model(name, ModelLoading(model), tokenizer, CAUSAL_LM)
         tensors: Dict[str, Any] = {}
-        for key, tensor in model.state_dict().items():
+        for key, tensor in built.state_dict().items():
             if all(tensor.data_ptr() != kept.data_ptr() for kept in tensors.values()):
                 tensors[key] = tensor.contiguous()
         save_file(tensors, f"{directory.name}/model.safetensors", metadata={"format": "pt"})
-        model.config.save_pretrained(directory.name)
+        built.config.save_pretrained(directory.name)
         tokenizer.save_pretrained(directory.name)
     return _BUILTIN_DIRECTORIES[name].name
 
@@ -393,17 +395,15 @@ def _write_and_reload(client_class: Any, output_dir: Path) -> None:
     client_class._finish_weight_update = finish
 
 
-def server_model(spec: Spec) -> Tuple[str, str]:
+def server_model(model: ModelSpec, training: Mapping[str, Any]) -> Tuple[str, str]:
     """What the ``vllm`` role serves: the model's directory (the built-in ones written out) and the training dtype."""
     import torch
     from transformers import AutoConfig
 
-    model = spec.model.name_or_path
-    if model.startswith("builtin:"):
-        model = _builtin_directory(spec)
-    config = AutoConfig.from_pretrained(model, trust_remote_code=spec.model.trust_remote_code)
+    directory = _builtin_directory(model) if model.name_or_path.startswith("builtin:") else model.name_or_path
+    config = AutoConfig.from_pretrained(directory, trust_remote_code=model.trust_remote_code)
     on_cpu = not torch.cuda.is_available()
     problem = head_size_problem(config, on_cpu)
     if problem:
         raise SpecError([problem])
-    return model, training_dtype(spec.training, spec.model, getattr(config, "dtype", None), on_cpu)
+    return directory, training_dtype(training, model, getattr(config, "dtype", None), on_cpu)

@@ -18,7 +18,7 @@ from trl.chat_template_utils import get_training_chat_template, has_generation_m
 from trl.data_utils import is_conversational
 
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.schema import Spec
+from posttrain.components.spec.schema import ModelSpec
 from posttrain.entrypoints.inputs.models import load_tokenizer
 from posttrain.entrypoints.inputs.rewards import RewardFunction
 
@@ -76,14 +76,14 @@ def check_chat_template(args: Any, tokenizer: Any, datasets: Sequence[Tuple[str,
 
 
 def check_reward_templates(
-    rewards: Sequence[Union[RewardFunction, str]], spec: Spec, datasets: Sequence[Tuple[str, Any]]
+    rewards: Sequence[Union[RewardFunction, str]], model: ModelSpec, datasets: Sequence[Tuple[str, Any]]
 ) -> None:
     """Each reward model (``rewards``: functions, and reward models' paths) has a template for chat completions."""
     chat = _chat_rows(datasets)
     for index, reward in enumerate(rewards):
         if not chat or not isinstance(reward, str):  # a function, or text prompts
             continue
-        if load_tokenizer(reward, spec.model, padding_side="right").chat_template is None:
+        if load_tokenizer(reward, model, padding_side="right").chat_template is None:
             raise SpecError(
                 [
                     f"rewards.{index}: {chat[0]}'s rows are chat messages, which the reward model {reward} "

@@ -20,23 +20,23 @@ from posttrain.components.spec.local_files import (
     not_a_saved_data_set,
 )
 from posttrain.components.spec.messages import SpecError, first_line
-from posttrain.components.spec.schema import DataSource, Spec
+from posttrain.components.spec.schema import DataSource, DataSpec, Spec
 from posttrain.entrypoints.job.distributed import env_rank
 
 log = logging.getLogger("posttrain")
 
 
-def load_split(spec: Spec, split: str, seed: int) -> Any:
+def load_split(data: DataSpec, formats: Sequence[Tuple[str, ...]], split: str, seed: int) -> Any:
     """``data.train`` or ``data.eval``: its one source, or its sources loaded and checked one by one (each message
-    naming its source, ``data.train.1``), then concatenated or interleaved (``data.mix``)."""
-    data = spec.data
+    naming its source, ``data.train.1``) against the algorithm's column sets ``formats``, then concatenated or
+    interleaved (``data.mix``)."""
     loaded = [
-        (where, source, load_data(source, {**data.columns, **source.columns}, where, spec.data_formats))
+        (where, source, load_data(source, {**data.columns, **source.columns}, where, formats))
         for where, source in data.sources(split)
     ]
     if len(loaded) == 1:
         return loaded[0][2]
-    return mix(loaded, data.mix, spec.data_formats, seed)
+    return mix(loaded, data.mix, formats, seed)
 
 
 def mix(loaded: Sequence[Tuple[str, Any, Any]], how: str, formats: Sequence[Tuple[str, ...]], seed: int) -> Any:
@@ -369,12 +369,13 @@ def check_online_data(algorithm: Type[Spec], args: Any, rows: int, world_size: i
         )
 
 
-def check_length_column(spec: Spec, args: Any, datasets: Sequence[Tuple[str, Any]]) -> None:
+def check_length_column(rows_hold_input_ids: bool, args: Any, datasets: Sequence[Tuple[str, Any]]) -> None:
     """The lengths that length-grouped sampling reads: transformers measures each row's input_ids, which only some
-    trainers' tokenised rows hold; the others' data gives them in ``length_column_name`` (the evaluation's too,
-    with group_by_length), else the first batch fails with a ValueError."""
+    trainers' tokenised rows hold (the spec class's ``rows_hold_input_ids``); the others' data gives them in
+    ``length_column_name`` (the evaluation's too, with group_by_length), else the first batch fails with a
+    ValueError."""
     strategy = args.train_sampling_strategy
-    if spec.rows_hold_input_ids or strategy not in ("group_by_length", "batch_rebalance"):
+    if rows_hold_input_ids or strategy not in ("group_by_length", "batch_rebalance"):
         return
     column = args.length_column_name
     for where, dataset in datasets if strategy == "group_by_length" else datasets[:1]:
@@ -410,11 +411,11 @@ def check_loss_masks(args: Any, datasets: Sequence[Tuple[str, Any]]) -> None:
             )
 
 
-def check_kept_rows(spec: Spec, trainer: Any, train_dataset: Any, eval_dataset: Optional[Any]) -> None:
+def check_kept_rows(trainer: Any, train_dataset: Any, eval_dataset: Optional[Any]) -> None:
     """What the trainer kept of each data set: TRL's preparation drops the rows that cannot fit max_length (reward:
     a pair longer than it; DPO and KTO: a prompt that fills it) and says nothing. Rank 0 says how many it dropped;
-    none kept is an error, before the first step."""
-    if spec.generates or getattr(trainer.args, "packing", False):  # prompts are not prepared; packing joins rows
+    none kept is an error, before the first step. (A generating trainer's prompts are not prepared: not called.)"""
+    if getattr(trainer.args, "packing", False):  # packing joins rows
         return
     loaded = (("data.train", train_dataset, trainer.train_dataset), ("data.eval", eval_dataset, trainer.eval_dataset))
     for where, dataset, kept in loaded:

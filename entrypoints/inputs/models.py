@@ -3,10 +3,11 @@
 The trained model, a frozen reference, a teacher, a value model and reward
 models all come from :func:`load_model`, so ``model``'s options (dtype,
 revision, trust_remote_code, attention implementation) apply to each alike,
-and the built-in tiny models (``tiny.py``) work wherever a model is named. Which extra
-models an algorithm has is its spec class's ``extra_models`` (checked at submit);
-its entrypoint loads each and hands it to the trainer's keyword for it; where each
-one's path comes from is :data:`EXTRA_MODELS` here.
+and the built-in tiny models (``tiny.py``) work wherever a model is named. What
+they load with is read from the spec once, into a :class:`ModelLoading`. Which
+extra models an algorithm has, and where each one's path comes from, is its spec
+class's (``extra_models``, ``extra_model_paths``); its entrypoint loads each and
+hands it to the trainer's keyword for it.
 """
 
 import dataclasses
@@ -16,19 +17,39 @@ import importlib.util
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional
 
 import torch
 
 from posttrain.components.spec.local_files import model_directory_problem
 from posttrain.components.spec.messages import SpecError, first_line
-from posttrain.components.spec.schema import ModelSpec, Spec
+from posttrain.components.spec.schema import ModelSpec
 from posttrain.entrypoints.inputs import tiny
 from posttrain.entrypoints.records.files import file_problem
-from posttrain.entrypoints.speed import attention, fast_paths
+from posttrain.entrypoints.speed import attention
 
 CAUSAL_LM = "AutoModelForCausalLM"
 SEQUENCE_CLASSIFICATION = "AutoModelForSequenceClassification"
+# the auto class of each extra model that is not a causal LM
+EXTRA_MODEL_CLASSES = {"value_model": SEQUENCE_CLASSIFICATION}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelLoading:
+    """How the job's models load, read from the spec once: its ``model`` section, the algorithm's auto class and
+    LoRA task, the attention implementation chosen (``fast_paths.attention_implementation``), each extra model's
+    path (None: none to load), and the router loss ``training`` weighs."""
+
+    model: ModelSpec
+    model_class: str = CAUSAL_LM
+    lora_task: str = "CAUSAL_LM"
+    attention: Optional[str] = None
+    extra_models: Mapping[str, Optional[str]] = dataclasses.field(default_factory=dict)
+    router_aux_loss_coef: Optional[float] = None
+
+    @property
+    def name_or_path(self) -> str:
+        return self.model.name_or_path
 
 
 def import_object(path: str) -> Any:
@@ -74,11 +95,10 @@ def model_config(name_or_path: str, model: ModelSpec) -> Optional[Any]:
         return None
 
 
-def model_attention(spec: Spec) -> Optional[str]:
-    """The attention implementation the models load with (fast_paths.attention_implementation), registered
-    with transformers where it is posttrain's own (on CPUs it runs SDPA sequence by sequence: the tests')."""
-
-    implementation = fast_paths.attention_implementation(spec)
+def model_attention(loading: ModelLoading) -> Optional[str]:
+    """The attention implementation the models load with, registered with transformers where it is posttrain's
+    own (on CPUs it runs SDPA sequence by sequence: the tests')."""
+    implementation = loading.attention
     if implementation == attention.NAME:
         unavailable = attention.varlen_available()
         if torch.cuda.is_available() and unavailable is not None:
@@ -87,15 +107,16 @@ def model_attention(spec: Spec) -> Optional[str]:
     return implementation
 
 
-def load_model(name_or_path: str, spec: Spec, tokenizer: Any, model_class: str) -> Any:
+def load_model(name_or_path: str, loading: ModelLoading, tokenizer: Any, model_class: str) -> Any:
     """Loads a model with a transformers auto class (``AutoModelForCausalLM``, ...) named by ``model_class``.
 
-    ``spec.model`` gives the dtype, revision and loading options. A sequence
-    classifier (reward or value model) gets one label: one score per sequence.
+    ``loading`` gives the dtype, revision, loading options and attention. A
+    sequence classifier (reward or value model) gets one label: one score per
+    sequence.
     """
     import transformers
 
-    model, implementation = spec.model, model_attention(spec)
+    model, implementation = loading.model, model_attention(loading)
     scores = "SequenceClassification" in model_class
     if name_or_path in tiny.BUILTINS:
         head = transformers.LlamaForSequenceClassification if scores else transformers.LlamaForCausalLM
@@ -118,61 +139,42 @@ def load_model(name_or_path: str, spec: Spec, tokenizer: Any, model_class: str) 
     return loaded
 
 
-def lora_config(spec: Spec) -> Any:
+def lora_config(loading: ModelLoading) -> Any:
     """PEFT's LoraConfig from ``model.lora`` for the algorithm's task type, or None."""
-    if spec.model.lora is None:
+    if loading.model.lora is None:
         return None
     from peft import LoraConfig
 
-    return LoraConfig(**{"task_type": spec.lora_task, **spec.model.lora})
+    return LoraConfig(**{"task_type": loading.lora_task, **loading.model.lora})
 
 
-def _reference_path(spec: Spec) -> Optional[str]:
-    """The frozen reference: ``reference_model``, else a fresh load of the policy; with LoRA none.
-
-    With LoRA the trainer disables the adapter instead.
-    """
-    if spec.model.lora is not None:
-        return None
-    return spec.reference_model or spec.model.name_or_path
-
-
-# spec field naming an extra model -> (where its path comes from, its auto class)
-EXTRA_MODELS: Dict[str, Tuple[Callable[[Spec], Optional[str]], str]] = {
-    "reference_model": (_reference_path, CAUSAL_LM),
-    "teacher_model": (lambda spec: spec.teacher_model, CAUSAL_LM),
-    "value_model": (lambda spec: spec.value_model_path(), SEQUENCE_CLASSIFICATION),
-}
-
-
-def load_extra_model(field: str, spec: Spec, tokenizer: Any) -> Any:
+def load_extra_model(field: str, loading: ModelLoading, tokenizer: Any) -> Any:
     """The model the spec field ``field`` names (one of the spec class's ``extra_models``), or None where there is
     none to load."""
-    if field not in EXTRA_MODELS:
-        raise KeyError(f"extra model {field!r}: no loader for it; add one to models.EXTRA_MODELS")
-    path_of, model_class = EXTRA_MODELS[field]
-    name_or_path = path_of(spec)
+    if field not in loading.extra_models:
+        raise KeyError(f"extra model {field!r}: not one of the algorithm's extra_models")
+    name_or_path = loading.extra_models[field]
     if name_or_path is None:
         return None
-    if name_or_path != spec.model.name_or_path:
-        check_same_tokenizer(name_or_path, spec, tokenizer, field)
-    return load_model(name_or_path, spec, tokenizer, model_class)
+    if name_or_path != loading.name_or_path:
+        check_same_tokenizer(name_or_path, loading.model, tokenizer, field)
+    return load_model(name_or_path, loading, tokenizer, EXTRA_MODEL_CLASSES.get(field, CAUSAL_LM))
 
 
-def check_same_tokenizer(name_or_path: str, spec: Spec, tokenizer: Any, where: str) -> None:
+def check_same_tokenizer(name_or_path: str, model: ModelSpec, tokenizer: Any, where: str) -> None:
     """A model fed the trained model's token ids must read them as the same tokens.
 
     Every extra model (reference, teacher, value) scores the trained model's
     token ids directly; with another tokenizer it would score other text
     without a word. Its tokenizer may add tokens, not renumber them.
     """
-    theirs = load_tokenizer(name_or_path, spec.model, padding_side=tokenizer.padding_side).get_vocab()
+    theirs = load_tokenizer(name_or_path, model, padding_side=tokenizer.padding_side).get_vocab()
     differing = [token for token, index in tokenizer.get_vocab().items() if theirs.get(token) != index]
     if differing:
         raise SpecError(
             [
                 f"{where}: {name_or_path}'s tokenizer numbers {len(differing)} of the {len(tokenizer)} tokens of "
-                f"{spec.model.name_or_path}'s differently (e.g. {differing[0]!r}); it reads the trained model's token "
+                f"{model.name_or_path}'s differently (e.g. {differing[0]!r}); it reads the trained model's token "
                 "ids, so it needs the same tokenizer (a model trained from the same base)"
             ]
         )
@@ -187,7 +189,7 @@ def _from_pretrained(auto_class: Any, name_or_path: str, **kwargs: Any) -> Any:
         raise SpecError([f"model: cannot load {name_or_path!r}: {error}"], this_rank_only=True) from None
 
 
-def check_model_options(spec: Spec) -> None:
+def check_model_options(loading: ModelLoading) -> None:
     """``model.attn_implementation``, ``model.lora`` and ``training.router_aux_loss_coef``, checked as
     transformers, PEFT and TRL check them.
 
@@ -199,8 +201,8 @@ def check_model_options(spec: Spec) -> None:
     """
     import transformers
 
-    model, implementation = spec.model, model_attention(spec)
-    router_loss = spec.training.get("router_aux_loss_coef")
+    model, implementation = loading.model, model_attention(loading)
+    router_loss = loading.router_aux_loss_coef
     builds = implementation is not None or model.lora is not None  # else the config alone answers
     if not builds and not router_loss:
         return
@@ -225,14 +227,14 @@ def check_model_options(spec: Spec) -> None:
     options = {} if implementation is None else {"attn_implementation": implementation}
     try:
         with torch.device("meta"):
-            built = getattr(transformers, spec.model_class).from_config(
+            built = getattr(transformers, loading.model_class).from_config(
                 config, trust_remote_code=model.trust_remote_code, **options
             )
     except (ImportError, ValueError) as error:
         if implementation is not None and (isinstance(error, ImportError) or "attention" in str(error).lower()):
             raise SpecError([f"model.attn_implementation: {implementation}: {first_line(error)}"]) from None
         return  # anything else: loading the model says it
-    config_of_lora = lora_config(spec)
+    config_of_lora = lora_config(loading)
     if config_of_lora is not None:
         from peft import get_peft_model
 
@@ -242,12 +244,11 @@ def check_model_options(spec: Spec) -> None:
             raise SpecError([f"model.lora: {first_line(error)}"]) from None
 
 
-def check_model_paths(spec: Spec) -> None:
+def check_model_paths(loading: ModelLoading) -> None:
     """Every local model directory the job loads, checked before the first loads (reward models: resolve_rewards)."""
-    check_model_path(spec.model.name_or_path)
-    for field in spec.extra_models:
-        name_or_path = EXTRA_MODELS[field][0](spec)
-        if name_or_path is not None and name_or_path != spec.model.name_or_path:
+    check_model_path(loading.name_or_path)
+    for field, name_or_path in loading.extra_models.items():
+        if name_or_path is not None and name_or_path != loading.name_or_path:
             check_model_path(name_or_path, field)
 
 
@@ -315,7 +316,7 @@ def check_model_path(name_or_path: str, where: str = "model.name_or_path") -> No
             raise SpecError([f"{where}: {weights} is not whole: {problem}; copy the model again"])
 
 
-def check_weight_shapes(name_or_path: str, spec: Spec) -> None:
+def check_weight_shapes(loading: ModelLoading) -> None:
     """The weights of a local model directory have the shapes its ``config.json`` makes.
 
     transformers would print a load report and raise on every rank; the model
@@ -327,18 +328,18 @@ def check_weight_shapes(name_or_path: str, spec: Spec) -> None:
     import transformers
     from safetensors import safe_open
 
-    check_model_path(name_or_path)  # there, and its weight files whole
-    path = Path(name_or_path).expanduser()
+    check_model_path(loading.name_or_path)  # there, and its weight files whole
+    path = Path(loading.name_or_path).expanduser()
     files = sorted(path.glob("*.safetensors")) if (path / "config.json").is_file() else []
     if not files:
         return  # a built-in, a hub id, an adapter or .bin weights: loading checks them
-    model = spec.model
+    model = loading.model
     try:
         config = transformers.AutoConfig.from_pretrained(str(path), trust_remote_code=model.trust_remote_code)
         if getattr(config, "quantization_config", None) is not None:
             return  # quantized weights are stored packed, in other shapes than the model's
         with torch.device("meta"):
-            built = getattr(transformers, spec.model_class).from_config(
+            built = getattr(transformers, loading.model_class).from_config(
                 config, trust_remote_code=model.trust_remote_code
             )
     except (OSError, ValueError, ImportError):

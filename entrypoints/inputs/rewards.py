@@ -24,23 +24,18 @@ from typing import Any, List, Optional, Sequence, Tuple, Union
 from transformers import TrainerCallback
 from trl.trainer.utils import is_async_callable
 
-from posttrain.components.spec.fields import config_value
 from posttrain.components.spec.messages import SpecError, first_line
 from posttrain.components.spec.rewards import BUILTIN_REWARDS, RewardFunction, builtin_reward
-from posttrain.components.spec.schema import Spec
+from posttrain.components.spec.schema import RewardSource
 from posttrain.entrypoints.inputs.models import (
     SEQUENCE_CLASSIFICATION,
+    ModelLoading,
     check_model_path,
     import_object,
     load_model,
     load_tokenizer,
 )
 from posttrain.entrypoints.job import distributed
-
-
-def has_rewards(spec: Spec) -> bool:
-    """Whether the algorithm scores its samples with ``rewards`` (a field of its spec class)."""
-    return "rewards" in type(spec).model_fields
 
 
 class RewardCheck(TrainerCallback):
@@ -118,11 +113,13 @@ def _score_problem(scores: Any, count: Optional[int]) -> Tuple[Optional[str], Li
     return problem, safe
 
 
-def resolve_rewards(spec: Spec, check: Optional[RewardCheck] = None) -> List[Union[RewardFunction, str]]:
+def resolve_rewards(
+    rewards: Sequence[RewardSource], check: Optional[RewardCheck] = None
+) -> List[Union[RewardFunction, str]]:
     """Each reward as a checked function, or the checked path of a reward model; user code is imported now."""
     check = check or RewardCheck(stop_at_step_end=False)
     resolved: List[Union[RewardFunction, str]] = []
-    for index, reward in enumerate(spec.rewards if has_rewards(spec) else []):
+    for index, reward in enumerate(rewards):
         where = f"rewards.{index}"
         if reward.builtin is not None:
             resolved.append(check.wrap(builtin_reward(reward.builtin, reward.args), where))
@@ -149,19 +146,18 @@ def _import_function(path: str, where: str) -> Any:
         raise SpecError([f"{where}: importing {module_name} raised {kind}: {first_line(error)}"]) from None
 
 
-def check_reward_columns(spec: Spec, datasets: Sequence[Tuple[str, Any]]) -> None:
-    """A built-in reward that reads a data set column finds it (after data.columns renames), before a model loads.
-
-    GRPO and RLOO keep only the prompt and images of each row with ``remove_unused_columns: true``.
-    """
-    removed = spec.groups and config_value(spec.config_class, spec.training, "remove_unused_columns") is True
-    for index, reward in enumerate(spec.rewards if has_rewards(spec) else []):
+def check_reward_columns(
+    rewards: Sequence[RewardSource], keeps_only_prompts: bool, datasets: Sequence[Tuple[str, Any]]
+) -> None:
+    """A built-in reward that reads a data set column finds it (after data.columns renames), before a model loads;
+    and is not removed by a trainer that ``keeps_only_prompts`` (the spec's ``keeps_only_prompts``)."""
+    for index, reward in enumerate(rewards):
         if reward.builtin is None:
             continue
         bound = inspect.signature(BUILTIN_REWARDS[reward.builtin]).bind(**reward.args)
         bound.apply_defaults()
         column = bound.arguments.get("column")
-        if removed and column not in (None, "prompt", "image", "images"):
+        if keeps_only_prompts and column not in (None, "prompt", "image", "images"):
             raise SpecError(
                 [
                     f"training.remove_unused_columns: true removes column {column!r}, which rewards.{index} "
@@ -179,7 +175,7 @@ def check_reward_columns(spec: Spec, datasets: Sequence[Tuple[str, Any]]) -> Non
 
 
 def load_reward_models(
-    rewards: Sequence[Union[RewardFunction, str]], spec: Spec
+    rewards: Sequence[Union[RewardFunction, str]], loading: ModelLoading
 ) -> Tuple[List[Any], List[Optional[Any]]]:
     """``(reward_funcs, reward_processing_classes)``: each model loaded, with its tokenizer (None beside a function)."""
     funcs: List[Any] = []
@@ -189,8 +185,8 @@ def load_reward_models(
             funcs.append(reward)
             tokenizers.append(None)
             continue
-        tokenizer = load_tokenizer(reward, spec.model, padding_side="right")
-        model = load_model(reward, spec, tokenizer, SEQUENCE_CLASSIFICATION)
+        tokenizer = load_tokenizer(reward, loading.model, padding_side="right")
+        model = load_model(reward, loading, tokenizer, SEQUENCE_CLASSIFICATION)
         # the score is read at the last token before padding: the model must know its tokenizer's pad id
         model.config.pad_token_id = tokenizer.pad_token_id
         funcs.append(model)

@@ -20,7 +20,7 @@ order that fails early and cheaply:
    check every local model directory, build the model on the meta device
    (its attention implementation, its LoRA targets), load the tokenizer;
 4. only then write into ``output_dir`` (``posttrain_spec.json``), and build
-   the trainer with its models;
+   the trainer with its models (and SFT's padding-free collator);
 5. train, every reward function's scores checked at each step's end on all
    ranks together; then save the unwrapped model, the tokenizer,
    ``trainer_state.json`` and ``run_summary.json`` into ``output_dir``.
@@ -34,10 +34,15 @@ code 1): one line, said once by posttrain's launcher, its traceback kept in
 ``output_dir/logs`` (``error_file.record_crash``); a rank that ended because
 another did says nothing. A success ends in one line (``summary.closing_line``).
 
+The spec is read once, at the start (:func:`parts`): each step is handed its
+part (how models load, the fast paths' options, what resume is decided from,
+the rewards), as ``sharding.Strategy`` is handed ``distributed``; only this
+module's steps and :func:`training_arguments` see the whole spec.
+
 What happens where: ``distributed.py`` (the process group), ``sharding.py``
-(DDP, DeepSpeed, FSDP), ``data.py``, ``models.py``, ``rewards.py``,
-``lease.py`` (one run per ``output_dir``), ``checkpoints.py`` (resume),
-``summary.py`` (``run_summary.json``).
+(DDP, DeepSpeed, FSDP), ``inputs/`` (data, models, rewards), ``lease.py``
+(one run per ``output_dir``), ``records/checkpoints.py`` (resume),
+``records/summary.py`` (``run_summary.json``), ``speed/fast_paths.py``.
 """
 
 import argparse
@@ -60,7 +65,7 @@ from posttrain.components.spec.chain import STAGE_ENV
 from posttrain.components.spec.fields import config_fields, config_value
 from posttrain.components.spec.loading import spec_from_json
 from posttrain.components.spec.messages import SpecError, first_line
-from posttrain.components.spec.schema import CHECKPOINTING_OPTIONS, Spec
+from posttrain.components.spec.schema import CHECKPOINTING_OPTIONS, RewardSource, Spec
 from posttrain.entrypoints.generation import role_lease, vllm_generation, vllm_token
 from posttrain.entrypoints.inputs.chat_templates import check_chat_template, check_reward_templates
 from posttrain.entrypoints.inputs.data import (
@@ -72,6 +77,7 @@ from posttrain.entrypoints.inputs.data import (
     load_split,
 )
 from posttrain.entrypoints.inputs.models import (
+    ModelLoading,
     check_model_options,
     check_model_paths,
     check_weight_shapes,
@@ -82,56 +88,102 @@ from posttrain.entrypoints.inputs.models import (
     lora_config,
     model_config,
 )
-from posttrain.entrypoints.inputs.rewards import (
-    RewardCheck,
-    check_reward_columns,
-    has_rewards,
-    load_reward_models,
-    resolve_rewards,
-)
+from posttrain.entrypoints.inputs.rewards import RewardCheck, check_reward_columns, load_reward_models, resolve_rewards
 from posttrain.entrypoints.job import distributed, lease
 from posttrain.entrypoints.job.callbacks import BestMetricCheck, FaultInjection, Preemption, ProgressLog, TokenCounter
 from posttrain.entrypoints.job.error_file import CRASHED, KEPT_LOGS, STOPPED, record_crash, record_error
 from posttrain.entrypoints.job.sharding import may_leave_parameters_unused, strategy_for
 from posttrain.entrypoints.records import checkpoints
-from posttrain.entrypoints.records.checkpoints import SPEC_FILE, already_finished
+from posttrain.entrypoints.records.checkpoints import SPEC_FILE, Resume, already_finished
 from posttrain.entrypoints.records.files import write_json_atomic
 from posttrain.entrypoints.records.metrics import MetricsLog
 from posttrain.entrypoints.records.summary import SUMMARY_FILE, closing_line, run_summary, write_model_card
 from posttrain.entrypoints.speed import fast_paths
+from posttrain.entrypoints.speed.fast_paths import FastPathOptions
 
 log = logging.getLogger("posttrain")
 
 
+@dataclasses.dataclass(frozen=True)
+class Parts:
+    """The spec, read once (:func:`parts`): what the job's steps are handed instead of the whole spec."""
+
+    models: ModelLoading
+    fast_paths: FastPathOptions
+    resume: Resume
+    rewards: Tuple[RewardSource, ...]  # none where the algorithm scores nothing
+
+
+def parts(spec: Spec) -> Parts:
+    """The spec split into the parts the job's steps take."""
+    options = _fast_path_options(spec)
+    models = ModelLoading(
+        spec.model,
+        model_class=spec.model_class,
+        lora_task=spec.lora_task,
+        attention=fast_paths.attention_implementation(options),
+        extra_models=spec.extra_model_paths(),
+        router_aux_loss_coef=spec.training.get("router_aux_loss_coef"),
+    )
+    resume = Resume(
+        output_dir=Path(spec.training["output_dir"]),
+        mode=spec.resume,
+        overwrite=spec.overwrite_output_dir,
+        spec_record=spec.model_dump(mode="json"),
+        models=spec.named_models(),
+        revision=spec.model.revision,
+        data=spec.data,
+    )
+    return Parts(models, options, resume, tuple(getattr(spec, "rewards", ())))
+
+
+def _fast_path_options(spec: Spec) -> FastPathOptions:
+    return FastPathOptions(
+        offered=spec.fast_paths,
+        config_class=spec.config_class,
+        model=spec.model,
+        training=dict(spec.training),
+        sharded=spec.distributed.sharding is not None,
+        rl_passes=spec.generates_with_sdpa,
+    )
+
+
 @dataclasses.dataclass
 class Job:
-    """What a trainer is built from: the spec, the TRL config, the data, and loaders for the models."""
+    """What a trainer is built from: the TRL config, the data, the callbacks, and loaders for the models."""
 
-    spec: Spec
+    models: ModelLoading
+    fast_paths: FastPathOptions
     args: Any  # the algorithm's TRL config instance (SFTConfig, ...)
     tokenizer: Any
     train_dataset: Any
     eval_dataset: Any
     callbacks: List[Any]
     rewards: List[Any]  # reward functions, and reward-model paths that load_rewards loads
+    reward_weights: List[float]  # each reward's weight, in the order of rewards
 
     def load_model(self) -> Any:
         """The model to train: ``model.name_or_path`` with the algorithm's ``model_class``."""
-        return load_model(self.spec.model.name_or_path, self.spec, self.tokenizer, self.spec.model_class)
+        return load_model(self.models.name_or_path, self.models, self.tokenizer, self.models.model_class)
 
     def load_extra_model(self, field: str) -> Any:
         """The model the spec field ``field`` names (``reference_model``, ``teacher_model``, ``value_model``), loaded
         with the tokenizer checked against the policy's; None where there is none (a reference under LoRA)."""
-        return load_extra_model(field, self.spec, self.tokenizer)
+        return load_extra_model(field, self.models, self.tokenizer)
 
     def load_rewards(self) -> Tuple[List[Any], List[Optional[Any]]]:
         """``(reward_funcs, reward_processing_classes)`` with the reward models loaded."""
-        return load_reward_models(self.rewards, self.spec)
+        return load_reward_models(self.rewards, self.models)
+
+    def data_collator(self, model: Any) -> Optional[Any]:
+        """The collator for ``model``: TRL's own, padding-free where that fast path takes it; None leaves TRL's
+        choice (fast_paths.data_collator)."""
+        return fast_paths.data_collator(self.fast_paths, model, self.tokenizer, self.args, self.train_dataset)
 
     @property
     def peft_config(self) -> Optional[Any]:
         """PEFT's LoraConfig from ``model.lora``, or None."""
-        return lora_config(self.spec)
+        return lora_config(self.models)
 
 
 def run(algorithm: str, build_trainer: Callable[[Job], Any], argv: Optional[Sequence[str]] = None) -> None:
@@ -169,9 +221,11 @@ def run(algorithm: str, build_trainer: Callable[[Job], Any], argv: Optional[Sequ
 
 
 def built_trainer(job: Job, build_trainer: Callable[[Job], Any]) -> Any:
-    """The entrypoint's trainer, with the fast paths that can only be switched on once it is built."""
+    """The entrypoint's trainer, its passes over generated completions padding-free where they can be
+    (GRPO's, RLOO's: fast_paths.switch_passes_to_padding_free)."""
     trainer = build_trainer(job)
-    fast_paths.switch_to_padding_free(trainer, job.spec)
+    if job.fast_paths.rl_passes:
+        fast_paths.switch_passes_to_padding_free(trainer)
     return trainer
 
 
@@ -201,7 +255,8 @@ class _Inputs:
 
 
 def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
-    output_dir = Path(spec.training["output_dir"])
+    split = parts(spec)
+    output_dir = split.resume.output_dir
     fault = FaultInjection.from_env(output_dir)
     strategy = strategy_for(spec.distributed)
     strategy.check_hardware()
@@ -214,7 +269,7 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
         with distributed.all_ranks_agree():  # also the barrier: every rank has read the old spec file (resume) by now
             if distributed.is_rank0():
                 held.callback(lease.acquire(output_dir).release)
-            inputs = _check_inputs(spec, output_dir, world_size, reward_check)
+            inputs = _check_inputs(spec, split, world_size, reward_check)
         # every rank judged the checkpoints (their errors agree above); all resume from rank 0's choice
         resume_from = distributed.rank0s(inputs.resume_from if inputs is not None else None)
         # before a finished run ends: nodes that do not share output_dir would not agree that it finished
@@ -229,20 +284,23 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
         metrics_log = MetricsLog(output_dir, algorithm, spec.model.name_or_path, world_size)
         callbacks = [tokens, preemption, metrics_log, BestMetricCheck(), checkpoints.SealCheckpoints(inputs.record)]
         callbacks += [fault] if fault is not None else []
-        callbacks += [reward_check] if has_rewards(spec) else []
+        callbacks += [reward_check] if split.rewards else []
         # a progress bar on a terminal (the trainer's own); plain lines in files and pipes, and for our PPO
         lines = args.disable_tqdm
         job = Job(
-            spec,
+            split.models,
+            split.fast_paths,
             args,
             tokenizer,
             inputs.train_dataset,
             inputs.eval_dataset,
             callbacks=callbacks + [ProgressLog()] * lines,
             rewards=inputs.rewards,
+            reward_weights=[reward.weight for reward in split.rewards],
         )
         trainer = built_trainer(job, build)
-        check_kept_rows(spec, trainer, inputs.train_dataset, inputs.eval_dataset)
+        if not spec.generates:  # a generating trainer's prompts are not prepared
+            check_kept_rows(trainer, inputs.train_dataset, inputs.eval_dataset)
         if lines and isinstance(trainer, Trainer):
             trainer.remove_callback(PrinterCallback)  # its raw dicts would repeat the lines
         strategy.check_engine(trainer)
@@ -260,7 +318,17 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
         staging = checkpoints.final_staging(output_dir)
         distributed.barrier()  # rank 0 has cleared a leftover before any rank writes there
         trainer.save_model(str(staging))
-        summary = run_summary(algorithm, spec, trainer, result.metrics, resume_from, tokens, inputs.record)
+        summary = run_summary(
+            algorithm,
+            split.resume.spec_record,
+            trainer,
+            result.metrics,
+            resume_from,
+            tokens,
+            inputs.record,
+            fast_paths.applied(trainer, split.fast_paths),
+            spec.generates,
+        )
         if trainer.is_world_process_zero():
             trainer.state.save_to_json(str(staging / "trainer_state.json"))  # what save_state writes, staged
             write_model_card(trainer, output_dir, spec.model.name_or_path)
@@ -275,26 +343,32 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
             print(line, file=sys.stderr, flush=True)
 
 
-def _check_inputs(spec: Spec, output_dir: Path, world_size: int, reward_check: RewardCheck) -> Optional[_Inputs]:
+def _check_inputs(spec: Spec, split: Parts, world_size: int, reward_check: RewardCheck) -> Optional[_Inputs]:
     """Everything checkable before a model loads, cheapest first; None where output_dir holds this run, finished.
 
     No collective call in here (see distributed.all_ranks_agree), and nothing written.
     """
+    output_dir = split.resume.output_dir
     seed = config_value(spec.config_class, spec.training, "seed")  # an interleaved mixture's draws
-    train_dataset = load_split(spec, "train", seed)
+    train_dataset = load_split(spec.data, spec.data_formats, "train", seed)
     datasets = [("data.train", train_dataset)]
     if spec.data.eval is not None:
-        datasets.append(("data.eval", load_split(spec, "eval", seed)))
+        datasets.append(("data.eval", load_split(spec.data, spec.data_formats, "eval", seed)))
     # a generating algorithm's batch is tied to num_generations or mini-batches: checked, never shrunk
-    training = {**fast_paths.gpu_batch(spec, torch.cuda.is_available()), **spec.training}
+    training = {**fast_paths.gpu_batch(split.fast_paths, torch.cuda.is_available()), **spec.training}
     if not spec.generates:
         training = fit_batch(training, spec.config_class, len(train_dataset), world_size, spec.min_per_device_batch)
-    inputs_record = checkpoints.job_inputs(spec, training, world_size, datasets)
-    finished = checkpoints.finished_at(spec, output_dir, inputs_record)  # in every resume mode
+    global_batch = {
+        "processes": world_size,
+        "per_device_train_batch_size": config_value(spec.config_class, training, "per_device_train_batch_size"),
+        "gradient_accumulation_steps": config_value(spec.config_class, training, "gradient_accumulation_steps"),
+    }
+    inputs_record = checkpoints.job_inputs(split.resume, global_batch, datasets)
+    finished = checkpoints.finished_at(split.resume, inputs_record)  # in every resume mode
     if finished is not None:
         log.info("%s already holds this run, finished at step %d: nothing to train", output_dir, finished)
         return None
-    resume_from = checkpoints.resolve_resume(spec, output_dir, inputs_record)
+    resume_from = checkpoints.resolve_resume(split.resume, inputs_record)
     # told to overwrite, resume: auto may still find the run's last checkpoint: resuming it takes one step too many
     if resume_from is not None and already_finished(output_dir, Path(resume_from), training.get("max_steps", -1)):
         log.info("%s already holds this run, finished at %s: nothing to train", output_dir, resume_from)
@@ -306,29 +380,29 @@ def _check_inputs(spec: Spec, output_dir: Path, world_size: int, reward_check: R
             log.info(
                 "%s is at the last step but the final save was cut short: resuming from %s", last_step, resume_from
             )
-    rewards = resolve_rewards(spec, reward_check)
-    check_reward_columns(spec, datasets)
-    check_weight_shapes(spec.model.name_or_path, spec)
-    args = build_config(spec, training)
+    rewards = resolve_rewards(split.rewards, reward_check)
+    check_reward_columns(split.rewards, spec.keeps_only_prompts, datasets)
+    check_weight_shapes(split.models)
+    args = build_config(spec.config_class, training_arguments(spec, training))
     check_online_data(type(spec), args, len(train_dataset), world_size)
-    check_length_column(spec, args, datasets)
+    check_length_column(spec.rows_hold_input_ids, args, datasets)
     check_loss_masks(args, datasets)
     check_environment(args)
-    check_model_paths(spec)
-    checkpoints.check_room(output_dir, spec, training)
-    check_model_options(spec)
+    check_model_paths(split.models)
+    checkpoints.check_room(output_dir, spec.model, saves_checkpoints=args.save_strategy != "no")
+    check_model_options(split.models)
     tokenizer = load_tokenizer(spec.model.name_or_path, spec.model, padding_side="left" if spec.generates else "right")
     check_chat_template(args, tokenizer, datasets, spec.model.name_or_path)
-    check_reward_templates(rewards, spec, datasets)
+    check_reward_templates(rewards, spec.model, datasets)
     eval_dataset = datasets[1][1] if len(datasets) > 1 else None
     return _Inputs(train_dataset, eval_dataset, resume_from, rewards, args, tokenizer, inputs_record)
 
 
-def build_config(spec: Spec, training: Dict[str, Any]) -> Any:
-    """The algorithm's TRL config; its own checks (``__post_init__``'s ValueErrors) said as one ``training:`` line."""
-    kwargs = training_arguments(spec, training)
+def build_config(config_class: str, kwargs: Dict[str, Any]) -> Any:
+    """The algorithm's TRL config (``config_class``, "module:Class") from its keyword arguments; its own checks
+    (``__post_init__``'s ValueErrors) said as one ``training:`` line."""
     try:
-        return import_object(spec.config_class)(**kwargs)
+        return import_object(config_class)(**kwargs)
     except SpecError:
         raise
     except ValueError as error:
@@ -422,12 +496,13 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
     ):
         config = model_config(spec.model.name_or_path, spec.model)
         kwargs["ddp_find_unused_parameters"] = may_leave_parameters_unused(config)  # decided by the model
-    if has_rewards(spec) and "reward_weights" in config_fields(spec.config_class):
-        kwargs["reward_weights"] = [reward.weight for reward in spec.rewards]  # else the trainer takes them itself
+    rewards = getattr(spec, "rewards", [])
+    if rewards and "reward_weights" in config_fields(spec.config_class):
+        kwargs["reward_weights"] = [reward.weight for reward in rewards]  # else the trainer takes them itself
     kwargs.update(strategy_for(spec.distributed).trainer_arguments(spec.config_class, kwargs))
-    kwargs.update(fast_paths.config_defaults(spec, on_cuda=not on_cpu, training=kwargs))
+    kwargs.update(fast_paths.config_defaults(_fast_path_options(spec), on_cuda=not on_cpu, training=kwargs))
     if kwargs.get("use_vllm"):
         if importlib.util.find_spec("vllm") is None:
             raise SpecError(["training.use_vllm: vLLM is not installed in the job's environment (pip install vllm)"])
-        kwargs.update(vllm_generation.prepare(spec, kwargs, on_cpu))  # checks, then adapts TRL's vLLM set-up
+        kwargs.update(vllm_generation.prepare(type(spec), spec.model, kwargs, on_cpu))  # checks, then adapts TRL's
     return kwargs

@@ -23,6 +23,7 @@ format. A checkpoint named by path (another tool's) needs no manifest.
 """
 
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import json
@@ -32,14 +33,13 @@ import re
 import shutil
 import struct
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from transformers import TrainerCallback
 
-from posttrain.components.spec.fields import config_value
 from posttrain.components.spec.loading import NOT_TRAINING_RELEVANT, spec_diff
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.schema import Spec
+from posttrain.components.spec.schema import DataSpec, ModelSpec
 from posttrain.entrypoints.job.distributed import barrier, env_rank, says_any
 from posttrain.entrypoints.records.files import (
     TORCH_SUFFIXES,
@@ -58,6 +58,23 @@ SPEC_FILE = "posttrain_spec.json"
 INPUTS_FILE = "posttrain_inputs.json"
 MANIFEST_FILE = "posttrain_manifest.json"
 FINAL_STAGING = ".posttrain-final"  # the final model, until it is whole and moved into output_dir
+
+
+@dataclasses.dataclass(frozen=True)
+class Resume:
+    """What resume and the refusal to overwrite are decided from, read from the spec once: where the run writes,
+    what ``resume`` and ``overwrite_output_dir`` say, the spec as its files record it, and the models and data
+    it trains from."""
+
+    output_dir: Path
+    mode: str  # auto, never, or a checkpoint's path
+    overwrite: bool
+    spec_record: Dict[str, Any]  # the spec's JSON dump, as posttrain_spec.json and run_summary.json hold it
+    models: Sequence[Tuple[str, str]]  # each model, by where the spec names it (Spec.named_models)
+    revision: Optional[str]  # posttrain loads every model at the policy's revision
+    data: DataSpec
+
+
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 # a model's weights in output_dir itself: whole files, a sharded model's index, a PEFT adapter
 _WEIGHT_SUFFIXES = (".safetensors", *TORCH_SUFFIXES)
@@ -166,18 +183,19 @@ def _readable_state(path: Path) -> bool:
         return False
 
 
-def resolve_resume(spec: Spec, output_dir: Path, inputs: Dict[str, Any]) -> Optional[str]:
+def resolve_resume(resume: Resume, inputs: Dict[str, Any]) -> Optional[str]:
     """The checkpoint to resume from per ``resume``, or None to start fresh.
 
     ``inputs`` is what this job trains on (:func:`job_inputs`); ``resume:
     auto`` refuses a checkpoint trained on other data or another global batch.
     """
+    output_dir = resume.output_dir
     verdicts = checkpoint_verdicts(output_dir)
     checkpoints = [path for path, problem in verdicts if problem is None]
-    if spec.resume == "auto" and verdicts and not checkpoints:
+    if resume.mode == "auto" and verdicts and not checkpoints:
         raise SpecError([_all_damaged(output_dir, verdicts)])
     _say_damaged(verdicts)
-    if spec.resume == "never":
+    if resume.mode == "never":
         if checkpoints:
             raise SpecError(
                 [
@@ -186,10 +204,10 @@ def resolve_resume(spec: Spec, output_dir: Path, inputs: Dict[str, Any]) -> Opti
                 ]
             )
         return None
-    if spec.resume != "auto":
-        path = Path(spec.resume)
+    if resume.mode != "auto":
+        path = Path(resume.mode)
         if not path.is_dir():
-            raise SpecError([f"resume: {spec.resume!r} is neither auto, never nor an existing checkpoint directory"])
+            raise SpecError([f"resume: {resume.mode!r} is neither auto, never nor an existing checkpoint directory"])
         problem = checkpoint_problem(path)
         if problem is not None:
             raise SpecError([f"resume: {path} is not a complete checkpoint: {problem}"])
@@ -206,7 +224,7 @@ def resolve_resume(spec: Spec, output_dir: Path, inputs: Dict[str, Any]) -> Opti
     saved = read_record(
         saved_path, "remove it and set resume to a checkpoint's path to continue, or use another training.output_dir"
     )
-    differences = _spec_differences(saved, spec)
+    differences = _spec_differences(saved, resume.spec_record)
     if differences:
         raise SpecError(
             [
@@ -239,7 +257,7 @@ def _all_damaged(output_dir: Path, verdicts: List[Tuple[Path, Optional[str]]]) -
     )
 
 
-def finished_at(spec: Spec, output_dir: Path, inputs: Dict[str, Any]) -> Optional[int]:
+def finished_at(resume: Resume, inputs: Dict[str, Any]) -> Optional[int]:
     """The step this spec's finished run in ``output_dir`` ended at (nothing to train), or None: train.
 
     Whatever ``resume`` says, a finished model of another spec (or trained on
@@ -249,13 +267,14 @@ def finished_at(spec: Spec, output_dir: Path, inputs: Dict[str, Any]) -> Optiona
     ``run_summary.json`` is written, last, with the spec it ran and its inputs (the models it was trained from
     among them: a model retrained since makes the run stale, not finished).
     """
-    if spec.overwrite_output_dir:
+    output_dir = resume.output_dir
+    if resume.overwrite:
         return None
     # it lifts these refusals, not resume's: a run started over among another run's checkpoints could resume one later
     start_over = "remove its checkpoints and set" if checkpoint_steps(output_dir) else "set"
     summary = _read_json(output_dir / SUMMARY_FILE)
     if isinstance(summary, dict) and isinstance(summary.get("spec"), dict):
-        differences = _spec_differences(summary["spec"], spec)
+        differences = _spec_differences(summary["spec"], resume.spec_record)
         # what the run was trained from: recorded in its summary, or (an older posttrain's) in its last checkpoint
         checkpoints = complete_checkpoints(output_dir)
         recorded = summary.get("inputs") or (_read_json(checkpoints[-1] / INPUTS_FILE) if checkpoints else None)
@@ -302,9 +321,9 @@ def weight_files(output_dir: Path) -> List[str]:
     )
 
 
-def _spec_differences(saved: Dict[str, Any], spec: Spec) -> List[Tuple[str, Any, Any]]:
-    """The training-relevant keys in which a saved spec dump and ``spec`` differ."""
-    return [d for d in spec_diff(saved, spec.model_dump(mode="json")) if d[0] not in NOT_TRAINING_RELEVANT]
+def _spec_differences(saved: Dict[str, Any], record: Dict[str, Any]) -> List[Tuple[str, Any, Any]]:
+    """The training-relevant keys in which two spec dumps differ."""
+    return [d for d in spec_diff(saved, record) if d[0] not in NOT_TRAINING_RELEVANT]
 
 
 def _shown(differences: List[Tuple[str, Any, Any]]) -> str:
@@ -333,25 +352,19 @@ def _read_json(path: Path) -> Any:
         return None
 
 
-def job_inputs(spec: Spec, training: Dict[str, Any], world_size: int, datasets: Any) -> Dict[str, Any]:
+def job_inputs(resume: Resume, global_batch: Dict[str, int], datasets: Any) -> Dict[str, Any]:
     """What a checkpoint depends on besides its spec: each data source's and each model's fingerprint, and the
-    global batch."""
-    per_device = config_value(spec.config_class, training, "per_device_train_batch_size")
-    accumulation = config_value(spec.config_class, training, "gradient_accumulation_steps")
+    global batch (``processes``, ``per_device_train_batch_size``, ``gradient_accumulation_steps``)."""
     return {
-        "data": {where: split_fingerprint(spec, where.split(".")[1], dataset) for where, dataset in datasets},
-        "models": model_fingerprints(spec),
-        "global_batch": {
-            "processes": world_size,
-            "per_device_train_batch_size": per_device,
-            "gradient_accumulation_steps": accumulation,
-        },
+        "data": {where: split_fingerprint(resume.data, where.split(".")[1], dataset) for where, dataset in datasets},
+        "models": model_fingerprints(resume.models, resume.revision),
+        "global_batch": global_batch,
     }
 
 
-def split_fingerprint(spec: Spec, split: str, dataset: Any) -> Dict[str, Any]:
+def split_fingerprint(data: DataSpec, split: str, dataset: Any) -> Dict[str, Any]:
     """``data.train``'s or ``data.eval``'s fingerprint: its source's, or a mixture's sources' with how they mix."""
-    sources = spec.data.sources(split)
+    sources = data.sources(split)
     if len(sources) == 1:
         source = sources[0][1]
         capped = {"max_rows": source.max_rows} if source.max_rows is not None else {}
@@ -360,7 +373,7 @@ def split_fingerprint(spec: Spec, split: str, dataset: Any) -> Dict[str, Any]:
         {**data_fingerprint(source, None), "max_rows": source.max_rows, "weight": source.weight}
         for _, source in sources
     ]
-    return {"source": ", ".join(part["source"] for part in parts), "mix": spec.data.mix, "parts": parts}
+    return {"source": ", ".join(part["source"] for part in parts), "mix": data.mix, "parts": parts}
 
 
 def data_fingerprint(source: Any, dataset: Any) -> Dict[str, Any]:
@@ -381,14 +394,10 @@ def data_fingerprint(source: Any, dataset: Any) -> Dict[str, Any]:
     return {"source": str(path), "bytes": stat.st_size, "mtime": stat.st_mtime, "sha256_head_tail": digest.hexdigest()}
 
 
-def model_fingerprints(spec: Spec) -> Dict[str, Dict[str, Any]]:
+def model_fingerprints(models: Sequence[Tuple[str, str]], revision: Optional[str]) -> Dict[str, Dict[str, Any]]:
     """Each model the spec reads, by where it names it (``model.name_or_path``, ``reference_model``,
     ``rewards.0.model``, ...): what the run is trained from."""
-    named = [("model.name_or_path", spec.model.name_or_path)]
-    named += [(field, getattr(spec, field)) for field in spec.extra_models]
-    named += [(f"rewards.{index}.model", reward.model) for index, reward in enumerate(getattr(spec, "rewards", []))]
-    revision = spec.model.revision  # posttrain loads every model at the policy's revision
-    return {where: model_fingerprint(name, revision) for where, name in named if isinstance(name, str)}
+    return {where: model_fingerprint(name, revision) for where, name in models}
 
 
 def model_fingerprint(name_or_path: str, revision: Optional[str] = None) -> Dict[str, Any]:
@@ -469,17 +478,19 @@ def model_changes(recorded: Any, models: Dict[str, Dict[str, Any]]) -> List[str]
     ]
 
 
-def stale_runs(spec: Spec, output_dir: Path) -> Tuple[List[str], List[Path]]:
-    """What in ``output_dir`` was trained from other models than ``spec`` names now: which models changed, and
-    the files that record it (its finished run's ``run_summary.json``, its checkpoints)."""
-    models = model_fingerprints(spec)
+def stale_runs(
+    models: Sequence[Tuple[str, str]], revision: Optional[str], output_dir: Path
+) -> Tuple[List[str], List[Path]]:
+    """What in ``output_dir`` was trained from other models than ``models`` (by where a spec names each) are now:
+    which models changed, and the files that record it (its finished run's ``run_summary.json``, its checkpoints)."""
+    fingerprints = model_fingerprints(models, revision)
     summary = _read_json(output_dir / SUMMARY_FILE)
     found = [(output_dir / SUMMARY_FILE, summary.get("inputs") if isinstance(summary, dict) else None)]
     found += [(path, _read_json(path / INPUTS_FILE)) for _, path in checkpoint_steps(output_dir)]
     changes: List[str] = []
     stale: List[Path] = []
     for path, recorded in found:
-        changed = model_changes(recorded, models)
+        changed = model_changes(recorded, fingerprints)
         stale += [path] if changed else []
         changes += [change for change in changed if change not in changes]
     return changes, stale
@@ -490,16 +501,16 @@ def _batch_text(batch: Dict[str, int]) -> str:
     return f"{factors[0] * factors[1] * factors[2]} ({' x '.join(map(str, factors))}: processes x per device x accumulation)"
 
 
-def check_room(output_dir: Path, spec: Spec, training: Dict[str, Any]) -> None:
+def check_room(output_dir: Path, model_spec: ModelSpec, saves_checkpoints: bool) -> None:
     """Room in ``output_dir``'s file system for what the run writes first: a checkpoint (weights and the
     optimizer's two moments), or the final weights alone; estimated from a local model's weight files."""
-    model = Path(spec.model.name_or_path).expanduser()
+    model = Path(model_spec.name_or_path).expanduser()
     if not model.is_dir():
         return
     weights = sum(path.stat().st_size for path in model.glob("*.safetensors")) or sum(
         path.stat().st_size for path in model.glob("*.bin")
     )
-    saves = config_value(spec.config_class, training, "save_strategy") != "no" and spec.model.lora is None
+    saves = saves_checkpoints and model_spec.lora is None
     needed = weights * (3 if saves else 1)
     existing = next(path for path in (output_dir, *output_dir.absolute().parents) if path.exists())
     free = shutil.disk_usage(existing).free

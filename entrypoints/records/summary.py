@@ -6,11 +6,9 @@ import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from posttrain.components.spec.schema import Spec
 from posttrain.entrypoints.generation import vllm_generation
 from posttrain.entrypoints.job.callbacks import TokenCounter
 from posttrain.entrypoints.job.distributed import backend_for, world_size
-from posttrain.entrypoints.speed import fast_paths
 
 SUMMARY_FILE = "run_summary.json"
 
@@ -22,15 +20,18 @@ _NOT_METRICS = {"step", "epoch", "total_flos", "train_runtime", "train_tokens_pe
 
 def run_summary(
     algorithm: str,
-    spec: Spec,
+    spec_record: Dict[str, Any],
     trainer: Any,
     metrics: Dict[str, Any],
     resumed_from: Optional[str],
     tokens: TokenCounter,
-    inputs: Optional[Dict[str, Any]] = None,
+    inputs: Optional[Dict[str, Any]],
+    fast_paths: List[str],
+    generates: bool,
 ) -> Dict[str, Any]:
-    """The contents of ``run_summary.json``, read from the live trainer; ``inputs`` is what it was trained on and
-    from (``checkpoints.job_inputs``)."""
+    """The contents of ``run_summary.json``, read from the live trainer; ``spec_record`` is the spec's JSON dump,
+    ``inputs`` what it was trained on and from (``checkpoints.job_inputs``), ``fast_paths`` those it ran
+    (``fast_paths.applied``)."""
     runtime = float(metrics.get("train_runtime", 0.0))
     total_tokens = int(trainer.state.num_input_tokens_seen or 0)
     attempt_tokens = total_tokens - tokens.at_start
@@ -44,7 +45,7 @@ def run_summary(
         "world_size": world,
         "nnodes": world // local_world_size,
         "engine": engine(trainer),
-        "fast_paths": fast_paths.applied(trainer, spec),
+        "fast_paths": fast_paths,
         "global_steps": trainer.state.global_step,
         "train_runtime_s": runtime,
         "train_tokens": total_tokens or None,
@@ -52,9 +53,9 @@ def run_summary(
         "metrics_first": first,
         "metrics_last": last,
         "resumed_from": resumed_from,
-        "spec": spec.model_dump(mode="json"),
+        "spec": spec_record,
         "inputs": inputs,
-        "generation": generation(trainer) if spec.generates else None,
+        "generation": generation(trainer) if generates else None,
     }
 
 

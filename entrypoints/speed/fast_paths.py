@@ -48,10 +48,11 @@ Measured gains: BENCHMARKS.md.
 The job's first lines say what it chose on a GPU, and why.
 """
 
+import dataclasses
 import importlib.util
 import logging
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
@@ -61,7 +62,7 @@ from posttrain.components.spec.schema import (
     CHECKPOINTING_OPTIONS,
     CHECKPOINTING_SWITCHES,
     PACKING_AWARE_ATTENTION,
-    Spec,
+    ModelSpec,
 )
 from posttrain.entrypoints.speed import attention, gpu_memory, rl_padding_free
 
@@ -80,33 +81,47 @@ CHECKPOINTING_KEYS = {*CHECKPOINTING_SWITCHES, *CHECKPOINTING_OPTIONS}
 GPU_TOKENS_PER_STEP = 65536
 
 
-def config_defaults(spec: Spec, on_cuda: bool, training: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+@dataclasses.dataclass(frozen=True)
+class FastPathOptions:
+    """What the fast paths are chosen from, read from the spec once: the ones the algorithm takes (its spec
+    class's ``fast_paths``), its TRL config class, the model, the ``training`` keys the user set (never changed),
+    whether the job is sharded, and whether its passes over generated completions are the padding-free ones
+    (GRPO's, RLOO's: rl_padding_free.py) rather than a collator's."""
+
+    offered: Tuple[str, ...]
+    config_class: str
+    model: ModelSpec
+    training: Mapping[str, Any]
+    sharded: bool = False
+    rl_passes: bool = False
+
+
+def config_defaults(options: FastPathOptions, on_cuda: bool, training: Mapping[str, Any]) -> Dict[str, Any]:
     """The fast paths set in the TRL config: keyword arguments the user left unset. ``training``: the
-    keyword arguments so far (the batch), where they differ from the spec's."""
-    training = spec.training if training is None else training
+    keyword arguments so far (the batch)."""
     defaults: Dict[str, Any] = {}
-    if "use_liger_kernel" in spec.fast_paths and "use_liger_kernel" not in spec.training:
+    if "use_liger_kernel" in options.offered and "use_liger_kernel" not in options.training:
         if on_cuda and importlib.util.find_spec("liger_kernel") is not None:
             defaults["use_liger_kernel"] = True
-    checkpointing_set = CHECKPOINTING_KEYS & set(spec.training)  # its options too: the user wants it
-    if "no_activation_checkpointing" in spec.fast_paths and not checkpointing_set:
+    checkpointing_set = CHECKPOINTING_KEYS & set(options.training)  # its options too: the user wants it
+    if "no_activation_checkpointing" in options.offered and not checkpointing_set:
         if not on_cuda:
             defaults["activation_checkpointing"] = False
-        elif spec.distributed.sharding is None and activations_fit(spec, {**training, **defaults}):
+        elif not options.sharded and activations_fit(options, {**training, **defaults}):
             defaults["activation_checkpointing"] = False  # (sharded: the strategy places checkpointing itself)
     return defaults
 
 
-def gpu_batch(spec: Spec, on_cuda: bool) -> Dict[str, Any]:
+def gpu_batch(options: FastPathOptions, on_cuda: bool) -> Dict[str, Any]:
     """SFT's rows per device on a GPU where the spec leaves the step's size: ``GPU_TOKENS_PER_STEP`` over
     ``max_length``, where Liger's fused loss takes the logits away and the estimate says they fit with
     activation checkpointing; else nothing (TRL's 8 rows)."""
-    training = spec.training
+    training = options.training
     sized = {"per_device_train_batch_size", "gradient_accumulation_steps"} & set(training)
-    if "gpu_batch" not in spec.fast_paths or not on_cuda or sized:
+    if "gpu_batch" not in options.offered or not on_cuda or sized:
         return {}
-    max_length = config_value(spec.config_class, training, "max_length")
-    shape = gpu_memory.model_shape(spec.model)
+    max_length = config_value(options.config_class, training, "max_length")
+    shape = gpu_memory.model_shape(options.model)
     if not max_length or shape is None or not fused_loss(training, shape):  # no max_length: no bound on a row
         return {}
     rows = max(1, GPU_TOKENS_PER_STEP // max_length)
@@ -116,12 +131,12 @@ def gpu_batch(spec: Spec, on_cuda: bool) -> Dict[str, Any]:
     return {"per_device_train_batch_size": rows} if gpu_memory.fits(step) else {}
 
 
-def computes_in_16_bits(training: Dict[str, Any]) -> bool:
+def computes_in_16_bits(training: Mapping[str, Any]) -> bool:
     """Whether a GPU step computes in 16 bits: bf16 (TRL's default on GPUs) or fp16 mixed precision."""
     return bool(training.get("bf16", True) or training.get("fp16"))
 
 
-def fused_loss(training: Dict[str, Any], shape: gpu_memory.ModelShape) -> bool:
+def fused_loss(training: Mapping[str, Any], shape: gpu_memory.ModelShape) -> bool:
     """Whether Liger's fused cross-entropy will compute the loss: on, installed, and made for this model type."""
     if not training.get("use_liger_kernel", True) or importlib.util.find_spec("liger_kernel") is None:
         return False
@@ -130,13 +145,13 @@ def fused_loss(training: Dict[str, Any], shape: gpu_memory.ModelShape) -> bool:
     return shape.model_type in MODEL_TYPE_TO_APPLY_LIGER_FN
 
 
-def activations_fit(spec: Spec, training: Dict[str, Any]) -> bool:
+def activations_fit(options: FastPathOptions, training: Mapping[str, Any]) -> bool:
     """Whether a step keeps all its activations within this GPU's memory (gpu_memory.py); said on rank 0."""
-    max_length = config_value(spec.config_class, training, "max_length")
-    shape = gpu_memory.model_shape(spec.model)
+    max_length = config_value(options.config_class, training, "max_length")
+    shape = gpu_memory.model_shape(options.model)
     if not max_length or shape is None:
         return False
-    rows = config_value(spec.config_class, training, "per_device_train_batch_size")
+    rows = config_value(options.config_class, training, "per_device_train_batch_size")
     tokens = rows * max_length
     activations = shape.activation_bytes(tokens, checkpointing=False, half=computes_in_16_bits(training))
     logits = 0 if fused_loss(training, shape) else shape.logit_bytes(tokens)
@@ -158,19 +173,19 @@ def activations_fit(spec: Spec, training: Dict[str, Any]) -> bool:
     return fits
 
 
-def attention_implementation(spec: Spec) -> Optional[str]:
+def attention_implementation(options: FastPathOptions) -> Optional[str]:
     """The model's attention implementation: the spec's; or, on a GPU where the spec leaves it to the
     padding-free fast path, ``torch_varlen`` where this GPU and torch run it and the model is of a type it is
     checked for, in half precision; None is transformers' default (SDPA)."""
-    chosen = spec.model.attn_implementation
-    if chosen is not None or "padding_free" not in spec.fast_paths or spec.training.get("padding_free") is False:
+    chosen = options.model.attn_implementation
+    if chosen is not None or "padding_free" not in options.offered or options.training.get("padding_free") is False:
         return chosen
     if attention.varlen_available() is not None:
         return None
-    shape = gpu_memory.model_shape(spec.model)
+    shape = gpu_memory.model_shape(options.model)
     if shape is None or shape.model_type not in VARLEN_MODEL_TYPES or shape.attention_dropout:
         return None
-    if not computes_in_16_bits(spec.training) and shape.weight_bytes != 2:  # float32: no varlen kernel takes it
+    if not computes_in_16_bits(options.training) and shape.weight_bytes != 2:  # float32: no varlen kernel takes it
         return None
     return attention.NAME
 
@@ -187,38 +202,45 @@ def padding_free_reason(model: Any) -> Optional[str]:
     return None
 
 
-def switch_to_padding_free(trainer: Any, spec: Spec) -> None:
-    """Turns TRL's collator padding-free where the spec leaves it to us and the model keeps sequences apart.
+def data_collator(options: FastPathOptions, model: Any, tokenizer: Any, args: Any, dataset: Any) -> Optional[Any]:
+    """SFT's collator, chosen before its trainer: TRL's own, padding-free, where the spec leaves it to us and the
+    model keeps sequences apart; None leaves TRL's choice.
 
-    After the trainer is built: TRL 1.16 refuses ``padding_free`` with a
-    ``max_length`` ("not enforced"), yet its dataset preparation truncates to
-    ``max_length`` before any batch is made (``SFTTrainer._prepare_dataset``),
-    so the collator is all that changes. Where the user asked for packing or
-    padding-free batches and the model could let sequences see each other,
-    the job stops and says why.
+    Passed to the trainer rather than asked of its config: TRL 1.16 refuses
+    ``padding_free`` with a ``max_length`` ("not enforced"), yet its dataset
+    preparation truncates to ``max_length`` before any batch is made
+    (``SFTTrainer._prepare_dataset``), so the collator is all that changes.
+    Where the user asked for packing or padding-free batches and the model
+    could let sequences see each other, the job stops and says why.
     """
-    collator, training = getattr(trainer, "data_collator", None), spec.training
-    if spec.generates_with_sdpa:
-        switch_passes_to_padding_free(trainer)
-        return
-    if "padding_free" not in spec.fast_paths or not hasattr(collator, "padding_free"):
-        return
-    model = trainer.accelerator.unwrap_model(trainer.model)
+    if "padding_free" not in options.offered or options.rl_passes:
+        return None
     reason = padding_free_reason(model)
-    if collator.padding_free:  # the user's packing or padding_free
+    if args.padding_free or (args.packing and args.packing_strategy in ("bfd", "bfd_split")):  # TRL's own test
         if reason is not None:
-            key = "packing" if training.get("packing") else "padding_free"
+            key = "packing" if args.packing else "padding_free"
             raise SpecError([f"training.{key}: packed sequences could attend to each other: {reason}; set it to false"])
-        return
-    if "padding_free" in training or getattr(trainer, "_is_vision_dataset", False):
-        return
+        return None
+    if "padding_free" in options.training or {"image", "images"} & set(dataset.column_names):  # TRL's vision rows
+        return None
     implementation = model.config._attn_implementation
     if reason is None and torch.cuda.is_available() and implementation not in VARLEN_KERNELS:
         reason = f"on GPUs, {implementation} attention over one long row is slower than padding (BENCHMARKS.md)"
     if reason is not None:
         log.info("padding-free batches stay off: %s", reason)
-        return
-    collator.padding_free = trainer.padding_free = True
+        return None
+    from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
+
+    # what SFTTrainer does for the collator it builds, and skips for one it is given
+    pad_token = args.pad_token or tokenizer.pad_token or tokenizer.eos_token
+    if pad_token not in tokenizer.get_vocab():
+        return None  # the trainer says why
+    tokenizer.pad_token = pad_token
+    model.config.get_text_config().pad_token_id = tokenizer.pad_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return DataCollatorForLanguageModeling(
+        pad_token_id=tokenizer.pad_token_id, padding_free=True, pad_to_multiple_of=args.pad_to_multiple_of
+    )
 
 
 def switch_passes_to_padding_free(trainer: Any) -> None:
@@ -246,10 +268,10 @@ def switch_passes_to_padding_free(trainer: Any) -> None:
     log.info("forward passes over prompts and completions: %s; completions generated by %s", passes, engine)
 
 
-def applied(trainer: Any, spec: Spec) -> List[str]:
+def applied(trainer: Any, options: FastPathOptions) -> List[str]:
     """The fast paths the live trainer runs with."""
     found = []
-    chosen = gpu_batch(spec, on_cuda=trainer.args.device.type == "cuda")
+    chosen = gpu_batch(options, on_cuda=trainer.args.device.type == "cuda")
     if chosen and chosen["per_device_train_batch_size"] == trainer.args.per_device_train_batch_size:
         found.append("gpu_batch")
     if getattr(getattr(trainer, "data_collator", None), "padding_free", False):

@@ -28,6 +28,7 @@ from helpers import (
     ends,
     free_port,
     job_env,
+    job_of,
     load_template,
     read_json,
     run_template,
@@ -37,7 +38,6 @@ from posttrain.components.spec.loading import validate
 from posttrain.entrypoints.generation.role_lease import lease_port, route_address
 from posttrain.entrypoints.inputs.data import load_data
 from posttrain.entrypoints.inputs.models import import_object, load_tokenizer
-from posttrain.entrypoints.inputs.rewards import resolve_rewards
 from posttrain.entrypoints.job import runtime
 
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]  # slow too: the fast loop (-m "not e2e") leaves them out
@@ -103,7 +103,7 @@ def test_after_training_vllm_generates_with_the_trained_weights(tmp_path: Path) 
     args = import_object(spec.config_class)(**runtime.training_arguments(spec, dict(spec.training)))
     tokenizer = load_tokenizer(spec.model.name_or_path, spec.model, "left")
     data = load_data(spec.data.train, spec.data.columns, "data.train", spec.data_formats)
-    trainer = build_trainer(runtime.Job(spec, args, tokenizer, data, None, [], resolve_rewards(spec)))
+    trainer = build_trainer(job_of(spec, args, tokenizer, data))
     generation = trainer.vllm_generation
     assert generation.llm.llm_engine.model_config.dtype == torch.float32  # the training's, not vLLM's bf16
     ids = tokenizer(TEXT)["input_ids"]
@@ -203,7 +203,7 @@ def test_the_server_roles_weights_after_a_sync_are_the_trainers(tmp_path: Path) 
                 client = VLLMClient(host="127.0.0.1", server_port=port, connection_timeout=600)
                 client.init_communicator(device="cpu")
                 tokenizer = load_tokenizer(spec.model.name_or_path, spec.model, "left")
-                model = load_model(spec.model.name_or_path, spec, tokenizer, CAUSAL_LM).eval()
+                model = load_model(spec.model.name_or_path, runtime.parts(spec).models, tokenizer, CAUSAL_LM).eval()
                 ids = tokenizer(TEXT)["input_ids"]
                 initial = server_logprobs(port, client.model, ids)
                 with torch.no_grad():  # a "step": every weight moves, the tied embedding/head too

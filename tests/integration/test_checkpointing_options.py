@@ -9,6 +9,7 @@ step, or (non-reentrant) hands them to the layers, which ignore them.
 both sides: what the spec refuses fails or is lost in TRL, what it takes holds.
 """
 
+import dataclasses
 import re
 from pathlib import Path
 from typing import Any, Dict, List
@@ -33,7 +34,7 @@ def _checkpointing_job(tmp_path: Path, algorithm: str, options: Dict[str, Any]) 
     job = tiny_job(tmp_path, algorithm, training=training)
     kwargs = runtime.training_arguments(job.spec, dict(job.spec.training))
     args = import_object(job.spec.config_class)(**{**kwargs, "activation_checkpointing_kwargs": dict(options)})
-    return runtime.Job(**{**vars(job), "args": args})
+    return dataclasses.replace(job, args=args)
 
 
 def _checkpointed_layers(trainer: Any) -> List[bool]:

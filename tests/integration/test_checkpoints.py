@@ -39,9 +39,9 @@ def test_a_file_system_without_room_for_one_checkpoint_is_refused_before_any_mod
     save_file({"weight": torch.zeros(200_000)}, str(model / "model.safetensors"))  # 0.8 MB: 2.4 MB with Adam's state
     spec = sft_spec(tmp_path, model={"name_or_path": str(model)})
     with pytest.raises(SpecError) as error:
-        check_room(small_disk / "out", spec, dict(spec.training))
+        check_room(small_disk / "out", spec.model, saves_checkpoints=True)
     assert str(error.value) == (
         f"training.output_dir: {small_disk / 'out'} has 2.0 MiB free; one checkpoint (the weights and the optimizer's "
         f"state) of {model} needs about 2.3 MiB: make room, or use another output_dir"
     )
-    check_room(small_disk / "out", spec, {**spec.training, "save_strategy": "no"})  # the final weights alone fit
+    check_room(small_disk / "out", spec.model, saves_checkpoints=False)  # the final weights alone fit

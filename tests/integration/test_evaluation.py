@@ -1,5 +1,6 @@
 """The evaluation's settings the job checks where they can first be known: at the first evaluation."""
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any, Dict
@@ -16,7 +17,6 @@ from helpers import (
     trainer_with,
 )
 from posttrain.components.spec.loading import validate
-from posttrain.entrypoints.job import runtime
 
 pytestmark = pytest.mark.usefixtures("job_process")
 
@@ -79,7 +79,7 @@ def test_a_metric_the_evaluation_returns_picks_the_best_checkpoint(tmp_path: Pat
 
 def test_the_best_checkpoint_needs_scheduled_evaluations(tmp_path: Path) -> None:
     job = tiny_job(tmp_path, "sft")
-    job = runtime.Job(**{**vars(job), "eval_dataset": job.train_dataset.select(range(16))})
+    job = dataclasses.replace(job, eval_dataset=job.train_dataset.select(range(16)))
     # what transformers did with eval_strategy no (TRL's default), eval_on_start's evaluation or not: it compared no
     # metric, and save_strategy best saved no checkpoint at all
     for on_start in (False, True):
@@ -122,7 +122,7 @@ def test_options_for_compute_metrics_are_refused_and_change_no_evaluation(tmp_pa
     for key, value in FOR_COMPUTE_METRICS.items():
         message = refusal(job, **{key: value})
         assert f"training.{key}: " in message and "does nothing" in message, message
-    job = runtime.Job(**{**vars(job), "eval_dataset": job.train_dataset.select(range(16))})
+    job = dataclasses.replace(job, eval_dataset=job.train_dataset.select(range(16)))
 
     def evaluated(**training: Any) -> Dict[str, float]:
         metrics = trainer_with(job, **training).evaluate()  # the trainer seeds itself

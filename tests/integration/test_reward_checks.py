@@ -16,11 +16,13 @@ def test_a_builtin_reading_a_column_that_remove_unused_columns_removes(tmp_path:
     answered = job.train_dataset.map(lambda row: {"answer": "blue"})
     spec = validate({**job.spec.model_dump(), "training": {**job.spec.training, "remove_unused_columns": True}})
     with pytest.raises(SpecError) as error:
-        check_reward_columns(spec, [("data.train", answered)])
+        check_reward_columns(spec.rewards, spec.keeps_only_prompts, [("data.train", answered)])
     assert str(error.value) == (
         "training.remove_unused_columns: true removes column 'answer', which rewards.0 (exact_match) reads: the "
         "trainer keeps only prompt and images; set it false"
     )
-    check_reward_columns(job.spec, [("data.train", answered)])  # TRL's default, false
+    check_reward_columns(
+        job.spec.rewards, job.spec.keeps_only_prompts, [("data.train", answered)]
+    )  # TRL's default, false
     with pytest.raises(KeyError, match="answer"):  # what TRL does, the model loaded and generating
         trainer_with(job, answered, remove_unused_columns=True, max_steps=1).train()

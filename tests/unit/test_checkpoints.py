@@ -3,11 +3,11 @@
 import json
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict
 
 import pytest
 
-from helpers import REPO, load_template, sft_spec
+from helpers import REPO, load_template, resume_of, sft_spec
 from posttrain.components.spec.loading import SpecError, validate
 from posttrain.components.spec.overrides import apply_overrides
 from posttrain.entrypoints.records import files
@@ -52,14 +52,14 @@ def test_only_complete_checkpoints_count(tmp_path: Path) -> None:
 def test_resume_auto_picks_the_newest_checkpoint_of_the_same_spec(tmp_path: Path) -> None:
     spec = sft_spec(tmp_path)
     output_dir = Path(spec.training["output_dir"])
-    assert resolve_resume(spec, output_dir, INPUTS) is None
+    assert resolve_resume(resume_of(spec, output_dir), INPUTS) is None
     write_checkpoint(output_dir, 5)
     newest = write_checkpoint(output_dir, 10)
     (output_dir / SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json")))
-    assert resolve_resume(spec, output_dir, INPUTS) == str(newest)
-    assert resolve_resume(sft_spec(tmp_path, resume=str(output_dir / "checkpoint-5")), output_dir, INPUTS).endswith(
-        "-5"
-    )
+    assert resolve_resume(resume_of(spec, output_dir), INPUTS) == str(newest)
+    assert resolve_resume(
+        resume_of(sft_spec(tmp_path, resume=str(output_dir / "checkpoint-5")), output_dir), INPUTS
+    ).endswith("-5")
 
 
 def test_resume_auto_refuses_a_checkpoint_of_another_spec(tmp_path: Path) -> None:
@@ -70,24 +70,24 @@ def test_resume_auto_refuses_a_checkpoint_of_another_spec(tmp_path: Path) -> Non
     saved["training"]["learning_rate"] = 0.5
     (output_dir / SPEC_FILE).write_text(json.dumps(saved))
     with pytest.raises(SpecError) as error:
-        resolve_resume(spec, output_dir, INPUTS)
+        resolve_resume(resume_of(spec, output_dir), INPUTS)
     assert "written by a different spec (training.learning_rate: 0.5 -> 0.003)" in str(error.value)
 
 
 def test_resume_never_refuses_to_mix_runs_and_a_bad_path_is_named(tmp_path: Path) -> None:
     spec = sft_spec(tmp_path, resume="never")
     output_dir = Path(spec.training["output_dir"])
-    assert resolve_resume(spec, output_dir, INPUTS) is None
+    assert resolve_resume(resume_of(spec, output_dir), INPUTS) is None
     write_checkpoint(output_dir, 10)
     with pytest.raises(SpecError, match="resume: never, but .* already holds checkpoints"):
-        resolve_resume(spec, output_dir, INPUTS)
+        resolve_resume(resume_of(spec, output_dir), INPUTS)
     with pytest.raises(
         SpecError, match="resume: '.*nowhere' is neither auto, never nor an existing checkpoint directory"
     ):
-        resolve_resume(sft_spec(tmp_path, resume=str(tmp_path / "nowhere")), output_dir, INPUTS)
+        resolve_resume(resume_of(sft_spec(tmp_path, resume=str(tmp_path / "nowhere")), output_dir), INPUTS)
     (tmp_path / "half").mkdir()
     with pytest.raises(SpecError, match="is not a complete checkpoint"):
-        resolve_resume(sft_spec(tmp_path, resume=str(tmp_path / "half")), output_dir, INPUTS)
+        resolve_resume(resume_of(sft_spec(tmp_path, resume=str(tmp_path / "half")), output_dir), INPUTS)
 
 
 def test_a_run_is_finished_at_its_last_step_of_max_steps_or_of_its_epochs(tmp_path: Path) -> None:
@@ -145,7 +145,7 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_previous_whole_one_resumed
     (output_dir / "checkpoint-best").mkdir()  # a user's copy: not ours, left alone
     (output_dir / SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json")))
     with caplog.at_level("WARNING", logger="posttrain"):
-        assert resolve_resume(spec, output_dir, INPUTS) == str(output_dir / "checkpoint-10")
+        assert resolve_resume(resume_of(spec, output_dir), INPUTS) == str(output_dir / "checkpoint-10")
     [line] = caplog.messages
     assert line.startswith(
         f"resume: {output_dir / 'checkpoint-20'} is damaged (model.safetensors: cut short at 100 of "
@@ -153,7 +153,7 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_previous_whole_one_resumed
     assert line.endswith("resuming from checkpoint-10, leaving it as it is")
     assert (output_dir / "checkpoint-20" / "model.safetensors").stat().st_size == 100  # nothing deleted
     with pytest.raises(SpecError, match=r"checkpoint-20 is not a complete checkpoint: model.safetensors: cut short"):
-        resolve_resume(sft_spec(tmp_path, resume=str(output_dir / "checkpoint-20")), output_dir, INPUTS)
+        resolve_resume(resume_of(sft_spec(tmp_path, resume=str(output_dir / "checkpoint-20")), output_dir), INPUTS)
 
 
 def write_safetensors(path: Path, header: Any, data: bytes = bytes(16)) -> None:
@@ -190,7 +190,7 @@ def test_a_malformed_safetensors_header_is_damage_and_the_previous_whole_checkpo
     spec, output_dir = damaged_after_whole(tmp_path)
     write_safetensors(output_dir / "checkpoint-20" / "model.safetensors", header)
     with caplog.at_level("WARNING", logger="posttrain"):
-        assert resolve_resume(spec, output_dir, INPUTS) == str(output_dir / "checkpoint-10")
+        assert resolve_resume(resume_of(spec, output_dir), INPUTS) == str(output_dir / "checkpoint-10")
     [line] = caplog.messages
     assert "checkpoint-20 is damaged (model.safetensors: " in line and reason in line, line
 
@@ -205,7 +205,7 @@ def test_an_index_whose_shard_is_missing_or_cut_short_is_damage(
         save_weights(output_dir / f"checkpoint-{step}" / "model-1-of-2.safetensors")
     save_weights(output_dir / "checkpoint-10" / "model-2-of-2.safetensors")  # checkpoint-10: whole, sharded
     with caplog.at_level("WARNING", logger="posttrain"):
-        assert resolve_resume(spec, output_dir, INPUTS) == str(output_dir / "checkpoint-10")
+        assert resolve_resume(resume_of(spec, output_dir), INPUTS) == str(output_dir / "checkpoint-10")
     assert (
         "(model.safetensors.index.json: names 1 shard(s) that are missing (model-2-of-2.safetensors))"
         in (caplog.messages[0])
@@ -261,14 +261,16 @@ def test_a_file_its_manifest_names_missing_or_changed_is_damage_whatever_its_for
 ) -> None:
     damage, reason = MANIFEST_DAMAGE[case]
     spec, checkpoint = sealed_pair(tmp_path)
-    assert resolve_resume(spec, checkpoint.parent, INPUTS) == str(checkpoint)
+    assert resolve_resume(resume_of(spec, checkpoint.parent), INPUTS) == str(checkpoint)
     damage(checkpoint)
     with caplog.at_level("WARNING", logger="posttrain"):
-        assert resolve_resume(spec, checkpoint.parent, INPUTS) == str(checkpoint.parent / "checkpoint-10")
+        assert resolve_resume(resume_of(spec, checkpoint.parent), INPUTS) == str(checkpoint.parent / "checkpoint-10")
     [line] = caplog.messages
     assert f"checkpoint-20 is damaged ({reason}" in line, line
     if case == "no manifest":  # named by path, another tool's checkpoint is judged by its files alone
-        assert resolve_resume(sft_spec(tmp_path, resume=str(checkpoint)), checkpoint.parent, INPUTS) == str(checkpoint)
+        assert resolve_resume(resume_of(sft_spec(tmp_path, resume=str(checkpoint)), checkpoint.parent), INPUTS) == str(
+            checkpoint
+        )
 
 
 def test_a_judge_that_fails_calls_the_checkpoint_damaged_never_the_run(
@@ -284,7 +286,7 @@ def test_a_judge_that_fails_calls_the_checkpoint_damaged_never_the_run(
 
     monkeypatch.setattr(files, "_safetensors_problem", judge)
     with caplog.at_level("WARNING", logger="posttrain"):
-        assert resolve_resume(spec, output_dir, INPUTS) == str(output_dir / "checkpoint-10")
+        assert resolve_resume(resume_of(spec, output_dir), INPUTS) == str(output_dir / "checkpoint-10")
     assert "(model.safetensors: could not be checked (RuntimeError: a case nobody foresaw))" in caplog.messages[0]
 
 
@@ -297,7 +299,7 @@ def test_every_checkpoint_damaged_stops_in_one_line_never_from_step_0(
     for step in (10, 20):
         cut(output_dir / f"checkpoint-{step}" / "model.safetensors", 100)
     with caplog.at_level("WARNING", logger="posttrain"), pytest.raises(SpecError) as stopped:
-        resolve_resume(spec, output_dir, INPUTS)
+        resolve_resume(resume_of(spec, output_dir), INPUTS)
     assert str(stopped.value) == (
         f"resume: auto found no whole checkpoint in {output_dir}, only damaged ones: checkpoint-40 (no readable "
         "trainer_state.json (its save was interrupted)); checkpoint-30 (no readable trainer_state.json (its save was "
@@ -306,7 +308,7 @@ def test_every_checkpoint_damaged_stops_in_one_line_never_from_step_0(
         "there)"
     )
     assert caplog.messages == []  # the one line is the error's
-    assert resolve_resume(sft_spec(tmp_path, resume="never"), output_dir, INPUTS) is None
+    assert resolve_resume(resume_of(sft_spec(tmp_path, resume="never"), output_dir), INPUTS) is None
 
 
 # ---------------------------------------------------------------- a finished model, in every resume mode
@@ -339,9 +341,11 @@ def write_finished(output_dir: Path, spec: Any, checkpoint: bool = True, **train
 def test_every_resume_mode_leaves_this_specs_finished_run_as_it_is(tmp_path: Path, mode: str, checkpoint: bool) -> None:
     spec = mode_spec(tmp_path, mode)
     output_dir = Path(spec.training["output_dir"])
-    assert finished_at(spec, output_dir, INPUTS) is None  # nothing there yet: train
+    assert finished_at(resume_of(spec, output_dir), INPUTS) is None  # nothing there yet: train
     write_finished(output_dir, spec, checkpoint=checkpoint)
-    assert finished_at(spec, output_dir, INPUTS) == 40  # not trained again in place (or resumed one step too far)
+    assert (
+        finished_at(resume_of(spec, output_dir), INPUTS) == 40
+    )  # not trained again in place (or resumed one step too far)
 
 
 @pytest.mark.parametrize("checkpoint", [True, False], ids=["with checkpoints", "without"])
@@ -353,7 +357,7 @@ def test_every_resume_mode_refuses_the_finished_model_of_another_spec(
     output_dir = Path(spec.training["output_dir"])
     write_finished(output_dir, spec, checkpoint=checkpoint, learning_rate=0.5)
     with pytest.raises(SpecError) as error:
-        finished_at(spec, output_dir, INPUTS)
+        finished_at(resume_of(spec, output_dir), INPUTS)
     start_over = "remove its checkpoints and set" if checkpoint else "set"
     assert str(error.value) == (
         f"training.output_dir: {output_dir} holds a finished model written by a different spec "
@@ -367,7 +371,7 @@ def test_a_finished_model_of_a_very_different_spec_is_still_one_short_line(tmp_p
     output_dir = Path(spec.training["output_dir"])
     write_finished(output_dir, spec, checkpoint=False, learning_rate=0.5, max_steps=9, seed=1, warmup_steps=2)
     with pytest.raises(SpecError) as error:
-        finished_at(spec, output_dir, INPUTS)
+        finished_at(resume_of(spec, output_dir), INPUTS)
     assert (
         "(training.learning_rate: 0.5 -> 0.003; training.max_steps: 9 -> 40; training.seed: 1 -> 0; and 1 more);"
         in (str(error.value))
@@ -391,11 +395,11 @@ def test_the_job_checks_a_finished_model_in_every_resume_mode_before_any_model_l
     output_dir = Path(spec.training["output_dir"])
     write_finished(output_dir, spec)
     with caplog.at_level("INFO", logger="posttrain"):
-        assert runtime._check_inputs(spec, output_dir, 1, runtime.RewardCheck()) is None
+        assert runtime._check_inputs(spec, runtime.parts(spec), 1, runtime.RewardCheck()) is None
     assert f"{output_dir} already holds this run, finished at step 40: nothing to train" in caplog.messages
     write_finished(output_dir, spec, checkpoint=False, learning_rate=0.5)
     with pytest.raises(SpecError, match="holds a finished model written by a different spec"):
-        runtime._check_inputs(spec, output_dir, 1, runtime.RewardCheck())
+        runtime._check_inputs(spec, runtime.parts(spec), 1, runtime.RewardCheck())
 
 
 @pytest.mark.parametrize(
@@ -418,7 +422,7 @@ def test_every_resume_mode_refuses_weights_posttrain_did_not_write(tmp_path: Pat
     (output_dir / weights).write_bytes(b"{}")
     (output_dir / "config.json").write_text("{}")
     with pytest.raises(SpecError) as error:
-        finished_at(spec, output_dir, INPUTS)
+        finished_at(resume_of(spec, output_dir), INPUTS)
     assert str(error.value) == (
         f"training.output_dir: {output_dir} holds weights posttrain did not write ({weights}; no {SPEC_FILE}); "
         "use another training.output_dir, or set overwrite_output_dir: true to write over them"
@@ -434,10 +438,10 @@ def test_what_is_not_a_model_in_output_dir_is_no_reason_to_refuse(tmp_path: Path
     (output_dir / "notes.txt").write_text("mine")
     (output_dir / "checkpoint-best").mkdir()
     (output_dir / "checkpoint-best" / "model.safetensors").write_bytes(b"weights")  # not in output_dir itself
-    assert finished_at(spec, output_dir, INPUTS) is None
+    assert finished_at(resume_of(spec, output_dir), INPUTS) is None
     (output_dir / SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json")))
     (output_dir / "model.safetensors").write_bytes(b"weights")  # posttrain's, saved before run_summary.json
-    assert finished_at(spec, output_dir, INPUTS) is None
+    assert finished_at(resume_of(spec, output_dir), INPUTS) is None
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -446,12 +450,12 @@ def test_overwrite_output_dir_lets_every_resume_mode_write_over_a_model(tmp_path
     output_dir = Path(spec.training["output_dir"])
     output_dir.mkdir()
     (output_dir / "adapter_model.safetensors").write_bytes(b"weights")
-    assert finished_at(spec, output_dir, INPUTS) is None  # weights posttrain did not write
+    assert finished_at(resume_of(spec, output_dir), INPUTS) is None  # weights posttrain did not write
     write_finished(output_dir, spec, checkpoint=False, learning_rate=0.5)
-    assert finished_at(spec, output_dir, INPUTS) is None  # another spec's finished model
+    assert finished_at(resume_of(spec, output_dir), INPUTS) is None  # another spec's finished model
     write_finished(output_dir, spec, checkpoint=False)
-    assert finished_at(spec, output_dir, INPUTS) is None  # this spec's: trained again
-    assert resolve_resume(spec, output_dir, INPUTS) == (spec.resume if mode == "path" else None)
+    assert finished_at(resume_of(spec, output_dir), INPUTS) is None  # this spec's: trained again
+    assert resolve_resume(resume_of(spec, output_dir), INPUTS) == (spec.resume if mode == "path" else None)
 
 
 def test_overwrite_output_dir_leaves_checkpoints_to_resume(tmp_path: Path) -> None:
@@ -459,25 +463,25 @@ def test_overwrite_output_dir_leaves_checkpoints_to_resume(tmp_path: Path) -> No
     never = sft_spec(tmp_path, resume="never", overwrite_output_dir=True)
     output_dir = Path(never.training["output_dir"])
     write_finished(output_dir, never, learning_rate=0.5)
-    assert finished_at(never, output_dir, INPUTS) is None
+    assert finished_at(resume_of(never, output_dir), INPUTS) is None
     with pytest.raises(SpecError, match="resume: never, but .* already holds checkpoints"):
-        resolve_resume(never, output_dir, INPUTS)
+        resolve_resume(resume_of(never, output_dir), INPUTS)
     auto = sft_spec(tmp_path, overwrite_output_dir=True)
     with pytest.raises(SpecError, match=r"resume: auto found .*checkpoint-40 written by a different spec"):
-        resolve_resume(auto, output_dir, INPUTS)
+        resolve_resume(resume_of(auto, output_dir), INPUTS)
     shutil.rmtree(output_dir / "checkpoint-40")  # as the refusal without overwrite_output_dir says
-    assert resolve_resume(never, output_dir, INPUTS) is None
-    assert resolve_resume(auto, output_dir, INPUTS) is None
+    assert resolve_resume(resume_of(never, output_dir), INPUTS) is None
+    assert resolve_resume(resume_of(auto, output_dir), INPUTS) is None
 
 
 def test_this_specs_finished_model_trained_on_other_inputs_is_refused(tmp_path: Path) -> None:
     spec = sft_spec(tmp_path)
     output_dir = Path(spec.training["output_dir"])
     write_finished(output_dir, spec)
-    assert finished_at(spec, output_dir, INPUTS) == 40
+    assert finished_at(resume_of(spec, output_dir), INPUTS) == 40
     doubled = {**INPUTS, "global_batch": {**INPUTS["global_batch"], "processes": 2}}
     with pytest.raises(SpecError) as error:
-        finished_at(spec, output_dir, doubled)
+        finished_at(resume_of(spec, output_dir), doubled)
     assert str(error.value) == (
         f"training.output_dir: {output_dir} holds this spec's finished model, but the global batch was 4 (1 x 4 x 1: "
         "processes x per device x accumulation) and is now 8 (2 x 4 x 1: processes x per device x accumulation); "
@@ -502,7 +506,11 @@ def test_overwrite_output_dir_is_posttrains_key_at_the_top_of_the_spec(tmp_path:
     output_dir = Path(spec.training["output_dir"])
     checkpoint = write_checkpoint(output_dir, 10)
     (output_dir / SPEC_FILE).write_text(json.dumps(sft_spec(tmp_path).model_dump(mode="json")))
-    assert resolve_resume(spec, output_dir, INPUTS) == str(checkpoint)
+    assert resolve_resume(resume_of(spec, output_dir), INPUTS) == str(checkpoint)
+
+
+def batch_of(processes: int) -> Dict[str, int]:
+    return {"processes": processes, "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1}
 
 
 def test_resume_auto_stops_where_the_data_or_the_global_batch_changed(tmp_path: Path) -> None:
@@ -510,28 +518,28 @@ def test_resume_auto_stops_where_the_data_or_the_global_batch_changed(tmp_path: 
     shutil.copy(REPO / "templates/data/sft_chat.jsonl", data)
     spec = sft_spec(tmp_path, data={"train": {"path": str(data)}})
     output_dir = Path(spec.training["output_dir"])
-    inputs = job_inputs(spec, dict(spec.training), 2, [("data.train", None)])
+    inputs = job_inputs(resume_of(spec, output_dir), batch_of(2), [("data.train", None)])
     checkpoint = write_checkpoint(output_dir, 10)
     (output_dir / SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json")))
     seal_checkpoint(checkpoint, inputs)
-    assert resolve_resume(spec, output_dir, inputs) == str(checkpoint)
+    assert resolve_resume(resume_of(spec, output_dir), inputs) == str(checkpoint)
 
-    halved = job_inputs(spec, dict(spec.training), 1, [("data.train", None)])
+    halved = job_inputs(resume_of(spec, output_dir), batch_of(1), [("data.train", None)])
     with pytest.raises(SpecError) as error:
-        resolve_resume(spec, output_dir, halved)
+        resolve_resume(resume_of(spec, output_dir), halved)
     assert "the global batch was 16 (2 x 8 x 1: processes x per device x accumulation) and is now 8 (1 x 8 x 1" in str(
         error.value
     )
 
     data.write_text(data.read_text().replace("a", "b", 1))
-    edited = job_inputs(spec, dict(spec.training), 2, [("data.train", None)])
+    edited = job_inputs(resume_of(spec, output_dir), batch_of(2), [("data.train", None)])
     with pytest.raises(SpecError) as error:
-        resolve_resume(spec, output_dir, edited)
+        resolve_resume(resume_of(spec, output_dir), edited)
     assert str(error.value).startswith(
         f"resume: auto found {checkpoint}, but data.train ({data}) changed since it was saved;"
     )
     continued = sft_spec(tmp_path, data={"train": {"path": str(data)}}, resume=str(checkpoint))
-    assert resolve_resume(continued, output_dir, edited) == str(checkpoint)  # a path continues anyway
+    assert resolve_resume(resume_of(continued, output_dir), edited) == str(checkpoint)  # a path continues anyway
 
 
 def test_write_failures_for_want_of_room_end_in_one_line(tmp_path: Path) -> None:

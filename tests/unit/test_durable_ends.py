@@ -9,7 +9,7 @@ from typing import List
 
 import pytest
 
-from helpers import sft_spec
+from helpers import resume_of, sft_spec
 from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints.job.callbacks import FaultInjection
 from posttrain.entrypoints.records.checkpoints import (
@@ -109,9 +109,9 @@ def test_a_checkpoint_of_this_run_without_its_manifest_is_incomplete(tmp_path: P
     (cut / INPUTS_FILE).write_text(json.dumps(INPUTS))
     (output_dir / SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json")))
     assert complete_checkpoints(output_dir) == [before]
-    assert resolve_resume(spec, output_dir, INPUTS) == str(before)
+    assert resolve_resume(resume_of(spec, output_dir), INPUTS) == str(before)
     # named by path, a checkpoint needs no record (another tool's)
-    assert resolve_resume(sft_spec(tmp_path, resume=str(cut)), output_dir, INPUTS) == str(cut)
+    assert resolve_resume(resume_of(sft_spec(tmp_path, resume=str(cut)), output_dir), INPUTS) == str(cut)
 
 
 @pytest.mark.parametrize("text", ['{"algorithm": "sf', "", "[]", "\xff\xfe"])
@@ -121,7 +121,7 @@ def test_a_damaged_spec_record_is_one_line_naming_it_and_what_to_do(tmp_path: Pa
     write_checkpoint(output_dir, 10)
     (output_dir / SPEC_FILE).write_bytes(text.encode("latin-1"))
     with pytest.raises(SpecError) as error:
-        resolve_resume(spec, output_dir, INPUTS)
+        resolve_resume(resume_of(spec, output_dir), INPUTS)
     assert str(error.value) == (
         f"{output_dir / SPEC_FILE} is cut short or not what posttrain wrote; remove it and set resume to a "
         "checkpoint's path to continue, or use another training.output_dir"

@@ -9,7 +9,7 @@ very different lengths, and a ``max_length`` that truncates some of them.
 import dataclasses
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import pytest
 import torch
@@ -102,7 +102,17 @@ def trainer_spec(tmp_path: Path, **training: object) -> Dict[str, object]:
     }
 
 
+def options_of(spec: object) -> fast_paths.FastPathOptions:
+    return runtime.parts(spec).fast_paths
+
+
+def defaults_of(spec: object, on_cuda: bool, training: Optional[Dict[str, object]] = None) -> Dict[str, object]:
+    """The fast paths' config defaults for ``spec``, its own ``training`` unless told otherwise."""
+    return fast_paths.config_defaults(options_of(spec), on_cuda, spec.training if training is None else training)
+
+
 def sft_trainer(tmp_path: Path, model: torch.nn.Module, **training: object) -> SFTTrainer:
+    """The SFT trainer the entrypoint builds: its collator chosen first (fast_paths.data_collator)."""
     from datasets import Dataset
 
     spec = validate(trainer_spec(tmp_path, **training))
@@ -110,9 +120,8 @@ def sft_trainer(tmp_path: Path, model: torch.nn.Module, **training: object) -> S
     words = [" ".join(["apple"] * n) for n in (2, 30, 5, 11)]  # 30 apples: longer than max_length, truncated
     dataset = Dataset.from_list([{"text": text} for text in words])
     tokenizer = tiny.build_tokenizer_llama3()
-    trainer = SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer)
-    fast_paths.switch_to_padding_free(trainer, spec)
-    return trainer
+    collator = fast_paths.data_collator(options_of(spec), model, tokenizer, args, dataset)
+    return SFTTrainer(model=model, args=args, data_collator=collator, train_dataset=dataset, processing_class=tokenizer)
 
 
 def first_batch(trainer: SFTTrainer) -> Dict[str, torch.Tensor]:
@@ -122,7 +131,7 @@ def first_batch(trainer: SFTTrainer) -> Dict[str, torch.Tensor]:
 def test_the_sft_trainer_goes_padding_free_with_max_length_still_enforced(tmp_path: Path) -> None:
     model = llama("sdpa")
     trainer = sft_trainer(tmp_path, model)
-    assert fast_paths.applied(trainer, validate(trainer_spec(tmp_path))) == [
+    assert fast_paths.applied(trainer, options_of(validate(trainer_spec(tmp_path)))) == [
         "padding_free",
         "no_activation_checkpointing",
     ]  # the second: on CPU
@@ -133,8 +142,9 @@ def test_the_sft_trainer_goes_padding_free_with_max_length_still_enforced(tmp_pa
     )
     assert lengths.max().item() == 24  # the long row was truncated to max_length, as with padding
     # the same rows as TRL's default (padded) collator makes them: the same losses, sequence by sequence
-    trainer.data_collator.padding_free = False
-    padded = first_batch(trainer)
+    padded_trainer = sft_trainer(tmp_path, model, padding_free=False)
+    assert dataclasses.replace(trainer.data_collator, padding_free=False) == padded_trainer.data_collator
+    padded = first_batch(padded_trainer)
     assert per_sequence_losses(model, free) == pytest.approx(per_sequence_losses(model, padded), abs=1e-5)
 
 
@@ -150,31 +160,25 @@ def test_a_key_the_user_set_is_left_alone(tmp_path: Path, training: Dict[str, ob
 def test_on_gpus_padding_free_is_a_default_with_varlen_attention_only(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    model = llama("sdpa")
-    trainer = sft_trainer(tmp_path, model)
-    trainer.data_collator.padding_free = trainer.padding_free = False
+    from datasets import Dataset
+
+    spec = validate(trainer_spec(tmp_path))
+    args = SFTConfig(**runtime.training_arguments(spec, dict(spec.training)))
+    model, tokenizer, dataset = llama("sdpa"), tiny.build_tokenizer_llama3(), Dataset.from_list([{"text": "a"}])
+    options = options_of(spec)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    fast_paths.switch_to_padding_free(trainer, validate(trainer_spec(tmp_path)))
-    # SDPA on a GPU: a dense mask over the row, 2x slower than padding (the trainer itself was built on CPU)
-    assert fast_paths.applied(trainer, validate(trainer_spec(tmp_path))) == ["no_activation_checkpointing"]
-    model.config._attn_implementation = "flash_attention_2"
-    fast_paths.switch_to_padding_free(trainer, validate(trainer_spec(tmp_path)))
-    assert fast_paths.applied(trainer, validate(trainer_spec(tmp_path))) == [
-        "padding_free",
-        "no_activation_checkpointing",
-    ]
-    trainer.data_collator.padding_free = trainer.padding_free = False
-    model.config._attn_implementation = "torch_varlen"
-    fast_paths.switch_to_padding_free(trainer, validate(trainer_spec(tmp_path)))
-    expected = ["padding_free", "torch_varlen", "no_activation_checkpointing"]
-    assert fast_paths.applied(trainer, validate(trainer_spec(tmp_path))) == expected
+    # SDPA on a GPU: a dense mask over the row, 2x slower than padding
+    assert fast_paths.data_collator(options, model, tokenizer, args, dataset) is None
+    for implementation in ("flash_attention_2", "torch_varlen"):
+        model.config._attn_implementation = implementation
+        assert fast_paths.data_collator(options, model, tokenizer, args, dataset).padding_free
 
 
 def test_packing_the_model_cannot_keep_apart_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="training.packing: packed sequences could attend to each other: Remote"):
         sft_trainer(tmp_path, RemoteCodeLlama(llama("sdpa").config), packing=True)
     trainer = sft_trainer(tmp_path, RemoteCodeLlama(llama("sdpa").config))  # left to us: off, and said in the log
-    assert fast_paths.applied(trainer, validate(trainer_spec(tmp_path))) == [
+    assert fast_paths.applied(trainer, options_of(validate(trainer_spec(tmp_path)))) == [
         "no_activation_checkpointing"
     ]  # the trainer was built on CPU
 
@@ -207,12 +211,12 @@ def test_liger_is_a_default_on_cuda_only_where_installed(monkeypatch: pytest.Mon
     )
     installed = {"liger_kernel": object()}
     monkeypatch.setattr(fast_paths.importlib.util, "find_spec", lambda name: installed.get(name))
-    assert fast_paths.config_defaults(spec, on_cuda=True) == {"use_liger_kernel": True}
-    assert fast_paths.config_defaults(spec, on_cuda=False) == {"activation_checkpointing": False}
+    assert defaults_of(spec, on_cuda=True) == {"use_liger_kernel": True}
+    assert defaults_of(spec, on_cuda=False) == {"activation_checkpointing": False}
     off = spec.model_copy(update={"training": {"output_dir": "out", "use_liger_kernel": False}})
-    assert fast_paths.config_defaults(off, on_cuda=True) == {}
+    assert defaults_of(off, on_cuda=True) == {}
     installed.clear()
-    assert fast_paths.config_defaults(spec, on_cuda=True) == {}
+    assert defaults_of(spec, on_cuda=True) == {}
 
 
 def test_activation_checkpointing_is_off_by_default_for_sft_on_cpu() -> None:
@@ -226,13 +230,13 @@ def test_activation_checkpointing_is_off_by_default_for_sft_on_cpu() -> None:
             }
         )
 
-    assert fast_paths.config_defaults(spec("sft"), on_cuda=False) == {"activation_checkpointing": False}
-    assert fast_paths.config_defaults(spec("sft"), on_cuda=True) == {}
+    assert defaults_of(spec("sft"), on_cuda=False) == {"activation_checkpointing": False}
+    assert defaults_of(spec("sft"), on_cuda=True) == {}
     for key in ("activation_checkpointing", "gradient_checkpointing"):  # either name, either value: the user's
-        assert fast_paths.config_defaults(spec("sft", **{key: True}), on_cuda=False) == {}
+        assert defaults_of(spec("sft", **{key: True}), on_cuda=False) == {}
     options = spec("sft", activation_checkpointing_kwargs={"use_reentrant": False})  # options: the user wants it
-    assert fast_paths.config_defaults(options, on_cuda=False) == {}
-    assert fast_paths.config_defaults(spec("dpo"), on_cuda=False) == {}  # measured slower there (BENCHMARKS.md)
+    assert defaults_of(options, on_cuda=False) == {}
+    assert defaults_of(spec("dpo"), on_cuda=False) == {}  # measured slower there (BENCHMARKS.md)
 
 
 def sft_spec(model: str, **training: object):
@@ -272,18 +276,24 @@ def test_on_a_gpu_sft_trains_64_rows_of_max_length_where_the_spec_leaves_the_ste
     h100: None, tmp_path: Path
 ) -> None:
     small = qwen_0_5b(tmp_path)
-    assert fast_paths.gpu_batch(sft_spec(small), on_cuda=True) == {"per_device_train_batch_size": 64}
-    assert fast_paths.gpu_batch(sft_spec(small, max_length=4096), on_cuda=True) == {"per_device_train_batch_size": 16}
-    assert fast_paths.gpu_batch(sft_spec(qwen_1_5b(tmp_path)), on_cuda=True) == {"per_device_train_batch_size": 64}
+    assert fast_paths.gpu_batch(options_of(sft_spec(small)), on_cuda=True) == {"per_device_train_batch_size": 64}
+    assert fast_paths.gpu_batch(options_of(sft_spec(small, max_length=4096)), on_cuda=True) == {
+        "per_device_train_batch_size": 16
+    }
+    assert fast_paths.gpu_batch(options_of(sft_spec(qwen_1_5b(tmp_path))), on_cuda=True) == {
+        "per_device_train_batch_size": 64
+    }
     huge = model_directory(tmp_path, "7b", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28)
-    assert fast_paths.gpu_batch(sft_spec(huge), on_cuda=True) == {}  # its state alone nears the GPU's memory
+    assert (
+        fast_paths.gpu_batch(options_of(sft_spec(huge)), on_cuda=True) == {}
+    )  # its state alone nears the GPU's memory
     left = ({"per_device_train_batch_size": 8}, {"gradient_accumulation_steps": 4}, {"use_liger_kernel": False})
     for training in (*left, {"max_length": None}):
-        assert fast_paths.gpu_batch(sft_spec(small, **training), on_cuda=True) == {}, training
-    assert fast_paths.gpu_batch(sft_spec(small), on_cuda=False) == {}
-    assert fast_paths.gpu_batch(sft_spec(tiny.NAME), on_cuda=True) == {}  # no config to estimate from
+        assert fast_paths.gpu_batch(options_of(sft_spec(small, **training)), on_cuda=True) == {}, training
+    assert fast_paths.gpu_batch(options_of(sft_spec(small)), on_cuda=False) == {}
+    assert fast_paths.gpu_batch(options_of(sft_spec(tiny.NAME)), on_cuda=True) == {}  # no config to estimate from
     dpo = validate({**dict(trainer_spec(Path("out"))), "algorithm": "dpo", "model": {"name_or_path": small}})
-    assert fast_paths.gpu_batch(dpo, on_cuda=True) == {}
+    assert fast_paths.gpu_batch(options_of(dpo), on_cuda=True) == {}
 
 
 def test_liger_s_fused_loss_counts_only_where_liger_is_made_for_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -304,7 +314,7 @@ def test_on_a_gpu_activation_checkpointing_is_off_where_the_step_fits(
     small, large = qwen_0_5b(tmp_path), qwen_1_5b(tmp_path)
     batch = {"per_device_train_batch_size": 64}
     caplog.set_level("INFO", logger="posttrain")
-    defaults = fast_paths.config_defaults(sft_spec(small), on_cuda=True, training=batch)
+    defaults = defaults_of(sft_spec(small), on_cuda=True, training=batch)
     assert defaults == {"activation_checkpointing": False} or defaults == {
         "use_liger_kernel": True,
         "activation_checkpointing": False,
@@ -320,8 +330,8 @@ def test_on_a_gpu_activation_checkpointing_is_off_where_the_step_fits(
         (sft_spec(small, use_liger_kernel=False), {"per_device_train_batch_size": 8}, True),  # with the logits
         (sft_spec(small, use_liger_kernel=False), {"per_device_train_batch_size": 48}, False),
     ):
-        defaults = fast_paths.config_defaults(spec, on_cuda=True, training={**spec.training, **training})
+        defaults = defaults_of(spec, on_cuda=True, training={**spec.training, **training})
         assert ("activation_checkpointing" in defaults) is off, (spec.training, training)
     assert "activations of up to 9 GB, logits of 12 GB and a training state of 4 GB fit" in caplog.text
     fsdp = validate({**dict(trainer_spec(Path("out"))), "model": {"name_or_path": small}, "distributed": {"fsdp": {}}})
-    assert "activation_checkpointing" not in fast_paths.config_defaults(fsdp, on_cuda=True, training=batch)
+    assert "activation_checkpointing" not in defaults_of(fsdp, on_cuda=True, training=batch)

@@ -7,6 +7,7 @@ agreeing; rewards: ``test_reward_checks.py``); ranks in processes of their own a
 """
 
 import contextlib
+import dataclasses
 import http.server
 import importlib.util
 import json
@@ -174,7 +175,7 @@ def test_the_trl_configs_own_checks_become_one_training_line(tmp_path: Path) -> 
     raw["data"]["eval"] = raw["data"]["train"]
     spec = validate(raw)  # the client cannot tell: only transformers' __post_init__ does
     with pytest.raises(SpecError) as error:
-        runtime.build_config(spec, dict(spec.training))
+        runtime.build_config(spec.config_class, runtime.training_arguments(spec, dict(spec.training)))
     assert str(error.value) == (
         "training: --load_best_model_at_end requires the save and eval strategy to match, except when "
         '--save_strategy="best", but found; Evaluation strategy: IntervalStrategy.STEPS; '
@@ -202,9 +203,15 @@ def test_a_package_the_training_section_needs_is_named_before_any_model_loads(
     raw["training"].update(output_dir=str(tmp_path / "out"), **training)
     spec = validate(raw)
     with pytest.raises(SpecError, match=re.escape(message)):
-        runtime.check_environment(runtime.build_config(spec, dict(spec.training)))
+        runtime.check_environment(
+            runtime.build_config(spec.config_class, runtime.training_arguments(spec, dict(spec.training)))
+        )
     raw["training"].update(optim="adamw_torch", report_to="tensorboard")  # installed: nothing to say
-    runtime.check_environment(runtime.build_config(validate(raw), dict(raw["training"])))
+    runtime.check_environment(
+        runtime.build_config(
+            validate(raw).config_class, runtime.training_arguments(validate(raw), dict(raw["training"]))
+        )
+    )
 
 
 def test_push_to_hub_needs_the_hub_and_a_token_in_the_jobs_environment(
@@ -214,7 +221,9 @@ def test_push_to_hub_needs_the_hub_and_a_token_in_the_jobs_environment(
 
     raw = load_template("sft/tiny.yaml")
     raw["training"].update(output_dir=str(tmp_path / "out"), push_to_hub=True)
-    args = runtime.build_config(validate(raw), dict(raw["training"]))
+    args = runtime.build_config(
+        validate(raw).config_class, runtime.training_arguments(validate(raw), dict(raw["training"]))
+    )
     with pytest.raises(SpecError, match="training.push_to_hub: HF_HUB_OFFLINE is set"):
         runtime.check_environment(args)  # this file's fixture sets it
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
@@ -284,7 +293,7 @@ def test_fp16_on_cpu_is_refused_rather_than_trained_in_float32(tmp_path: Path) -
     args = import_object(spec.config_class)(
         **{**runtime.training_arguments(job.spec, dict(job.spec.training)), "fp16": True}
     )
-    accelerator = build_trainer(runtime.Job(**{**vars(job), "args": args})).accelerator
+    accelerator = build_trainer(dataclasses.replace(job, args=args)).accelerator
     assert accelerator.mixed_precision == "fp16" and accelerator.native_amp is False
 
 
@@ -296,9 +305,11 @@ def test_a_lora_target_the_model_lacks_is_named_before_any_model_loads() -> None
     raw["model"]["lora"] = {"r": 8, "target_modules": ["q_projj"]}
     missing = "model.lora: Target modules {'q_projj'} not found in the base model"
     with pytest.raises(SpecError, match=re.escape(missing)):
-        check_model_options(validate(raw))  # PEFT's own matching, on a model built on the meta device
+        check_model_options(
+            runtime.parts(validate(raw)).models
+        )  # PEFT's own matching, on a model built on the meta device
     raw["model"]["lora"] = {"r": 8, "target_modules": ["q_proj", "v_proj"], "use_dora": True}
-    check_model_options(validate(raw))
+    check_model_options(runtime.parts(validate(raw)).models)
 
 
 @pytest.mark.parametrize("algorithm", ["sft", "dpo"])
@@ -308,7 +319,7 @@ def test_a_router_loss_without_experts_is_named_before_any_model_loads(tmp_path:
     job = tiny_job(tmp_path, algorithm)
     raw = {**job.spec.model_dump(), "training": {**job.spec.training, "router_aux_loss_coef": 0.01}}
     with pytest.raises(SpecError, match="training.router_aux_loss_coef: 0.01 weighs the router loss of a mixture"):
-        check_model_options(validate(raw))
+        check_model_options(runtime.parts(validate(raw)).models)
     with pytest.raises(ValueError, match="is not a Mixture-of-Experts model"):  # TRL, once the model is loaded
         trainer_with(job, router_aux_loss_coef=0.01)
     experts = tmp_path / "experts"
@@ -320,7 +331,9 @@ def test_a_router_loss_without_experts_is_named_before_any_model_loads(tmp_path:
         num_key_value_heads=1,
         num_local_experts=2,
     ).save_pretrained(experts)
-    check_model_options(validate({**raw, "model": {**raw["model"], "name_or_path": str(experts)}}))
+    check_model_options(
+        runtime.parts(validate({**raw, "model": {**raw["model"], "name_or_path": str(experts)}})).models
+    )
 
 
 def test_the_attention_implementation_is_checked_before_any_model_loads_and_honoured(tmp_path: Path) -> None:
@@ -329,19 +342,31 @@ def test_the_attention_implementation_is_checked_before_any_model_loads_and_hono
     raw["model"]["attn_implementation"] = "flash_attention_2"
     toggled = "model.attn_implementation: flash_attention_2: FlashAttention2 has been toggled on, but it cannot be used"
     with pytest.raises(SpecError, match=re.escape(toggled)):
-        check_model_options(validate(raw))  # a built-in
+        check_model_options(runtime.parts(validate(raw)).models)  # a built-in
     spec = validate({**raw, "model": {"name_or_path": raw["model"]["name_or_path"]}})
     tokenizer = load_tokenizer(spec.model.name_or_path, spec.model, "right")
-    load_model(spec.model.name_or_path, spec, tokenizer, CAUSAL_LM).save_pretrained(tmp_path / "saved")
+    load_model(spec.model.name_or_path, runtime.parts(spec).models, tokenizer, CAUSAL_LM).save_pretrained(
+        tmp_path / "saved"
+    )
     with pytest.raises(SpecError, match=re.escape(toggled)):
         check_model_options(
-            validate(
-                {**raw, "model": {"name_or_path": str(tmp_path / "saved"), "attn_implementation": "flash_attention_2"}}
-            )
+            runtime.parts(
+                validate(
+                    {
+                        **raw,
+                        "model": {"name_or_path": str(tmp_path / "saved"), "attn_implementation": "flash_attention_2"},
+                    }
+                )
+            ).models
         )
     eager = validate({**raw, "model": {**raw["model"], "attn_implementation": "eager"}})
-    check_model_options(eager)
-    assert load_model(eager.model.name_or_path, eager, tokenizer, CAUSAL_LM).config._attn_implementation == "eager"
+    check_model_options(runtime.parts(eager).models)
+    assert (
+        load_model(
+            eager.model.name_or_path, runtime.parts(eager).models, tokenizer, CAUSAL_LM
+        ).config._attn_implementation
+        == "eager"
+    )
 
 
 def test_local_paths_and_hub_ids(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -374,7 +399,7 @@ def test_a_missing_chain_stage_says_an_earlier_run_writes_it(monkeypatch: pytest
 def test_extra_models_are_checked_before_any_model_loads(tmp_path: Path) -> None:
     raw = {**load_template("dpo/tiny.yaml"), "reference_model": str(tmp_path / "ref")}
     with pytest.raises(SpecError, match=f"^reference_model: no such directory: {tmp_path / 'ref'} "):
-        check_model_paths(validate(raw))
+        check_model_paths(runtime.parts(validate(raw)).models)
 
 
 def test_a_directory_that_is_not_a_model_lists_what_it_lacks(tmp_path: Path) -> None:
@@ -422,18 +447,18 @@ def test_weights_of_another_shape_than_config_json_makes_are_named_before_any_mo
     transformers.LlamaForCausalLM(config).save_pretrained(model)
     (model / "tokenizer.json").write_text("{}")  # present: what is checked here is the weights
     spec = validate({**load_template("sft/tiny.yaml"), "model": {"name_or_path": str(model)}})
-    check_weight_shapes(str(model), spec)
+    check_weight_shapes(runtime.parts(spec).models)
     config.intermediate_size = 48  # a config.json copied from another model
     config.save_pretrained(model)
     with pytest.raises(SpecError) as error:
-        check_weight_shapes(str(model), spec)
+        check_weight_shapes(runtime.parts(spec).models)
     assert str(error.value) == (
         f"model.name_or_path: {model / 'model.safetensors'} holds model.layers.0.mlp.down_proj.weight of shape "
         f"[16, 32], where {model}/config.json makes it [16, 48]: the weights and config.json are of different models"
     )
     config.quantization_config = {"quant_method": "bitsandbytes", "load_in_4bit": True}  # packed: other shapes
     config.save_pretrained(model)
-    check_weight_shapes(str(model), spec)
+    check_weight_shapes(runtime.parts(spec).models)
 
 
 # ---------------------------------------------------------------- ranks: printed once, everyone stops
@@ -491,9 +516,9 @@ def test_rows_the_trainer_drops_are_counted_and_none_left_stops_before_the_first
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
 ) -> None:
     job = tiny_job(tmp_path, "reward")  # TRL's reward trainer drops the pairs longer than max_length
-    job = runtime.Job(**{**vars(job), "eval_dataset": job.train_dataset.select(range(60))})
+    job = dataclasses.replace(job, eval_dataset=job.train_dataset.select(range(60)))
     with caplog.at_level(logging.WARNING, logger="posttrain"):
-        data.check_kept_rows(job.spec, trainer_with(job, max_length=24), job.train_dataset, job.eval_dataset)
+        data.check_kept_rows(trainer_with(job, max_length=24), job.train_dataset, job.eval_dataset)
     rows = len(job.train_dataset)
     for where, total in (("data.train", rows), ("data.eval", 60)):
         kept = re.search(

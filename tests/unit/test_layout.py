@@ -117,3 +117,25 @@ def test_the_job_library_names_no_algorithm() -> None:
             if isinstance(node, ast.Constant) and node.value in names and id(node) not in docstrings
         ]
     assert found == []
+
+
+def test_the_spec_is_read_once_where_the_job_splits_it() -> None:
+    """The whole ``Spec`` is a parameter only of the steps that split it into parts (job/runtime.py); every other
+    job function takes its part, as ``sharding.Strategy`` takes ``distributed``."""
+    takers = []
+    for path in (REPO / "entrypoints").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                arguments = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+                if any(
+                    argument.annotation is not None and ast.unparse(argument.annotation) == "Spec"
+                    for argument in arguments
+                ):
+                    takers.append(f"{path.relative_to(REPO)}:{node.name}")
+    assert sorted(takers) == [
+        "entrypoints/job/runtime.py:_check_inputs",
+        "entrypoints/job/runtime.py:_fast_path_options",
+        "entrypoints/job/runtime.py:_train",
+        "entrypoints/job/runtime.py:parts",
+        "entrypoints/job/runtime.py:training_arguments",
+    ]

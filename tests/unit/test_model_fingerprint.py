@@ -9,14 +9,13 @@ from typing import Any, Dict
 
 import pytest
 
-from helpers import sft_spec
+from helpers import fingerprints_of, resume_of, sft_spec
 from posttrain.components.spec.loading import SpecError
 from posttrain.entrypoints.records.checkpoints import (
     INPUTS_FILE,
     SPEC_FILE,
     finished_at,
     model_fingerprint,
-    model_fingerprints,
     stale_runs,
 )
 from posttrain.entrypoints.records.summary import SUMMARY_FILE
@@ -99,32 +98,35 @@ def finished_run(tmp_path: Path, models: Dict[str, Any]) -> Any:
 
 def test_a_finished_run_whose_model_changed_is_refused_naming_the_model(tmp_path: Path) -> None:
     model = model_dir(tmp_path / "model")
-    spec = finished_run(tmp_path, model_fingerprints(sft_spec(tmp_path, model={"name_or_path": str(model)})))
+    spec = finished_run(tmp_path, fingerprints_of(sft_spec(tmp_path, model={"name_or_path": str(model)})))
     output_dir = Path(spec.training["output_dir"])
-    inputs = {"data": {}, "models": model_fingerprints(spec), "global_batch": BATCH}
-    assert finished_at(spec, output_dir, inputs) == 40  # the same model: nothing to train
-    assert stale_runs(spec, output_dir) == ([], [])
+    inputs = {"data": {}, "models": fingerprints_of(spec), "global_batch": BATCH}
+    assert finished_at(resume_of(spec, output_dir), inputs) == 40  # the same model: nothing to train
+    assert stale_runs(spec.named_models(), spec.model.revision, output_dir) == ([], [])
 
     (model / "config.json").write_text('{"hidden_size": 8}')  # the model changed since
-    inputs = {"data": {}, "models": model_fingerprints(spec), "global_batch": BATCH}
+    inputs = {"data": {}, "models": fingerprints_of(spec), "global_batch": BATCH}
     with pytest.raises(SpecError) as error:
-        finished_at(spec, output_dir, inputs)
+        finished_at(resume_of(spec, output_dir), inputs)
     assert str(error.value) == (
         f"training.output_dir: {output_dir} holds this spec's finished model, but model.name_or_path ({model}) is "
         "not the model it was trained from; use another training.output_dir, or set overwrite_output_dir: true to "
         "train over it"
     )
     changes = [f"model.name_or_path ({model}) is not the model it was trained from"]
-    assert stale_runs(spec, output_dir) == (changes, [output_dir / SUMMARY_FILE])
+    assert stale_runs(spec.named_models(), spec.model.revision, output_dir) == (changes, [output_dir / SUMMARY_FILE])
     checkpoint = output_dir / "checkpoint-40"
     checkpoint.mkdir()
     (checkpoint / INPUTS_FILE).write_text(json.dumps({"models": {"model.name_or_path": {"source": "old"}}}))
-    assert stale_runs(spec, output_dir) == (changes, [output_dir / SUMMARY_FILE, checkpoint])
+    assert stale_runs(spec.named_models(), spec.model.revision, output_dir) == (
+        changes,
+        [output_dir / SUMMARY_FILE, checkpoint],
+    )
 
 
 def test_a_finished_run_that_records_no_models_stays_finished(tmp_path: Path) -> None:
     model_dir(tmp_path / "model")
     spec = finished_run(tmp_path, {})  # as an older posttrain's summary, which named none
     output_dir = Path(spec.training["output_dir"])
-    inputs = {"data": {}, "models": model_fingerprints(spec), "global_batch": BATCH}
-    assert finished_at(spec, output_dir, inputs) == 40
+    inputs = {"data": {}, "models": fingerprints_of(spec), "global_batch": BATCH}
+    assert finished_at(resume_of(spec, output_dir), inputs) == 40

@@ -134,5 +134,5 @@ def test_policy_and_value_gradients_are_clipped_apart(tmp_path: Path) -> None:
 def test_an_extra_model_with_another_tokenizer_is_refused() -> None:
     spec = validate(load_template("ppo/tiny.yaml"))
     with pytest.raises(SpecError, match=r"value_model: builtin:tiny-llama's tokenizer numbers .* differently"):
-        check_same_tokenizer(tiny.NAME, spec, tokenizer(), "value_model")
-    check_same_tokenizer(tiny.NAME_LLAMA3, spec, tokenizer(), "value_model")
+        check_same_tokenizer(tiny.NAME, spec.model, tokenizer(), "value_model")
+    check_same_tokenizer(tiny.NAME_LLAMA3, spec.model, tokenizer(), "value_model")

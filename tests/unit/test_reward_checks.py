@@ -29,7 +29,7 @@ def test_any_error_importing_a_reward_module_is_one_line(tmp_path: Path, monkeyp
     (tmp_path / "bad_rewards.py").write_text("raise ValueError('no API key in the environment\\nsecond line')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(SpecError) as error:
-        resolve_rewards(grpo_spec(rewards=[{"function": "bad_rewards:score"}]))
+        resolve_rewards(grpo_spec(rewards=[{"function": "bad_rewards:score"}]).rewards)
     assert str(error.value) == (
         "rewards.0.function: importing bad_rewards raised ValueError: no API key in the environment"
     )
@@ -39,7 +39,7 @@ def test_a_builtin_reading_a_column_the_data_lacks(tmp_path: Path) -> None:
     spec = grpo_spec(rewards=[{"builtin": "contains", "args": {"target": "x"}}, {"builtin": "exact_match"}])
     prompts = load_data(spec.data.train, {}, "data.train", spec.data_formats)
     with pytest.raises(SpecError) as error:
-        check_reward_columns(spec, [("data.train", prompts)])
+        check_reward_columns(spec.rewards, spec.keeps_only_prompts, [("data.train", prompts)])
     assert str(error.value) == (
         "rewards.1: exact_match reads column 'answer', which data.train lacks; found ['prompt'] "
         "(set args.column, or map names with data.columns)"

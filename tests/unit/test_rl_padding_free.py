@@ -86,7 +86,7 @@ def test_the_job_packs_the_passes_where_the_attention_is_varlen(tmp_path: Path, 
         job = tiny_job(tmp_path / implementation, algorithm, model=model_section)
         trainer = build_trainer(job)
         assert getattr(trainer, "padding_free_passes", False) is packs
-        assert ("padding_free" in fast_paths.applied(trainer, job.spec)) is packs
+        assert ("padding_free" in fast_paths.applied(trainer, job.fast_paths)) is packs
         assert "_generate_single_turn" in vars(trainer)  # SDPA while generating, wherever the model trains varlen
 
 

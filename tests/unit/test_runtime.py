@@ -1,8 +1,10 @@
 """The job-side runtime: data checks, batch fitting, summary maths, sharding, the tiny model."""
 
+import dataclasses
 import doctest
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,8 +19,8 @@ from posttrain.components.spec.registry import SPEC_CLASSES
 from posttrain.entrypoints import deepspeed_launcher
 from posttrain.entrypoints.inputs import tiny
 from posttrain.entrypoints.inputs.data import check_online_data, fit_batch, load_data
-from posttrain.entrypoints.inputs.models import EXTRA_MODELS, import_object, load_tokenizer
-from posttrain.entrypoints.inputs.rewards import has_rewards, resolve_rewards
+from posttrain.entrypoints.inputs.models import EXTRA_MODEL_CLASSES, import_object, load_tokenizer
+from posttrain.entrypoints.inputs.rewards import resolve_rewards
 from posttrain.entrypoints.job import distributed, runtime
 from posttrain.entrypoints.job.sharding import deepspeed_config, strategy_for
 from posttrain.entrypoints.records import summary
@@ -266,7 +268,7 @@ def test_every_entrypoint_builds_its_trainer_with_its_models(tmp_path: Path, alg
         assert isinstance(trainer.model, LlamaForSequenceClassification) and trainer.model.config.num_labels == 1
     for field in spec.extra_models:  # loaded by the job, not by TRL
         assert isinstance(getattr(trainer, EXTRA_MODEL_ATTRIBUTES[field]), torch.nn.Module), field
-    if has_rewards(spec):
+    if hasattr(spec, "rewards"):
         assert len(trainer.reward_funcs) == len(spec.rewards)
     if "reward_weights" in config_fields(spec.config_class):
         assert job.args.reward_weights == [reward.weight for reward in spec.rewards]
@@ -296,7 +298,7 @@ def test_kto_batch_rules_are_the_trainers_own(tmp_path: Path) -> None:
         kwargs.update(loss_type="kto", per_device_train_batch_size=2, train_sampling_strategy="sequential")
         args = import_object(job.spec.config_class)(**{**kwargs, key: value})
         with pytest.raises(ValueError, match="batch size must be > 1|requires `train_sampling_strategy='sequential'`"):
-            build_trainer(runtime.Job(**{**vars(job), "args": args}))
+            build_trainer(dataclasses.replace(job, args=args))
 
 
 # what the spec refuses together (value_rules' requires rows; Spec._trainer_problems), with the message of TRL's
@@ -342,7 +344,7 @@ def test_what_the_spec_refuses_together_the_trainer_refuses(
     kwargs = {**runtime.training_arguments(job.spec, dict(job.spec.training)), **together}
     args = import_object(job.spec.config_class)(**kwargs)
     with pytest.raises((ValueError, NotImplementedError), match=re.escape(trl_says)):
-        build_trainer(runtime.Job(**{**vars(job), "args": args}))  # once the models are loaded
+        build_trainer(dataclasses.replace(job, args=args))  # once the models are loaded
 
 
 def test_orpos_null_max_length_is_refused_as_the_trainer_makes_it_512(tmp_path: Path) -> None:
@@ -377,12 +379,17 @@ def test_reward_models_load_through_the_jobs_loader_with_their_tokenizers(tmp_pa
     assert trainer.reward_processing_classes[1].padding_side == "right"
     assert job.args.reward_weights == [1.0, 0.5]
     with pytest.raises(SpecError, match="rewards.1.model: no such directory: ./nowhere"):
-        resolve_rewards(validate({**load_template("grpo/tiny.yaml"), "rewards": [rewards[0], {"model": "./nowhere"}]}))
+        resolve_rewards(
+            validate({**load_template("grpo/tiny.yaml"), "rewards": [rewards[0], {"model": "./nowhere"}]}).rewards
+        )
 
 
 def test_ppo_value_model_defaults_to_the_one_reward_model_else_the_policy(tmp_path: Path) -> None:
-    value_path, model_class = EXTRA_MODELS["value_model"]
-    assert model_class == "AutoModelForSequenceClassification"
+    assert EXTRA_MODEL_CLASSES["value_model"] == "AutoModelForSequenceClassification"
+
+    def value_path(spec: Any) -> str:
+        return spec.extra_model_paths()["value_model"]
+
     builtin = {"builtin": "contains", "args": {"target": "blue"}}
     ppo = {**load_template("ppo/tiny.yaml"), "rewards": [builtin]}
     policy = ppo["model"]["name_or_path"]

@@ -51,7 +51,9 @@ def test_length_column_and_data_seed_count_only_where_the_order_uses_them(tmp_pa
         seeded = order(trainer_with(job, train_sampling_strategy=strategy, data_seed=123))
         assert (seeded != order(trainer_with(job, train_sampling_strategy=strategy))) == counts, strategy
     validate({**job.spec.model_dump(), "training": {**job.spec.training, "train_sampling_strategy": "group_by_length"}})
-    check_length_column(job.spec, trainer_with(job, train_sampling_strategy="group_by_length").args, [])  # input_ids
+    check_length_column(
+        job.spec.rows_hold_input_ids, trainer_with(job, train_sampling_strategy="group_by_length").args, []
+    )  # input_ids
 
 
 def test_length_grouping_needs_the_lengths_where_the_rows_hold_no_input_ids(tmp_path: Path) -> None:
@@ -73,20 +75,24 @@ def test_length_grouping_needs_the_lengths_where_the_rows_hold_no_input_ids(tmp_
     validate({**job.spec.model_dump(), "training": {**job.spec.training, **kept}})
     trainer = trainer_with(job, **kept)
     with pytest.raises(SpecError, match="data.train: train_sampling_strategy: group_by_length reads each row's length"):
-        check_length_column(job.spec, trainer.args, [("data.train", job.train_dataset)])
+        check_length_column(job.spec.rows_hold_input_ids, trainer.args, [("data.train", job.train_dataset)])
     with pytest.raises(ValueError, match=no_input_ids):
         trainer.get_train_dataloader()
     trainer = trainer_with(job, with_lengths, **kept)
-    check_length_column(job.spec, trainer.args, [("data.train", with_lengths)])
+    check_length_column(job.spec.rows_hold_input_ids, trainer.args, [("data.train", with_lengths)])
     sampler = trainer._get_train_sampler()
     assert isinstance(sampler, LengthGroupedSampler) and sampler.lengths == lengths
     # group_by_length orders the evaluation by length too; batch_rebalance only the training
     with pytest.raises(SpecError, match="data.eval: train_sampling_strategy: group_by_length reads each row's length"):
-        check_length_column(job.spec, trainer.args, [("data.train", with_lengths), ("data.eval", job.train_dataset)])
+        check_length_column(
+            job.spec.rows_hold_input_ids, trainer.args, [("data.train", with_lengths), ("data.eval", job.train_dataset)]
+        )
     with pytest.raises(ValueError, match=no_input_ids):
         trainer.get_eval_dataloader(job.train_dataset)
     rebalanced = trainer_with(job, with_lengths, train_sampling_strategy="batch_rebalance", remove_unused_columns=False)
-    check_length_column(job.spec, rebalanced.args, [("data.train", with_lengths), ("data.eval", job.train_dataset)])
+    check_length_column(
+        job.spec.rows_hold_input_ids, rebalanced.args, [("data.train", with_lengths), ("data.eval", job.train_dataset)]
+    )
     rebalanced.get_eval_dataloader(job.train_dataset)
 
 

@@ -122,7 +122,10 @@ def test_trainers_without_the_job_s_token_stop_in_one_line_before_they_connect(t
 
 @pytest.mark.parametrize("on_cuda", [False, True])
 def test_the_server_listens_where_it_is_told_behind_the_job_s_guard(tmp_path: Path, on_cuda: bool) -> None:
-    command = vllm_server.server_command(server_spec(tmp_path, 8123), "/m", "float32", 1, 1, on_cuda, "10.1.2.3")
+    spec = server_spec(tmp_path, 8123)
+    command = vllm_server.server_command(
+        spec.training, spec.model, "/m", "float32", tensor_parallel=1, data_parallel=1, on_cuda=on_cuda, host="10.1.2.3"
+    )
     assert command[command.index("--host") + 1] == "10.1.2.3" and "0.0.0.0" not in command
     assert command[command.index("--middleware") + 1] == "posttrain.entrypoints.generation.vllm_token.RequireToken"
     assert TOKEN not in " ".join(command)  # the token reaches vLLM through the environment only
