@@ -51,7 +51,7 @@ cases=("${@:-attention defaults defaults-as-posttrain 1.5b-defaults grpo rloo e2
 for case in ${cases[@]}; do
   case $case in
     # first the kernels' own check: if torch's varlen attention fails here, the SFT rows say what that costs
-    attention) gpu_tests pytest-attention tests/unit/test_attention.py ;;
+    attention) gpu_tests pytest-attention tests/unit/speed/test_attention.py ;;
     # each side's defaults: posttrain's (torch_varlen, padding-free, Liger, the batch the GPU holds) and TRL's
     defaults) bench sft-defaults sft ;;
     # the plain script given posttrain's batch, Liger and checkpointing: what is left is packing and attention

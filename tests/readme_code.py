@@ -2,7 +2,7 @@
 each command planned. README and the site's pages (in the site's order) are read as one text; a line number is
 one of that text, which :func:`where` names as a file and its line.
 
-The parser and the planner behind tests/unit/test_readme.py and tests/e2e/test_readme.py (which says what
+The parser and the planner behind tests/unit/project/test_readme.py and tests/e2e/test_readme.py (which says what
 is run and how); kept apart so that the tests read as tests.
 """
 

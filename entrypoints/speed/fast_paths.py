@@ -8,7 +8,7 @@ Measured gains: BENCHMARKS.md.
 - ``padding_free`` (SFT, GRPO, RLOO): each batch is one row, its sequences one after
   another with positions restarting at 0, and no padding at all; TRL's
   default pads every row to the batch's longest. Per-sequence losses are
-  those of the padded batch (tests/unit/test_fast_paths.py) because the mask
+  those of the padded batch (tests/unit/speed/test_fast_paths.py) because the mask
   transformers builds from the positions keeps each sequence to itself. That
   holds for transformers' own models with a mask-aware attention
   implementation; for any other model the path stays off and the job says
@@ -71,7 +71,7 @@ log = logging.getLogger("posttrain")
 # Kernels that attend within each sequence of the row (varlen): the only ones where padding-free pays on GPUs.
 # With the others the row gets a dense mask over all of it, which cost 2x on an H100 (BENCHMARKS.md).
 VARLEN_KERNELS = ("flash_attention_2", "flash_attention_3", attention.NAME)
-# The model types whose attention torch_varlen is a default for: those tests/unit/test_attention.py checks
+# The model types whose attention torch_varlen is a default for: those tests/unit/speed/test_attention.py checks
 # against SDPA (causal, no softcapping, no sinks, one head size). Any other model may name it in the spec.
 VARLEN_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # the keys, old names and new, that turn activation checkpointing on or off or configure it

@@ -10,7 +10,7 @@ restarting at 0; the model's attention keeps the sequences apart (varlen
 kernels: ``torch_varlen``, flash attention) and TRL's fused LM head scores the
 same completion tokens, whose log-probabilities and entropies go back to
 their padded places. The loss TRL computes from them is unchanged: the
-padded places are masked there as before (tests/unit/test_rl_padding_free.py
+padded places are masked there as before (tests/unit/speed/test_rl_padding_free.py
 compares log-probabilities, losses and gradients).
 
 Generation needs a KV cache, which the varlen kernels do not take: while the

@@ -2,7 +2,7 @@
 
 Pure functions of their arguments (``[batch, time]`` tensors over response
 tokens, with a mask marking the real ones), tested against hand computation
-in ``tests/unit/test_ppo_math.py``; :mod:`posttrain.entrypoints.trainers.ppo_trainer` runs
+in ``tests/unit/trainers/test_ppo_math.py``; :mod:`posttrain.entrypoints.trainers.ppo_trainer` runs
 them inside its loop.
 """
 

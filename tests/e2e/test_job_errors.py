@@ -1,6 +1,6 @@
 """The job fails fast and clearly, through the real ``torchx run``: bad data (the client's line, then the job's), a
 reward returning NaN on one rank, a missing earlier run's output; each one ``posttrain:`` line (in process, one test
-per message: ``tests/unit/test_job_errors.py``).
+per message: ``tests/unit/job/test_job_errors.py``).
 """
 
 import json

@@ -1,5 +1,5 @@
 """README's and the site's code, run: every command and snippet the parser plans (``readme_code.py``; what it
-plans and why: ``tests/unit/test_readme.py``) runs once, in order, in one scratch directory that links the
+plans and why: ``tests/unit/project/test_readme.py``) runs once, in order, in one scratch directory that links the
 checkout's ``templates/`` and ``components/`` (later commands read earlier ones' ``outputs/``), in the module
 fixture :func:`readme_runs`; a test per command checks its result, and a shown console against the run's.
 """

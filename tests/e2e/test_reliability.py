@@ -1,6 +1,6 @@
 """Reliability and security through real jobs: input only the job can tell stops it before the model loads; a
 crashing or hanging rank ends the job in bounded time with its traceback kept; restarts and preemption resume;
-spec values reach the job byte for byte and run nothing. (Bad input at submit: ``tests/unit/test_reliability.py``.)
+spec values reach the job byte for byte and run nothing. (Bad input at submit: ``tests/unit/spec/test_reliability.py``.)
 """
 
 import os

@@ -43,7 +43,7 @@ from posttrain.entrypoints.job import runtime
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]  # slow too: the fast loop (-m "not e2e") leaves them out
 
 TEXT = "What is 2 plus 3? 2 plus 3 is 5. The sky is blue."
-TOKEN = "the-job-s-secret"  # what the component makes for a job (tests/unit/test_vllm_role.py)
+TOKEN = "the-job-s-secret"  # what the component makes for a job (tests/unit/components/test_vllm_role.py)
 
 # a fresh vLLM on a saved model: the per-token log-probs of TEXT's tokens, as JSON
 FRESH_VLLM = """

@@ -1,5 +1,5 @@
 """Each side imports only what it needs, each in an interpreter of its own: the client no torch or TRL, the job
-no torchx, and a job reads its spec without the AppDef builder. (The AppDef: ``tests/unit/test_appdef.py``.)"""
+no torchx, and a job reads its spec without the AppDef builder. (The AppDef: ``tests/unit/components/test_appdef.py``.)"""
 
 import subprocess
 import sys

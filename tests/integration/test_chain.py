@@ -1,5 +1,5 @@
 """posttrain.chain through the real ``torchx`` CLI: a later stage's typo is refused in one line at submit, and
---dryrun shows every stage. (The rest before it runs: ``tests/unit/test_chain.py``.)"""
+--dryrun shows every stage. (The rest before it runs: ``tests/unit/components/test_chain.py``.)"""
 
 from pathlib import Path
 

@@ -31,7 +31,7 @@ from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.overrides import apply_overrides
 from posttrain.components.spec.registry import SPEC_CLASSES
 
-# one algorithm's spec each (a chain's are tests/unit/test_chain.py's)
+# one algorithm's spec each (a chain's are tests/unit/components/test_chain.py's)
 ALL_TEMPLATES = sorted(str(p.relative_to(TEMPLATES)) for p in TEMPLATES.glob("*/*.yaml") if p.parent.name != "chain")
 
 
@@ -55,7 +55,7 @@ def test_every_template_validates_and_round_trips(template: str) -> None:
 
 @pytest.mark.parametrize("template", ALL_TEMPLATES)
 def test_every_template_opens_with_the_command_that_runs_it(template: str) -> None:
-    # the first line is the editor's schema modeline (tests/unit/test_schema_json.py); the command comes next
+    # the first line is the editor's schema modeline (tests/unit/spec/test_schema_json.py); the command comes next
     lines = (TEMPLATES / template).read_text().splitlines()
     first_line = next((line for line in lines if line.startswith("# torchx run")), lines[0])
     algorithm = load_template(template)["algorithm"]

@@ -126,7 +126,7 @@ BAD_VALUES = [
         "training.scale_rewards: expected one of 'group', 'batch', 'none' or true/false",
     ),
     ("kto", {"loss_type": "sigmoid"}, "training.loss_type: expected one of 'kto', 'apo_zero_unpaired'"),
-    # combinations (the first key is the one named; tests/unit/test_runtime.py builds TRL's trainers with them)
+    # combinations (the first key is the one named; tests/unit/job/test_runtime.py builds TRL's trainers with them)
     (
         "grpo",
         {"beta": 0.0, "sync_ref_model": True},
@@ -219,7 +219,7 @@ BAD_VALUES = [
         {"dataset_kwargs": {"skip_prepare_dataset": True}},
         "training.dataset_kwargs: not supported by posttrain.sft; the data is text, messages or prompt and completion",
     ),
-    # values that do nothing with others (tests/unit/test_runtime.py builds the trainer with them)
+    # values that do nothing with others (tests/unit/job/test_runtime.py builds the trainer with them)
     (
         "grpo",
         {"vllm_mode": "server"},
