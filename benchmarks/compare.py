@@ -64,7 +64,8 @@ def main(
         "bf16": options.gpu,
         **((gpu_training if options.gpu and gpu_training is not None else training) or {}),
     }
-    if not options.gpu:  # on GPUs each side takes its own default: TRL's 8 rows, posttrain's gpu_batch
+    # on GPUs each side takes its own default: TRL's 8 rows, posttrain's gpu_batch
+    if not options.gpu:
         training.setdefault("per_device_train_batch_size", 8)
     plain_training = {"include_num_input_tokens_seen": "non_padding", "use_cpu": not options.gpu}
     plain_training.update({k: yaml.safe_load(v) for k, v in (item.split("=", 1) for item in options.plain)})

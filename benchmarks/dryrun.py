@@ -48,7 +48,8 @@ def main(argv=None) -> None:
             "--spec",
             f"templates/{algorithm}/tiny.yaml",
         ]
-        seconds(dryrun, env), seconds(BASELINE, env)  # warm the page cache and the bytecode
+        # warm the page cache and the bytecode
+        seconds(dryrun, env), seconds(BASELINE, env)
         runs = [(seconds(dryrun, env), seconds(BASELINE, env)) for _ in range(options.repeats)]
         ours, base = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
         worst = max(worst, ours - base)

@@ -22,7 +22,8 @@ GPU_STEP = {
     "num_generations": 8,
     "max_completion_length": 512,
     "per_device_train_batch_size": 16,
-    "gradient_accumulation_steps": 16,  # 256 completions: 32 prompts per step
+    # 256 completions: 32 prompts per step
+    "gradient_accumulation_steps": 16,
 }
 
 
@@ -35,7 +36,8 @@ def main(algorithm: str = ALGORITHM) -> None:
         gpu_training=GPU_STEP,
         rewards=[{"function": "benchmarks.plain_trl:reward_len"}],
         per_step="reward",
-        tokens="num_tokens",  # TRL's count: prompts and completions (its batches hold no input_ids)
+        # TRL's count: prompts and completions (its batches hold no input_ids)
+        tokens="num_tokens",
     )
 
 

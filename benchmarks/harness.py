@@ -52,13 +52,17 @@ TIMING_HOOK = REPO / "benchmarks" / "timing_hook"
 @dataclass
 class Run:
     tokens_per_s: float
-    loop_tokens_per_s: float  # nan where nothing generates
+    # nan where nothing generates
+    loop_tokens_per_s: float
     first_step_s: float
     worker_start_s: float
     peak_rss_mb: float
-    peak_gpu_mb: float  # nan on CPU
-    per_step: str  # the logged value compared at each step: loss, or reward
-    values: Dict[int, float]  # per_step at each logged step
+    # nan on CPU
+    peak_gpu_mb: float
+    # the logged value compared at each step: loss, or reward
+    per_step: str
+    # per_step at each logged step
+    values: Dict[int, float]
 
     @property
     def worker_to_first_step_s(self) -> float:
@@ -82,10 +86,13 @@ class Case:
     nproc: int = 1
     gpus: int = 0
     posttrain_overrides: Sequence[str] = ()
-    plain_training: Dict = field(default_factory=dict)  # settings only the plain script needs (use_cpu, ...)
-    rewards: Sequence[Dict] = ()  # posttrain's rewards section (the plain script names the same function)
+    # settings only the plain script needs (use_cpu, ...)
+    plain_training: Dict = field(default_factory=dict)
+    # posttrain's rewards section (the plain script names the same function)
+    rewards: Sequence[Dict] = ()
     per_step: str = "loss"
-    tokens: str = "num_input_tokens_seen"  # the logged running count of tokens trained
+    # the logged running count of tokens trained
+    tokens: str = "num_input_tokens_seen"
 
 
 def run_env(work: Path, gpus: int) -> Dict[str, str]:
@@ -170,10 +177,12 @@ def _watch_worker_start(root: int, finished: threading.Event, delays: List[float
     """Appends how long after ``root`` started the first training process (a Python child of torchrun) started."""
     try:
         root_ticks = int(_stat(root)[19])
-    except OSError:  # already gone
+    except OSError:
+        # already gone
         return
     while not finished.is_set():
-        processes = {}  # pid: (parent, start ticks, argv)
+        # pid: (parent, start ticks, argv)
+        processes = {}
         for entry in Path("/proc").iterdir():
             try:
                 fields, argv = _stat(int(entry.name)), (entry / "cmdline").read_bytes().split(b"\0")
@@ -197,7 +206,8 @@ def _watch_gpu_memory(finished: threading.Event, peaks: List[float]) -> None:
     while not finished.wait(0.5):
         try:
             used = subprocess.run(query, capture_output=True, text=True, check=False).stdout.split()
-        except FileNotFoundError:  # no nvidia-smi: the figure stays nan
+        except FileNotFoundError:
+            # no nvidia-smi: the figure stays nan
             return
         peaks.append(sum(float(mb) for mb in used))
 
@@ -295,7 +305,8 @@ def table(title: str, runs: Dict[str, List[Run]]) -> str:
         "| --- | ---: | ---: | ---: |",
     ]
     for name in ours:
-        if ours[name] != ours[name] and theirs[name] != theirs[name]:  # nan on both sides: not measured (CPU)
+        # nan on both sides: not measured (CPU)
+        if ours[name] != ours[name] and theirs[name] != theirs[name]:
             continue
         digits = 2 if name in SECONDS else 1 if name in FIGURES else 4
         lines.append(

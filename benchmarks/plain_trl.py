@@ -70,7 +70,8 @@ def main() -> None:
             callbacks=callbacks,
         )
     trainer.train()
-    if dist.is_initialized():  # as PyTorch asks
+    # as PyTorch asks
+    if dist.is_initialized():
         dist.destroy_process_group()
         # gloo's threads free their last tensors before the interpreter exits, else a rank sometimes aborts there
         # (SIGABRT after training): what posttrain's distributed.destroy_process_group does, and says why

@@ -29,7 +29,8 @@ CPU_SHAPE = dict(
     num_key_value_heads=4,
     tie_word_embeddings=True,
 )
-GPU_SHAPES = {  # Qwen2.5's
+# Qwen2.5's
+GPU_SHAPES = {
     "0.5b": dict(
         hidden_size=896,
         intermediate_size=4864,
@@ -122,7 +123,8 @@ def build_model_dir(path: Path, gpu_shape: Optional[str] = None) -> Path:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from posttrain.entrypoints.inputs.tiny import CHAT_TEMPLATE  # ChatML with generation marks, as the tiny models'
+    # ChatML with generation marks, as the tiny models'
+    from posttrain.entrypoints.inputs.tiny import CHAT_TEMPLATE
 
     if (path / "config.json").is_file():
         return path

@@ -38,7 +38,8 @@ RDZV_BACKENDS = ("c10d", "static", "etcd", "etcd-v2")
 # command, env and image (measured: about 1.2 KiB, 10 to 700 replicas of the tiny SFT)
 MAX_REQUEST_BYTES = 3 * 2**19
 POD_TEMPLATE_BYTES = 1200
-MAX_NAME = 40  # torchx adds "-" and a random suffix to make the Kubernetes job's name (63 characters at most)
+# torchx adds "-" and a random suffix to make the Kubernetes job's name (63 characters at most)
+MAX_NAME = 40
 LAUNCHERS = ("torchrun", "deepspeed")
 CHAIN_MODULE = "posttrain.entrypoints.chain"
 
@@ -189,7 +190,8 @@ def build_appdef(
             "--vllm_*: these place the server of training.vllm_mode: server (with use_vllm: true and no "
             "vllm_server_base_url/vllm_server_host); this spec runs no such server"
         )
-    problems += [] if problems else local_model_problems(validated) + local_data_problems(validated)  # those it sees
+    # those it sees
+    problems += [] if problems else local_model_problems(validated) + local_data_problems(validated)
     if problems:
         raise SpecError(problems)
 
@@ -208,7 +210,8 @@ def build_appdef(
     if topology.max_nnodes > 1:
         host = _rank0_address(topology, rdzv_port)[0]
         check = ["python", "-m", "posttrain.entrypoints.rendezvous_port", str(rdzv_port), macros.replica_id]
-        at = 1 if serve else 0  # after the vLLM host's assignment
+        # after the vLLM host's assignment
+        at = 1 if serve else 0
         cmd = [*check, host, macros.app_id, _noquote("&&"), *cmd[:at], _noquote("exec"), *cmd[at:]]
 
     job_name = StructuredNameArgument.parse_from(name=name or "/", m=module)
@@ -217,7 +220,8 @@ def build_appdef(
         _trainers_role(algorithm, image, topology, resource, cmd, role_env, rdzv_port, max_retries, mounts),
     ]
     if serve:
-        vllm_role.make_job_token()  # in the environment the job inherits, not in the AppDef
+        # in the environment the job inherits, not in the AppDef
+        vllm_role.make_job_token()
         # the host the trainers connect to, resolved by the role to the address it listens on
         server_cmd = [_noquote(vllm_role.host_assignment(topology.max_nnodes)), "python", "-m", vllm_role.MODULE]
         server_cmd += ["--spec-json", spec_json]
@@ -276,10 +280,12 @@ def build_chain_appdef(
             ]
         )
     chain = load_chain(spec, overrides, world_size=topology.world_size)
-    last_port = rdzv_port + len(chain.stages) - 1  # several nodes: each stage rendezvouses on a port of its own
+    # several nodes: each stage rendezvouses on a port of its own
+    last_port = rdzv_port + len(chain.stages) - 1
     if topology.max_nnodes > 1 and rdzv_backend in ("c10d", "static") and last_port > 65535:
         problems.append(f"--rdzv_port {rdzv_port}: the chain's stages use it up to {last_port}, past 65535")
-    outputs = {stage.output_dir for stage in chain.stages}  # not written yet, or half: the job's to check
+    # not written yet, or half: the job's to check
+    outputs = {stage.output_dir for stage in chain.stages}
     for stage in chain.stages:
         found = _spec_problems(stage.spec, topology, j, h, resource, max_retries, max_restarts)
         found += [] if found else local_model_problems(stage.spec, skip=outputs) + local_data_problems(stage.spec)
@@ -287,7 +293,8 @@ def build_chain_appdef(
     if problems:
         raise SpecError(problems)
 
-    launcher = _torchrun_command(topology, rdzv_port, rdzv_backend, tee, max_restarts)[3:]  # after python -m module
+    # after python -m module
+    launcher = _torchrun_command(topology, rdzv_port, rdzv_backend, tee, max_restarts)[3:]
     host = _rank0_address(topology, rdzv_port)[0]
     # torchx substitutes ${...} macros in args with string.Template: "$$" keeps a "$" of the spec literal
     chain_json = chain.to_json().replace("$", "$$")
@@ -363,7 +370,8 @@ def _spec_problems(
 ) -> List[str]:
     """What a validated spec gets wrong with these launch arguments."""
     problems = []
-    for nodes in range(topology.min_nnodes, topology.max_nnodes):  # elastic: every size the job may shrink to
+    # elastic: every size the job may shrink to
+    for nodes in range(topology.min_nnodes, topology.max_nnodes):
         problems += [
             f"{problem} (at {nodes} nodes of -j {j})" for problem in validated.problems(nodes * topology.nproc_per_node)
         ]
@@ -388,8 +396,10 @@ def _role_env(
     role_env["TORCHX_TRACKING_EXPERIMENT_NAME"] = job_name.experiment_name
     role_env.setdefault("LOGLEVEL", os.getenv("LOGLEVEL", "WARNING"))
     role_env.setdefault("PYTHONUNBUFFERED", "1")
-    if topology.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:  # torchrun's own default, without its
-        role_env.setdefault("OMP_NUM_THREADS", "1")  # banner; a value exported where the job is submitted is kept
+    # torchrun's own default, without its
+    if topology.nproc_per_node > 1 and "OMP_NUM_THREADS" not in os.environ:
+        # banner; a value exported where the job is submitted is kept
+        role_env.setdefault("OMP_NUM_THREADS", "1")
     if debug:
         role_env.update(_DEBUG_ENV)
     return role_env

@@ -49,7 +49,8 @@ HELP_WIDTH = 80
 
 def _wrapped(text: str, indent: str = "") -> str:
     """``text`` filled to HELP_WIDTH, never inside a reST literal (``builtin: exact_match | contains`` stays whole)."""
-    parts = text.split("``")  # odd parts are literals: their spaces become NULs while filling
+    # odd parts are literals: their spaces become NULs while filling
+    parts = text.split("``")
     glued = "``".join(part.replace(" ", "\0") if i % 2 else part for i, part in enumerate(parts))
     filled = textwrap.fill(glued, HELP_WIDTH, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False)
     return filled.replace("\0", " ")

@@ -23,17 +23,21 @@ from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, VLLM_TOKEN_VARI
 
 ROLE = "vllm"
 MODULE = "posttrain.entrypoints.vllm_server"
-RESTART_GRACE_S = 300  # how long the server waits for a trainer torchrun restarts
+# how long the server waits for a trainer torchrun restarts
+RESTART_GRACE_S = 300
 
 
 @dataclasses.dataclass(frozen=True)
 class VllmServer:
     """The component's ``--vllm_*`` arguments: where the server runs and how it is split."""
 
-    h: Optional[str] = None  # a named resource
+    # a named resource
+    h: Optional[str] = None
     gpu: int = 0
-    replicas: int = 1  # vLLM's data-parallel engines behind the one server
-    tp: int = 1  # tensor-parallel GPUs per engine
+    # vLLM's data-parallel engines behind the one server
+    replicas: int = 1
+    # tensor-parallel GPUs per engine
+    tp: int = 1
 
     def problems(self, trainer_gpus: int) -> List[str]:
         """What is wrong with the arguments, one line each; ``trainer_gpus``: the trainers' GPUs per host."""
@@ -92,7 +96,8 @@ def make_job_token() -> None:
         _MADE[0] = os.environ[VLLM_TOKEN_VARIABLE] = secrets.token_urlsafe(32)
 
 
-_MADE = [""]  # the last token make_job_token made
+# the last token make_job_token made
+_MADE = [""]
 
 
 def server_args(server: VllmServer, first_contact_s: int, max_restarts: int) -> List[str]:

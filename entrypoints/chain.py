@@ -51,7 +51,8 @@ from posttrain.entrypoints.records.files import write_json_atomic
 
 STATE_FILE = "chain.json"
 SUMMARY_FILE = "run_summary.json"
-SHIFTED_BACKENDS = ("c10d", "static")  # their endpoint is the job's own store; etcd's is a server of its own
+# their endpoint is the job's own store; etcd's is a server of its own
+SHIFTED_BACKENDS = ("c10d", "static")
 
 
 def stage_command(stage: Stage, index: int, launcher_args: Sequence[str]) -> List[str]:
@@ -60,7 +61,8 @@ def stage_command(stage: Stage, index: int, launcher_args: Sequence[str]) -> Lis
     args[args.index("--rdzv_id") + 1] += f"-{stage.name}"
     endpoint = args.index("--rdzv_endpoint") + 1
     host, port = args[endpoint].rsplit(":", 1)
-    if port != "0" and args[args.index("--rdzv_backend") + 1] in SHIFTED_BACKENDS:  # several nodes: its own port
+    # several nodes: its own port
+    if port != "0" and args[args.index("--rdzv_backend") + 1] in SHIFTED_BACKENDS:
         args[endpoint] = f"{host}:{int(port) + index}"
     spec_json = stage.spec.to_json()
     module = f"posttrain.entrypoints.{stage.spec.name()}"
@@ -77,9 +79,11 @@ def finished_stages(chain: Chain) -> Dict[str, Dict[str, Any]]:
     for stage in chain.stages:
         record = recorded.get(stage.name)
         if record is None or not (Path(stage.output_dir) / SUMMARY_FILE).exists():
-            break  # this stage runs, and so every stage after it
+            # this stage runs, and so every stage after it
+            break
         if stale_runs(stage.spec.named_models(), stage.spec.model.revision, Path(stage.output_dir))[0]:
-            break  # a model it was trained from was trained again since (outside the chain): it runs again
+            # a model it was trained from was trained again since (outside the chain): it runs again
+            break
         changed = [d[0] for d in spec_diff(record["spec"], stage.spec.model_dump(mode="json"))]
         changed = [key for key in changed if key not in NOT_TRAINING_RELEVANT]
         if changed:
@@ -126,7 +130,8 @@ class Stopping:
         for signum in (signal.SIGTERM, signal.SIGINT):
             self._previous[signum] = signal.signal(signum, lambda signum, frame: self.stop(signum))
         parent = os.getppid()
-        if parent > 1:  # on local_cwd, the torchx client: killed, its job ends (as distributed.py's ranks do)
+        # on local_cwd, the torchx client: killed, its job ends (as distributed.py's ranks do)
+        if parent > 1:
             threading.Thread(target=self._watch, args=(parent,), daemon=True).start()
         return self
 
@@ -137,7 +142,8 @@ class Stopping:
 
     def stop(self, signum: int) -> None:
         if self.signal is not None:
-            return  # a second SIGTERM would end torchrun's own wait for the ranks' checkpoint
+            # a second SIGTERM would end torchrun's own wait for the ranks' checkpoint
+            return
         self.signal = signum
         if self.stage is not None and self.stage.poll() is None:
             self.stage.send_signal(signum)
@@ -146,7 +152,8 @@ class Stopping:
         """Runs a stage's launcher to its end, in a session of its own (a signal to the chain's process group
         reaches it through ``stop``, once); its exit code, 128 + the signal where a signal ended it."""
         self.stage = subprocess.Popen(command, env=env, start_new_session=True)
-        if self.signal is not None:  # came while it started
+        # came while it started
+        if self.signal is not None:
             self.stage.send_signal(self.signal)
         code = self.stage.wait()
         return 128 - code if code < 0 else code
@@ -209,7 +216,8 @@ def _run(spec_json: str, node: str, rank0_host: str, launcher_args: List[str], s
         finished = finished_stages(chain)
     except SpecError as error:
         line = f"posttrain: {error}"
-        if node0:  # every node meets it; one says it
+        # every node meets it; one says it
+        if node0:
             print(line, file=sys.stderr, flush=True)
         record_error(line)
         return STOPPED
@@ -227,7 +235,8 @@ def _run(spec_json: str, node: str, rank0_host: str, launcher_args: List[str], s
         if stopping.signal is not None:
             return 128 + stopping.signal
         if node0:
-            clear_stale(stage)  # before its launcher joins the rendezvous: no node's stage reads it first
+            # before its launcher joins the rendezvous: no node's stage reads it first
+            clear_stale(stage)
             print(f"chain: stage {stage.name} ({stage.spec.name()}) starts", file=sys.stderr, flush=True)
         stage_started = time.monotonic()
         code = stopping.run(command, dict(os.environ, **{STAGE_ENV: stage.name}))

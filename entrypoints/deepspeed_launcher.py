@@ -87,7 +87,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.error("expected -m MODULE: the entrypoint every rank runs, then its arguments")
     split = argv.index("-m")
     options = parser.parse_args(argv[:split])
-    module, module_args = argv[split + 1], argv[split + 2 :]  # as torchrun: all after the module is its own
+    # as torchrun: all after the module is its own
+    module, module_args = argv[split + 1], argv[split + 2 :]
     if options.master_port == 0 and options.nnodes > 1:
         parser.error("--master_port 0 (a free port) works on one node only")
     if importlib.util.find_spec("deepspeed") is None:

@@ -61,7 +61,8 @@ def failure_line(rank: int, failure: ProcessFailure) -> Optional[str]:
         hint = " (the system's out-of-memory killer sends it)" if failure.signal_name() == "SIGKILL" else ""
         return f"posttrain: rank {rank} (pid {failure.pid}) was killed by {failure.signal_name()}{hint}"
     line = posttrain_line(failure.error_file_data)
-    if line is None and failure.exitcode not in (STOPPED, CRASHED):  # os._exit, sys.exit(n) in the user's code
+    # os._exit, sys.exit(n) in the user's code
+    if line is None and failure.exitcode not in (STOPPED, CRASHED):
         return f"posttrain: rank {rank} (pid {failure.pid}) exited with code {failure.exitcode} without saying why"
     return line if failure.exitcode == CRASHED else None
 
@@ -96,7 +97,8 @@ def kept_logs(argv: Sequence[str]) -> Optional[Path]:
 def keep_logs(log_dir: Path, kept: Path) -> None:
     """Copies the run directories torchrun made in this launcher's ``log_dir`` into ``kept``, where the job made its
     output directory; a copy that fails (a full or read-only disk: the job has said so) is left."""
-    if not kept.parent.is_dir():  # stopped before it made one (a check): nothing of the run to keep beside
+    # stopped before it made one (a check): nothing of the run to keep beside
+    if not kept.parent.is_dir():
         return
     for run in sorted(os.listdir(log_dir)):
         with contextlib.suppress(OSError):
@@ -115,12 +117,14 @@ def stopped_line(signum: int, argv: Sequence[str]) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    os.environ[LAUNCHER_SAYS] = "1"  # the workers inherit it: a crash's line is left for this process to say
+    # the workers inherit it: a crash's line is left for this process to say
+    os.environ[LAUNCHER_SAYS] = "1"
     # its "failed (exitcode: 2) local_rank: 0" and "Sending process closing signal" lines: the failure line says it
     logging.getLogger("torch.distributed.elastic.multiprocessing.api").setLevel(logging.CRITICAL)
     # its "Received 15 death signal, shutting down workers": the stopped line says it
     logging.getLogger("torch.distributed.elastic.agent.server.api").setLevel(logging.ERROR)
-    os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_S))  # torchrun's wait after a SIGTERM
+    # torchrun's wait after a SIGTERM
+    os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_S))
     kept = kept_logs(argv)
     # torchrun's place (torchx's local_cwd names one for all its nodes), a directory of this launcher's own in it
     parent = os.environ.get("PET_LOG_DIR")
@@ -128,13 +132,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         os.makedirs(parent, exist_ok=True)
     log_dir = Path(tempfile.mkdtemp(prefix="torchelastic_", dir=parent or None))
     if kept is not None:
-        os.environ[KEPT_LOGS] = str(kept)  # rank 0's first line names it
-    ours = True  # whether output_dir is this run's: a refused run's logs stay out of the holder's
+        # rank 0's first line names it
+        os.environ[KEPT_LOGS] = str(kept)
+    # whether output_dir is this run's: a refused run's logs stay out of the holder's
+    ours = True
     try:
         torchrun(["--log-dir", str(log_dir), *argv])
-    except SignalException as stopped:  # torchrun passed it on to the ranks and waited for them
+    except SignalException as stopped:
+        # torchrun passed it on to the ranks and waited for them
         line = stopped_line(stopped.sigval, argv)
-        record_error(line)  # in place of the exception torchrun's @record left: torchx's structured error
+        # in place of the exception torchrun's @record left: torchx's structured error
+        record_error(line)
         print(line, file=sys.stderr, flush=True)
         return 128 + stopped.sigval
     except ChildFailedError as failed:

@@ -24,7 +24,8 @@ from posttrain.entrypoints.job.error_file import record_error
 def in_use(port: int) -> bool:
     """Whether a program listens on ``port`` of any interface (a closed connection's TIME_WAIT does not count)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the store binds
+        # as the store binds
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("", port))
         except OSError:
@@ -42,13 +43,15 @@ def listener_command(port: int) -> Optional[str]:
             continue
         for row in rows:
             fields = row.split()
-            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":  # 0A: LISTEN
+            # 0A: LISTEN
+            if int(fields[1].rsplit(":", 1)[1], 16) == port and fields[3] == "0A":
                 inodes.add(f"socket:[{fields[9]}]")
     for descriptor in Path("/proc").glob("[0-9]*/fd/*"):
         try:
             if str(descriptor.readlink()) in inodes:
                 return (descriptor.parents[1] / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:  # a process that ended, or another user's
+        except OSError:
+            # a process that ended, or another user's
             continue
     return None
 
@@ -57,7 +60,8 @@ def main(argv: list) -> int:
     port, node, rank0_host, job = int(argv[0]), argv[1], argv[2], argv[3]
     local = rank0_host in ("localhost", "127.0.0.1", "::1", socket.gethostname(), socket.getfqdn())
     if node != "0" and not local:
-        return 0  # the port is on another host, which node 0 checks
+        # the port is on another host, which node 0 checks
+        return 0
     if not in_use(port):
         return 0
     listener = listener_command(port)

@@ -52,8 +52,10 @@ from posttrain.entrypoints.generation.vllm_generation import repack_tied_lm_head
 
 log = logging.getLogger("posttrain.vllm_server")
 
-LOOPBACK = "127.0.0.1"  # local_cwd: the trainers are on this host (components/vllm_role.py points them here)
-RESOLVE_S = 60.0  # how long the role waits for its own host name to resolve (a Kubernetes DNS record lags the pod)
+# local_cwd: the trainers are on this host (components/vllm_role.py points them here)
+LOOPBACK = "127.0.0.1"
+# how long the role waits for its own host name to resolve (a Kubernetes DNS record lags the pod)
+RESOLVE_S = 60.0
 
 
 def listen_address() -> str:
@@ -66,7 +68,8 @@ def listen_address() -> str:
     listens on the address of the route to that node.
     """
     name = os.environ.get(VLLM_HOST_VARIABLE, LOOPBACK)
-    trainers = os.environ.get("SLURM_LAUNCH_NODE_IPADDR")  # the batch script's node: the trainers' first
+    # the batch script's node: the trainers' first
+    trainers = os.environ.get("SLURM_LAUNCH_NODE_IPADDR")
     deadline = time.monotonic() + RESOLVE_S
     while True:
         try:
@@ -77,7 +80,8 @@ def listen_address() -> str:
                 and not ipaddress.ip_address(trainers).is_loopback
             ):
                 toward = route_address(trainers)
-                if toward != trainers:  # another host; on this one the trainers resolve the loopback too
+                # another host; on this one the trainers resolve the loopback too
+                if toward != trainers:
                     address = toward
             return address
         except OSError as error:
@@ -155,14 +159,16 @@ def serve(command: Sequence[str], host: str, port: int, first_contact_s: float, 
     The lease listens on ``host``, where the server does.
     """
     listener = socket.create_server((host, port), reuse_port=False)
-    started: List[subprocess.Popen] = []  # the handler is in place before vLLM starts: no orphan from an early SIGTERM
+    # the handler is in place before vLLM starts: no orphan from an early SIGTERM
+    started: List[subprocess.Popen] = []
     signal.signal(signal.SIGTERM, lambda *_: _stop(started, "SIGTERM", listener))
     started.append(subprocess.Popen(list(command), env={**os.environ, "VLLM_SERVER_DEV_MODE": "1"}))
     server = started[0]
     reason = _hold_until_done(listener, server, first_contact_s, grace_s)
     if server.poll() is not None:
         log.error("vLLM's server exited with code %s while training ran", server.returncode)
-        return server.returncode if server.returncode > 0 else 1  # killed by a signal (-9): plain failure
+        # killed by a signal (-9): plain failure
+        return server.returncode if server.returncode > 0 else 1
     _stop(started, reason, listener)
     return 0
 
@@ -177,7 +183,8 @@ def _hold_until_done(listener: socket.socket, server: subprocess.Popen, first_co
         now = time.monotonic()
         for connection in [c for c, handshake in pending.items() if handshake.end <= now]:
             _drop(connection, pending, f"no proof within {HANDSHAKE_S:.0f} s")
-        if now > deadline:  # strangers knocking keep nothing from timing out
+        # strangers knocking keep nothing from timing out
+        if now > deadline:
             _close_all(pending)
             return f"no trainer held its lease for {waited:.0f} s"
         wait = min([POLL_S, deadline - now, *(handshake.end - now for handshake in pending.values())])
@@ -217,8 +224,10 @@ class _Handshake:
 
     def __init__(self, address: str, token: str) -> None:
         self.address, self.token, self.end = address, token, time.monotonic() + HANDSHAKE_S
-        self.nonce: Optional[bytes] = None  # the role's, once it answered
-        self.rest = b""  # what came after the proof: the lease's (done)
+        # the role's, once it answered
+        self.nonce: Optional[bytes] = None
+        # what came after the proof: the lease's (done)
+        self.rest = b""
 
     def read(self, connection: socket.socket) -> Optional[bool]:
         """Reads what arrived: True (the job's rank 0), False (a stranger), None (not yet said)."""
@@ -312,7 +321,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     command = server_command(
         spec.training, spec.model, directory, dtype, tensor_parallel=tp, data_parallel=dp, on_cuda=on_cuda, host=host
     )
-    log.info("%s", " ".join(command))  # the token is in the environment only
+    # the token is in the environment only
+    log.info("%s", " ".join(command))
     port = lease_port(spec.training.get("vllm_server_port", 8000))
     raise SystemExit(serve(command, host, port, options.first_contact_s, options.lease_grace_s))
 

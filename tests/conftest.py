@@ -123,7 +123,8 @@ def sft_1x2(session_tmp: Path) -> Path:
     output_dir = session_tmp / "sft-1x2"
     result = run_template("sft/tiny.yaml", session_tmp, output_dir, j="1x2")
     assert_succeeded(result)
-    (session_tmp / "sft-1x2.console").write_text(result.stdout + result.stderr)  # what the user saw
+    # what the user saw
+    (session_tmp / "sft-1x2.console").write_text(result.stdout + result.stderr)
     return output_dir
 
 

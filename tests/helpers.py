@@ -29,7 +29,8 @@ def job_env(tmp_root: Path, **extra: str) -> Dict[str, str]:
     env["HF_HOME"] = str(tmp_root / "hf_home")
     env["HF_HUB_OFFLINE"] = "1"
     env["OMP_NUM_THREADS"] = "1"
-    env.pop("TORCHX_CONTEXT_NAME", None)  # torchx's CLI sets its own
+    # torchx's CLI sets its own
+    env.pop("TORCHX_CONTEXT_NAME", None)
     env.update(extra)
     return env
 
@@ -69,7 +70,8 @@ def _bindable(port: int) -> bool:
         return True
 
 
-CHAIN_PORTS = 4  # the most stages a chain template has, and one more
+# the most stages a chain template has, and one more
+CHAIN_PORTS = 4
 
 
 def torchx(args: Sequence[str], tmp_root: Path, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
@@ -325,7 +327,8 @@ def refusal(job: Any, **training: Any) -> str:
 
 # the lease's heartbeat, and the silence after which its holder is gone, in the tests (the job's: 5 s and 60 s)
 HEARTBEAT_S, STALE_S = 0.2, 1.5
-JOB_TOKEN = "the-job-s-secret"  # the job's token for its vllm role, as the component makes one
+# the job's token for its vllm role, as the component makes one
+JOB_TOKEN = "the-job-s-secret"
 
 
 # ---------------------------------------------------------------- data files: the shipped chat rows, reshaped
@@ -384,7 +387,8 @@ SHAPE = dict(
     max_position_embeddings=256,
 )
 PAD = 0
-MODELS = ("llama", "qwen2", "qwen3")  # the architectures ``model`` builds at SHAPE
+# the architectures ``model`` builds at SHAPE
+MODELS = ("llama", "qwen2", "qwen3")
 
 
 def model(name: str, implementation: str) -> Any:
@@ -405,7 +409,8 @@ def model(name: str, implementation: str) -> Any:
         attention.register()
     built.set_attn_implementation(implementation)
     add_fused_lm_head(built, outputs=("log_probs", "entropy"))
-    return built.eval()  # attention dropout off: the two paths must be deterministic
+    # attention dropout off: the two paths must be deterministic
+    return built.eval()
 
 
 def batch(padding: str) -> Tuple[Any, Any, int]:

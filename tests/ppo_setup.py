@@ -14,7 +14,8 @@ PROMPTS = [[{"role": "user", "content": text}] for text in ("Say a color.", "Tel
 
 def tokenizer() -> Any:
     built = tiny.build_tokenizer_llama3()
-    built.pad_token, built.padding_side = built.eos_token, "left"  # what the job's loader does for Llama 3
+    # what the job's loader does for Llama 3
+    built.pad_token, built.padding_side = built.eos_token, "left"
     return built
 
 

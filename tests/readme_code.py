@@ -62,20 +62,25 @@ COMMAND_TIMEOUT_S = 600
 
 @dataclass(frozen=True)
 class Command:
-    line: int  # README line where it starts
-    text: str  # continuations joined, comments dropped
-    output: Tuple[str, ...] = ()  # what a `$` transcript shows it printing
+    # README line where it starts
+    line: int
+    # continuations joined, comments dropped
+    text: str
+    # what a `$` transcript shows it printing
+    output: Tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Snippet:
-    line: int  # README line of its first line of code
+    # README line of its first line of code
+    line: int
     code: str
 
 
 @dataclass(frozen=True)
 class Block:
-    line: int  # README line of the opening fence
+    # README line of the opening fence
+    line: int
     language: str
     lines: Tuple[str, ...]
 
@@ -125,7 +130,8 @@ def shell_commands(block: Block) -> List[Command]:
     for offset, raw in enumerate(block.lines, 1):
         number = block.line + offset
         if transcript and not pending and not raw.startswith("$ "):
-            if commands and raw.strip():  # the previous command's output
+            # the previous command's output
+            if commands and raw.strip():
                 last = commands[-1]
                 commands[-1] = Command(last.line, last.text, last.output + (raw.rstrip(),))
             continue
@@ -181,10 +187,14 @@ def ci_command(text: str) -> str:
 @dataclass(frozen=True)
 class Plan:
     command: Command
-    how: str  # "run" (as written or adapted: see changes), "duplicate", "listed", "unknown"
-    argv: Tuple[str, ...] = ()  # what runs
-    why: str = ""  # listed, duplicate or unknown: the reason
-    changes: Tuple[str, ...] = ()  # how argv differs from README's text, and why
+    # "run" (as written or adapted: see changes), "duplicate", "listed", "unknown"
+    how: str
+    # what runs
+    argv: Tuple[str, ...] = ()
+    # listed, duplicate or unknown: the reason
+    why: str = ""
+    # how argv differs from README's text, and why
+    changes: Tuple[str, ...] = ()
 
     @property
     def dryrun(self) -> bool:
@@ -300,7 +310,8 @@ def plan_commands(commands: Sequence[Command], ci: str) -> List[Plan]:
     for command in commands:
         plan = plan_one(command, command.text, ci)
         if plan.how == "run" and not command.output:
-            if plan.argv in seen:  # the same component, template and overrides: runs once
+            # the same component, template and overrides: runs once
+            if plan.argv in seen:
                 why = f"the same as {where(seen[plan.argv])}"
                 plan = Plan(command, "duplicate", plan.argv, why, plan.changes)
             else:

@@ -37,13 +37,15 @@ def fields_of_class(cls: type) -> Dict[str, Dict[str, Any]]:
         if not f.init:
             continue
         entry = field_type(hints[f.name]).to_json()
-        if f.metadata.get("choices") and entry["choices"] is None:  # TRL's own list of valid values
+        # TRL's own list of valid values
+        if f.metadata.get("choices") and entry["choices"] is None:
             entry["choices"] = list(f.metadata["choices"])
             entry["kinds"] = [kind if kind != "str" else "choice" for kind in entry["kinds"]]
         default = _json_default(f)
         if default is not _NO_DEFAULT:
             entry["default"] = default
-        if f.metadata.get("help"):  # the package's own help text: the schemas' hover text and the spec reference
+        # the package's own help text: the schemas' hover text and the spec reference
+        if f.metadata.get("help"):
             entry["help"] = " ".join(str(f.metadata["help"]).split())
         described[f.name] = entry
     return described
@@ -66,12 +68,14 @@ def _json_default(f: "dataclasses.Field[Any]") -> Any:
 
 def generate_table() -> Dict[str, Dict[str, Dict[str, Any]]]:
     """Builds the table from the installed packages (imports trl and peft)."""
-    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # ORPO lives in trl.experimental
+    # ORPO lives in trl.experimental
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     table = {}
     for target in config_classes():
         module_name, _, attr = target.partition(":")
         fields = fields_of_class(getattr(importlib.import_module(module_name), attr))
-        for row in rows_for(target, fields):  # what TRL documents beyond its annotations
+        # what TRL documents beyond its annotations
+        for row in rows_for(target, fields):
             _widen(fields[row["field"]], row.get("also", []), row.get("choices"))
         table[target] = dict(sorted(fields.items()))
     return table

@@ -131,10 +131,12 @@ def render(algorithm: str) -> str:
             continue
         section = defs[ref.rsplit("/", 1)[1]]
         inner = {key: value for key, value in section["properties"].items() if key != "lora"}
-        name = f"{name}[]" if prop.get("type") == "array" else name  # each item of a list: rewards[].weight
+        # each item of a list: rewards[].weight
+        name = f"{name}[]" if prop.get("type") == "array" else name
         lines += ["", f"## `{name}`", "", _cell(section.get("description", "")), ""]
         lines += _section_table(inner, section.get("required", []), f"{name}.")
-        for key, value in inner.items():  # a section within (data.train, data.eval, distributed.deepspeed)
+        # a section within (data.train, data.eval, distributed.deepspeed)
+        for key, value in inner.items():
             nested = value.get("$ref") or next((o["$ref"] for o in value.get("anyOf", []) if "$ref" in o), None)
             if nested is not None and nested.rsplit("/", 1)[1] != ref.rsplit("/", 1)[1]:
                 sub = defs[nested.rsplit("/", 1)[1]]

@@ -126,7 +126,8 @@ def field_schema(field: FieldType) -> Dict[str, Any]:
     >>> field_schema(FieldType(("any",), nullable=False))
     {}
     """
-    if "any" in field.kinds:  # FieldType.check accepts any value for these
+    # FieldType.check accepts any value for these
+    if "any" in field.kinds:
         return {}
     types = [JSON_TYPES[kind] for kind in field.kinds if kind != "choice"]
     if field.nullable:
@@ -136,14 +137,16 @@ def field_schema(field: FieldType) -> Dict[str, Any]:
         return typed
     if not types or types == ["null"]:
         return {"enum": list(field.choices) + ([None] if field.nullable else [])}
-    if "list" in field.kinds:  # a list of choices (DPO's loss_type)
+    # a list of choices (DPO's loss_type)
+    if "list" in field.kinds:
         typed["items"] = {"enum": list(field.choices)}
     return {"anyOf": [typed, {"enum": list(field.choices)}]}
 
 
 def table_schema(class_name: str, *, exclude: Sequence[str] = ()) -> Dict[str, Any]:
     """An object whose properties are one config class's fields, with their defaults and ranges; nothing else."""
-    entries = json.loads(TABLE_PATH.read_text())[class_name]  # the raw table: it says which defaults exist
+    # the raw table: it says which defaults exist
+    entries = json.loads(TABLE_PATH.read_text())[class_name]
     fields = config_fields(class_name)
     rows = rows_for(class_name, fields)
     ranges = {row["field"]: Range.parse(row["range"]) for row in rows if "range" in row}
@@ -156,15 +159,18 @@ def table_schema(class_name: str, *, exclude: Sequence[str] = ()) -> Dict[str, A
         if name in exclude:
             continue
         prop = field_schema(field)
-        if name in ranges:  # the validator's ranges; they apply to numbers only, so null stays allowed
+        # the validator's ranges; they apply to numbers only, so null stays allowed
+        if name in ranges:
             bounds = ranges[name]
             if bounds.low is not None:
                 prop["minimum" if bounds.low_inclusive else "exclusiveMinimum"] = bounds.low
             if bounds.high is not None:
                 prop["maximum" if bounds.high_inclusive else "exclusiveMaximum"] = bounds.high
-        if name in patterns:  # constrains text only, so null stays allowed
+        # constrains text only, so null stays allowed
+        if name in patterns:
             prop["pattern"] = patterns[name]
-        if keys.get(name):  # the keys a mapping may hold under any condition; propertyNames constrains objects only
+        # the keys a mapping may hold under any condition; propertyNames constrains objects only
+        if keys.get(name):
             prop["propertyNames"] = {"enum": sorted(set(keys[name]))}
         if "default" in entries[name]:
             prop["default"] = entries[name]["default"]
@@ -220,7 +226,8 @@ def _strip_titles(node: Any) -> Any:
     for key, value in node.items():
         if key == "title":
             continue
-        if key in ("properties", "$defs"):  # maps of names: each value is a schema
+        # maps of names: each value is a schema
+        if key in ("properties", "$defs"):
             out[key] = {name: _strip_titles(sub) for name, sub in value.items()}
         else:
             out[key] = _strip_titles(value)
@@ -231,7 +238,8 @@ def _describe(properties: Dict[str, Any], notes: Mapping[str, str]) -> None:
     for name, note in notes.items():
         if name in properties and "description" not in properties[name]:
             properties[name]["description"] = note
-    for name, prop in properties.items():  # posttrain's own numbers (rewards[].weight): PyYAML reads 1e-3 as text
+    # posttrain's own numbers (rewards[].weight): PyYAML reads 1e-3 as text
+    for name, prop in properties.items():
         alternatives = prop.get("anyOf", [prop])
         if {"type": "number"} in alternatives or prop.get("type") == "number":
             number = {key: prop.pop(key) for key in list(prop) if key not in ("description", "default")}
@@ -252,7 +260,8 @@ def spec_schema(algorithm: str) -> Dict[str, Any]:
         "description": "LoRA adapters (PEFT LoraConfig fields) instead of full fine-tuning.",
     }
     if "rewards" in properties:
-        properties["rewards"]["minItems"] = 1  # the validator asks for at least one
+        # the validator asks for at least one
+        properties["rewards"]["minItems"] = 1
     _describe(properties, FIELD_NOTES[""])
     for name, notes in FIELD_NOTES.items():
         if name in defs:

@@ -14,6 +14,7 @@ spec before anything is scheduled, and the job, which imports nothing else
 from ``components/``, validates it again before loading a model.
 """
 
-from posttrain.components.spec.loading import load_spec, spec_from_json, validate  # the library's loading API
+# the library's loading API
+from posttrain.components.spec.loading import load_spec, spec_from_json, validate
 
 __all__ = ["load_spec", "spec_from_json", "validate"]

@@ -40,9 +40,11 @@ ALGORITHM = "chain"
 # set in each stage's processes: the stage's name (its closing line is the chain's; fault injection can aim at it)
 STAGE_ENV = "POSTTRAIN_CHAIN_STAGE"
 STAGE_NAME = re.compile(r"[a-z][a-z0-9_]*")
-REFERENCE = re.compile(r"\$\{(stages\.[^}]*)\}")  # any other ${...} is the stage's own text
+# any other ${...} is the stage's own text
+REFERENCE = re.compile(r"\$\{(stages\.[^}]*)\}")
 OUTPUT_REFERENCE = re.compile(r"stages\.([^.]+)\.output")
-SEQUENCE_CLASSIFIER = "AutoModelForSequenceClassification"  # what a reward stage writes
+# what a reward stage writes
+SEQUENCE_CLASSIFIER = "AutoModelForSequenceClassification"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,7 +149,8 @@ def _in_stage(problem: str, where: str) -> str:
     """A stage's problem as the chain's: its keys under ``stages.<name>``."""
     if problem.startswith("stages."):
         return problem
-    if problem.startswith("override '"):  # the override as the user wrote it
+    # the override as the user wrote it
+    if problem.startswith("override '"):
         return problem.replace("override '", f"override '{where}.", 1)
     return f"{where}.{problem}".replace("; did you mean ", f"; did you mean {where}.")
 

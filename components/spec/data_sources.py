@@ -26,7 +26,8 @@ def matched_paths(path: str) -> List[Path]:
 def missing_path(pattern: str, where: str) -> str:
     """A local source's path that names no file, as the client and the job say it."""
     what = "no file matches" if is_glob(pattern) else "no such file:"
-    relative = "" if Path(pattern).is_absolute() else f" (relative paths start at {Path.cwd()})"  # no ~: never expanded
+    # no ~: never expanded
+    relative = "" if Path(pattern).is_absolute() else f" (relative paths start at {Path.cwd()})"
     return f"{where}.path: {what} {pattern}{relative}"
 
 
@@ -69,7 +70,8 @@ def _source_problems(where: str, source: Any) -> List[str]:
             "data set) or name (a hub data set)"
         ]
     found = []
-    if source.path is not None:  # a file is one split; save_to_disk's dict has several
+    # a file is one split; save_to_disk's dict has several
+    if source.path is not None:
         a_file = source.path.endswith(DATA_SUFFIXES)
         split = source.split if source.split != "train" and a_file else None
         found += [

@@ -18,15 +18,24 @@ from posttrain.components.spec.rewards import BUILTIN_REWARDS
 class Description:
     """An algorithm's text; each field is one paragraph or line of it."""
 
-    summary: str  # one sentence: what it is and which trainer runs it
-    use: str  # when to use it, and how it works
-    data: str  # the rows it reads
-    logs: Tuple[str, ...]  # the metrics it logs
-    examples: Tuple[str, ...]  # torchx commands, the tiny template first
-    models: str = ""  # the models it loads beside the one it trains
-    logs_note: str = ""  # what the metric names alone do not say
-    saves: str = ""  # what else to know of what it writes (every job: the model, trainer_state.json, run_summary.json)
-    refuses: str = ""  # the keys and sections it refuses, with why (the full list: the reference page)
+    # one sentence: what it is and which trainer runs it
+    summary: str
+    # when to use it, and how it works
+    use: str
+    # the rows it reads
+    data: str
+    # the metrics it logs
+    logs: Tuple[str, ...]
+    # torchx commands, the tiny template first
+    examples: Tuple[str, ...]
+    # the models it loads beside the one it trains
+    models: str = ""
+    # what the metric names alone do not say
+    logs_note: str = ""
+    # what else to know of what it writes (every job: the model, trainer_state.json, run_summary.json)
+    saves: str = ""
+    # the keys and sections it refuses, with why (the full list: the reference page)
+    refuses: str = ""
 
 
 # What posttrain's PPO trainer logs each iteration (entrypoints/trainers/ppo_trainer.py; a unit test holds its

@@ -59,7 +59,8 @@ class FieldType:
         if self.choices is not None and value in self.choices:
             return None
         if self.choices is not None and isinstance(value, list) and "list" in self.kinds:
-            wrong = [item for item in value if item not in self.choices]  # a list of choices (DPO's loss_type)
+            # a list of choices (DPO's loss_type)
+            wrong = [item for item in value if item not in self.choices]
             return f"expected items from {self.describe()}; got {wrong[0]!r}" if wrong else None
         if any(_is_kind(value, kind) for kind in self.kinds if kind != "choice"):
             return None

@@ -62,7 +62,8 @@ def read_yaml(path: str, where: str = "--spec") -> Dict[str, Any]:
         raise SpecError([f"{where}: cannot read {path}: {e.strerror}"]) from None
     try:
         raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 -- a SafeLoader that refuses repeated keys
-    except yaml.MarkedYAMLError as e:  # one line: what and where
+    except yaml.MarkedYAMLError as e:
+        # one line: what and where
         mark = e.problem_mark
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         raise SpecError([f"{where}: {path} is not valid YAML{at}: {e.problem or e.context}"]) from None
@@ -102,7 +103,8 @@ def as_written_by_yaml_1_1(raw: Dict[str, Any]) -> None:
     number and not text; ``no`` is the choice ``'no'`` where a field takes choices and not a boolean
     (``eval_strategy: no``)."""
     cls = SPEC_CLASSES.get(raw.get("algorithm"))  # type: ignore[arg-type]
-    _read_model_sections(raw, cls or Spec)  # posttrain's own fields: rewards[].weight, ...
+    # posttrain's own fields: rewards[].weight, ...
+    _read_model_sections(raw, cls or Spec)
     sections = [(raw.get("training"), cls.config_class if cls else None)]
     if isinstance(raw.get("model"), dict):
         sections.append((raw["model"].get("lora"), LORA_CONFIG))
@@ -170,7 +172,8 @@ def validate(raw: Mapping[str, Any], *, algorithm: Optional[str] = None, world_s
         problems += _check_table(model["lora"], config_fields(LORA_CONFIG), "model.lora")
     if spec is not None and not problems:
         problems += spec.problems(world_size)
-    if spec is not None and not problems:  # values that would do nothing: last, once the spec is sound
+    # values that would do nothing: last, once the spec is sound
+    if spec is not None and not problems:
         problems += unused_problems(cls.config_class, config_fields(cls.config_class), spec.training)
     if problems:
         raise SpecError(problems)

@@ -64,11 +64,14 @@ def json_error(text: str) -> Optional[str]:
     """Where JSON or JSON Lines text stops parsing ("line 3 is not valid JSON (...)"), or None if it parses."""
     try:
         json.loads(text)
-        return None  # one valid document
+        # one valid document
+        return None
     except json.JSONDecodeError as error:
-        if error.msg != "Extra data":  # the first document itself is broken (a JSON file, or line 1 of JSON Lines)
+        # the first document itself is broken (a JSON file, or line 1 of JSON Lines)
+        if error.msg != "Extra data":
             return f"line {error.lineno} is not valid JSON ({error.msg}, column {error.colno})"
-    for number, line in enumerate(text.split("\n"), 1):  # JSON Lines: one document a line
+    # JSON Lines: one document a line
+    for number, line in enumerate(text.split("\n"), 1):
         if line.strip():
             try:
                 json.loads(line)
@@ -115,11 +118,13 @@ def not_a_saved_data_set(path: Path, where: str) -> Optional[SpecError]:
 
 def _json_columns(path: Path, where: str) -> Optional[List[str]]:
     """The columns of a JSON or JSON Lines file the client read whole (every row's keys, in order), else None."""
-    with path.open("rb") as stream:  # its first CLIENT_BYTES only
+    # its first CLIENT_BYTES only
+    with path.open("rb") as stream:
         text = stream.read(CLIENT_BYTES).decode("utf-8", errors="replace")
     whole = path.stat().st_size <= CLIENT_BYTES
     if not whole:
-        text = text[: text.rfind("\n") + 1]  # whole lines only
+        # whole lines only
+        text = text[: text.rfind("\n") + 1]
     problem = json_error(text) if whole or not text.lstrip().startswith("[") else None
     if problem is not None:
         raise SpecError([f"{where}.path: {path} {problem}"])
@@ -128,7 +133,8 @@ def _json_columns(path: Path, where: str) -> Optional[List[str]]:
     try:
         document = json.loads(text)
         rows = document if isinstance(document, list) else [document]
-    except json.JSONDecodeError:  # JSON Lines
+    except json.JSONDecodeError:
+        # JSON Lines
         rows = [json.loads(line) for line in text.split("\n") if line.strip()]
     return list(dict.fromkeys(key for row in rows if isinstance(row, dict) for key in row))
 
@@ -221,14 +227,17 @@ def local_data_problems(spec: Any) -> List[str]:
     problems = []
     for where, source in [*spec.data.sources("train"), *spec.data.sources("eval")]:
         if source.path is None:
-            continue  # a hub data set: the job's
+            # a hub data set: the job's
+            continue
         renames = {**spec.data.columns, **source.columns}
         found = [path for path in matched_paths(source.path) if path.exists()]
-        if not found and not Path(source.path).is_absolute():  # local_cwd and Slurm run here too
+        # local_cwd and Slurm run here too
+        if not found and not Path(source.path).is_absolute():
             problems.append(
                 f"{missing_path(source.path, where)}; a file only the job's machines have: give its full path"
             )
-        for path in found:  # an absolute path not here: maybe on the job's file system
+        # an absolute path not here: maybe on the job's file system
+        for path in found:
             try:
                 if path.is_dir() and not is_glob(source.path):
                     columns = _saved_columns(path, source.split, where)

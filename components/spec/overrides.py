@@ -98,7 +98,8 @@ def _remove_path(root: Dict[str, Any], key: str, override: str) -> None:
         raise SpecError([f"override {cut(repr(override))}: empty key segment in {key!r}"])
     node: Any = root
     for depth, part in enumerate(parts[:-1]):
-        if isinstance(node, list):  # an item of a list of sections: rewards.0.weight
+        # an item of a list of sections: rewards.0.weight
+        if isinstance(node, list):
             node = node[_list_index(node, part, parts[: depth + 1], override)]
         elif isinstance(node, dict) and part in node:
             node = node[part]
@@ -135,7 +136,8 @@ def _type_at(cls: Type[Spec], parts: Sequence[str]) -> Optional[FieldType]:
     annotation: Any = None
     for part in parts:
         if part.isdigit():
-            continue  # an item of a list of sections: same model
+            # an item of a list of sections: same model
+            continue
         field = model.model_fields.get(part) if model is not None else None
         if field is None:
             return None

@@ -357,13 +357,15 @@ class PPOSpec(_OnlineSpec):
         ),
     }
 
-    def _refusals(  # called once below, then deleted: not a method
+    # called once below, then deleted: not a method
+    def _refusals(
         config_class: str, honoured: frozenset, rules: Tuple[Tuple[Tuple[str, ...], str], ...]
     ) -> Dict[str, str]:
         """Every field of ``config_class`` that is neither honoured nor package-owned, with its reason."""
         try:
             fields = config_fields(config_class)
-        except KeyError:  # the table predates this config (python -m posttrain.components.generate rewrites it)
+        except KeyError:
+            # the table predates this config (python -m posttrain.components.generate rewrites it)
             return {}
         owned = _OnlineSpec.owned_keys
         refused = {}

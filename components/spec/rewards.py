@@ -11,7 +11,8 @@ import re
 import typing
 from typing import Any, Callable, Dict, List, Optional
 
-from posttrain.components.spec.fields import field_type  # the spec's own type rules, for argument values too
+# the spec's own type rules, for argument values too
+from posttrain.components.spec.fields import field_type
 
 RewardFunction = Callable[..., List[float]]
 

@@ -154,7 +154,8 @@ class DeepSpeedSpec(_Strict):
         return []
 
     def gpu_problems(self, no_gpu: str) -> List[str]:
-        return []  # DeepSpeed shards on CPU too
+        # DeepSpeed shards on CPU too
+        return []
 
 
 class FSDPSpec(_Strict):
@@ -358,7 +359,8 @@ class Spec(_Strict):
             found.append("resume: expected auto, never or a checkpoint path; got an empty string")
         elif self.resume not in ("auto", "never") and "/" not in self.resume:
             close = difflib.get_close_matches(self.resume, ["auto", "never"], n=1, cutoff=0.5)
-            if close:  # the job would look for a checkpoint directory of that name
+            # the job would look for a checkpoint directory of that name
+            if close:
                 found.append(f"resume: {cut(repr(self.resume))} is neither auto nor never; did you mean {close[0]}?")
         found += self.distributed.problems()
         if runs_vllm_server(training) and not self.vllm_role:
@@ -432,7 +434,8 @@ class Spec(_Strict):
                 "which is unset; set it (e.g. eval_loss)"
             )
         found += self.distributed.training_problems(training)
-        liger = training.get("use_liger_kernel", "use_liger_kernel" in self.fast_paths)  # SFT: on by default on GPUs
+        # SFT: on by default on GPUs
+        liger = training.get("use_liger_kernel", "use_liger_kernel" in self.fast_paths)
         options = training.get("liger_kernel_config")
         fused = isinstance(options, dict) and options.get("fused_linear_cross_entropy")
         if fused and liger is True and self.trainer_name() in FUSED_LM_HEAD_TRAINERS:
@@ -467,9 +470,11 @@ class _ReferenceSpec(Spec):
 class RewardSource(_Strict):
     """One reward: exactly one of a user callable, a built-in, or a reward model; weighted."""
 
-    function: Optional[str] = None  # "module:callable", importable in the job
+    # "module:callable", importable in the job
+    function: Optional[str] = None
     builtin: Optional[str] = None
-    model: Optional[str] = None  # a sequence-classification model: path or hub id
+    # a sequence-classification model: path or hub id
+    model: Optional[str] = None
     args: Dict[str, Any] = {}
     weight: float = 1.0
 

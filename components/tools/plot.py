@@ -36,7 +36,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     )
     options = parser.parse_args(argv)
     names = [directory.name for directory in options.output_dirs]
-    output = options.output or Path("outputs") / f"{'-'.join(names)}.png"  # outputs/ is where git looks away
+    # outputs/ is where git looks away
+    output = options.output or Path("outputs") / f"{'-'.join(names)}.png"
     runs, titles = [], []
     for directory in options.output_dirs:
         if not (directory / METRICS_FILE).is_file():

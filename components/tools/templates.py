@@ -56,19 +56,22 @@ def parse_header(text: str) -> Tuple[Tuple[str, ...], str]:
     comments = []
     for line in text.splitlines():
         if not line.startswith("#"):
-            break  # the header is the leading comment block
+            # the header is the leading comment block
+            break
         comments.append(line)
     commands: List[str] = []
     index = 0
     while index < len(comments) and not comments[index].startswith(COMMAND_PREFIX):
-        index += 1  # editor modelines before the command
+        # editor modelines before the command
+        index += 1
     while index < len(comments) and comments[index].startswith(COMMAND_PREFIX):
         commands.append(comments[index][2:].strip())
         index += 1
     paragraph: List[str] = []
     for line in comments[index:]:
         body = line[1:]
-        if not body.strip() or body.startswith("  "):  # a blank comment or an indented example ends it
+        # a blank comment or an indented example ends it
+        if not body.strip() or body.startswith("  "):
             if paragraph:
                 break
             continue
@@ -78,7 +81,8 @@ def parse_header(text: str) -> Tuple[Tuple[str, ...], str]:
 
 def _first_sentence(text: str) -> str:
     sentence = re.split(r"(?<=\.)\s+(?=[A-Z])", text, maxsplit=1)[0]
-    if sentence.endswith(":") and "; " in sentence:  # "...; on Slurm:" introduced the example we drop
+    # "...; on Slurm:" introduced the example we drop
+    if sentence.endswith(":") and "; " in sentence:
         sentence = sentence.rsplit("; ", 1)[0] + "."
     return sentence
 
@@ -99,7 +103,8 @@ def render_table(rows: Sequence[Template]) -> str:
     for row in rows:
         commands = row.commands or ("",)
         lines.append((row.path, commands[0], row.description))
-        lines += [("", command, "") for command in commands[1:]]  # more than one command: one line each
+        # more than one command: one line each
+        lines += [("", command, "") for command in commands[1:]]
     widths = [max(len(line[column]) for line in lines) for column in (0, 1)]
     return "".join(
         f"{path:<{widths[0]}}  {command:<{widths[1]}}  {description}".rstrip() + "\n"

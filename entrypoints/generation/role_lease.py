@@ -18,8 +18,10 @@ from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import VLLM_HOST_VARIABLE
 from posttrain.entrypoints.generation import vllm_token
 
-POLL_S = 2.0  # how often a wait looks at the other side
-HANDSHAKE_S = 5.0  # how long a connection to the lease has to say the job's token
+# how often a wait looks at the other side
+POLL_S = 2.0
+# how long a connection to the lease has to say the job's token
+HANDSHAKE_S = 5.0
 
 
 def lease_port(server_port: int) -> int:
@@ -60,7 +62,8 @@ def keep_alive(lease: socket.socket) -> None:
     """A trainer host that vanishes (power, network) sends no close: TCP keepalive notices it within about a minute."""
     lease.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
     for option, value in (("TCP_KEEPIDLE", 30), ("TCP_KEEPINTVL", 10), ("TCP_KEEPCNT", 3)):
-        if hasattr(socket, option):  # Linux names
+        # Linux names
+        if hasattr(socket, option):
             lease.setsockopt(socket.IPPROTO_TCP, getattr(socket, option), value)
 
 
@@ -83,8 +86,10 @@ def lease(training: Mapping[str, Any]) -> Iterator[None]:
         held = None
         try:
             held = socket.create_connection((host, port), timeout=POLL_S)
-            handshake(held, token)  # the role gives its lease to the job only, and is the job's own
-            keep_alive(held)  # and a vanished role host shows in role_exited
+            # the role gives its lease to the job only, and is the job's own
+            handshake(held, token)
+            # and a vanished role host shows in role_exited
+            keep_alive(held)
             break
         except NotTheRole as where:
             held.close()
@@ -108,20 +113,23 @@ def lease(training: Mapping[str, Any]) -> Iterator[None]:
     _HELD[:] = [held]
     try:
         yield
-        with contextlib.suppress(OSError):  # a role gone already needs no done
+        # a role gone already needs no done
+        with contextlib.suppress(OSError):
             held.sendall(b"done")
     finally:
         _HELD.clear()
         held.close()
 
 
-_HELD: List[socket.socket] = []  # the lease this process holds
+# the lease this process holds
+_HELD: List[socket.socket] = []
 
 
 def role_exited() -> bool:
     """Whether the role whose lease this process holds has gone (its end of the connection closed)."""
     if not _HELD or not select.select(_HELD, [], [], 0)[0]:
-        return False  # nothing to read: the role is there (it never writes on the lease)
+        # nothing to read: the role is there (it never writes on the lease)
+        return False
     try:
         return _HELD[0].recv(1, socket.MSG_PEEK) == b""
     except OSError:

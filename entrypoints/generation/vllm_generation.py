@@ -48,7 +48,8 @@ from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, ModelSpec, Spec
 from posttrain.entrypoints.generation import role_lease, vllm_token
 from posttrain.entrypoints.inputs.models import CAUSAL_LM, ModelLoading, load_model, load_tokenizer
 
-PROOF_S = 10.0  # how long the server has to answer the trainers' nonce
+# how long the server has to answer the trainers' nonce
+PROOF_S = 10.0
 
 # vLLM 0.32's CPU attention (CPUAttentionBackend.get_supported_head_sizes); tests/e2e/test_vllm.py checks it
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -125,7 +126,8 @@ def prepare(algorithm: Type[Spec], model: ModelSpec, training: Mapping[str, Any]
     module.LLM = _llm_factory(_unwrapped(module.LLM), model, training, on_cpu)
     owner = getattr(module, class_name)
     sync = _unwrapped(getattr(owner, sync_name))
-    setattr(owner, sync_name, _cpu_sync(sync) if on_cpu else sync)  # on GPUs TRL's own
+    # on GPUs TRL's own
+    setattr(owner, sync_name, _cpu_sync(sync) if on_cpu else sync)
     if class_name == "VLLMGeneration":
         owner.generate = _timed_generate(_unwrapped(owner.generate))
     if training.get("vllm_mode", "colocate") != "server":
@@ -137,10 +139,12 @@ def prepare(algorithm: Type[Spec], model: ModelSpec, training: Mapping[str, Any]
     if on_cpu:
         _write_and_reload(client, Path(training["output_dir"]))
     host = os.environ.get(VLLM_HOST_VARIABLE)
-    if isinstance(vars(client).get("session"), TokenSession):  # an earlier prepare's, in this process
+    # an earlier prepare's, in this process
+    if isinstance(vars(client).get("session"), TokenSession):
         del client.session
     vllm_client.get_ip = _unwrapped(vllm_client.get_ip)
-    if not host:  # a server the spec names: TRL's client as it is
+    # a server the spec names: TRL's client as it is
+    if not host:
         return {}
     client.session = TokenSession(vllm_token.required_token("the trainers"))
     vllm_client.get_ip = _toward(host, vllm_client.get_ip)
@@ -171,7 +175,8 @@ def _llm_factory(
     def make(**kwargs: Any) -> Any:
         from transformers import AutoConfig
 
-        if not kwargs.get("model"):  # a built-in model: TRL passes its empty name_or_path
+        # a built-in model: TRL passes its empty name_or_path
+        if not kwargs.get("model"):
             kwargs["model"] = _builtin_directory(model)
         config = AutoConfig.from_pretrained(kwargs["model"], trust_remote_code=kwargs.get("trust_remote_code", False))
         problem = head_size_problem(config, on_cpu)
@@ -215,7 +220,8 @@ def _cpu_sync(sync: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(sync)
     def synced(self: Any, *args: Any, **kwargs: Any) -> Any:
-        llm = getattr(self, "llm", None)  # colocate only; the server mode has none
+        # colocate only; the server mode has none
+        llm = getattr(self, "llm", None)
         with _reloading(llm) if llm is not None else contextlib.nullcontext():
             return sync(self, *args, **kwargs)
 
@@ -296,7 +302,8 @@ def _role_health_check(check_server: Callable[..., Any]) -> Callable[..., Any]:
         while True:
             try:
                 if requests.get(f"{self.base_url}/health", timeout=role_lease.POLL_S).status_code == 200:
-                    if role:  # before TRL's client sends it the token: the server proves it holds it too
+                    # before TRL's client sends it the token: the server proves it holds it too
+                    if role:
                         _check_proof(self.base_url)
                     return check_server(self, total_timeout, *args, **kwargs)
             except requests.RequestException:
@@ -354,7 +361,8 @@ def _write_and_reload(client_class: Any, output_dir: Path) -> None:
     """
 
     def init_communicator(self: Any, device: Any = 0) -> None:
-        self.get_server_info()  # no communicator; this still fails clearly on a server without dev mode
+        # no communicator; this still fails clearly on a server without dev mode
+        self.get_server_info()
 
     def start(self: Any) -> None:
         self._tensors = {}

@@ -33,12 +33,14 @@ from urllib.parse import parse_qsl
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import VLLM_TOKEN_PATH_VARIABLE, VLLM_TOKEN_VARIABLE
 
-OPEN_PATHS = ("/health",)  # the trainers wait on it before they hold the token's first use
+# the trainers wait on it before they hold the token's first use
+OPEN_PATHS = ("/health",)
 # where the server proves it holds the job's token before any trainer sends it: GET ?nonce=<hex> -> {"proof": ...}
 PROOF_PATH = "/posttrain/proof"
 
 
-_TAKEN: Dict[str, str] = {}  # the token a trainer process took out of its environment (take_from_environment)
+# the token a trainer process took out of its environment (take_from_environment)
+_TAKEN: Dict[str, str] = {}
 
 
 def take_from_environment() -> None:
@@ -104,7 +106,8 @@ class RequireToken:
         elif scope["type"] not in ("http", "websocket") or self._allowed(scope):
             await self.app(scope, receive, send)
         elif scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 1008})  # policy violation
+            # policy violation
+            await send({"type": "websocket.close", "code": 1008})
         else:
             body = b'{"error": "Unauthorized: this server answers its job\'s own processes only"}'
             headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]

@@ -45,7 +45,8 @@ def check_chat_template(args: Any, tokenizer: Any, datasets: Sequence[Tuple[str,
         )
     chat = _chat_rows(datasets)
     if not chat or (path is not None and not path.endswith(TEMPLATE_FILES)):
-        return  # no chat rows, or the template comes from a tokenizer the trainer clones
+        # no chat rows, or the template comes from a tokenizer the trainer clones
+        return
     if path is not None:
         with open(path, encoding="utf-8") as file:
             template, source = file.read(), f"training.chat_template_path ({path})"
@@ -81,7 +82,8 @@ def check_reward_templates(
     """Each reward model (``rewards``: functions, and reward models' paths) has a template for chat completions."""
     chat = _chat_rows(datasets)
     for index, reward in enumerate(rewards):
-        if not chat or not isinstance(reward, str):  # a function, or text prompts
+        # a function, or text prompts
+        if not chat or not isinstance(reward, str):
             continue
         if load_tokenizer(reward, model, padding_side="right").chat_template is None:
             raise SpecError(

@@ -131,7 +131,8 @@ def _load_files(pattern: str, where: str, datasets: Any) -> Any:
         if builder != "parquet":
             check_text(path, where)
     verbosity = datasets.logging.get_verbosity()
-    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its "Failed to load JSON" line: ours says it once
+    # its "Failed to load JSON" line: ours says it once
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     try:
         return datasets.load_dataset(builder, data_files=[str(path) for path in paths], split="train")
     except Exception as error:  # noqa: BLE001 -- any parse failure is the user's file
@@ -214,7 +215,8 @@ def _feature_kind(feature: Any) -> str:
         if dtype.startswith(("int", "uint", "float", "double")):
             return f"numbers ({dtype})"
         return "nulls only" if dtype == "null" else dtype
-    inner = getattr(feature, "feature", None)  # List, LargeList
+    # List, LargeList
+    inner = getattr(feature, "feature", None)
     if isinstance(inner, dict) and {"role", "content"} <= set(inner):
         return EXPECTED_KINDS["messages"]
     if inner is not None:
@@ -239,7 +241,8 @@ def check_column(dataset: Any, column: str, where: str) -> None:
     if expected is None:
         return
     feature = dataset.features[column]
-    if type(feature).__name__ == "Json":  # rows of different kinds: find the first that does not fit
+    # rows of different kinds: find the first that does not fit
+    if type(feature).__name__ == "Json":
         fits = _VALUE_FITS[expected]
         for row, value in enumerate(dataset[column], 1):
             if value is not None and not fits(value):
@@ -259,7 +262,8 @@ def check_column(dataset: Any, column: str, where: str) -> None:
                 f"(the first: row {first})"
             ]
         )
-    if column == "prompt":  # nothing to condition on; a tokenizer that adds no BOS makes it no token at all
+    # nothing to condition on; a tokenizer that adds no BOS makes it no token at all
+    if column == "prompt":
         kind = values.type
         lengths = (
             pc.utf8_length(pc.utf8_trim_whitespace(values))
@@ -290,14 +294,16 @@ def check_pairs(dataset: Any, where: str) -> None:
         import pyarrow.compute as pc
 
         same = [bool(equal) for equal in pc.equal(chosen, rejected).fill_null(False).to_pylist()]
-    else:  # chat messages: compared as Python lists
+    else:
+        # chat messages: compared as Python lists
         same = [a == b for a, b in zip(chosen.to_pylist(), rejected.to_pylist())]
     count = sum(same)
     if count == len(same):
         raise SpecError(
             [f"{where}: chosen equals rejected in every row ({count}); a preference pair needs two different answers"]
         )
-    if count and env_rank() == 0:  # a warning, not an error: rank 0's alone
+    # a warning, not an error: rank 0's alone
+    if count and env_rank() == 0:
         log.warning(
             "%s: chosen equals rejected in %d of %d rows (the first: row %d); those pairs teach nothing",
             where,
@@ -327,7 +333,8 @@ def fit_batch(
         )
     new_per_device = max(min_per_device, rows // (world_size * accumulation))
     new_accumulation = min(accumulation, max(1, rows // (world_size * new_per_device)))
-    if env_rank() == 0:  # every rank shrinks alike; one says so
+    # every rank shrinks alike; one says so
+    if env_rank() == 0:
         log.warning(
             "data.train has %d rows, fewer than one global batch (%d processes x %d per device x %d accumulation): "
             "using per_device_train_batch_size=%d, gradient_accumulation_steps=%d",
@@ -415,7 +422,8 @@ def check_kept_rows(trainer: Any, train_dataset: Any, eval_dataset: Optional[Any
     """What the trainer kept of each data set: TRL's preparation drops the rows that cannot fit max_length (reward:
     a pair longer than it; DPO and KTO: a prompt that fills it) and says nothing. Rank 0 says how many it dropped;
     none kept is an error, before the first step. (A generating trainer's prompts are not prepared: not called.)"""
-    if getattr(trainer.args, "packing", False):  # packing joins rows
+    # packing joins rows
+    if getattr(trainer.args, "packing", False):
         return
     loaded = (("data.train", train_dataset, trainer.train_dataset), ("data.eval", eval_dataset, trainer.eval_dataset))
     for where, dataset, kept in loaded:

@@ -56,7 +56,8 @@ def import_object(path: str) -> Any:
     """The object an import path ``"module:attr"`` (or ``module:Class.attr``) names: configs, trainers, user rewards."""
     module, _, attr = path.partition(":")
     if ".experimental" in module:
-        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # the registry chose it; TRL would warn on import
+        # the registry chose it; TRL would warn on import
+        os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     return functools.reduce(getattr, attr.split("."), importlib.import_module(module))
 
 
@@ -185,7 +186,8 @@ def _from_pretrained(auto_class: Any, name_or_path: str, **kwargs: Any) -> Any:
     check_model_path(name_or_path)
     try:
         return auto_class.from_pretrained(name_or_path, **kwargs)
-    except OSError as error:  # after the checks the ranks agree on: a download or a disk can fail on one node
+    except OSError as error:
+        # after the checks the ranks agree on: a download or a disk can fail on one node
         raise SpecError([f"model: cannot load {name_or_path!r}: {error}"], this_rank_only=True) from None
 
 
@@ -203,19 +205,23 @@ def check_model_options(loading: ModelLoading) -> None:
 
     model, implementation = loading.model, model_attention(loading)
     router_loss = loading.router_aux_loss_coef
-    builds = implementation is not None or model.lora is not None  # else the config alone answers
+    # else the config alone answers
+    builds = implementation is not None or model.lora is not None
     if not builds and not router_loss:
         return
     try:
-        if model.name_or_path in tiny.BUILTINS:  # Llamas: any shape answers for them
+        # Llamas: any shape answers for them
+        if model.name_or_path in tiny.BUILTINS:
             config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=1)
         else:
             config = transformers.AutoConfig.from_pretrained(
                 model.name_or_path, revision=model.revision, trust_remote_code=model.trust_remote_code
             )
-    except OSError:  # a hub id out of reach: loading the model says so
+    except OSError:
+        # a hub id out of reach: loading the model says so
         return
-    if router_loss and not hasattr(config.get_text_config(), "output_router_logits"):  # TRL's test
+    # TRL's test
+    if router_loss and not hasattr(config.get_text_config(), "output_router_logits"):
         raise SpecError(
             [
                 f"training.router_aux_loss_coef: {router_loss} weighs the router loss of a mixture of "
@@ -233,14 +239,17 @@ def check_model_options(loading: ModelLoading) -> None:
     except (ImportError, ValueError) as error:
         if implementation is not None and (isinstance(error, ImportError) or "attention" in str(error).lower()):
             raise SpecError([f"model.attn_implementation: {implementation}: {first_line(error)}"]) from None
-        return  # anything else: loading the model says it
+        # anything else: loading the model says it
+        return
     config_of_lora = lora_config(loading)
     if config_of_lora is not None:
         from peft import get_peft_model
 
-        try:  # the targets matched as PEFT matches them; no initialisation (it would compute on the meta device)
+        # the targets matched as PEFT matches them; no initialisation (it would compute on the meta device)
+        try:
             get_peft_model(built, dataclasses.replace(config_of_lora, init_lora_weights=False))
-        except ValueError as error:  # PEFT's NoMatchingPeftModuleError among them
+        except ValueError as error:
+            # PEFT's NoMatchingPeftModuleError among them
             raise SpecError([f"model.lora: {first_line(error)}"]) from None
 
 
@@ -278,7 +287,8 @@ def _check_tokenizer_reader(path: Path, name_or_path: str, where: str) -> None:
     """The package transformers needs for the directory's tokenizer (Mistral's tekken.json, a SentencePiece model)
     is installed in the job; without it the tokenizer fails to load, or loads wrong, on every rank."""
     if (path / "tokenizer.json").is_file():
-        return  # transformers reads the fast tokenizer's own file first
+        # transformers reads the fast tokenizer's own file first
+        return
     for file, module, package, without in TOKENIZER_READERS:
         if (path / file).is_file() and importlib.util.find_spec(module) is None:
             reader = f"which transformers reads with the {package} package, not installed in the job"
@@ -310,7 +320,8 @@ def check_model_path(name_or_path: str, where: str = "model.name_or_path") -> No
     if problem is not None:
         raise SpecError([problem])
     _check_tokenizer_reader(path, name_or_path, where)
-    for weights in sorted(path.glob("*.safetensors")):  # a copy cut short loads as a traceback on every rank
+    # a copy cut short loads as a traceback on every rank
+    for weights in sorted(path.glob("*.safetensors")):
         problem = file_problem(weights)
         if problem is not None:
             raise SpecError([f"{where}: {weights} is not whole: {problem}; copy the model again"])
@@ -328,22 +339,26 @@ def check_weight_shapes(loading: ModelLoading) -> None:
     import transformers
     from safetensors import safe_open
 
-    check_model_path(loading.name_or_path)  # there, and its weight files whole
+    # there, and its weight files whole
+    check_model_path(loading.name_or_path)
     path = Path(loading.name_or_path).expanduser()
     files = sorted(path.glob("*.safetensors")) if (path / "config.json").is_file() else []
     if not files:
-        return  # a built-in, a hub id, an adapter or .bin weights: loading checks them
+        # a built-in, a hub id, an adapter or .bin weights: loading checks them
+        return
     model = loading.model
     try:
         config = transformers.AutoConfig.from_pretrained(str(path), trust_remote_code=model.trust_remote_code)
         if getattr(config, "quantization_config", None) is not None:
-            return  # quantized weights are stored packed, in other shapes than the model's
+            # quantized weights are stored packed, in other shapes than the model's
+            return
         with torch.device("meta"):
             built = getattr(transformers, loading.model_class).from_config(
                 config, trust_remote_code=model.trust_remote_code
             )
     except (OSError, ValueError, ImportError):
-        return  # a config transformers cannot build from: loading says why
+        # a config transformers cannot build from: loading says why
+        return
     expected = {key: list(tensor.shape) for key, tensor in built.state_dict().items()}
     for weights in files:
         with safe_open(str(weights), framework="pt") as stored:

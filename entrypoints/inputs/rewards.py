@@ -46,14 +46,16 @@ class RewardCheck(TrainerCallback):
 
     def __init__(self, stop_at_step_end: bool = True) -> None:
         self.stop_at_step_end = stop_at_step_end
-        self.problem: Optional[str] = None  # this rank's first, without the step (known at the step's end)
+        # this rank's first, without the step (known at the step's end)
+        self.problem: Optional[str] = None
 
     def wrap(self, function: RewardFunction, where: str) -> RewardFunction:
         """``function`` checked on every call, under its own ``__name__`` (TRL logs ``rewards/<name>/mean``)."""
         name = getattr(function, "__name__", type(function).__name__)
         label = f"{where} ({name})"
 
-        if is_async_callable(function):  # TRL awaits async reward functions (and objects with an async __call__)
+        # TRL awaits async reward functions (and objects with an async __call__)
+        if is_async_callable(function):
 
             @functools.wraps(function)
             async def checked_async(*args: Any, **kwargs: Any) -> List[Any]:
@@ -77,7 +79,8 @@ class RewardCheck(TrainerCallback):
         if not self.stop_at_step_end:
             raise SpecError([f"{label}: {problem}"])
         self.problem = self.problem or f"{label}: {problem}"
-        return safe  # zeros: the step ends without NaN in its loss or a crash in the trainer, then all ranks stop
+        # zeros: the step ends without NaN in its loss or a crash in the trainer, then all ranks stop
+        return safe
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._stop_if_any(f"at step {state.global_step}")
@@ -100,7 +103,8 @@ def _score_problem(scores: Any, count: Optional[int]) -> Tuple[Optional[str], Li
         return f"returned {len(scores)} scores for {count} completions; expected one per completion", zeros
     safe, problem = [], None
     for index, score in enumerate(scores):
-        if getattr(score, "ndim", None) == 0:  # a numpy or torch scalar
+        # a numpy or torch scalar
+        if getattr(score, "ndim", None) == 0:
             score = score.item()
         if score is not None and not isinstance(score, numbers.Real):
             kind = type(score).__name__

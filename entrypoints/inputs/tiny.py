@@ -131,7 +131,8 @@ CHAT_TEMPLATE_LLAMA3 = (
 
 def build_tokenizer_llama3() -> PreTrainedTokenizerFast:
     """Byte-level BPE (512 tokens) whose special tokens come last, with a BOS added to plain text."""
-    bpe = _train_bpe(508, [])  # the 4 special tokens are added after: the last ids, as in Llama 3
+    # the 4 special tokens are added after: the last ids, as in Llama 3
+    bpe = _train_bpe(508, [])
     bpe.add_special_tokens([BOS3, EOT3, HEADER_START, HEADER_END])
     bpe.post_processor = processors.TemplateProcessing(
         single=f"{BOS3} $A", pair=f"{BOS3} $A {BOS3} $B", special_tokens=[(BOS3, bpe.token_to_id(BOS3))]

@@ -104,7 +104,8 @@ class BestMetricCheck(TrainerCallback):
         name = args.metric_for_best_model
         if name is None or metrics is None:
             return
-        key = name if name.startswith("eval_") else f"eval_{name}"  # as transformers looks it up
+        # as transformers looks it up
+        key = name if name.startswith("eval_") else f"eval_{name}"
         if key not in metrics:
             returned = ", ".join(sorted(k for k in metrics if k.startswith("eval_")))
             raise SpecError(

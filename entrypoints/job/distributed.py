@@ -182,7 +182,8 @@ def lost_a_peer(error: BaseException) -> bool:
     ``ConnectionResetError("Connection reset by peer")`` is a crash of its own, which this rank must say.
     """
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return False  # one process has no peer to lose
+        # one process has no peer to lose
+        return False
     cause: Optional[BaseException] = error
     while cause is not None:
         if any(sign in str(cause) for sign in PEER_GONE) and raised_by_collectives(cause):
@@ -294,11 +295,13 @@ def end_with_the_launchers_parent(poll_s: float = 1.0) -> None:
     the step's end and stop, and the rerun resumes from it.
     """
     if "TORCHELASTIC_RUN_ID" not in os.environ or os.environ.get("LOCAL_RANK", "0") != "0":
-        return  # not under torchrun (DeepSpeed's launcher, a test in process), or not the node's first rank
+        # not under torchrun (DeepSpeed's launcher, a test in process), or not the node's first rank
+        return
     agent = os.getppid()
     parent = _parent_of(agent)
     if parent is None or parent <= 1:
-        return  # torchrun is a container's first process, or was already left by its parent
+        # torchrun is a container's first process, or was already left by its parent
+        return
 
     def watch() -> None:
         while _parent_of(agent) == parent:
@@ -316,4 +319,5 @@ def _parent_of(pid: int) -> Optional[int]:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[1])  # after "pid (name) state": the name may hold spaces
+    # after "pid (name) state": the name may hold spaces
+    return int(stat.rsplit(")", 1)[1].split()[1])

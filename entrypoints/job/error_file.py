@@ -27,7 +27,8 @@ def record_error(message: str) -> None:
     """Leaves ``message`` as this process's failure, where the environment names a file for it."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if path:
-        extra = {"py_callstack": "", "timestamp": str(int(time.time()))}  # no traceback: the line says it all
+        # no traceback: the line says it all
+        extra = {"py_callstack": "", "timestamp": str(int(time.time()))}
         Path(path).write_text(json.dumps({"message": {"message": message, "extraInfo": extra}}))
 
 

@@ -52,7 +52,8 @@ log = logging.getLogger("posttrain")
 
 LEASE_FILE = ".posttrain_lease.json"
 HEARTBEAT_S = 5.0
-STALE_S = 60.0  # twelve missed heartbeats, as this host's monotonic clock counts them: a holder this quiet is gone
+# twelve missed heartbeats, as this host's monotonic clock counts them: a holder this quiet is gone
+STALE_S = 60.0
 
 
 def job_name() -> str:
@@ -82,12 +83,16 @@ class Holder:
     """Who holds a lease, as its file says."""
 
     job: str
-    attempt: Tuple[int, int]  # (Slurm's restart count, torchrun's): a later attempt of a job is a greater one
+    # (Slurm's restart count, torchrun's): a later attempt of a job is a greater one
+    attempt: Tuple[int, int]
     host: str
     pid: int
-    pid_start: int  # the process's start, in clock ticks since boot: with pid, this process and no later one
-    process_space: str  # where pid means this process (process_space())
-    since: float  # wall clock, for people to read: no decision compares it with another host's clock
+    # the process's start, in clock ticks since boot: with pid, this process and no later one
+    pid_start: int
+    # where pid means this process (process_space())
+    process_space: str
+    # wall clock, for people to read: no decision compares it with another host's clock
+    since: float
     beat: int
     token: str
 
@@ -135,7 +140,8 @@ def gone_at_once(holder: Holder, me: Holder) -> Optional[str]:
         return None
     if holder.pid == me.pid:
         return "this process held it"
-    if process_start(holder.pid) != holder.pid_start:  # none, or a later process given the same id
+    # none, or a later process given the same id
+    if process_start(holder.pid) != holder.pid_start:
         return f"{holder.describe()} held it, and that process is gone"
     return None
 
@@ -194,7 +200,8 @@ def watch(path: Path, seen: bytes) -> str:
                 return "changed"
         except FileNotFoundError:
             return "released"
-        except OSError:  # a read that fails now and then (a network file system): the lease is there
+        except OSError:
+            # a read that fails now and then (a network file system): the lease is there
             continue
     return "unchanged"
 
@@ -224,7 +231,8 @@ class Lease:
             self.holder = dataclasses.replace(self.holder, beat=self.holder.beat + 1)
             try:
                 _write(self.path, self.holder)
-            except OSError as error:  # a full or failing disk: the run itself will say so when it writes
+            except OSError as error:
+                # a full or failing disk: the run itself will say so when it writes
                 log.warning("training.output_dir: cannot renew the lease %s: %s", self.path, error)
 
     def release(self) -> None:
@@ -233,11 +241,13 @@ class Lease:
         found = read_holder(self.output_dir)
         if found is not None and found.token == self.holder.token:
             self.path.unlink(missing_ok=True)
-        if self.claim is not None:  # names a predecessor's bytes, which no lease will hold again
+        # names a predecessor's bytes, which no lease will hold again
+        if self.claim is not None:
             self.claim.unlink(missing_ok=True)
         if self.made_dir:
             try:
-                self.output_dir.rmdir()  # only if the run wrote nothing else
+                # only if the run wrote nothing else
+                self.output_dir.rmdir()
             except OSError:
                 pass
 
@@ -253,13 +263,15 @@ def acquire(output_dir: Path) -> Lease:
         raise SpecError([f"training.output_dir: cannot create {output_dir}: {error.strerror}"]) from None
     me = Holder.this_process()
     path = output_dir / LEASE_FILE
-    unclaimed: Optional[bytes] = None  # a lease judged gone whose claim another run made and never took up
+    # a lease judged gone whose claim another run made and never took up
+    unclaimed: Optional[bytes] = None
     while True:
         if _create(path, me):
             return Lease(output_dir, me, made_dir)
         try:
             seen = path.read_bytes()
-        except FileNotFoundError:  # released since: try again
+        except FileNotFoundError:
+            # released since: try again
             continue
         except OSError as error:
             raise SpecError(
@@ -288,8 +300,10 @@ def acquire(output_dir: Path) -> Lease:
             who = holder.describe() if holder is not None else "a damaged lease"
             reason = f"{who} held it, and its heartbeat did not change for {STALE_S:.0f} s"
         claim = _take_over(path, seen, me)
-        if claim is None:  # another run claimed it first: its lease is the one to watch now
-            if seen == unclaimed:  # judged gone twice, and the run that claimed it never took it
+        # another run claimed it first: its lease is the one to watch now
+        if claim is None:
+            # judged gone twice, and the run that claimed it never took it
+            if seen == unclaimed:
                 raise SpecError(
                     [
                         f"training.output_dir: {output_dir}'s lease was claimed by a run that never took it "
@@ -314,7 +328,8 @@ def _take_over(path: Path, seen: bytes, me: Holder) -> Optional[Path]:
         os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
     except FileExistsError:
         return None
-    if _read_or_empty(path) != seen:  # renewed or replaced since it was watched
+    # renewed or replaced since it was watched
+    if _read_or_empty(path) != seen:
         claim.unlink(missing_ok=True)
         return None
     try:
@@ -353,7 +368,8 @@ def _write(path: Path, holder: Holder) -> None:
 
 
 def _written_aside(path: Path, holder: Holder) -> Path:
-    temporary = path.with_name(f"{path.name}.{holder.token}.tmp")  # one per holder: two may write at once
+    # one per holder: two may write at once
+    temporary = path.with_name(f"{path.name}.{holder.token}.tmp")
     with temporary.open("w") as stream:
         _dump(stream, holder)
     return temporary

@@ -111,7 +111,8 @@ class Parts:
     models: ModelLoading
     fast_paths: FastPathOptions
     resume: Resume
-    rewards: Tuple[RewardSource, ...]  # none where the algorithm scores nothing
+    # none where the algorithm scores nothing
+    rewards: Tuple[RewardSource, ...]
 
 
 def parts(spec: Spec) -> Parts:
@@ -154,13 +155,16 @@ class Job:
 
     models: ModelLoading
     fast_paths: FastPathOptions
-    args: Any  # the algorithm's TRL config instance (SFTConfig, ...)
+    # the algorithm's TRL config instance (SFTConfig, ...)
+    args: Any
     tokenizer: Any
     train_dataset: Any
     eval_dataset: Any
     callbacks: List[Any]
-    rewards: List[Any]  # reward functions, and reward-model paths that load_rewards loads
-    reward_weights: List[float]  # each reward's weight, in the order of rewards
+    # reward functions, and reward-model paths that load_rewards loads
+    rewards: List[Any]
+    # each reward's weight, in the order of rewards
+    reward_weights: List[float]
 
     def load_model(self) -> Any:
         """The model to train: ``model.name_or_path`` with the algorithm's ``model_class``."""
@@ -192,7 +196,8 @@ def run(algorithm: str, build_trainer: Callable[[Job], Any], argv: Optional[Sequ
     parser = argparse.ArgumentParser(prog=f"python -m posttrain.entrypoints.{algorithm}")
     parser.add_argument("--spec-json", required=True, help="the validated spec, as the component embedded it")
     options = parser.parse_args(argv)
-    vllm_token.take_from_environment()  # before any user code: reward functions do not inherit it
+    # before any user code: reward functions do not inherit it
+    vllm_token.take_from_environment()
     distributed.setup_logging()
     distributed.end_with_the_launchers_parent()
     quiet_libraries()
@@ -201,17 +206,20 @@ def run(algorithm: str, build_trainer: Callable[[Job], Any], argv: Optional[Sequ
         spec = spec_from_json(options.spec_json)
         if spec.algorithm != algorithm:
             raise SpecError([f"algorithm: the spec is for {spec.algorithm!r}, this entrypoint runs {algorithm!r}"])
-        with role_lease.lease(spec.training):  # a job with a vllm role: rank 0 tells it when training ends
+        # a job with a vllm role: rank 0 tells it when training ends
+        with role_lease.lease(spec.training):
             _train(algorithm, spec, build_trainer)
     except SpecError as error:
         # every rank meets the same error (the checks agree across ranks, see distributed.all_ranks_agree): one says
         # it; an error this rank may have met alone is said by this rank (else the job would end without a word)
         if distributed.env_rank() == 0 or error.this_rank_only:
             print(f"posttrain: {error}", file=sys.stderr, flush=True)
-        record_error(f"posttrain: {error}")  # every rank: whichever torchrun names the root cause
+        # every rank: whichever torchrun names the root cause
+        record_error(f"posttrain: {error}")
         raise SystemExit(STOPPED) from None
     except Exception as error:
-        if not distributed.lost_a_peer(error):  # else another rank ended first and says why
+        # else another rank ended first and says why
+        if not distributed.lost_a_peer(error):
             logs = Path(spec.training["output_dir"]) / "logs" if spec else None
             record_crash(error, distributed.env_rank(), logs)
         raise SystemExit(CRASHED) from None
@@ -251,7 +259,8 @@ class _Inputs:
     rewards: List[Any]
     args: Any
     tokenizer: Any
-    record: Dict[str, Any]  # what each checkpoint records it was trained on (checkpoints.job_inputs)
+    # what each checkpoint records it was trained on (checkpoints.job_inputs)
+    record: Dict[str, Any]
 
 
 def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
@@ -266,7 +275,8 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
     reward_check = RewardCheck()
     # rank 0 holds output_dir until the job ends: another run into it stops at its first check
     with contextlib.ExitStack() as held, checkpoints.disk_errors(output_dir):
-        with distributed.all_ranks_agree():  # also the barrier: every rank has read the old spec file (resume) by now
+        # also the barrier: every rank has read the old spec file (resume) by now
+        with distributed.all_ranks_agree():
             if distributed.is_rank0():
                 held.callback(lease.acquire(output_dir).release)
             inputs = _check_inputs(spec, split, world_size, reward_check)
@@ -299,13 +309,16 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
             reward_weights=[reward.weight for reward in split.rewards],
         )
         trainer = built_trainer(job, build)
-        if not spec.generates:  # a generating trainer's prompts are not prepared
+        # a generating trainer's prompts are not prepared
+        if not spec.generates:
             check_kept_rows(trainer, inputs.train_dataset, inputs.eval_dataset)
         if lines and isinstance(trainer, Trainer):
-            trainer.remove_callback(PrinterCallback)  # its raw dicts would repeat the lines
+            # its raw dicts would repeat the lines
+            trainer.remove_callback(PrinterCallback)
         strategy.check_engine(trainer)
 
-        kept = f"; logs kept in {os.environ[KEPT_LOGS]}" if os.environ.get(KEPT_LOGS) else ""  # launcher.py
+        # launcher.py
+        kept = f"; logs kept in {os.environ[KEPT_LOGS]}" if os.environ.get(KEPT_LOGS) else ""
         log.info(
             "training %s on %d process(es); resume from %s%s", algorithm, world_size, resume_from or "scratch", kept
         )
@@ -316,7 +329,8 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
         strategy.prepare_final_save(trainer)
         # saved aside and moved in whole, then the summary: a kill leaves a resumable run, never a finished-looking one
         staging = checkpoints.final_staging(output_dir)
-        distributed.barrier()  # rank 0 has cleared a leftover before any rank writes there
+        # rank 0 has cleared a leftover before any rank writes there
+        distributed.barrier()
         trainer.save_model(str(staging))
         summary = run_summary(
             algorithm,
@@ -330,15 +344,20 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
             spec.generates,
         )
         if trainer.is_world_process_zero():
-            trainer.state.save_to_json(str(staging / "trainer_state.json"))  # what save_state writes, staged
+            # what save_state writes, staged
+            trainer.state.save_to_json(str(staging / "trainer_state.json"))
             write_model_card(trainer, output_dir, spec.model.name_or_path)
             checkpoints.publish_final(staging, output_dir, fault.final_file_moved if fault is not None else None)
-            write_json_atomic(output_dir / SUMMARY_FILE, summary)  # last: the mark of a finished run
+            # last: the mark of a finished run
+            write_json_atomic(output_dir / SUMMARY_FILE, summary)
         strategy.teardown(trainer)
-        vllm_generation.shutdown(trainer)  # while the process group exists: vLLM leaves its groups at shutdown
-        if distributed.is_rank0():  # the run's last line: the details are in run_summary.json
+        # while the process group exists: vLLM leaves its groups at shutdown
+        vllm_generation.shutdown(trainer)
+        # the run's last line: the details are in run_summary.json
+        if distributed.is_rank0():
             line, stage = closing_line(summary, str(output_dir)), os.environ.get(STAGE_ENV)
-            if stage:  # a chain's stage: the chain's closing line is the job's posttrain: line
+            # a chain's stage: the chain's closing line is the job's posttrain: line
+            if stage:
                 line = line.replace("posttrain: ", f"chain: stage {stage}: ", 1)
             print(line, file=sys.stderr, flush=True)
 
@@ -349,7 +368,8 @@ def _check_inputs(spec: Spec, split: Parts, world_size: int, reward_check: Rewar
     No collective call in here (see distributed.all_ranks_agree), and nothing written.
     """
     output_dir = split.resume.output_dir
-    seed = config_value(spec.config_class, spec.training, "seed")  # an interleaved mixture's draws
+    # an interleaved mixture's draws
+    seed = config_value(spec.config_class, spec.training, "seed")
     train_dataset = load_split(spec.data, spec.data_formats, "train", seed)
     datasets = [("data.train", train_dataset)]
     if spec.data.eval is not None:
@@ -364,7 +384,8 @@ def _check_inputs(spec: Spec, split: Parts, world_size: int, reward_check: Rewar
         "gradient_accumulation_steps": config_value(spec.config_class, training, "gradient_accumulation_steps"),
     }
     inputs_record = checkpoints.job_inputs(split.resume, global_batch, datasets)
-    finished = checkpoints.finished_at(split.resume, inputs_record)  # in every resume mode
+    # in every resume mode
+    finished = checkpoints.finished_at(split.resume, inputs_record)
     if finished is not None:
         log.info("%s already holds this run, finished at step %d: nothing to train", output_dir, finished)
         return None
@@ -419,13 +440,16 @@ def check_environment(args: Any) -> None:
     from transformers.integrations import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
 
     try:
-        Trainer.get_optimizer_cls_and_kwargs(args)  # the optimizer's class: its package imported
-    except (ImportError, ValueError) as error:  # other ValueErrors need the model (GaLore's target modules)
+        # the optimizer's class: its package imported
+        Trainer.get_optimizer_cls_and_kwargs(args)
+    except (ImportError, ValueError) as error:
+        # other ValueErrors need the model (GaLore's target modules)
         if isinstance(error, ImportError) or "install" in str(error):
             raise SpecError([f"training.optim: {args.optim.value}: {first_line(error)}"]) from None
     available = get_available_reporting_integrations()
     for name in [name for name in args.report_to if name not in available]:
-        try:  # the callback raises before doing anything when its package is missing
+        # the callback raises before doing anything when its package is missing
+        try:
             INTEGRATION_TO_CALLBACK[name]()
         except (ImportError, RuntimeError) as error:
             raise SpecError([f"training.report_to: {name}: {first_line(error)}"]) from None
@@ -443,16 +467,19 @@ def check_environment(args: Any) -> None:
                 "HF_TOKEN=...), or log in where the job runs (hf auth login)"
             ]
         )
-    if args.push_to_hub and distributed.is_rank0():  # the trainer reaches the Hub from rank 0 alone
+    # the trainer reaches the Hub from rank 0 alone
+    if args.push_to_hub and distributed.is_rank0():
         hub = huggingface_hub.constants.ENDPOINT
-        try:  # HfApi.whoami's request has no timeout: where packets are dropped it would wait minutes
+        # HfApi.whoami's request has no timeout: where packets are dropped it would wait minutes
+        try:
             response = huggingface_hub.utils.get_session().get(
                 f"{hub}/api/whoami-v2",
                 headers=huggingface_hub.utils.build_hf_headers(token=args.hub_token),
                 timeout=huggingface_hub.constants.DEFAULT_REQUEST_TIMEOUT,
             )
             huggingface_hub.utils.hf_raise_for_status(response)
-        except Exception as error:  # no route, a refused token: the Hub client's exceptions vary with its version
+        except Exception as error:
+            # no route, a refused token: the Hub client's exceptions vary with its version
             raise SpecError(
                 [
                     f"training.push_to_hub: the Hugging Face Hub ({hub}) refused the job's token or cannot be "
@@ -467,7 +494,8 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
     kwargs = dict(training)
     kwargs["use_cpu"] = on_cpu
     kwargs["ddp_timeout"] = spec.distributed.timeout_s
-    if on_cpu and kwargs.get("fp16"):  # accelerate keeps float32 on CPU: no autocast, not a word
+    # accelerate keeps float32 on CPU: no autocast, not a word
+    if on_cpu and kwargs.get("fp16"):
         raise SpecError(
             [
                 "training.fp16: float16 mixed precision runs on GPUs only; this job runs on CPU, where it "
@@ -475,11 +503,13 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
             ]
         )
     if on_cpu and "bf16" not in kwargs:
-        kwargs["bf16"] = False  # TRL defaults to bf16 mixed precision, meant for GPUs
+        # TRL defaults to bf16 mixed precision, meant for GPUs
+        kwargs["bf16"] = False
     offloaded = [
         key for key in CHECKPOINTING_OPTIONS if isinstance(kwargs.get(key), dict) and kwargs[key].get("offload")
     ]
-    if on_cpu and offloaded:  # transformers would fail in the first step: pinned memory needs an accelerator
+    # transformers would fail in the first step: pinned memory needs an accelerator
+    if on_cpu and offloaded:
         raise SpecError(
             [
                 f"training.{offloaded[0]}: offload: true moves saved activations off the GPU into "
@@ -489,20 +519,24 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
     kwargs.setdefault("include_num_input_tokens_seen", "non_padding" if spec.batches_hold_input_ids else "no")
     for key, value in spec.config_defaults.items():
         kwargs.setdefault(key, value)
-    kwargs.setdefault("disable_tqdm", not sys.stdout.isatty())  # a bar on a terminal; lines elsewhere (ProgressLog)
+    # a bar on a terminal; lines elsewhere (ProgressLog)
+    kwargs.setdefault("disable_tqdm", not sys.stdout.isatty())
     if (
         "ddp_find_unused_parameters" in config_fields(spec.config_class)
         and kwargs.get("ddp_find_unused_parameters") is None
     ):
         config = model_config(spec.model.name_or_path, spec.model)
-        kwargs["ddp_find_unused_parameters"] = may_leave_parameters_unused(config)  # decided by the model
+        # decided by the model
+        kwargs["ddp_find_unused_parameters"] = may_leave_parameters_unused(config)
     rewards = getattr(spec, "rewards", [])
     if rewards and "reward_weights" in config_fields(spec.config_class):
-        kwargs["reward_weights"] = [reward.weight for reward in rewards]  # else the trainer takes them itself
+        # else the trainer takes them itself
+        kwargs["reward_weights"] = [reward.weight for reward in rewards]
     kwargs.update(strategy_for(spec.distributed).trainer_arguments(spec.config_class, kwargs))
     kwargs.update(fast_paths.config_defaults(_fast_path_options(spec), on_cuda=not on_cpu, training=kwargs))
     if kwargs.get("use_vllm"):
         if importlib.util.find_spec("vllm") is None:
             raise SpecError(["training.use_vllm: vLLM is not installed in the job's environment (pip install vllm)"])
-        kwargs.update(vllm_generation.prepare(type(spec), spec.model, kwargs, on_cpu))  # checks, then adapts TRL's
+        # checks, then adapts TRL's
+        kwargs.update(vllm_generation.prepare(type(spec), spec.model, kwargs, on_cpu))
     return kwargs

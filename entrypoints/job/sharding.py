@@ -93,7 +93,8 @@ class DeepSpeed(Strategy):
 
     def teardown(self, trainer: Any) -> None:
         super().teardown(trainer)
-        trainer.model_wrapped.destroy()  # the engine goes before the process group
+        # the engine goes before the process group
+        trainer.model_wrapped.destroy()
         distributed.barrier()
 
 
@@ -165,7 +166,8 @@ def deepspeed_config(ds: DeepSpeedSpec) -> Any:
     if ds.offload_params:
         zero["offload_param"] = {"device": "cpu", "pin_memory": pin}
     if ds.zero_stage == 3:
-        zero["stage3_gather_16bit_weights_on_model_save"] = True  # save a plain from_pretrained model
+        # save a plain from_pretrained model
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
     return {
         "train_micro_batch_size_per_gpu": "auto",
         "train_batch_size": "auto",

@@ -57,7 +57,8 @@ log = logging.getLogger("posttrain")
 SPEC_FILE = "posttrain_spec.json"
 INPUTS_FILE = "posttrain_inputs.json"
 MANIFEST_FILE = "posttrain_manifest.json"
-FINAL_STAGING = ".posttrain-final"  # the final model, until it is whole and moved into output_dir
+# the final model, until it is whole and moved into output_dir
+FINAL_STAGING = ".posttrain-final"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,19 +68,25 @@ class Resume:
     it trains from."""
 
     output_dir: Path
-    mode: str  # auto, never, or a checkpoint's path
+    # auto, never, or a checkpoint's path
+    mode: str
     overwrite: bool
-    spec_record: Dict[str, Any]  # the spec's JSON dump, as posttrain_spec.json and run_summary.json hold it
-    models: Sequence[Tuple[str, str]]  # each model, by where the spec names it (Spec.named_models)
-    revision: Optional[str]  # posttrain loads every model at the policy's revision
+    # the spec's JSON dump, as posttrain_spec.json and run_summary.json hold it
+    spec_record: Dict[str, Any]
+    # each model, by where the spec names it (Spec.named_models)
+    models: Sequence[Tuple[str, str]]
+    # posttrain loads every model at the policy's revision
+    revision: Optional[str]
     data: DataSpec
 
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 # a model's weights in output_dir itself: whole files, a sharded model's index, a PEFT adapter
 _WEIGHT_SUFFIXES = (".safetensors", *TORCH_SUFFIXES)
-_NOT_WEIGHTS = ("training_args.bin",)  # the Trainer's arguments, which it torch.saves beside the model
-_WHOLE_HASH_BYTES = 64 << 20  # data files up to this size are hashed whole; larger ones by size, time, head and tail
+# the Trainer's arguments, which it torch.saves beside the model
+_NOT_WEIGHTS = ("training_args.bin",)
+# data files up to this size are hashed whole; larger ones by size, time, head and tail
+_WHOLE_HASH_BYTES = 64 << 20
 # a model directory's small files that say what it is, hashed whole where no run_summary.json names its run
 _MODEL_FILES = (
     "config.json",
@@ -94,7 +101,8 @@ _MODEL_FILES = (
     "merges.txt",
     "chat_template.jinja",
 )
-_SAMPLE_BYTES = 64 << 10  # of a weight file's tensor data, first and last: new values of the same shapes show there
+# of a weight file's tensor data, first and last: new values of the same shapes show there
+_SAMPLE_BYTES = 64 << 10
 
 
 def checkpoint_steps(output_dir: Path) -> List[Tuple[int, Path]]:
@@ -147,7 +155,8 @@ def seal_checkpoint(checkpoint: Path, inputs: Dict[str, Any]) -> None:
     write_json_atomic(checkpoint / INPUTS_FILE, inputs)
     files = {}
     for path in fsynced_tree(checkpoint):
-        if path.name == MANIFEST_FILE:  # an earlier seal's
+        # an earlier seal's
+        if path.name == MANIFEST_FILE:
             continue
         entry: Dict[str, Any] = {"bytes": path.stat().st_size}
         if path.suffix == ".safetensors":
@@ -337,7 +346,8 @@ def read_record(path: Path, remedy: str, keys: Tuple[str, ...] = ()) -> Dict[str
     short or garbled (a disk filled, a hand edit): never a traceback."""
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError):  # a UnicodeDecodeError is a ValueError too
+    except (OSError, ValueError):
+        # a UnicodeDecodeError is a ValueError too
         data = None
     if not isinstance(data, dict) or any(key not in data for key in keys):
         raise SpecError([f"{path} is cut short or not what posttrain wrote; {remedy}"])
@@ -600,7 +610,8 @@ def publish_final(staging: Path, output_dir: Path, moved: Optional[Callable[[], 
     for entry in sorted(staging.iterdir()):
         target = output_dir / entry.name
         if entry.is_dir() and target.is_dir():
-            shutil.rmtree(target)  # a folder cannot be renamed over a non-empty one (our PPO's value_model/)
+            # a folder cannot be renamed over a non-empty one (our PPO's value_model/)
+            shutil.rmtree(target)
         os.replace(entry, target)
         if moved is not None:
             moved()
@@ -633,7 +644,8 @@ def _write_failed(output_dir: Path, reason: Optional[str]) -> str:
         free = shutil.disk_usage(output_dir).free
     except OSError:
         free = None
-    if reason is None:  # torch's writer does not say why: a full disk is the usual reason
+    # torch's writer does not say why: a full disk is the usual reason
+    if reason is None:
         reason = "No space left on device" if free is not None and free < 1 << 20 else "the write failed"
     shown = "free space unknown" if free is None else f"{free / 2**20:.1f} MiB free"
     return (

@@ -81,7 +81,9 @@ def draw(runs: Sequence[Tuple[str, Series]], title: str, path: Path) -> Dict[str
     One plot per metric any run logged, one line per run on it.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure  # not pyplot: no global state, no GUI backend
+
+    # not pyplot: no global state, no GUI backend
+    from matplotlib.figure import Figure
 
     metrics = [m for m in PLOTTED if any(m in run_series for _, run_series in runs)]
     columns = min(3, max(len(metrics), 1))
@@ -94,7 +96,8 @@ def draw(runs: Sequence[Tuple[str, Series]], title: str, path: Path) -> Dict[str
         for label, run_series in runs:
             if metric in run_series:
                 points = run_series[metric]
-                few = len(points["step"]) <= 30  # markers make short runs' points visible
+                # markers make short runs' points visible
+                few = len(points["step"]) <= 30
                 ax.plot(points["step"], points["value"], marker="." if few else None, label=label)
         ax.set_title(metric)
         ax.set_xlabel("step")
@@ -103,7 +106,8 @@ def draw(runs: Sequence[Tuple[str, Series]], title: str, path: Path) -> Dict[str
             ax.legend(fontsize="small")
     for ax in axes[len(metrics) :]:
         ax.set_visible(False)
-    if not metrics:  # e.g. logging_steps past max_steps: an empty figure would look broken
+    # e.g. logging_steps past max_steps: an empty figure would look broken
+    if not metrics:
         axes[0].set_visible(True)
         axes[0].text(0.5, 0.5, "no metrics logged", ha="center", va="center", transform=axes[0].transAxes)
     data = {"title": title, "runs": {label: run_series for label, run_series in runs}}
@@ -115,7 +119,8 @@ def draw(runs: Sequence[Tuple[str, Series]], title: str, path: Path) -> Dict[str
 
 def read_embedded(path: Path) -> Dict[str, Any]:
     """The data :func:`draw` embedded in a PNG."""
-    from PIL import Image  # matplotlib's own PNG writer
+    # matplotlib's own PNG writer
+    from PIL import Image
 
     with Image.open(path) as image:
         return json.loads(image.text[DATA_KEY])

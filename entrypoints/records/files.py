@@ -21,15 +21,18 @@ def judged(judge: Callable[[], Optional[str]]) -> Optional[str]:
     """A judge's verdict; one that fails (a file it did not foresee) calls the checkpoint damaged, never the run."""
     try:
         return judge()
-    except Exception as error:  # whatever stops the judging stops a resume from it too
-        return f"could not be checked ({type(error).__name__}: {' '.join(str(error).split())})"  # one line
+    except Exception as error:
+        # whatever stops the judging stops a resume from it too
+        # one line
+        return f"could not be checked ({type(error).__name__}: {' '.join(str(error).split())})"
 
 
 def fsynced_tree(root: Path) -> List[Path]:
     """Every file under ``root``, each fsynced, and every folder's names (``root``'s too): durable before a
     mark that says they are whole."""
     files = []
-    for path in sorted(root.rglob("*"), reverse=True):  # each file and folder before the folder holding it
+    # each file and folder before the folder holding it
+    for path in sorted(root.rglob("*"), reverse=True):
         if path.is_dir():
             fsync_directory(path)
         else:
@@ -69,7 +72,8 @@ def _file_problem(path: Path) -> Optional[str]:
             if path.suffix == ".json":
                 try:
                     data = json.loads(stream.read())
-                except ValueError:  # a UnicodeDecodeError too
+                except ValueError:
+                    # a UnicodeDecodeError too
                     return "not valid JSON"
                 if path.name.endswith(".index.json"):
                     return _index_problem(path, data)

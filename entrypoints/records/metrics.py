@@ -42,7 +42,8 @@ class MetricsLog(TrainerCallback):
             return
         if self.path.is_file():
             kept = [record for record in read_metrics(self.path) if record["step"] <= state.global_step]
-        else:  # resumed from a checkpoint elsewhere, or one written before this file existed
+        else:
+            # resumed from a checkpoint elsewhere, or one written before this file existed
             kept = [entry for entry in state.log_history if CLOSING_KEY not in entry]
         self.output_dir.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_name(self.path.name + ".tmp")
@@ -54,10 +55,13 @@ class MetricsLog(TrainerCallback):
             return
         entry = dict(logs)
         if state.epoch is not None:
-            entry.setdefault("epoch", state.epoch)  # the Trainer puts it in logs; our PPO trainer does not
+            # the Trainer puts it in logs; our PPO trainer does not
+            entry.setdefault("epoch", state.epoch)
         entry["step"] = state.global_step
-        entry["time"] = time.time()  # seconds since the epoch: throughput and start-up read from the file
-        with self.path.open("a") as file:  # closed, hence flushed, after every line
+        # seconds since the epoch: throughput and start-up read from the file
+        entry["time"] = time.time()
+        # closed, hence flushed, after every line
+        with self.path.open("a") as file:
             file.write(json.dumps(entry) + "\n")
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -65,5 +69,6 @@ class MetricsLog(TrainerCallback):
             return
         try:
             draw([(self.output_dir.name, series(read_metrics(self.path)))], self.title, self.output_dir / CURVES_FILE)
-        except Exception as error:  # a figure must never cost the run its final save
+        except Exception as error:
+            # a figure must never cost the run its final save
             log.warning("could not draw %s: %s: %s", CURVES_FILE, type(error).__name__, error)

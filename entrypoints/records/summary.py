@@ -75,7 +75,8 @@ def engine(trainer: Any) -> Dict[str, Any]:
         strategy = "single"
     plugin = accelerator.state.deepspeed_plugin if strategy == "deepspeed" else None
     return {
-        "backend": backend_for(accelerator.device.type),  # the gradients'
+        # the gradients'
+        "backend": backend_for(accelerator.device.type),
         "strategy": strategy,
         "zero_stage": plugin.zero_stage if plugin is not None else None,
     }
@@ -87,7 +88,8 @@ def generation(trainer: Any) -> Dict[str, Any]:
     if not getattr(args, "use_vllm", False):
         mode = "continuous_batching" if getattr(args, "use_transformers_continuous_batching", False) else "generate"
         return {"engine": "transformers", "mode": mode, "weight_sync": None, "tokens_per_s": None}
-    counted = getattr(trainer, "vllm_generation", None)  # GRPO's and RLOO's; online DPO generates in its own way
+    # GRPO's and RLOO's; online DPO generates in its own way
+    counted = getattr(trainer, "vllm_generation", None)
     seconds = getattr(counted, vllm_generation.SECONDS, 0.0)
     return {
         "engine": "vllm",

@@ -72,7 +72,8 @@ def sequence_bounds(
     if cu_seq_lens is not None and max_length is not None:
         return cu_seq_lens.to(device=device, dtype=torch.int32), int(max_length)
     starts = torch.arange(batch * length, device=device) % length == 0
-    if position_ids is not None:  # transformers' own are one row for the batch: (1, length)
+    # transformers' own are one row for the batch: (1, length)
+    if position_ids is not None:
         starts |= position_ids.to(device).expand(batch, length).reshape(-1) == 0
     bounds = F.pad(starts.nonzero().reshape(-1), (0, 1), value=batch * length).to(torch.int32)
     return bounds, int(bounds.diff().max())
@@ -106,7 +107,8 @@ def varlen_attention(
     # (batch, heads, tokens, dim) -> (tokens of the whole batch, heads, dim)
     q, k, v = (x.transpose(1, 2).reshape(batch * length, x.shape[1], dim) for x in (query, key, value))
     kept = None
-    if attention_mask is not None:  # a padded batch: its real tokens, one sequence per row
+    # a padded batch: its real tokens, one sequence per row
+    if attention_mask is not None:
         kept = attention_mask.reshape(-1).nonzero().reshape(-1)
         q, k, v = q[kept], k[kept], v[kept]
         lengths = attention_mask.sum(-1, dtype=torch.int32)
@@ -146,7 +148,8 @@ def _varlen_kernel(
     heads, grouped = q.shape[1], {}
     if k.shape[1] != heads and "enable_gqa" in _kernel_parameters():
         grouped = {"enable_gqa": True}
-    elif k.shape[1] != heads:  # torch 2.11's kernels want a key and value head for each query head
+    elif k.shape[1] != heads:
+        # torch 2.11's kernels want a key and value head for each query head
         k, v = (x.repeat_interleave(heads // x.shape[1], dim=1) for x in (k, v))
     window_size = (-1, 0) if window is None else (window - 1, 0)
     return varlen_attn(q, k, v, bounds, bounds, longest, longest, scale=scaling, window_size=window_size, **grouped)

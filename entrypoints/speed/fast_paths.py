@@ -103,12 +103,14 @@ def config_defaults(options: FastPathOptions, on_cuda: bool, training: Mapping[s
     if "use_liger_kernel" in options.offered and "use_liger_kernel" not in options.training:
         if on_cuda and importlib.util.find_spec("liger_kernel") is not None:
             defaults["use_liger_kernel"] = True
-    checkpointing_set = CHECKPOINTING_KEYS & set(options.training)  # its options too: the user wants it
+    # its options too: the user wants it
+    checkpointing_set = CHECKPOINTING_KEYS & set(options.training)
     if "no_activation_checkpointing" in options.offered and not checkpointing_set:
         if not on_cuda:
             defaults["activation_checkpointing"] = False
         elif not options.sharded and activations_fit(options, {**training, **defaults}):
-            defaults["activation_checkpointing"] = False  # (sharded: the strategy places checkpointing itself)
+            # (sharded: the strategy places checkpointing itself)
+            defaults["activation_checkpointing"] = False
     return defaults
 
 
@@ -122,7 +124,8 @@ def gpu_batch(options: FastPathOptions, on_cuda: bool) -> Dict[str, Any]:
         return {}
     max_length = config_value(options.config_class, training, "max_length")
     shape = gpu_memory.model_shape(options.model)
-    if not max_length or shape is None or not fused_loss(training, shape):  # no max_length: no bound on a row
+    # no max_length: no bound on a row
+    if not max_length or shape is None or not fused_loss(training, shape):
         return {}
     rows = max(1, GPU_TOKENS_PER_STEP // max_length)
     step = shape.state_bytes() + shape.activation_bytes(
@@ -185,14 +188,16 @@ def attention_implementation(options: FastPathOptions) -> Optional[str]:
     shape = gpu_memory.model_shape(options.model)
     if shape is None or shape.model_type not in VARLEN_MODEL_TYPES or shape.attention_dropout:
         return None
-    if not computes_in_16_bits(options.training) and shape.weight_bytes != 2:  # float32: no varlen kernel takes it
+    # float32: no varlen kernel takes it
+    if not computes_in_16_bits(options.training) and shape.weight_bytes != 2:
         return None
     return attention.NAME
 
 
 def padding_free_reason(model: Any) -> Optional[str]:
     """Why packed sequences could see each other in ``model``'s attention; None where they cannot."""
-    model = model.get_base_model() if hasattr(model, "get_base_model") else model  # a PEFT model: what it wraps
+    # a PEFT model: what it wraps
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model
     module = type(model).__module__
     if not module.startswith("transformers.models."):
         return f"{type(model).__name__} comes from {module}, not transformers' own models"
@@ -216,12 +221,14 @@ def data_collator(options: FastPathOptions, model: Any, tokenizer: Any, args: An
     if "padding_free" not in options.offered or options.rl_passes:
         return None
     reason = padding_free_reason(model)
-    if args.padding_free or (args.packing and args.packing_strategy in ("bfd", "bfd_split")):  # TRL's own test
+    # TRL's own test
+    if args.padding_free or (args.packing and args.packing_strategy in ("bfd", "bfd_split")):
         if reason is not None:
             key = "packing" if args.packing else "padding_free"
             raise SpecError([f"training.{key}: packed sequences could attend to each other: {reason}; set it to false"])
         return None
-    if "padding_free" in options.training or {"image", "images"} & set(dataset.column_names):  # TRL's vision rows
+    # TRL's vision rows
+    if "padding_free" in options.training or {"image", "images"} & set(dataset.column_names):
         return None
     implementation = model.config._attn_implementation
     if reason is None and torch.cuda.is_available() and implementation not in VARLEN_KERNELS:
@@ -234,7 +241,8 @@ def data_collator(options: FastPathOptions, model: Any, tokenizer: Any, args: An
     # what SFTTrainer does for the collator it builds, and skips for one it is given
     pad_token = args.pad_token or tokenizer.pad_token or tokenizer.eos_token
     if pad_token not in tokenizer.get_vocab():
-        return None  # the trainer says why
+        # the trainer says why
+        return None
     tokenizer.pad_token = pad_token
     model.config.get_text_config().pad_token_id = tokenizer.pad_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id

@@ -22,8 +22,10 @@ from posttrain.components.spec.schema import ModelSpec
 # count them (2022, "Reducing Activation Recomputation in Large Transformer Models": 34 x hidden for a classic
 # MLP), less the scores flash-style kernels never keep.
 ACTIVATION_BYTES_PER_HIDDEN, ACTIVATION_BYTES_PER_INTERMEDIATE = 16, 6
-LOGIT_BYTES = 2 + 4 + 4  # bf16 logits, their float32 copy in the loss, and its gradient
-MEMORY_SHARE = 0.9  # of the GPU's memory: what allocator fragmentation and the kernels' workspaces leave
+# bf16 logits, their float32 copy in the loss, and its gradient
+LOGIT_BYTES = 2 + 4 + 4
+# of the GPU's memory: what allocator fragmentation and the kernels' workspaces leave
+MEMORY_SHARE = 0.9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,9 +37,11 @@ class ModelShape:
     intermediate: int
     layers: int
     vocabulary: int
-    tied: bool  # the output layer is the embedding
+    # the output layer is the embedding
+    tied: bool
     attention_dropout: float
-    weight_bytes: int  # 2 for bf16 and fp16 weights, else 4
+    # 2 for bf16 and fp16 weights, else 4
+    weight_bytes: int
 
     @property
     def parameters(self) -> int:

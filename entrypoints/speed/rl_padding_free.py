@@ -45,12 +45,15 @@ def packed_log_probs(
     shape, 0 at padding."""
     mask = attention_mask.bool()
     labels = input_ids.masked_fill(~mask, -100)
-    labels[:, :-logits_to_keep] = -100  # only the completions are scored
-    positions = mask.cumsum(-1) - 1  # each sequence from 0, wherever its padding ends
+    # only the completions are scored
+    labels[:, :-logits_to_keep] = -100
+    # each sequence from 0, wherever its padding ends
+    positions = mask.cumsum(-1) - 1
     inputs = {
         "input_ids": input_ids[mask][None],
         "position_ids": positions[mask][None],
-        "labels": labels[mask][None],  # a row's first token is a prompt's: nothing scores across two sequences
+        # a row's first token is a prompt's: nothing scores across two sequences
+        "labels": labels[mask][None],
     }
     if compute_aux_loss:
         inputs["output_router_logits"] = True
@@ -68,7 +71,8 @@ def packed_log_probs(
 @contextlib.contextmanager
 def generation_attention(model: Any) -> Iterator[None]:
     """SDPA while ``model`` generates, where its own attention is ``torch_varlen`` (which takes no KV cache)."""
-    model = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT: what it wraps
+    # PEFT: what it wraps
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model
     implementation = model.config._attn_implementation
     if implementation != attention.NAME:
         yield
@@ -121,7 +125,8 @@ def pack_passes(trainer: Any) -> None:
                 compute_aux_loss=compute_aux_loss,
                 **multimodal,
             )
-        batch_size = batch_size or input_ids.size(0)  # TRL's chunks of rows, each packed
+        # TRL's chunks of rows, each packed
+        batch_size = batch_size or input_ids.size(0)
         chunks = []
         for start in range(0, input_ids.size(0), batch_size):
             with trainer.accelerator.autocast():

@@ -47,8 +47,10 @@ class Rollouts:
 
     def _encode_prompt(self, prompt: Any) -> List[int]:
         if isinstance(prompt, str):
-            ids = self.tokenizer(prompt)["input_ids"]  # with the tokenizer's BOS, as the model saw text in training
-        else:  # the chat template writes the BOS itself
+            # with the tokenizer's BOS, as the model saw text in training
+            ids = self.tokenizer(prompt)["input_ids"]
+        else:
+            # the chat template writes the BOS itself
             ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_dict=True)["input_ids"]
         limit = self.args.max_prompt_length
         return list(ids[-limit:]) if limit else list(ids)
@@ -73,7 +75,8 @@ class Rollouts:
         prompt_length = max(len(ids) for ids in prompt_ids)
         prompts = torch.full((len(indices), prompt_length), pad_id, dtype=torch.long)
         prompt_mask = torch.zeros_like(prompts)
-        for row, ids in enumerate(prompt_ids):  # left padding
+        # left padding
+        for row, ids in enumerate(prompt_ids):
             prompts[row, prompt_length - len(ids) :] = torch.tensor(ids)
             prompt_mask[row, prompt_length - len(ids) :] = 1
         prompts, prompt_mask = prompts.to(self.device), prompt_mask.to(self.device)
@@ -98,9 +101,11 @@ class Rollouts:
         tokens = torch.cat([prompts, responses], dim=1)
         attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
 
-        logits, values = model(tokens, attention_mask)  # in autocast: accelerate wraps the forward
+        # in autocast: accelerate wraps the forward
+        logits, values = model(tokens, attention_mask)
         logprobs, _ = response_logprobs(logits, tokens, prompt_length, args.temperature)
-        with self.accelerator.autocast():  # the same precision as the policy's, so KL starts at 0 under bf16
+        # the same precision as the policy's, so KL starts at 0 under bf16
+        with self.accelerator.autocast():
             ref_logits = self.ref_policy(
                 input_ids=tokens, attention_mask=attention_mask, position_ids=positions(attention_mask)
             ).logits
@@ -146,7 +151,8 @@ class Rollouts:
         for reward in self.reward_functions:
             if callable(reward):
                 scored = reward(prompts=prompts, completions=completions, **columns)
-                if inspect.isawaitable(scored):  # an async reward (as TRL's trainers take them): awaited here
+                # an async reward (as TRL's trainers take them): awaited here
+                if inspect.isawaitable(scored):
                     scored = asyncio.run(scored)
                 per_reward.append(torch.tensor([math.nan if s is None else float(s) for s in scored]))
             else:

@@ -131,7 +131,8 @@ class PPOConfig(TrainingArguments):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        self.disable_tqdm = True  # PPOTrainer draws no progress bar: ProgressLog's lines are its progress
+        # PPOTrainer draws no progress bar: ProgressLog's lines are its progress
+        self.disable_tqdm = True
 
 
 # ---------------------------------------------------------------- TrainingArguments, honoured as HF's Trainer does
@@ -158,8 +159,10 @@ def enable_activation_checkpointing(model: PreTrainedModel, options: Optional[Di
 
 
 def _checkpointed_forward(layer: GradientCheckpointingLayer, *args: Any, **kwargs: Any) -> Any:
-    forward = type(layer).forward  # HF's: in eval mode the layer's own forward, not checkpointed
-    if torch.is_grad_enabled() and not layer.training:  # in training mode HF's forward checkpoints itself
+    # HF's: in eval mode the layer's own forward, not checkpointed
+    forward = type(layer).forward
+    # in training mode HF's forward checkpoints itself
+    if torch.is_grad_enabled() and not layer.training:
         return layer._gradient_checkpointing_func(functools.partial(forward, layer, **kwargs), *args)
     return forward(layer, *args, **kwargs)
 
@@ -174,7 +177,8 @@ def create_optimizer(args: TrainingArguments, model: nn.Module) -> torch.optim.O
     """
     for key, refused in PPOSpec.refused_values.items():
         value = getattr(args, key)
-        value = getattr(value, "value", value)  # OptimizerNames, SchedulerType
+        # OptimizerNames, SchedulerType
+        value = getattr(value, "value", value)
         if value in refused:
             raise ValueError(f"{key}={value!r} is not supported by posttrain's PPO: {refused[value]}")
     decay = set(Trainer.get_decay_parameter_names(None, model))
@@ -185,7 +189,8 @@ def create_optimizer(args: TrainingArguments, model: nn.Module) -> torch.optim.O
     ]
     optimizer_cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
     kwargs = dict(kwargs)
-    groups = kwargs.pop("params", groups)  # GaLore, APOLLO: their own groups over optim_target_modules
+    # GaLore, APOLLO: their own groups over optim_target_modules
+    groups = kwargs.pop("params", groups)
     return optimizer_cls(groups, **kwargs)
 
 
@@ -247,7 +252,8 @@ class PPOTrainer:
     ) -> None:
         self.args = args
         self.tokenizer = processing_class
-        hf_logging.set_verbosity(args.get_process_log_level())  # log_level, log_level_replica, log_on_each_node
+        # log_level, log_level_replica, log_on_each_node
+        hf_logging.set_verbosity(args.get_process_log_level())
         self.accelerator = Accelerator(cpu=args.use_cpu, mixed_precision=_mixed_precision(args))
         self.device = self.accelerator.device
         # report_to (tensorboard, trackio, wandb, ...) through transformers' own integration callbacks
@@ -288,7 +294,8 @@ class PPOTrainer:
             scheduler_specific_kwargs=args.lr_scheduler_kwargs,
         )
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
-        self.optimizer.train()  # schedule-free optimizers step in train mode; others ignore it
+        # schedule-free optimizers step in train mode; others ignore it
+        self.optimizer.train()
 
     # ------------------------------------------------------------ update
 
@@ -339,7 +346,8 @@ class PPOTrainer:
 
     def _clip_gradients(self, max_norm: float) -> None:
         """Clips the policy's and the value model's gradients each to ``max_norm``, apart."""
-        self.accelerator.unscale_gradients()  # fp16: clip the true gradients
+        # fp16: clip the true gradients
+        self.accelerator.unscale_gradients()
         unwrapped = self.accelerator.unwrap_model(self.model)
         for part in (unwrapped.policy, unwrapped.value_model):
             torch.nn.utils.clip_grad_norm_(part.parameters(), max_norm)
@@ -384,7 +392,8 @@ class PPOTrainer:
             self._callback("on_step_end")
             if self.control.should_save or (state.save_steps and state.global_step % state.save_steps == 0):
                 self._save_checkpoint()
-                self._callback("on_save")  # sealed: the checkpoint is whole from here on
+                # sealed: the checkpoint is whole from here on
+                self._callback("on_save")
                 if self.accelerator.is_main_process:
                     self._rotate_checkpoints()
                 self.control.should_save = False
@@ -430,7 +439,8 @@ class PPOTrainer:
     def _log(self, logs: Dict[str, float]) -> None:
         entry = {**logs, "epoch": self.state.epoch, "step": self.state.global_step}
         self.state.log_history.append(entry)
-        self._callback("on_log", logs=logs)  # ProgressLog prints it, report_to's integrations record it
+        # ProgressLog prints it, report_to's integrations record it
+        self._callback("on_log", logs=logs)
 
     def _callback(self, event: str, **kwargs: Any) -> None:
         for callback in self.callbacks:
@@ -475,7 +485,8 @@ class PPOTrainer:
         if not limit or len(whole) <= limit:
             return
         kept = whole[-limit]
-        for _, old in checkpoint_steps(output_dir):  # not a user's checkpoint-best
+        # not a user's checkpoint-best
+        for _, old in checkpoint_steps(output_dir):
             if old == kept:
                 break
             shutil.rmtree(old, ignore_errors=True)

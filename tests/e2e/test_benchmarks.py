@@ -27,16 +27,19 @@ def test_the_benchmark_runs_both_sides_and_they_agree_step_by_step(tmp_path: Pat
     result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "tokens_per_s ratio (posttrain/trl):" in result.stdout
-    assert "peak_gpu_mb" not in result.stdout  # not measured on CPU, so not in the table
+    # not measured on CPU, so not in the table
+    assert "peak_gpu_mb" not in result.stdout
     runs = json.loads(figures.read_text())["1"]
     (ours,), (theirs,) = runs["posttrain"], runs["trl"]
     for run in (ours, theirs):
         assert run["tokens_per_s"] > 0 and run["first_step_s"] > run["worker_start_s"] > 0
-        if algorithm != "sft":  # generation timed apart: the training loop alone is faster
+        # generation timed apart: the training loop alone is faster
+        if algorithm != "sft":
             assert run["loop_tokens_per_s"] > run["tokens_per_s"]
             assert "| loop_tokens_per_s |" in result.stdout
         else:
-            assert run["loop_tokens_per_s"] != run["loop_tokens_per_s"]  # nan: nothing generates
+            # nan: nothing generates
+            assert run["loop_tokens_per_s"] != run["loop_tokens_per_s"]
     assert sorted(ours["values"]) == sorted(theirs["values"]) == ["1", "2", "3", "4"]
     for step, value in theirs["values"].items():
         assert ours["values"][step] == pytest.approx(value, rel=1e-4), step

@@ -44,16 +44,20 @@ def test_the_rlhf_chain_picks_up_after_a_kill_and_ppo_raises_the_reward_model_s_
     sft_files = {path: path.stat().st_mtime_ns for path in (output_dir / "sft").rglob("*") if path.is_file()}
     assert read_json(output_dir / "chain.json")["stages"].keys() == {"sft"}
 
-    again = torchx(args, tmp_path, timeout=900)  # the same command
+    # the same command
+    again = torchx(args, tmp_path, timeout=900)
     assert_succeeded(again)
     logs = again.stdout + again.stderr
     assert f"chain: stage sft finished already ({output_dir}/sft)" in logs and "training sft on" not in logs
-    assert logs.count("posttrain: ") == 1  # the chain's closing line; each stage's own is a chain: line
-    assert {path: path.stat().st_mtime_ns for path in sft_files} == sft_files  # not one file of SFT's touched
+    # the chain's closing line; each stage's own is a chain: line
+    assert logs.count("posttrain: ") == 1
+    # not one file of SFT's touched
+    assert {path: path.stat().st_mtime_ns for path in sft_files} == sft_files
     assert read_json(output_dir / "reward" / "run_summary.json")["resumed_from"] == str(
         output_dir / "reward" / "checkpoint-20"
     )
-    first, last = ends(output_dir / "ppo", "objective/scores")  # the reward model's scores of PPO's samples
+    # the reward model's scores of PPO's samples
+    first, last = ends(output_dir / "ppo", "objective/scores")
     assert last - first > 0.2
     ppo_spec = read_json(output_dir / "ppo" / "run_summary.json")["spec"]
     assert ppo_spec["model"]["name_or_path"] == str(output_dir / "sft")
@@ -99,7 +103,8 @@ def test_a_stage_trained_from_a_model_that_was_trained_again_trains_again_and_sa
     assert "nothing to train" not in logs
     dpo_again = read_json(output_dir / "dpo" / "run_summary.json")
     assert dpo_again["run_id"] != dpo["run_id"] and dpo_again["global_steps"] == dpo["global_steps"]
-    assert dpo_again["resumed_from"] is None  # from scratch: no checkpoint of the old model's run resumed
+    # from scratch: no checkpoint of the old model's run resumed
+    assert dpo_again["resumed_from"] is None
     assert dpo_again["inputs"]["models"]["model.name_or_path"]["run_id"] == sft["run_id"]
 
     # nothing changed since: both stages finished already, neither trains

@@ -122,7 +122,8 @@ def test_deepspeed_launcher_fails_the_job_when_deepspeeds_launch_process_is_kill
         *DEEPSPEED_LAUNCHER,
         "training.output_dir=" + str(output_dir),
     ]
-    env = job_env(tmp_path, POSTTRAIN_FAULT="hang:0:3")  # rank 0 stops at step 3, so the kill lands mid-run
+    # rank 0 stops at step 3, so the kill lands mid-run
+    env = job_env(tmp_path, POSTTRAIN_FAULT="hang:0:3")
     job = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     marker, deadline = output_dir / ".posttrain_fault_hang_0_3", time.monotonic() + 300
     while not marker.exists() and time.monotonic() < deadline and job.poll() is None:
@@ -151,7 +152,8 @@ def test_sft_with_fsdp2_on_gpus_learns_like_ddp_resumes_and_saves_a_plain_model(
     ddp_dir, fsdp_dir = tmp_path / "ddp", tmp_path / "fsdp"
     assert_succeeded(run_template("sft/tiny.yaml", tmp_path, ddp_dir, j=j, extra_args=gpu_args))
     offload = ["distributed.fsdp.cpu_offload=true"]
-    crash = {"POSTTRAIN_FAULT": f"exit:{gpus - 1}:25"}  # and a restart resumes from the sharded checkpoint-20
+    # and a restart resumes from the sharded checkpoint-20
+    crash = {"POSTTRAIN_FAULT": f"exit:{gpus - 1}:25"}
     restarts = [*gpu_args, "--max_restarts", "1"]
     assert_succeeded(
         run_template("sft/tiny-fsdp.yaml", tmp_path, fsdp_dir, j=j, extra_args=restarts, overrides=offload, **crash)

@@ -186,7 +186,8 @@ def plain_trl(algorithm: str, template: Dict[str, Any], tmp_root: Path, teacher:
     )
     assert_succeeded(result)
     history = read_json(tmp_root / "log_history.json")
-    return [entry for entry in history if "train_samples_per_second" not in entry]  # as helpers.log_history
+    # as helpers.log_history
+    return [entry for entry in history if "train_samples_per_second" not in entry]
 
 
 def by_step(history: List[Dict[str, Any]], key: str) -> Dict[int, float]:
@@ -202,7 +203,8 @@ def relative_difference(ours: float, theirs: float) -> float:
 def test_losses_match_plain_trl(algorithm: str, tmp_path: Path) -> None:
     template_path = f"{algorithm}/tiny.yaml"
     template = load_template(template_path)
-    teacher = tmp_path / "teacher"  # distillation's; the template's is an SFT run's output
+    # distillation's; the template's is an SFT run's output
+    teacher = tmp_path / "teacher"
     overrides = [f"training.max_steps={MAX_STEPS}"]
     if algorithm == "distill":
         save_teacher(teacher)

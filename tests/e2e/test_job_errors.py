@@ -36,7 +36,8 @@ def test_e2e_bad_data_stops_before_anything_is_written_by_the_client_where_it_ca
 ) -> None:
     rows = tmp_path / "rows.jsonl"
     lines = (REPO / "templates/data/sft_chat.jsonl").read_text().splitlines()
-    lines[4] = lines[4][:-1]  # the closing brace of line 5
+    # the closing brace of line 5
+    lines[4] = lines[4][:-1]
     rows.write_text("\n".join(lines) + "\n")
     output_dir = tmp_path / "out"
     result = run_template("sft/tiny.yaml", tmp_path, output_dir, overrides=[f"data.train.path={rows}"])
@@ -44,8 +45,10 @@ def test_e2e_bad_data_stops_before_anything_is_written_by_the_client_where_it_ca
         result.returncode == 1
         and result.stderr == f"data.train.path: {rows} line 5 is not valid JSON (Expecting ',' delimiter, column 145)\n"
         and "local_cwd://" not in result.stdout
-    )  # the client's line; nothing scheduled
-    lines[4] = json.dumps({"messages": "hello"})  # a value only the job reads
+        # the client's line; nothing scheduled
+    )
+    # a value only the job reads
+    lines[4] = json.dumps({"messages": "hello"})
     rows.write_text("\n".join(lines) + "\n")
     result = run_template("sft/tiny.yaml", tmp_path, output_dir, overrides=[f"data.train.path={rows}"])
     assert_stopped_once(result, "data.train: column messages holds text in row 5")
@@ -78,7 +81,8 @@ def test_e2e_a_nan_reward_on_one_rank_stops_every_rank_with_its_name_and_step(tm
         PYTHONPATH=str(module_dir),
     )
     logs = assert_stopped_once(result, "rewards.0 (flaky): returned nan at step 3")
-    assert "step 3/" not in logs  # the bad step is never logged
+    # the bad step is never logged
+    assert "step 3/" not in logs
 
 
 @pytest.mark.e2e

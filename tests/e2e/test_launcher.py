@@ -66,6 +66,7 @@ def test_e2e_a_connection_reset_in_a_reward_function_is_its_crash_not_a_lost_pee
     logs = assert_stopped_once(
         result, "rank 0 crashed: ConnectionResetError: Connection reset by peer (at judge.py:3 in score)"
     )
-    status = " ".join(logs.partition("AppStatus:")[2].split())  # torchx's closing status (YAML, its lines folded)
+    # torchx's closing status (YAML, its lines folded)
+    status = " ".join(logs.partition("AppStatus:")[2].split())
     assert "message: 'posttrain: rank 0 crashed: ConnectionResetError: Connection reset by peer" in status, status
     assert "Connection reset by peer" in (output_dir / "logs" / "traceback-rank0.txt").read_text()

@@ -33,7 +33,8 @@ def test_a_crashed_run_leaves_its_history_and_the_next_run_continues_it(tmp_path
     crashed = run_template("sft/tiny.yaml", tmp_path, output_dir, POSTTRAIN_FAULT="exit:1:25")
     assert crashed.returncode != 0
     steps = [record["step"] for record in lines(output_dir / curves.METRICS_FILE)]
-    assert steps in (list(range(1, 25)), list(range(1, 26))), steps  # rank 0 may log step 25 before the job ends
+    # rank 0 may log step 25 before the job ends
+    assert steps in (list(range(1, 25)), list(range(1, 26))), steps
     assert not (output_dir / curves.CURVES_FILE).exists()
     # checkpoint-20 was sealed once both ranks had written: its manifest names each rank's RNG state
     manifest = read_json(output_dir / "checkpoint-20" / "posttrain_manifest.json")["files"]

@@ -55,11 +55,13 @@ def test_two_runs_started_at_once_into_one_directory_one_trains_and_the_other_is
     codes = [client.returncode for client in clients]
     assert sorted(codes) == [0, 1], outputs
     winner, loser = (0, 1) if codes[0] == 0 else (1, 0)
-    job, _, status = outputs[loser].partition("AppStatus:")  # what the job printed, and torchx's closing status
+    # what the job printed, and torchx's closing status
+    job, _, status = outputs[loser].partition("AppStatus:")
     refusal = [line for line in job.splitlines() if "posttrain: " in line]
     assert len(refusal) == 1 and f"posttrain: training.output_dir: {output_dir} is held by job sft-" in refusal[0]
     assert "wait for it, stop it, or use another output_dir" in refusal[0]
-    assert "posttrain: training.output_dir: " in status  # the app's structured error
+    # the app's structured error
+    assert "posttrain: training.output_dir: " in status
     # the directory is the winner's alone: its spec, each step once, and no lease left behind
     assert read_json(output_dir / "posttrain_spec.json")["training"]["learning_rate"] == float(rates[winner])
     steps = [entry["step"] for entry in read_json(output_dir / "trainer_state.json")["log_history"] if "loss" in entry]
@@ -79,7 +81,8 @@ def test_a_job_whose_client_dies_saves_a_checkpoint_stops_and_gives_the_director
     client = start_training(args, tmp_path, tmp_path / "client.log", steps=3)
     try:
         assert (output_dir / LEASE_FILE).exists()
-        client.send_signal(signal.SIGKILL)  # its terminal closed; torchrun and the ranks are left behind
+        # its terminal closed; torchrun and the ranks are left behind
+        client.send_signal(signal.SIGKILL)
         client.wait()
         deadline = time.time() + 60
         while ranks(output_dir) and time.time() < deadline:
@@ -88,7 +91,8 @@ def test_a_job_whose_client_dies_saves_a_checkpoint_stops_and_gives_the_director
     finally:
         for pid in ranks(output_dir):
             os.kill(pid, signal.SIGKILL)
-    [checkpoint] = complete_checkpoints(output_dir)  # saved at the step's end, as at a preemption
+    # saved at the step's end, as at a preemption
+    [checkpoint] = complete_checkpoints(output_dir)
     assert 3 <= read_json(checkpoint / "trainer_state.json")["global_step"] < 3000
     assert not (output_dir / LEASE_FILE).exists()
     # the next run into the directory is let in (it continues from the checkpoint, here with fewer steps)
@@ -115,7 +119,8 @@ def test_a_disk_that_fills_mid_run_ends_in_one_line_and_the_rerun_resumes_from_t
     )
     assert "make room (or a writable place) and run the same command again" in logs
     assert not (output_dir / LEASE_FILE).exists()
-    subprocess.run(["mount", "-o", "remount,size=8m", str(small_disk)], check=True)  # room made
+    # room made
+    subprocess.run(["mount", "-o", "remount,size=8m", str(small_disk)], check=True)
     result = torchx(sft_args(output_dir), tmp_path)
     assert_succeeded(result)
     assert f"resume: {output_dir / 'checkpoint-40'} is damaged (" in result.stderr
@@ -133,18 +138,21 @@ def test_a_read_only_output_dir_is_one_line_before_any_model_loads(tmp_path: Pat
     finally:
         subprocess.run(["umount", str(output_dir)], check=True)
     logs = assert_stopped_once(result, f"training.output_dir: cannot write in {output_dir}: Read-only file system")
-    assert "training sft on" not in logs  # stopped at its first check
+    # stopped at its first check
+    assert "training sft on" not in logs
 
 
 @pytest.mark.e2e
 def test_a_finished_model_is_trained_over_only_when_told_whatever_resume_says(tmp_path: Path) -> None:
     output_dir = tmp_path / "out"
     assert_succeeded(torchx(sft_args(output_dir, "training.max_steps=4", j="1x1"), tmp_path))
-    assert complete_checkpoints(output_dir)  # the Trainer saves at the last step too
+    # the Trainer saves at the last step too
+    assert complete_checkpoints(output_dir)
     written = {p: p.read_bytes() for p in output_dir.rglob("*") if p.is_file() and "logs" not in p.parts}
 
     again = torchx(sft_args(output_dir, "training.max_steps=4", "resume=never", j="1x1"), tmp_path)
-    assert_succeeded(again)  # the same spec: left as it is
+    # the same spec: left as it is
+    assert_succeeded(again)
     assert f"{output_dir} already holds this run, finished at step 4: nothing to train" in again.stdout + again.stderr
 
     changed = ["training.max_steps=4", "training.learning_rate=1e-3", "resume=never"]
@@ -155,10 +163,13 @@ def test_a_finished_model_is_trained_over_only_when_told_whatever_resume_says(tm
         "0.003 -> 0.001); use another training.output_dir, or remove its checkpoints and set overwrite_output_dir: "
         "true to train over it",
     )
-    assert "training sft on" not in logs  # stopped before any model loaded
-    assert {p: p.read_bytes() for p in written} == written  # the weights' bytes and everything else, unchanged
+    # stopped before any model loaded
+    assert "training sft on" not in logs
+    # the weights' bytes and everything else, unchanged
+    assert {p: p.read_bytes() for p in written} == written
 
-    for checkpoint in output_dir.glob("checkpoint-*"):  # as the line says
+    # as the line says
+    for checkpoint in output_dir.glob("checkpoint-*"):
         shutil.rmtree(checkpoint)
     result = torchx(sft_args(output_dir, *changed, "overwrite_output_dir=true", j="1x1"), tmp_path)
     assert_succeeded(result)
@@ -170,7 +181,8 @@ def test_a_finished_model_is_trained_over_only_when_told_whatever_resume_says(tm
 @pytest.mark.e2e
 def test_a_rendezvous_port_another_program_holds_is_one_line_at_once(tmp_path: Path) -> None:
     port = free_port()
-    with socket.socket() as holder:  # not a rendezvous store: torchrun would wait on it until killed
+    # not a rendezvous store: torchrun would wait on it until killed
+    with socket.socket() as holder:
         holder.bind(("", port))
         holder.listen()
         started = time.monotonic()
@@ -192,7 +204,8 @@ def test_a_job_side_stop_is_the_apps_structured_error_for_library_callers(
     monkeypatch.chdir(REPO)
     for key, value in job_env(tmp_path).items():
         monkeypatch.setenv(key, value)
-    missing = tmp_path / "nope.jsonl"  # a full path the client does not see: maybe on the job's machines
+    # a full path the client does not see: maybe on the job's machines
+    missing = tmp_path / "nope.jsonl"
     app = algorithms.sft(
         f"data.train.path={missing}", f"training.output_dir={tmp_path / 'out'}", spec="templates/sft/tiny.yaml", j="1x2"
     )

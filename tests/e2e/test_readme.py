@@ -136,8 +136,10 @@ def test_readme_code_runs(item: Item, readme_runs: Dict[int, Ran]) -> None:
     else:
         ran = readme_runs[plan.command.line]
     result, output = ran.result, ran.result.stdout + ran.result.stderr
-    if plan.command.output and plan.command.output[0].startswith("torchx "):  # a whole console, as a run printed it
-        shown_out = [line for line in plan.command.output if re.match(r"^\w+://torchx/", line)]  # the app handle
+    # a whole console, as a run printed it
+    if plan.command.output and plan.command.output[0].startswith("torchx "):
+        # the app handle
+        shown_out = [line for line in plan.command.output if re.match(r"^\w+://torchx/", line)]
         shown_err = [line for line in plan.command.output if line not in shown_out]
         assert normalised("\n".join(shown_out)) == normalised(result.stdout), show(plan, ran)
         assert normalised("\n".join(shown_err)) == normalised(result.stderr), show(plan, ran)
@@ -145,11 +147,13 @@ def test_readme_code_runs(item: Item, readme_runs: Dict[int, Ran]) -> None:
         succeeded = any("Job finished: SUCCEEDED" in line for line in shown_err) or plan.dryrun
         assert result.returncode == (0 if succeeded else 1), show(plan, ran)
         return
-    if plan.command.output:  # a transcript: it prints what README shows (times, numbers and the directory aside)
+    # a transcript: it prints what README shows (times, numbers and the directory aside)
+    if plan.command.output:
         missing = [line for line in plan.command.output if normalised(line) not in normalised(output)]
         assert not missing, f"README shows {missing}, not printed\n" + show(plan, ran)
         refused = plan.argv[:2] == ("torchx", "run") and not re.search(r"^\w+://torchx/", result.stdout, re.M)
-        if refused and not plan.dryrun and "--help" not in plan.argv:  # the client's one line: nothing scheduled
+        # the client's one line: nothing scheduled
+        if refused and not plan.dryrun and "--help" not in plan.argv:
             assert result.returncode == 1, show(plan, ran)
         return
     assert result.returncode == 0, show(plan, ran)

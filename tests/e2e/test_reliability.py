@@ -44,7 +44,8 @@ def job_logs(result: subprocess.CompletedProcess) -> str:
 )
 def test_job_side_input_errors_end_every_rank_before_training(tmp_path: Path, overrides: list, message: str) -> None:
     result = run_template("sft/tiny.yaml", tmp_path, tmp_path / "out", overrides=overrides)
-    logs = assert_stopped_once(result, message)  # rank 0 alone says it; both ranks stop
+    # rank 0 alone says it; both ranks stop
+    logs = assert_stopped_once(result, message)
     assert "training sft on" not in logs
 
 
@@ -78,7 +79,8 @@ def test_a_crashing_rank_ends_the_job_within_30_s_in_one_line_its_traceback_kept
         assert re.search(rf"posttrain: rank {rank} \(pid \d+\) exited with code 13 without saying why", logs), logs[
             -3000:
         ]
-    job = logs.partition("AppStatus:")[0]  # torchx's closing status repeats the line as the app's structured error
+    # torchx's closing status repeats the line as the app's structured error
+    job = logs.partition("AppStatus:")[0]
     assert job.count("posttrain: rank") == 1 and "ChildFailedError" not in logs
 
 
@@ -180,7 +182,8 @@ def test_sigterm_saves_a_checkpoint_and_the_next_run_resumes_from_it(tmp_path: P
             ["pgrep", "-f", f"posttrain.entrypoints.launcher .*{output_dir}"], capture_output=True, text=True
         ).stdout.split()
         assert agent, "the torchrun agent was not found"
-        os.kill(int(agent[0]), signal.SIGTERM)  # what a scheduler's preemption does
+        # what a scheduler's preemption does
+        os.kill(int(agent[0]), signal.SIGTERM)
         job.wait(timeout=120)
     finally:
         if job.poll() is None:

@@ -78,7 +78,8 @@ def test_a_run_ends_with_one_line_of_what_it_did_and_where_the_model_is_without_
     ):
         assert noise not in console
     others = [line for line in console.splitlines() if line.strip() and not re.search(r"INFO step \d+/40: ", line)]
-    assert len(others) <= 8, "\n".join(others)  # torchx's own, the start line, the closing line
+    # torchx's own, the start line, the closing line
+    assert len(others) <= 8, "\n".join(others)
     # the start line names where each process's output is kept; torchx deleted its own copy when the client exited
     assert f"training sft on 2 process(es); resume from scratch; logs kept in {sft_1x2 / 'logs'}" in console
     [rank0] = (sft_1x2 / "logs").glob("*/attempt_0/0/stderr.log")
@@ -107,7 +108,8 @@ def test_saved_model_reloads_and_generates(sft_1x2: Path) -> None:
     with torch.no_grad():
         output = model.generate(**prompt, max_new_tokens=12, do_sample=False)
     answer = tokenizer.decode(output[0, prompt["input_ids"].shape[1] :], skip_special_tokens=True)
-    assert "capital" in answer, answer  # the learned answer form: "The capital of Italy is Rome."
+    # the learned answer form: "The capital of Italy is Rome."
+    assert "capital" in answer, answer
     assert (sft_1x2 / "checkpoint-20" / "trainer_state.json").is_file()
     assert "This model is a fine-tuned version of `builtin:tiny-llama`." in (sft_1x2 / "README.md").read_text()
 

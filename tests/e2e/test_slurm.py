@@ -137,9 +137,11 @@ def hung_job_report(client_stdout: str) -> str:
     job_id = found.group(1)
     processes = job_processes(job_id)
     for pid, _, command in processes:
-        if " -u -m posttrain.entrypoints." in command:  # a rank (as torchrun and DeepSpeed start them), not a launcher
+        # a rank (as torchrun and DeepSpeed start them), not a launcher
+        if " -u -m posttrain.entrypoints." in command:
             os.kill(pid, signal.SIGUSR1)
-    time.sleep(5)  # torchrun's --tee copies the ranks' stderr into the job's log every second or so
+    # torchrun's --tee copies the ranks' stderr into the job's log every second or so
+    time.sleep(5)
     subprocess.run(["scancel", job_id], check=False)
     listing = [f"{pid} {state} {command[:160]}" for pid, state, command in processes]
     tails = [
@@ -158,7 +160,8 @@ def job_processes(job_id: str) -> List[Tuple[int, str, str]]:
             command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except (OSError, ValueError, IndexError):
-            continue  # not a process, or gone
+            # not a process, or gone
+            continue
         if f"SLURM_JOB_ID={job_id}".encode() in environ:
             processes.append((int(proc.name), state, command))
     return processes

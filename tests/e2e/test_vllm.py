@@ -40,10 +40,12 @@ from posttrain.entrypoints.inputs.data import load_data
 from posttrain.entrypoints.inputs.models import import_object, load_tokenizer
 from posttrain.entrypoints.job import runtime
 
-pytestmark = [pytest.mark.vllm, pytest.mark.e2e]  # slow too: the fast loop (-m "not e2e") leaves them out
+# slow too: the fast loop (-m "not e2e") leaves them out
+pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
 
 TEXT = "What is 2 plus 3? 2 plus 3 is 5. The sky is blue."
-TOKEN = "the-job-s-secret"  # what the component makes for a job (tests/unit/components/test_vllm_role.py)
+# what the component makes for a job (tests/unit/components/test_vllm_role.py)
+TOKEN = "the-job-s-secret"
 
 # a fresh vLLM on a saved model: the per-token log-probs of TEXT's tokens, as JSON
 FRESH_VLLM = """
@@ -87,9 +89,11 @@ def test_generation_keys_with_vllm_are_those_the_installed_vllm_takes() -> None:
     public = lambda names: {name for name in names if not name.startswith("_")}  # noqa: E731
     assert public(SamplingParams.__struct_fields__) <= keys["colocate"]
     assert public(CompletionRequest.model_fields) & public(ChatCompletionRequest.model_fields) <= keys["server"]
-    with pytest.raises(TypeError, match="temprature"):  # colocated: at the first generation, before the check
+    # colocated: at the first generation, before the check
+    with pytest.raises(TypeError, match="temprature"):
         SamplingParams(temprature=0.5)
-    request = CompletionRequest(model="m", prompt="2 plus 3 is", temprature=0.5)  # the server: taken, then ignored
+    # the server: taken, then ignored
+    request = CompletionRequest(model="m", prompt="2 plus 3 is", temprature=0.5)
     assert request.temperature is None and request.model_extra == {"temprature": 0.5}
 
 
@@ -105,12 +109,14 @@ def test_after_training_vllm_generates_with_the_trained_weights(tmp_path: Path) 
     data = load_data(spec.data.train, spec.data.columns, "data.train", spec.data_formats)
     trainer = build_trainer(job_of(spec, args, tokenizer, data))
     generation = trainer.vllm_generation
-    assert generation.llm.llm_engine.model_config.dtype == torch.float32  # the training's, not vLLM's bf16
+    # the training's, not vLLM's bf16
+    assert generation.llm.llm_engine.model_config.dtype == torch.float32
     ids = tokenizer(TEXT)["input_ids"]
     initial = vllm_logprobs(generation.llm, ids)
 
     trainer.train()
-    generation.sync_weights()  # the last step's update: the trainer syncs before each generation
+    # the last step's update: the trainer syncs before each generation
+    generation.sync_weights()
     synced = vllm_logprobs(generation.llm, ids)
     trainer.save_model(str(tmp_path / "out"))
 
@@ -129,7 +135,8 @@ def test_after_training_vllm_generates_with_the_trained_weights(tmp_path: Path) 
     with torch.no_grad():
         logits = saved(torch.tensor([ids])).logits[0, :-1]
     expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
-    assert torch.allclose(synced, expected, atol=1e-5)  # transformers agrees too (in bf16 it would be off by ~1e-2)
+    # transformers agrees too (in bf16 it would be off by ~1e-2)
+    assert torch.allclose(synced, expected, atol=1e-5)
 
 
 def test_grpo_with_vllm_colocated_raises_the_reward(tmp_path: Path) -> None:
@@ -137,7 +144,8 @@ def test_grpo_with_vllm_colocated_raises_the_reward(tmp_path: Path) -> None:
     result = run_template("grpo/tiny-vllm.yaml", tmp_path, output_dir, j="1x2")
     assert_succeeded(result)
     assert_learned_with_vllm(output_dir, "colocate", "inplace_reload")
-    assert "Traceback" not in result.stdout + result.stderr  # vLLM is shut down before the process group goes
+    # vLLM is shut down before the process group goes
+    assert "Traceback" not in result.stdout + result.stderr
 
 
 def assert_learned_with_vllm(output_dir: Path, mode: str, weight_sync: str) -> None:
@@ -197,7 +205,8 @@ def test_the_server_roles_weights_after_a_sync_are_the_trainers(tmp_path: Path) 
         with pytest.MonkeyPatch.context() as env:
             env.setenv(VLLM_HOST_VARIABLE, "127.0.0.1")
             env.setenv(VLLM_TOKEN_VARIABLE, TOKEN)
-            kwargs = runtime.training_arguments(spec, dict(spec.training))  # patches TRL's VLLMClient for CPU
+            # patches TRL's VLLMClient for CPU
+            kwargs = runtime.training_arguments(spec, dict(spec.training))
             assert kwargs["vllm_server_host"] == "127.0.0.1"
             with role_lease.lease(spec.training):
                 client = VLLMClient(host="127.0.0.1", server_port=port, connection_timeout=600)
@@ -206,7 +215,8 @@ def test_the_server_roles_weights_after_a_sync_are_the_trainers(tmp_path: Path) 
                 model = load_model(spec.model.name_or_path, runtime.parts(spec).models, tokenizer, CAUSAL_LM).eval()
                 ids = tokenizer(TEXT)["input_ids"]
                 initial = server_logprobs(port, client.model, ids)
-                with torch.no_grad():  # a "step": every weight moves, the tied embedding/head too
+                # a "step": every weight moves, the tied embedding/head too
+                with torch.no_grad():
                     for parameter in model.parameters():
                         parameter.add_(torch.randn_like(parameter) * 0.05)
                 with client.weight_update():
@@ -214,16 +224,19 @@ def test_the_server_roles_weights_after_a_sync_are_the_trainers(tmp_path: Path) 
                         client.update_named_param(name, parameter.data)
                 client.reset_prefix_cache()
                 synced = server_logprobs(port, client.model, ids)
-        assert role.wait(timeout=60) == 0  # "done" on the lease: the role stops vLLM and exits 0
+        # "done" on the lease: the role stops vLLM and exits 0
+        assert role.wait(timeout=60) == 0
     finally:
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(role.pid, signal.SIGKILL)  # whatever is left of the role and vLLM under it
+            # whatever is left of the role and vLLM under it
+            os.killpg(role.pid, signal.SIGKILL)
     with torch.no_grad():
         logits = model(torch.tensor([ids])).logits[0, :-1]
     expected = torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0]
     assert (synced - initial).abs().max() > 1e-2
     assert torch.allclose(synced, expected, atol=1e-5), (synced - expected).abs().max()
-    assert not list((tmp_path / "out").iterdir())  # the weights' directory is gone after each reload
+    # the weights' directory is gone after each reload
+    assert not list((tmp_path / "out").iterdir())
 
 
 def server_logprobs(port: int, model: str, ids) -> torch.Tensor:
@@ -316,8 +329,10 @@ class Stranger:
         for name, (method, path, kwargs) in probes.items():
             self.answers[name] = getattr(requests, method)(f"{url}{path}", timeout=10, **kwargs).status_code
         try:
-            here = route_address("203.0.113.5")  # this host's address on its network: where a neighbour knocks
-        except OSError:  # a host without one: nobody knocks from the network
+            # this host's address on its network: where a neighbour knocks
+            here = route_address("203.0.113.5")
+        except OSError:
+            # a host without one: nobody knocks from the network
             self.answers["the host's network address"] = "none"
             return
         try:
@@ -340,9 +355,11 @@ class Stranger:
                 time.sleep(0.2)
         with connection:
             connection.sendall(says)
-            connection.settimeout(900)  # where the job's rank 0 came first, the knock waits until the role ends
+            # where the job's rank 0 came first, the knock waits until the role ends
+            connection.settimeout(900)
             heard = b""
-            try:  # the role may answer a nonce with its proof and nonce (one line: nothing of the token)
+            # the role may answer a nonce with its proof and nonce (one line: nothing of the token)
+            try:
                 while chunk := connection.recv(1024):
                     heard += chunk
             except ConnectionResetError:

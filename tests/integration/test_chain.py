@@ -16,5 +16,6 @@ def test_submit_refuses_a_later_stage_s_typo_in_one_line_and_dryrun_shows_every_
     shown = torchx(args, tmp_path)
     assert shown.returncode == 0, shown.stderr[-2000:]
     for output in ("outputs/rlhf-tiny/sft", "outputs/rlhf-tiny/reward", "outputs/rlhf-tiny/ppo"):
-        assert output in shown.stdout  # each stage's validated spec, in the command
+        # each stage's validated spec, in the command
+        assert output in shown.stdout
     assert "posttrain.entrypoints.chain" in shown.stdout

@@ -16,7 +16,8 @@ def test_a_reward_model_without_a_chat_template_is_one_line_before_any_model_loa
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     tokenizer = tiny.build_tokenizer_llama3()
-    tokenizer.chat_template = None  # a reward model trained from a base model on text rows
+    # a reward model trained from a base model on text rows
+    tokenizer.chat_template = None
     reward_dir = tmp_path / "reward-model"
     tiny.build_model_llama3(tokenizer, transformers.LlamaForSequenceClassification).save_pretrained(reward_dir)
     tokenizer.save_pretrained(reward_dir)
@@ -25,7 +26,8 @@ def test_a_reward_model_without_a_chat_template_is_one_line_before_any_model_loa
     trainer = trainer_with(tiny_job(tmp_path, "grpo", rewards=rewards), max_steps=1)
     with pytest.raises(ValueError, match="Cannot use chat template functions"):
         trainer.train()
-    raw = load_template("grpo/tiny.yaml")  # chat prompts
+    # chat prompts
+    raw = load_template("grpo/tiny.yaml")
     raw["rewards"] = rewards
     raw["training"]["output_dir"] = str(tmp_path / "out")
     err = run_refused(raw, monkeypatch, capsys)

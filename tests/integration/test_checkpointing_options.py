@@ -95,9 +95,11 @@ def test_offload_is_refused_by_a_job_on_cpu(tmp_path: Path) -> None:
     raw["training"].update(
         output_dir=str(tmp_path), activation_checkpointing=True, activation_checkpointing_kwargs={"offload": True}
     )
-    spec = validate(raw)  # offload is the Trainer's: fine on a GPU
+    # offload is the Trainer's: fine on a GPU
+    spec = validate(raw)
     with pytest.raises(SpecError, match=r"training.activation_checkpointing_kwargs: offload: true .* runs on CPU"):
         runtime.training_arguments(spec, dict(spec.training))
     trainer = build_trainer(_checkpointing_job(tmp_path, "sft", {"offload": True}))
-    with pytest.raises(RuntimeError, match="pin_memory=True requires a CUDA"):  # what transformers would do
+    # what transformers would do
+    with pytest.raises(RuntimeError, match="pin_memory=True requires a CUDA"):
         trainer.train()

@@ -23,7 +23,8 @@ RANK0S = textwrap.dedent("""
 
 
 def test_every_rank_resumes_from_rank_0s_choice() -> None:
-    assert rank0s("checkpoint-10") == "checkpoint-10"  # no process group: this process's own
+    # no process group: this process's own
+    assert rank0s("checkpoint-10") == "checkpoint-10"
     for process in two_gloo_ranks(RANK0S):
         assert "chose checkpoint-10" in process.communicate(timeout=120)[0]
 
@@ -36,7 +37,8 @@ def test_a_file_system_without_room_for_one_checkpoint_is_refused_before_any_mod
 
     model = tmp_path / "model"
     model.mkdir()
-    save_file({"weight": torch.zeros(200_000)}, str(model / "model.safetensors"))  # 0.8 MB: 2.4 MB with Adam's state
+    # 0.8 MB: 2.4 MB with Adam's state
+    save_file({"weight": torch.zeros(200_000)}, str(model / "model.safetensors"))
     spec = sft_spec(tmp_path, model={"name_or_path": str(model)})
     with pytest.raises(SpecError) as error:
         check_room(small_disk / "out", spec.model, saves_checkpoints=True)
@@ -44,4 +46,5 @@ def test_a_file_system_without_room_for_one_checkpoint_is_refused_before_any_mod
         f"training.output_dir: {small_disk / 'out'} has 2.0 MiB free; one checkpoint (the weights and the optimizer's "
         f"state) of {model} needs about 2.3 MiB: make room, or use another output_dir"
     )
-    check_room(small_disk / "out", spec.model, saves_checkpoints=False)  # the final weights alone fit
+    # the final weights alone fit
+    check_room(small_disk / "out", spec.model, saves_checkpoints=False)

@@ -23,7 +23,8 @@ def test_builtins_list_posttrain_and_keep_torchx_own(tmp_path: Path) -> None:
 def test_dryrun_shows_the_validated_spec_inside_a_torchrun_command(tmp_path: Path) -> None:
     result = torchx(["run", "-s", "local_cwd", "--dryrun", "posttrain.sft", "--spec", TINY, "-j", "2x1"], tmp_path)
     assert result.returncode == 0, result.stderr
-    out = re.sub(r"['\"]\n\s*['\"]", "", result.stdout)  # the pieces pprint wraps a long string into, joined
+    # the pieces pprint wraps a long string into, joined
+    out = re.sub(r"['\"]\n\s*['\"]", "", result.stdout)
     assert "exec python -m posttrain.entrypoints.launcher --rdzv_backend c10d" in out
     assert "--tee 3" in out and "--rdzv_backend c10d" in out
     assert "--rdzv_endpoint" in out and "${TORCHX_RANK0_HOST:=localhost}:29500" in out

@@ -55,7 +55,8 @@ class Browser:
 
     def __init__(self, profile: Path) -> None:
         binary = shutil.which("chromium")
-        if not binary:  # CI installs it and must run this; elsewhere it skips with how to get it
+        # CI installs it and must run this; elsewhere it skips with how to get it
+        if not binary:
             message = "no chromium: apt-get install chromium (Debian's; .ci/run installs it)"
             if os.environ.get("CI"):
                 pytest.fail(message)
@@ -109,7 +110,8 @@ def test_the_site_shows_the_reference_and_its_search_finds_a_key(site: str, tmp_
         assert browser.js("document.title") == "grpo - posttrain"
         assert browser.js("document.body.innerText.includes('training.num_generations_eval')")
         browser.js("document.querySelector('.md-search__input').focus()")
-        browser.call("Input.insertText", text="num_generations_eval")  # typed, as a person would
+        # typed, as a person would
+        browser.call("Input.insertText", text="num_generations_eval")
         found = browser.wait_for("[...document.querySelectorAll('.md-search-result__item a')].map(a => a.href)")
         assert f"{site}/reference/grpo/" in found, found
     finally:

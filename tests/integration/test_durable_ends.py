@@ -11,7 +11,8 @@ from posttrain.components.spec.chain import load_chain
 
 def test_a_damaged_chain_record_ends_the_chain_in_one_line(tmp_path: Path) -> None:
     chain = load_chain(str(REPO / "templates/chain/sft-dpo-tiny.yaml"), [f"output_dir={tmp_path}"], world_size=1)
-    (tmp_path / "chain.json").write_text('{"stages": {"sft": {"spe')  # the chain's process, for real: no traceback
+    # the chain's process, for real: no traceback
+    (tmp_path / "chain.json").write_text('{"stages": {"sft": {"spe')
     args = ["--spec-json", chain.to_json(), "--node", "0", "--rank0-host", "localhost", "--", "--rdzv_id", "x"]
     env = {**os.environ, "TORCHELASTIC_ERROR_FILE": str(tmp_path / "error.json")}
     result = subprocess.run(

@@ -55,7 +55,8 @@ def test_a_best_model_metric_the_evaluation_does_not_return_is_one_line_before_a
         == 1
     ), err
     assert "Traceback" not in err
-    assert not any("loss" in entry for entry in logged(tmp_path / "out"))  # not one training step
+    # not one training step
+    assert not any("loss" in entry for entry in logged(tmp_path / "out"))
     assert not list((tmp_path / "out").glob("checkpoint-*"))
 
 
@@ -125,11 +126,13 @@ def test_options_for_compute_metrics_are_refused_and_change_no_evaluation(tmp_pa
     job = dataclasses.replace(job, eval_dataset=job.train_dataset.select(range(16)))
 
     def evaluated(**training: Any) -> Dict[str, float]:
-        metrics = trainer_with(job, **training).evaluate()  # the trainer seeds itself
+        # the trainer seeds itself
+        metrics = trainer_with(job, **training).evaluate()
         return {key: value for key, value in metrics.items() if "time" not in key and "per_second" not in key}
 
     options = FOR_COMPUTE_METRICS
-    if algorithm == "grpo":  # its batches are lists of prompts: transformers failed to gather the inputs
+    # its batches are lists of prompts: transformers failed to gather the inputs
+    if algorithm == "grpo":
         with pytest.raises(TypeError, match="list indices must be integers or slices, not str"):
             evaluated(include_for_metrics=["inputs"])
         options = {**options, "include_for_metrics": ["loss"]}

@@ -71,7 +71,8 @@ def foreign_lease(output_dir: Path, **fields: object) -> dict:
         "pid": 1,
         "pid_start": 1,
         "process_space": "other-boot/pid:[1]",
-        "since": time.time() + 86400,  # its clock a day ahead
+        # its clock a day ahead
+        "since": time.time() + 86400,
         "beat": 40,
         "token": "f" * 16,
         **fields,
@@ -101,13 +102,15 @@ def test_a_holder_whose_process_is_gone_is_taken_over_at_once_with_a_line(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     holder = holding_process(tmp_path)
-    holder.kill()  # no release: the lease file stays
+    # no release: the lease file stays
+    holder.kill()
     holder.wait()
     assert read_holder(tmp_path).pid == holder.pid
     started = time.monotonic()
     with caplog.at_level("WARNING", logger="posttrain"):
         acquire(tmp_path).release()
-    assert time.monotonic() - started < STALE_S  # the process is known gone: nothing to watch
+    # the process is known gone: nothing to watch
+    assert time.monotonic() - started < STALE_S
     [line] = caplog.messages
     assert line.startswith(f"training.output_dir: took over {tmp_path}: job pid-{holder.pid} on host ")
     assert line.endswith("held it, and that process is gone") and f"(pid {holder.pid}) since " in line
@@ -126,7 +129,8 @@ def test_a_holder_in_another_pid_namespace_is_judged_by_its_heartbeat_not_its_pi
     finally:
         holder.kill()
         holder.wait()
-    dead = Holder(**{**vars(found), "pid": 999_999_999})  # no such process here; not proof of anything there
+    # no such process here; not proof of anything there
+    dead = Holder(**{**vars(found), "pid": 999_999_999})
     assert gone_at_once(dead, Holder.this_process()) is None and not alive_at_once(dead, Holder.this_process())
 
 
@@ -136,7 +140,8 @@ def test_a_holder_on_another_host_is_gone_when_its_heartbeat_stops_whatever_its_
     data = foreign_lease(tmp_path)
     beating, stop = threading.Event(), threading.Event()
 
-    def beat() -> None:  # the holder, alive: a new beat every 0.2 s (its timestamps a day ahead all along)
+    # the holder, alive: a new beat every 0.2 s (its timestamps a day ahead all along)
+    def beat() -> None:
         count = data["beat"]
         while not stop.wait(HEARTBEAT_S):
             count += 1
@@ -156,7 +161,8 @@ def test_a_holder_on_another_host_is_gone_when_its_heartbeat_stops_whatever_its_
     started = time.monotonic()
     with caplog.at_level("WARNING", logger="posttrain"):
         acquire(tmp_path).release()
-    assert time.monotonic() - started >= STALE_S  # watched on this host's own clock
+    # watched on this host's own clock
+    assert time.monotonic() - started >= STALE_S
     assert caplog.messages[-1].endswith("held it, and its heartbeat did not change for 2 s")
 
 
@@ -184,7 +190,8 @@ def test_two_runs_in_one_slurm_allocation_are_two_jobs(tmp_path: Path) -> None:
 
 
 def test_two_runs_taking_over_one_gone_holder_at_once_one_takes_it(tmp_path: Path) -> None:
-    foreign_lease(tmp_path)  # silent: both judge it gone after 1.5 s, and race
+    # silent: both judge it gone after 1.5 s, and race
+    foreign_lease(tmp_path)
     newcomers = [
         subprocess.Popen(
             [sys.executable, "-c", TRY + "\nimport time; time.sleep(3)", str(tmp_path)],

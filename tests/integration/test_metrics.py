@@ -43,7 +43,8 @@ def test_the_plot_command_draws_two_runs_side_by_side(tmp_path: Path) -> None:
         "posttrain.components.tools.plot",
         "grpo-a",
         "grpo-b",
-    ]  # no -o: under outputs/, ignored
+        # no -o: under outputs/, ignored
+    ]
     result = subprocess.run(plot, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0 and result.stdout == "outputs/grpo-a-grpo-b.png\n", result.stderr
     assert assert_valid_png(tmp_path / "outputs" / "grpo-a-grpo-b.png")["runs"].keys() == {"grpo-a", "grpo-b"}
@@ -58,8 +59,8 @@ def test_the_plot_command_draws_two_runs_side_by_side(tmp_path: Path) -> None:
 
 def test_the_client_imports_no_matplotlib() -> None:
     code = (
-        "import sys; sys.modules['matplotlib'] = None\n"  # as if not installed
-        "import posttrain.components, posttrain.components.tools.plot\n"
+        # as if not installed
+        "import sys; sys.modules['matplotlib'] = None\nimport posttrain.components, posttrain.components.tools.plot\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -10,7 +10,8 @@ import pytest
 from helpers import MISTRAL_FORMATS as FORMATS
 from helpers import REPO, read_json, run_tiny_sft
 
-pytestmark = pytest.mark.usefixtures("job_process")  # runs in process as a job's rank 0
+# runs in process as a job's rank 0
+pytestmark = pytest.mark.usefixtures("job_process")
 
 
 @pytest.mark.parametrize("name", sorted(FORMATS))

@@ -20,15 +20,18 @@ def test_optim_and_the_scheduler_kwargs_reach_the_optimizer_and_the_schedule(tmp
         lr_scheduler_type="cosine_with_min_lr",
         lr_scheduler_kwargs={"min_lr": 1e-5},
     )
-    optimizer = trainer.optimizer.optimizer  # accelerate's wrapper around it
+    # accelerate's wrapper around it
+    optimizer = trainer.optimizer.optimizer
     assert type(optimizer) is torch.optim.SGD and optimizer.defaults["momentum"] == 0.9
     decayed, plain = optimizer.param_groups
-    assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0  # HF's split: no decay on norms
+    # HF's split: no decay on norms
+    assert decayed["weight_decay"] == 0.1 and plain["weight_decay"] == 0.0
     model = trainer.accelerator.unwrap_model(trainer.model)
     norms = {id(p) for name, p in model.named_parameters() if "norm" in name}
     assert norms and norms <= {id(p) for p in plain["params"]}
     assert trainer.scheduler.get_last_lr()[0] == pytest.approx(1e-3)
-    trainer.train()  # 1 iteration x 2 mini-batches: the cosine ends at min_lr
+    # 1 iteration x 2 mini-batches: the cosine ends at min_lr
+    trainer.train()
     assert trainer.scheduler.get_last_lr()[0] == pytest.approx(1e-5)
 
 
@@ -59,7 +62,8 @@ def test_activation_checkpointing_runs_in_eval_mode_and_changes_no_number(tmp_pa
 
 
 def test_every_n_layers_checkpoints_every_nth_layer_of_both_models(tmp_path: Path) -> None:
-    options = {"every_n_layers": 2, "use_reentrant": False}  # the value table takes it for PPO
+    # the value table takes it for PPO
+    options = {"every_n_layers": 2, "use_reentrant": False}
     trainer = make_trainer(tmp_path, activation_checkpointing=True, activation_checkpointing_kwargs=options)
     model = trainer.accelerator.unwrap_model(trainer.model)
     for part in ("policy", "value_model"):

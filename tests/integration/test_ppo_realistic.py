@@ -11,7 +11,8 @@ def test_report_to_tensorboard_records_ppos_logs(tmp_path: Path) -> None:
 
     trainer = make_trainer(tmp_path, [length], report_to=["tensorboard"])
     trainer.train()
-    (runs,) = (tmp_path / "runs").iterdir()  # transformers' default: output_dir/runs/<date>_<host>
+    # transformers' default: output_dir/runs/<date>_<host>
+    (runs,) = (tmp_path / "runs").iterdir()
     events = EventAccumulator(str(runs))
     events.Reload()
     assert {"train/objective/scores", "train/objective/kl", "train/loss/policy"} <= set(events.Tags()["scalars"])

@@ -22,7 +22,11 @@ def test_a_builtin_reading_a_column_that_remove_unused_columns_removes(tmp_path:
         "trainer keeps only prompt and images; set it false"
     )
     check_reward_columns(
-        job.spec.rewards, job.spec.keeps_only_prompts, [("data.train", answered)]
-    )  # TRL's default, false
-    with pytest.raises(KeyError, match="answer"):  # what TRL does, the model loaded and generating
+        job.spec.rewards,
+        job.spec.keeps_only_prompts,
+        [("data.train", answered)],
+        # TRL's default, false
+    )
+    # what TRL does, the model loaded and generating
+    with pytest.raises(KeyError, match="answer"):
         trainer_with(job, answered, remove_unused_columns=True, max_steps=1).train()

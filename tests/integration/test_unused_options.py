@@ -85,7 +85,8 @@ def test_options_the_trainer_ignores_are_refused_and_change_nothing(tmp_path: Pa
     "algorithm, counts, switch",
     [
         ("dpo", {"label_smoothing": 0.1}, {"loss_type": ["robust"]}),
-        ("sft", {"label_smoothing_factor": 0.1}, {}),  # SFT's nll loss (its default) smooths
+        # SFT's nll loss (its default) smooths
+        ("sft", {"label_smoothing_factor": 0.1}, {}),
         ("grpo", {"sapo_temperature_pos": 2.0, "sapo_temperature_neg": 2.0}, {"loss_type": "sapo"}),
     ],
 )

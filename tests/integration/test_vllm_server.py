@@ -48,7 +48,8 @@ class Serving:
 
         self.patch = pytest.MonkeyPatch()
         self.patch.setattr(vllm_server.subprocess, "Popen", recording)
-        self.patch.setattr(vllm_server.signal, "signal", lambda *args: None)  # signals go to the main thread only
+        # signals go to the main thread only
+        self.patch.setattr(vllm_server.signal, "signal", lambda *args: None)
         self.thread = threading.Thread(
             target=lambda: self.result.append(
                 vllm_server.serve(command, LOOPBACK, self.port, first_contact_s, grace_s)
@@ -101,13 +102,17 @@ def test_done_on_the_lease_stops_the_server_and_the_role_exits_0() -> None:
 def test_a_stranger_on_the_lease_is_dropped_and_cannot_end_the_server(says: bytes, monkeypatch) -> None:
     monkeypatch.setattr(vllm_server, "HANDSHAKE_S", 1.0)
     serving = Serving(SLEEPER)
-    with serving.connect(says=says) as stranger:  # no nonce, no proof, a wrong one, the token itself, silence, a flood
+    # no nonce, no proof, a wrong one, the token itself, silence, a flood
+    with serving.connect(says=says) as stranger:
         stranger.settimeout(10)
-        with contextlib.suppress(ConnectionResetError):  # closed with the flood unread: a reset
-            while stranger.recv(1024):  # the role's proof of a nonce, at most: then dropped
+        # closed with the flood unread: a reset
+        with contextlib.suppress(ConnectionResetError):
+            # the role's proof of a nonce, at most: then dropped
+            while stranger.recv(1024):
                 pass
     time.sleep(0.5)
-    assert serving.child_running and not serving.result  # still serving, still waiting for the job's rank 0
+    # still serving, still waiting for the job's rank 0
+    assert serving.child_running and not serving.result
     with serving.connect() as lease:
         lease.sendall(b"done")
     assert serving.wait() == 0
@@ -119,7 +124,8 @@ def test_a_stranger_s_slow_bytes_hold_the_handshake_no_longer_than_its_time(monk
     started = time.monotonic()
     with serving.connect(says=b"x") as stranger:
         stranger.settimeout(0.3)
-        while time.monotonic() - started < 5:  # a byte every 0.3 s, never a line
+        # a byte every 0.3 s, never a line
+        while time.monotonic() - started < 5:
             try:
                 if stranger.recv(16) == b"":
                     break
@@ -127,7 +133,8 @@ def test_a_stranger_s_slow_bytes_hold_the_handshake_no_longer_than_its_time(monk
                 stranger.sendall(b"x")
             except ConnectionResetError:
                 break
-    assert time.monotonic() - started < 2.5  # dropped after the handshake's second, not one per byte
+    # dropped after the handshake's second, not one per byte
+    assert time.monotonic() - started < 2.5
     with serving.connect() as lease:
         lease.sendall(b"done")
     assert serving.wait() == 0
@@ -136,8 +143,10 @@ def test_a_stranger_s_slow_bytes_hold_the_handshake_no_longer_than_its_time(monk
 def test_strangers_knocking_do_not_keep_a_role_whose_trainers_never_came() -> None:
     serving = Serving(SLEEPER, first_contact_s=1)
     deadline = time.monotonic() + 10
-    while not serving.result and time.monotonic() < deadline:  # a knock well within every accept's timeout
-        with contextlib.suppress(OSError):  # one try each: refused before the role listens and after it stops
+    # a knock well within every accept's timeout
+    while not serving.result and time.monotonic() < deadline:
+        # one try each: refused before the role listens and after it stops
+        with contextlib.suppress(OSError):
             with socket.create_connection((LOOPBACK, serving.port), timeout=1) as stranger:
                 stranger.sendall(b"guess\n")
         time.sleep(0.2)
@@ -146,7 +155,8 @@ def test_strangers_knocking_do_not_keep_a_role_whose_trainers_never_came() -> No
 
 def test_a_trainer_gone_without_done_ends_the_role_at_once_without_restarts() -> None:
     serving = Serving(SLEEPER, grace_s=0)
-    serving.connect().close()  # rank 0 crashed: the kernel closes its end
+    # rank 0 crashed: the kernel closes its end
+    serving.connect().close()
     assert serving.wait() == 0
     assert not serving.child_running
 
@@ -155,7 +165,8 @@ def test_a_restarted_trainer_within_the_grace_keeps_the_server() -> None:
     serving = Serving(SLEEPER, grace_s=10)
     serving.connect().close()
     time.sleep(1)
-    assert serving.child_running  # waiting for torchrun's restarted rank 0
+    # waiting for torchrun's restarted rank 0
+    assert serving.child_running
     with serving.connect() as lease:
         lease.sendall(b"done")
     assert serving.wait() == 0
@@ -224,11 +235,13 @@ def test_the_health_wait_answers_ends_at_a_gone_role_and_times_out_in_one_line(m
 def test_strangers_holding_connections_open_do_not_keep_the_trainers_out(monkeypatch) -> None:
     """Silent connections each cost their own HANDSHAKE_S, side by side: the job's rank 0 is let in at once."""
     serving = Serving(SLEEPER)
-    strangers = [serving.connect(says=b"") for _ in range(30)]  # silent
+    # silent
+    strangers = [serving.connect(says=b"") for _ in range(30)]
     time.sleep(0.2)
     started = time.monotonic()
     with serving.connect() as lease:
-        assert time.monotonic() - started < 2  # not 30 strangers x 5 s
+        # not 30 strangers x 5 s
+        assert time.monotonic() - started < 2
         lease.sendall(b"done")
     assert serving.wait() == 0
     for stranger in strangers:

@@ -16,13 +16,16 @@ def test_a_trainer_takes_the_token_out_of_its_environment_and_gives_it_only_to_c
     job_token: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(vllm_token, "_TAKEN", {})
-    vllm_token.take_from_environment()  # what runtime.run does first, before any user code is imported
+    # what runtime.run does first, before any user code is imported
+    vllm_token.take_from_environment()
     assert VLLM_TOKEN_VARIABLE not in os.environ
-    reward_process = subprocess.run(  # what a reward function starts: no token in its environment
+    # what a reward function starts: no token in its environment
+    reward_process = subprocess.run(
         [sys.executable, "-c", f"import os; print(os.environ.get({VLLM_TOKEN_VARIABLE!r}))"],
         capture_output=True,
         text=True,
         check=True,
     )
     assert reward_process.stdout == "None\n"
-    assert vllm_token.job_token() == TOKEN  # the trainers' own use, or code that asks
+    # the trainers' own use, or code that asks
+    assert vllm_token.job_token() == TOKEN

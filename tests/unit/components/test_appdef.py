@@ -42,7 +42,8 @@ def test_topology(j: str, nnodes: str, nproc: str, min_replicas: int, replicas: 
     app = algorithms.sft(spec=TINY, j=j)
     args = argv(app)
     role = app.roles[0]
-    if replicas > 1:  # several nodes: the rendezvous port is checked first, then the launcher replaces bash
+    # several nodes: the rendezvous port is checked first, then the launcher replaces bash
+    if replicas > 1:
         assert args[args.index("&&") + 1] == "exec"
         args = args[args.index("&&") + 2 :]
     assert args[:3] == ["python", "-m", "posttrain.entrypoints.launcher"]
@@ -70,10 +71,12 @@ def test_deepspeed_launcher_runs_one_runner_per_node_told_its_rank_and_rank0(j: 
     nnodes, nproc = j.split("x")
     values = specs.macros.Values(img_root="", app_id="app-1", replica_id="1", rank0_env="TORCHX_RANK0_HOST")
     args = shlex.split(values.substitute(app.roles[0].args[1]))
-    args = args[args.index("&&") + 2 :] if "&&" in args else args  # several nodes: after the port's check, and exec
+    # several nodes: after the port's check, and exec
+    args = args[args.index("&&") + 2 :] if "&&" in args else args
     assert args[:3] == ["python", "-m", "posttrain.entrypoints.deepspeed_launcher"]
     assert (option(args, "--nnodes"), option(args, "--nproc_per_node")) == (nnodes, nproc)
-    assert option(args, "--node_rank") == "1"  # the replica id
+    # the replica id
+    assert option(args, "--node_rank") == "1"
     assert (option(args, "--master_addr"), option(args, "--master_port")) == (host, port)
     assert args[args.index("-m", 3) + 1] == "posttrain.entrypoints.sft" and "posttrain.entrypoints.launcher" not in args
     assert app.roles[0].num_replicas == app.roles[0].min_replicas == int(nnodes)
@@ -200,13 +203,15 @@ def test_every_component_takes_the_same_arguments_each_documented_in_help() -> N
     def signature(component):
         return {name: (p.kind, p.default, p.annotation) for name, p in inspect.signature(component).parameters.items()}
 
-    server = {"vllm_h": None, "vllm_gpu": 0, "vllm_replicas": 1, "vllm_tp": 1}  # vllm_mode: server's role
+    # vllm_mode: server's role
+    server = {"vllm_h": None, "vllm_gpu": 0, "vllm_replicas": 1, "vllm_tp": 1}
     for algorithm in SPEC_CLASSES:
         component = getattr(algorithms, algorithm)
         parameters = inspect.signature(component).parameters
         shared = {name: kind for name, kind in signature(component).items() if name not in server}
         assert shared == signature(algorithms.sft), algorithm
-        served = algorithm in ("grpo", "rloo", "online_dpo")  # TRL's trainers with a vLLM server mode
+        # TRL's trainers with a vLLM server mode
+        served = algorithm in ("grpo", "rloo", "online_dpo")
         assert {name: parameters[name].default for name in parameters if name in server} == (server if served else {})
         _, described = get_fn_docstring(component)
         assert list(parameters) == [name for name in ARGS if served or name not in server]
@@ -236,7 +241,8 @@ def test_the_job_imports_nothing_from_components_but_the_spec_package() -> None:
                     outside.append(f"{path.name}:{node.lineno} {name}")
     for path in sorted((REPO / "components").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.FunctionDef):  # an import inside a function: a circle held open, or laziness
+            # an import inside a function: a circle held open, or laziness
+            if isinstance(node, ast.FunctionDef):
                 nested += [
                     f"{path.relative_to(REPO)}:{inner.lineno}"
                     for inner in ast.walk(node)
@@ -249,7 +255,8 @@ def test_the_job_imports_nothing_from_components_but_the_spec_package() -> None:
 def test_torchx_finds_only_the_components_in_the_component_module() -> None:
     # torchx reads and lints every function of the module its entry point names, on every `torchx run`
     functions = {name for name, _ in inspect.getmembers(algorithms, inspect.isfunction)}
-    assert functions == {*SPEC_CLASSES, "chain"}  # an algorithm each, and the chain of them
+    # an algorithm each, and the chain of them
+    assert functions == {*SPEC_CLASSES, "chain"}
     # and the package exports each of them (its lazy table names them again)
     assert set(posttrain.components.__all__) == {*SPEC_CLASSES, "chain", "SpecError"}
 
@@ -264,15 +271,18 @@ def test_a_multi_node_job_checks_its_rendezvous_port_before_the_launcher_listens
         "python -m posttrain.entrypoints.rendezvous_port 29555 '${replica_id}' $${${rank0_env}:=localhost} '${app_id}' && "
         "exec python -m posttrain.entrypoints.launcher "
     )
-    assert "rendezvous_port" not in algorithms.sft(spec=TINY, j="1x2").roles[0].args[1]  # one node: a port of its own
+    # one node: a port of its own
+    assert "rendezvous_port" not in algorithms.sft(spec=TINY, j="1x2").roles[0].args[1]
     with socket.socket() as holder:
         holder.bind(("", 0))
         holder.listen()
         port = str(holder.getsockname()[1])
         assert rendezvous_port.main([port, "0", "localhost", "sft-x1"]) == 2
         assert capsys.readouterr().err.startswith(f"posttrain: --rdzv_port {port} is in use on ")
-        assert rendezvous_port.main([port, "1", "localhost", "sft-x1"]) == 2  # the same host: node 0 says it
-        assert rendezvous_port.main([port, "1", "node-0.elsewhere", "sft-x1"]) == 0  # another host's port
+        # the same host: node 0 says it
+        assert rendezvous_port.main([port, "1", "localhost", "sft-x1"]) == 2
+        # another host's port
+        assert rendezvous_port.main([port, "1", "node-0.elsewhere", "sft-x1"]) == 0
         # node 0's own launcher, up already: the listener's command line names the job (here: this pytest's)
         assert "pytest" in rendezvous_port.listener_command(int(port))
         assert rendezvous_port.main([port, "1", "localhost", "pytest"]) == 0

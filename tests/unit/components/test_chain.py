@@ -60,7 +60,8 @@ def test_the_templates_wire_each_stage_to_the_models_before_it() -> None:
     ]
     assert reward.spec.model.name_or_path == ppo.spec.model.name_or_path == sft.output_dir
     assert ppo.spec.rewards[0].model == reward.output_dir
-    assert ppo.spec.training["max_steps"] == 20  # the rest of each stage is its template's
+    # the rest of each stage is its template's
+    assert ppo.spec.training["max_steps"] == 20
     dpo = load_chain(SFT_DPO, ["stages.dpo.training.beta=0.2", "output_dir=/tmp/elsewhere"], world_size=2).stages[1]
     assert dpo.spec.training["beta"] == 0.2 and dpo.spec.model.name_or_path == "/tmp/elsewhere/sft"
     assert dpo.output_dir == "/tmp/elsewhere/dpo"
@@ -159,7 +160,8 @@ def test_a_finished_stage_whose_spec_changed_stops_the_chain(tmp_path: Path) -> 
     sft = chain.stages[0]
     state = {"stages": {"sft": {"spec": sft.spec.model_dump(mode="json"), "seconds": 12.0}}}
     (tmp_path / chain_job.STATE_FILE).write_text(json.dumps(state))
-    assert list(chain_job.finished_stages(chain)) == []  # recorded, but its directory holds no finished run
+    # recorded, but its directory holds no finished run
+    assert list(chain_job.finished_stages(chain)) == []
     (tmp_path / "sft").mkdir()
     (tmp_path / "sft" / "run_summary.json").write_text("{}")
     assert list(chain_job.finished_stages(chain)) == ["sft"]
@@ -225,8 +227,10 @@ def test_the_chain_runs_its_stages_in_order_and_a_rerun_skips_the_finished(
     assert err.count("posttrain: ") == 1 and f"sft -> {tmp_path}/sft, dpo -> {tmp_path}/dpo" in err
 
     ran.clear()
-    assert run_chain(tmp_path) == 0 and ran == []  # all finished
-    (tmp_path / "sft" / "run_summary.json").unlink()  # SFT trained again: and so DPO, on the new SFT model
+    # all finished
+    assert run_chain(tmp_path) == 0 and ran == []
+    # SFT trained again: and so DPO, on the new SFT model
+    (tmp_path / "sft" / "run_summary.json").unlink()
     assert run_chain(tmp_path) == 0 and ran == ["sft", "dpo"]
 
 
@@ -235,7 +239,8 @@ def test_a_failed_stage_ends_the_chain_with_its_code_and_the_summary_says_where(
 ) -> None:
     ran = fake_stages(monkeypatch, failing="dpo")
     assert run_chain(tmp_path) == 2 and ran == ["sft", "dpo"]
-    assert "posttrain: " not in capsys.readouterr().err  # the stage's launcher said why
+    # the stage's launcher said why
+    assert "posttrain: " not in capsys.readouterr().err
     summary = json.loads((tmp_path / "run_summary.json").read_text())
     assert [(s["name"], s["status"]) for s in summary["stages"]] == [("sft", "finished"), ("dpo", "failed")]
     ran.clear()

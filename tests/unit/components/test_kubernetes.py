@@ -39,7 +39,8 @@ def test_every_component_makes_a_valid_volcano_job(algorithm: str) -> None:
     job = request(algorithm, j="2x2", gpu=2, cpu=8, memMB=32_000, max_retries=2, rdzv_port=29511)
     check(job)
     tasks = job["spec"]["tasks"]
-    task_name = normalize_str(algorithm)  # Kubernetes names allow no underscore: online_dpo -> onlinedpo
+    # Kubernetes names allow no underscore: online_dpo -> onlinedpo
+    task_name = normalize_str(algorithm)
     assert [t["name"] for t in tasks] == [f"{task_name}-0", f"{task_name}-1"]
     assert job["spec"]["queue"] == "default" and job["spec"]["maxRetry"] == 2
     for replica, task in enumerate(tasks):
@@ -120,4 +121,5 @@ def test_a_node_count_whose_request_kubernetes_cannot_hold_is_refused_naming_the
     assert message.startswith("-j 100000x8: the job's request holds every node's command, spec included (")
     fits = int(re.search(r"at most (\d+) nodes fit this spec", message).group(1))
     body = json.dumps(request("sft", j=f"{fits}x8"))
-    assert len(body) <= 1.5 * 2**20 < len(body) / fits * (fits + 60)  # near the limit, under it
+    # near the limit, under it
+    assert len(body) <= 1.5 * 2**20 < len(body) / fits * (fits + 60)

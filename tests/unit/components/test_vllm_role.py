@@ -49,12 +49,14 @@ def test_server_mode_adds_a_vllm_role_the_trainers_find() -> None:
     assert (trainers.name, server.name) == ("grpo", "vllm")
     assert server.num_replicas == 1 and server.port_map == {"http": 8000}
     # the role's het group on Slurm is the one after the trainers' two; Volcano's task vllm-0; else this host
-    launch = trainers.args[1].split(" && ", 1)[1]  # after the rendezvous port's check
+    # after the rendezvous port's check
+    launch = trainers.args[1].split(" && ", 1)[1]
     assert launch.startswith(
         "POSTTRAIN_VLLM_HOST=$${SLURM_JOB_NODELIST_HET_GROUP_2:-$${VC_VLLM_0_HOSTS:-127.0.0.1}} exec python -m "
     )
     command = server.args[1]
-    assert command.startswith(  # the role listens where the trainers connect: the same host, resolved
+    # the role listens where the trainers connect: the same host, resolved
+    assert command.startswith(
         "POSTTRAIN_VLLM_HOST=$${SLURM_JOB_NODELIST_HET_GROUP_2:-$${VC_VLLM_0_HOSTS:-127.0.0.1}} python -m "
         "posttrain.entrypoints.vllm_server --spec-json "
     )
@@ -75,8 +77,10 @@ def test_each_job_gets_a_token_of_its_own_in_the_environment_it_inherits_never_i
     assert len(first) >= 40 and first not in request
     for scheduler, cfg in (("local_cwd", {}), ("kubernetes", {"queue": "default"})):
         assert os.environ[VLLM_TOKEN_VARIABLE] not in str(dryrun(scheduler, cfg))
-    assert os.environ[VLLM_TOKEN_VARIABLE] != first  # a new one for each job this process submits
-    os.environ[VLLM_TOKEN_VARIABLE] = "the-user-s-own"  # exported by the user: theirs to keep
+    # a new one for each job this process submits
+    assert os.environ[VLLM_TOKEN_VARIABLE] != first
+    # exported by the user: theirs to keep
+    os.environ[VLLM_TOKEN_VARIABLE] = "the-user-s-own"
     app()
     assert os.environ[VLLM_TOKEN_VARIABLE] == "the-user-s-own"
 
@@ -121,10 +125,12 @@ def test_slurm_runs_both_roles_as_one_heterogeneous_job() -> None:
     request = dryrun("slurm", {}, j="2x1", vllm_gpu=2, vllm_tp=2, gpu=1)
     script = request.materialize()
     groups = dict(re.findall(r"#SBATCH --job-name=(\S+) (.*)", script))
-    assert list(groups) == ["grpo-0", "grpo-1", "vllm-0"]  # het group 2 is the server's, as the trainers expect
+    # het group 2 is the server's, as the trainers expect
+    assert list(groups) == ["grpo-0", "grpo-1", "vllm-0"]
     assert script.count("#SBATCH hetjob") == 2
     assert groups["grpo-0"].endswith("--gpus-per-task=1") and groups["vllm-0"].endswith("--gpus-per-task=2")
-    assert script.count("SLURM_JOB_NODELIST_HET_GROUP_2") == 3  # both trainers' commands and the server's
+    # both trainers' commands and the server's
+    assert script.count("SLURM_JOB_NODELIST_HET_GROUP_2") == 3
     assert "posttrain.entrypoints.vllm_server" in script and "--tensor-parallel-size 2" in script
 
 

@@ -83,7 +83,8 @@ def test_vllm_runs_in_the_dtype_training_computes_in() -> None:
     for on_cpu in (True, False):
         assert (
             training_dtype({"bf16": False}, spec.model, None, on_cpu) == "float32"
-        )  # vLLM would make fp32 weights bf16
+            # vLLM would make fp32 weights bf16
+        )
         assert training_dtype({"bf16": True}, spec.model, torch.float32, on_cpu) == "bfloat16"
         assert training_dtype({"fp16": True}, spec.model, None, on_cpu) == "float16"
     # bf16 unset: TRL's default on GPUs is bf16 mixed precision, whatever the weights; off on CPU (posttrain's)
@@ -129,4 +130,5 @@ def test_a_weight_reload_the_server_cannot_do_is_one_line(tmp_path: Path) -> Non
     message = str(error.value)
     assert message.startswith(f"vllm role: the server at http://host:8000 could not reload the weights from {tmp_path}")
     assert "(Request failed: 500, reload_checkpoint: no such file); it reads them from training.output_dir" in message
-    assert not list(tmp_path.iterdir())  # the file written for it is gone
+    # the file written for it is gone
+    assert not list(tmp_path.iterdir())

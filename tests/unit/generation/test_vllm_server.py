@@ -77,13 +77,15 @@ def test_rank0_holds_the_lease_and_says_done_only_at_a_clean_end(tmp_path: Path,
         held = accepted[1]
         # no done, the lease just dropped: the role waits its grace, then stops
         assert b"".join(iter(lambda: held.recv(64), b"")) == b""
-        assert not role_lease.role_exited()  # and this process holds no lease any more
+        # and this process holds no lease any more
+        assert not role_lease.role_exited()
         held.close()
         monkeypatch.setenv("RANK", "1")
         with role_lease.lease(spec.training):
             listener.settimeout(0.5)
             with pytest.raises(socket.timeout):
-                listener.accept()  # other ranks hold none
+                # other ranks hold none
+                listener.accept()
 
 
 def test_no_role_to_lease_from_is_one_line_naming_the_timeout(tmp_path: Path, monkeypatch) -> None:
@@ -107,7 +109,8 @@ def test_role_exited_sees_the_role_close_its_end(tmp_path: Path, monkeypatch) ->
         role_side.close()
         time.sleep(0.2)
         assert role_lease.role_exited()
-    assert not role_lease.role_exited()  # no lease held any more
+    # no lease held any more
+    assert not role_lease.role_exited()
 
 
 def test_trainers_without_the_job_s_token_stop_in_one_line_before_they_connect(tmp_path: Path, monkeypatch) -> None:
@@ -128,7 +131,8 @@ def test_the_server_listens_where_it_is_told_behind_the_job_s_guard(tmp_path: Pa
     )
     assert command[command.index("--host") + 1] == "10.1.2.3" and "0.0.0.0" not in command
     assert command[command.index("--middleware") + 1] == "posttrain.entrypoints.generation.vllm_token.RequireToken"
-    assert TOKEN not in " ".join(command)  # the token reaches vLLM through the environment only
+    # the token reaches vLLM through the environment only
+    assert TOKEN not in " ".join(command)
 
 
 def network_address() -> str:
@@ -142,15 +146,20 @@ def network_address() -> str:
 def test_the_role_listens_where_the_trainers_connect_on_loopback_locally(monkeypatch) -> None:
     for name in (VLLM_HOST_VARIABLE, "SLURM_LAUNCH_NODE_IPADDR"):
         monkeypatch.delenv(name, raising=False)
-    assert vllm_server.listen_address() == "127.0.0.1"  # local_cwd (the trainers' default too)
-    monkeypatch.setenv(VLLM_HOST_VARIABLE, "localhost")  # a host's own name that is a loopback address (Debian's)
-    here = network_address()
-    monkeypatch.setenv("SLURM_LAUNCH_NODE_IPADDR", here)  # the trainers on this host: they resolve the loopback too
+    # local_cwd (the trainers' default too)
     assert vllm_server.listen_address() == "127.0.0.1"
-    monkeypatch.setenv("SLURM_LAUNCH_NODE_IPADDR", "203.0.113.5")  # the trainers on another host
+    # a host's own name that is a loopback address (Debian's)
+    monkeypatch.setenv(VLLM_HOST_VARIABLE, "localhost")
+    here = network_address()
+    # the trainers on this host: they resolve the loopback too
+    monkeypatch.setenv("SLURM_LAUNCH_NODE_IPADDR", here)
+    assert vllm_server.listen_address() == "127.0.0.1"
+    # the trainers on another host
+    monkeypatch.setenv("SLURM_LAUNCH_NODE_IPADDR", "203.0.113.5")
     assert vllm_server.listen_address() == here != "127.0.0.1"
     monkeypatch.setenv(VLLM_HOST_VARIABLE, "no-such-host.invalid")
-    monkeypatch.setattr(vllm_server, "RESOLVE_S", 0.5)  # a DNS record that never comes
+    # a DNS record that never comes
+    monkeypatch.setattr(vllm_server, "RESOLVE_S", 0.5)
     monkeypatch.setattr(vllm_server, "POLL_S", 0.1)
     with pytest.raises(SpecError, match=r"^vllm role: no address of no-such-host.invalid to listen on \("):
         vllm_server.listen_address()
@@ -171,12 +180,14 @@ def test_the_trainers_client_sends_the_token_to_the_job_s_role_only(tmp_path: Pa
         def log_message(self, *args: Any) -> None:
             pass
 
-    class Client:  # as TRL's: a requests.Session as ``session``, a first request in __init__
+    # as TRL's: a requests.Session as ``session``, a first request in __init__
+    class Client:
         def __init__(self, base_url: str) -> None:
             self.session = requests.Session()
             self.session.get(f"{base_url}/v1/models")
 
-    (tmp_path / "netrc").write_text("default login someone password theirs\n")  # requests applies it where it can
+    # requests applies it where it can
+    (tmp_path / "netrc").write_text("default login someone password theirs\n")
     monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
     server = http.server.HTTPServer(("127.0.0.1", 0), Recording)
     threading.Thread(target=server.serve_forever, daemon=True).start()
@@ -184,22 +195,27 @@ def test_the_trainers_client_sends_the_token_to_the_job_s_role_only(tmp_path: Pa
     try:
         Client.session = vllm_generation.TokenSession(TOKEN)  # type: ignore[attr-defined]
         Client(url).session.get(f"{url}/v1/completions")
-        del Client.session  # a server the spec names: the client as TRL made it
+        # a server the spec names: the client as TRL made it
+        del Client.session
         Client(url)
     finally:
         server.shutdown()
     assert seen[:2] == [f"Bearer {TOKEN}", f"Bearer {TOKEN}"]
-    assert seen[2].startswith("Basic ")  # the .netrc's, which the job's token is not given way to
+    # the .netrc's, which the job's token is not given way to
+    assert seen[2].startswith("Basic ")
 
 
 def test_on_gpus_trl_s_nccl_rendezvous_listens_toward_the_role_only() -> None:
-    def trl_s_get_ip() -> str:  # TRL's: the address of the default route
+    # TRL's: the address of the default route
+    def trl_s_get_ip() -> str:
         return "192.0.2.99"
 
     toward = vllm_generation._toward("127.0.0.1", trl_s_get_ip)
-    assert toward() == "127.0.0.1"  # local_cwd: the role is on this host
+    # local_cwd: the role is on this host
+    assert toward() == "127.0.0.1"
     assert vllm_generation._toward("203.0.113.5", trl_s_get_ip)() == network_address()
-    assert vllm_generation._unwrapped(toward) is trl_s_get_ip  # the next job's prepare starts from TRL's
+    # the next job's prepare starts from TRL's
+    assert vllm_generation._unwrapped(toward) is trl_s_get_ip
 
 
 @pytest.mark.parametrize("answer", [b"ok\n", b"0" * 64 + b" nonce\n"])
@@ -220,7 +236,8 @@ def test_trainers_stop_in_one_line_at_a_squatter_on_the_role_s_port_and_send_it_
         thread.join()
         squatter[0].settimeout(5)
         heard = b"".join(iter(lambda: squatter[0].recv(64), b""))
-        assert TOKEN.encode() not in heard and heard.count(b"\n") <= 1  # a nonce at most, never the token
+        # a nonce at most, never the token
+        assert TOKEN.encode() not in heard and heard.count(b"\n") <= 1
         squatter[0].close()
 
 
@@ -261,4 +278,5 @@ def test_the_trainers_send_the_token_only_to_a_server_that_proves_it_holds_it(mo
     finally:
         server.shutdown()
     assert [path.partition("?")[0] for path, _ in seen] == ["/health", vllm_token.PROOF_PATH]
-    assert all(authorization is None for _, authorization in seen)  # nothing of the token went to it
+    # nothing of the token went to it
+    assert all(authorization is None for _, authorization in seen)

@@ -42,7 +42,8 @@ def test_every_path_but_health_refuses_a_request_without_the_token(
 @pytest.mark.parametrize("path", ["/v1/models", "/collective_rpc", "/health"])
 def test_the_job_s_requests_and_health_get_through(job_token: None, path: str) -> None:
     assert answer(path, f"Bearer {TOKEN}") == [{"type": "app", "path": path}]
-    assert answer("/health") == [{"type": "app", "path": "/health"}]  # the trainers' wait for the server
+    # the trainers' wait for the server
+    assert answer("/health") == [{"type": "app", "path": "/health"}]
 
 
 def test_a_websocket_without_the_token_is_closed_and_lifespan_passes(job_token: None) -> None:
@@ -61,10 +62,12 @@ def test_the_token_comes_from_the_environment_or_the_file_it_names(tmp_path, mon
     monkeypatch.delenv(VLLM_TOKEN_VARIABLE, raising=False)
     monkeypatch.setenv(VLLM_TOKEN_PATH_VARIABLE, str(tmp_path / "token"))
     with pytest.raises(SpecError, match=rf"^vllm role: the job's vLLM token is missing \({VLLM_TOKEN_PATH_VARIABLE}="):
-        vllm_token.required_token("vllm role")  # no such file
+        # no such file
+        vllm_token.required_token("vllm role")
     (tmp_path / "token").write_text("\n")
     assert vllm_token.job_token() is None
-    (tmp_path / "token").write_text(f"{TOKEN}\n")  # a file on a volume the job mounts (Kubernetes)
+    # a file on a volume the job mounts (Kubernetes)
+    (tmp_path / "token").write_text(f"{TOKEN}\n")
     assert vllm_token.required_token("vllm role") == TOKEN
     monkeypatch.setenv(VLLM_TOKEN_VARIABLE, "inherited")
     assert vllm_token.job_token() == "inherited"

@@ -14,7 +14,8 @@ from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints.inputs import tiny
 from posttrain.entrypoints.inputs.chat_templates import check_chat_template
 
-LLAMA3 = {"name_or_path": tiny.NAME_LLAMA3}  # its chat template has no {% generation %} markers
+# its chat template has no {% generation %} markers
+LLAMA3 = {"name_or_path": tiny.NAME_LLAMA3}
 ASSISTANT_ONLY = SimpleNamespace(assistant_only_loss=True, chat_template_path=None)
 
 
@@ -25,12 +26,14 @@ def test_chat_rows_with_a_tokenizer_without_a_template_are_one_line_before_any_m
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     tokenizer = tiny.build_tokenizer()
-    tokenizer.chat_template = None  # as most base models' tokenizers
+    # as most base models' tokenizers
+    tokenizer.chat_template = None
     model_dir = tmp_path / "base-model"
     tiny.build_model(tokenizer, transformers.LlamaForCausalLM).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     for algorithm in ("sft", "dpo"):
-        raw = load_template(f"{algorithm}/tiny.yaml")  # chat messages
+        # chat messages
+        raw = load_template(f"{algorithm}/tiny.yaml")
         raw["model"]["name_or_path"] = str(model_dir)
         raw["training"]["output_dir"] = str(tmp_path / algorithm)
         err = run_refused(raw, monkeypatch, capsys)

@@ -78,8 +78,10 @@ def test_sources_are_renamed_capped_and_concatenated_in_order(tmp_path: Path) ->
         "prompt": [p["prompt"] for p in pairs[:10]],
         "completion": [p["completion"] for p in pairs[:10]],
     }
-    assert mixed[10]["prompt"] == pairs[0]["prompt"]  # the second source's first row follows the first's tenth
-    with pytest.raises(SpecError) as error:  # chat messages and prompt/completion pairs: nothing to train on in both
+    # the second source's first row follows the first's tenth
+    assert mixed[10]["prompt"] == pairs[0]["prompt"]
+    # chat messages and prompt/completion pairs: nothing to train on in both
+    with pytest.raises(SpecError) as error:
         load_split(_spec([{"path": str(CHAT)}, {"path": pc}]).data, SFT_FORMATS, "train", seed=0)
     assert error.value.problems[0].startswith("data.train: its sources share none of the column sets (messages) or")
 
@@ -102,14 +104,16 @@ def test_interleaving_draws_by_weight_with_the_seed_until_every_source_is_used(t
     spec = _spec([{"path": a, "weight": 3}, {"path": b, "weight": 1}], mix="interleave")
     mixed = load_split(spec.data, SFT_FORMATS, "train", seed=0)
     texts = mixed["text"]
-    assert set(texts) >= {f"a{i}" for i in range(30)} | {f"b{i}" for i in range(10)}  # every row drawn at least once
+    # every row drawn at least once
+    assert set(texts) >= {f"a{i}" for i in range(30)} | {f"b{i}" for i in range(10)}
     assert (
         texts
         == load_split(spec.data, SFT_FORMATS, "train", seed=0)["text"]
         != load_split(spec.data, SFT_FORMATS, "train", seed=1)["text"]
     )
     first = texts[:40]
-    assert sum(t.startswith("a") for t in first) > 2 * sum(t.startswith("b") for t in first)  # 3 to 1
+    # 3 to 1
+    assert sum(t.startswith("a") for t in first) > 2 * sum(t.startswith("b") for t in first)
 
 
 def test_a_glob_reads_every_file_it_matches_and_names_a_bad_one(tmp_path: Path) -> None:
@@ -125,7 +129,8 @@ def test_a_glob_reads_every_file_it_matches_and_names_a_bad_one(tmp_path: Path) 
     assert job.value.problems == [
         f"data.train.path: {tmp_path / 'part-1.jsonl'} line 2 is not valid JSON (Expecting value, column 10)"
     ]
-    with pytest.raises(SpecError) as client:  # the client, which sees the files, says it before submitting
+    # the client, which sees the files, says it before submitting
+    with pytest.raises(SpecError) as client:
         algorithms.sft(f"data.train.path={tmp_path / 'part-*.jsonl'}", spec=SFT)
     assert client.value.problems == job.value.problems
     with pytest.raises(SpecError, match=r"data.train.path: no file matches .*nothing-\*.jsonl"):

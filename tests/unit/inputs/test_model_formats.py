@@ -14,7 +14,8 @@ from helpers import run_tiny_sft
 from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints.inputs.models import check_model_path
 
-pytestmark = pytest.mark.usefixtures("job_process")  # runs in process as a job's rank 0
+# runs in process as a job's rank 0
+pytestmark = pytest.mark.usefixtures("job_process")
 
 
 def test_chat_rows_with_mistrals_native_tokenizer_are_one_line(

@@ -66,13 +66,15 @@ def scores_of(values: list):
 def test_reward_scores_are_checked_and_stop_at_the_steps_end(values: object, problem: str, safe: list) -> None:
     check = RewardCheck()
     wrapped = check.wrap(scores_of(values), "rewards.0")
-    assert wrapped.__name__ == "my_score"  # TRL logs rewards/my_score/mean
+    # TRL logs rewards/my_score/mean
+    assert wrapped.__name__ == "my_score"
     # the step goes on with zeros in place of the bad scores (no NaN loss, no crash inside the trainer)
     assert wrapped(prompts=["p", "q"], completions=["a", "b"], completion_ids=[[1], [2]]) == safe
     with pytest.raises(SpecError) as error:
         check.on_step_end(None, SimpleNamespace(global_step=12), None)
     assert str(error.value) == f"rewards.0 (my_score): {problem} at step 12"
-    with pytest.raises(SpecError, match=f"^rewards.0 \\(my_score\\): {problem[:10]}"):  # no trainer: at once
+    # no trainer: at once
+    with pytest.raises(SpecError, match=f"^rewards.0 \\(my_score\\): {problem[:10]}"):
         RewardCheck(stop_at_step_end=False).wrap(scores_of(values), "rewards.0")(prompts=[], completions=["a", "b"])
 
 
@@ -87,11 +89,13 @@ def test_good_scores_pass_untouched_and_async_functions_stay_async() -> None:
     wrapped = check.wrap(judged, "rewards.1")
     assert inspect.iscoroutinefunction(wrapped) and wrapped.__name__ == "judged"
 
-    class Judge:  # an object with an async __call__: TRL awaits it too
+    # an object with an async __call__: TRL awaits it too
+    class Judge:
         async def __call__(self, completions: list, **columns: object) -> list:
             return [0.5] * len(completions)
 
     wrapped = check.wrap(Judge(), "rewards.2")
     assert is_async_callable(wrapped) and wrapped.__name__ == "Judge"
     assert asyncio.run(wrapped(prompts=["p"], completions=["a"])) == [0.5]
-    check.on_step_end(None, SimpleNamespace(global_step=2), None)  # nothing recorded against it
+    # nothing recorded against it
+    check.on_step_end(None, SimpleNamespace(global_step=2), None)

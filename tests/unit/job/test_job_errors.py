@@ -76,7 +76,8 @@ def test_a_corrupt_json_line_is_named_with_its_line_and_column(tmp_path: Path) -
         f"data.train.path: {path} line 3 is not valid JSON "
         "(Expecting property name enclosed in double quotes, column 14)"
     )
-    broken = tmp_path / "rows.json"  # one JSON document, pretty-printed
+    # one JSON document, pretty-printed
+    broken = tmp_path / "rows.json"
     broken.write_text('[\n  {"text": "a"}\n  {"text": "b"}\n]\n')
     message = f"data.train.path: {broken} line 3 is not valid JSON (Expecting ',' delimiter, column 3)"
     assert load_error(broken) == message
@@ -90,7 +91,8 @@ def test_a_hub_data_set_that_cannot_load_is_one_line(tmp_path: Path) -> None:
         str(unreachable.value)
         == f"{where} 'train' of 'nobody/nothing': Couldn't reach 'nobody/nothing' on the Hub (OfflineModeIsEnabled)"
     )
-    (tmp_path / "rows.jsonl").write_text('{"text": "a"}\n')  # load_dataset reads a directory as it reads a hub repo
+    # load_dataset reads a directory as it reads a hub repo
+    (tmp_path / "rows.jsonl").write_text('{"text": "a"}\n')
     with pytest.raises(SpecError) as no_split:
         load_data(DataSource(name=str(tmp_path), split="tset"), {}, "data.train", SPEC_CLASSES["sft"].data_formats)
     assert str(no_split.value).startswith(f"{where} 'tset' of '{tmp_path}': Unknown split \"tset\"")
@@ -171,9 +173,11 @@ def test_the_trl_configs_own_checks_become_one_training_line(tmp_path: Path) -> 
     raw["training"].update(
         output_dir=str(tmp_path / "out"), load_best_model_at_end=True, eval_strategy="steps", save_strategy="epoch"
     )
-    del raw["training"]["save_steps"]  # it would do nothing with save_strategy: epoch
+    # it would do nothing with save_strategy: epoch
+    del raw["training"]["save_steps"]
     raw["data"]["eval"] = raw["data"]["train"]
-    spec = validate(raw)  # the client cannot tell: only transformers' __post_init__ does
+    # the client cannot tell: only transformers' __post_init__ does
+    spec = validate(raw)
     with pytest.raises(SpecError) as error:
         runtime.build_config(spec.config_class, runtime.training_arguments(spec, dict(spec.training)))
     assert str(error.value) == (
@@ -206,7 +210,8 @@ def test_a_package_the_training_section_needs_is_named_before_any_model_loads(
         runtime.check_environment(
             runtime.build_config(spec.config_class, runtime.training_arguments(spec, dict(spec.training)))
         )
-    raw["training"].update(optim="adamw_torch", report_to="tensorboard")  # installed: nothing to say
+    # installed: nothing to say
+    raw["training"].update(optim="adamw_torch", report_to="tensorboard")
     runtime.check_environment(
         runtime.build_config(
             validate(raw).config_class, runtime.training_arguments(validate(raw), dict(raw["training"]))
@@ -225,10 +230,12 @@ def test_push_to_hub_needs_the_hub_and_a_token_in_the_jobs_environment(
         validate(raw).config_class, runtime.training_arguments(validate(raw), dict(raw["training"]))
     )
     with pytest.raises(SpecError, match="training.push_to_hub: HF_HUB_OFFLINE is set"):
-        runtime.check_environment(args)  # this file's fixture sets it
+        # this file's fixture sets it
+        runtime.check_environment(args)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    assert huggingface_hub.get_token() is None  # HF_HOME is this test's own: no token saved there
+    # HF_HOME is this test's own: no token saved there
+    assert huggingface_hub.get_token() is None
     with pytest.raises(SpecError, match="training.push_to_hub: the job's environment has no Hugging Face token"):
         runtime.check_environment(args)
     monkeypatch.setenv("HF_TOKEN", "hf_test")
@@ -237,14 +244,16 @@ def test_push_to_hub_needs_the_hub_and_a_token_in_the_jobs_environment(
         match=r"training.push_to_hub: the Hugging Face Hub \(https://huggingface.co\) "
         r"refused the job's token or cannot be reached from the job: ",
     ):
-        runtime.check_environment(args)  # no network here: the trainer's constructor failed, after the models loaded
+        # no network here: the trainer's constructor failed, after the models loaded
+        runtime.check_environment(args)
     with hub_answering_whoami(accepted="hf_test") as endpoint:
         monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", endpoint)
         runtime.check_environment(args)
         monkeypatch.setenv("HF_TOKEN", "hf_expired")
         with pytest.raises(SpecError, match=r"refused the job's token or cannot be reached from the job: .*401"):
             runtime.check_environment(args)
-        monkeypatch.setenv("HF_TOKEN", "hf_stalled")  # a Hub that never answers: the job waits a bounded time
+        # a Hub that never answers: the job waits a bounded time
+        monkeypatch.setenv("HF_TOKEN", "hf_stalled")
         monkeypatch.setattr(huggingface_hub.constants, "DEFAULT_REQUEST_TIMEOUT", 0.5)
         with pytest.raises(SpecError, match=r"refused the job's token or cannot be reached from the job: .*timed out"):
             runtime.check_environment(args)
@@ -271,7 +280,8 @@ def hub_answering_whoami(accepted: str) -> Iterator[str]:
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Whoami)
-    server.block_on_close = False  # closing does not wait for the stalled answer
+    # closing does not wait for the stalled answer
+    server.block_on_close = False
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
@@ -284,12 +294,14 @@ def hub_answering_whoami(accepted: str) -> Iterator[str]:
 def test_fp16_on_cpu_is_refused_rather_than_trained_in_float32(tmp_path: Path) -> None:
     raw = load_template("sft/tiny.yaml")
     raw["training"].update(output_dir=str(tmp_path / "out"), fp16=True)
-    spec = validate(raw)  # the client refuses it only where -h names a machine without GPUs
+    # the client refuses it only where -h names a machine without GPUs
+    spec = validate(raw)
     with pytest.raises(
         SpecError, match="training.fp16: float16 mixed precision runs on GPUs only; this job runs on CPU"
     ):
         runtime.training_arguments(spec, dict(spec.training))
-    job = tiny_job(tmp_path, "sft")  # what accelerate does with it on CPU: no autocast, float32
+    # what accelerate does with it on CPU: no autocast, float32
+    job = tiny_job(tmp_path, "sft")
     args = import_object(spec.config_class)(
         **{**runtime.training_arguments(job.spec, dict(job.spec.training)), "fp16": True}
     )
@@ -307,7 +319,8 @@ def test_a_lora_target_the_model_lacks_is_named_before_any_model_loads() -> None
     with pytest.raises(SpecError, match=re.escape(missing)):
         check_model_options(
             runtime.parts(validate(raw)).models
-        )  # PEFT's own matching, on a model built on the meta device
+            # PEFT's own matching, on a model built on the meta device
+        )
     raw["model"]["lora"] = {"r": 8, "target_modules": ["q_proj", "v_proj"], "use_dora": True}
     check_model_options(runtime.parts(validate(raw)).models)
 
@@ -320,7 +333,8 @@ def test_a_router_loss_without_experts_is_named_before_any_model_loads(tmp_path:
     raw = {**job.spec.model_dump(), "training": {**job.spec.training, "router_aux_loss_coef": 0.01}}
     with pytest.raises(SpecError, match="training.router_aux_loss_coef: 0.01 weighs the router loss of a mixture"):
         check_model_options(runtime.parts(validate(raw)).models)
-    with pytest.raises(ValueError, match="is not a Mixture-of-Experts model"):  # TRL, once the model is loaded
+    # TRL, once the model is loaded
+    with pytest.raises(ValueError, match="is not a Mixture-of-Experts model"):
         trainer_with(job, router_aux_loss_coef=0.01)
     experts = tmp_path / "experts"
     transformers.MixtralConfig(
@@ -342,7 +356,8 @@ def test_the_attention_implementation_is_checked_before_any_model_loads_and_hono
     raw["model"]["attn_implementation"] = "flash_attention_2"
     toggled = "model.attn_implementation: flash_attention_2: FlashAttention2 has been toggled on, but it cannot be used"
     with pytest.raises(SpecError, match=re.escape(toggled)):
-        check_model_options(runtime.parts(validate(raw)).models)  # a built-in
+        # a built-in
+        check_model_options(runtime.parts(validate(raw)).models)
     spec = validate({**raw, "model": {"name_or_path": raw["model"]["name_or_path"]}})
     tokenizer = load_tokenizer(spec.model.name_or_path, spec.model, "right")
     load_model(spec.model.name_or_path, runtime.parts(spec).models, tokenizer, CAUSAL_LM).save_pretrained(
@@ -421,7 +436,8 @@ def test_a_directory_that_is_not_a_model_lists_what_it_lacks(tmp_path: Path) -> 
     (model / "tokenizer.json").write_text("{}")
     check_model_path(str(model))
     whole = (model / "model.safetensors").read_bytes()
-    (model / "model.safetensors").write_bytes(whole[:-8])  # a copy cut short: every rank's traceback otherwise
+    # a copy cut short: every rank's traceback otherwise
+    (model / "model.safetensors").write_bytes(whole[:-8])
     with pytest.raises(SpecError) as error:
         check_model_path(str(model))
     assert str(error.value) == (
@@ -445,10 +461,12 @@ def test_weights_of_another_shape_than_config_json_makes_are_named_before_any_mo
         vocab_size=64,
     )
     transformers.LlamaForCausalLM(config).save_pretrained(model)
-    (model / "tokenizer.json").write_text("{}")  # present: what is checked here is the weights
+    # present: what is checked here is the weights
+    (model / "tokenizer.json").write_text("{}")
     spec = validate({**load_template("sft/tiny.yaml"), "model": {"name_or_path": str(model)}})
     check_weight_shapes(runtime.parts(spec).models)
-    config.intermediate_size = 48  # a config.json copied from another model
+    # a config.json copied from another model
+    config.intermediate_size = 48
     config.save_pretrained(model)
     with pytest.raises(SpecError) as error:
         check_weight_shapes(runtime.parts(spec).models)
@@ -456,7 +474,8 @@ def test_weights_of_another_shape_than_config_json_makes_are_named_before_any_mo
         f"model.name_or_path: {model / 'model.safetensors'} holds model.layers.0.mlp.down_proj.weight of shape "
         f"[16, 32], where {model}/config.json makes it [16, 48]: the weights and config.json are of different models"
     )
-    config.quantization_config = {"quant_method": "bitsandbytes", "load_in_4bit": True}  # packed: other shapes
+    # packed: other shapes
+    config.quantization_config = {"quant_method": "bitsandbytes", "load_in_4bit": True}
     config.save_pretrained(model)
     check_weight_shapes(runtime.parts(spec).models)
 
@@ -470,7 +489,8 @@ def test_run_prints_on_rank_0_alone_and_writes_nothing(
     monkeypatch.chdir(REPO)
     raw = load_template("sft/tiny.yaml")
     raw["training"]["output_dir"] = str(tmp_path / "out")
-    raw["model"]["name_or_path"] = str(tmp_path / "no-model")  # the last check before a model loads
+    # the last check before a model loads
+    raw["model"]["name_or_path"] = str(tmp_path / "no-model")
     spec_json = validate(raw).to_json()
     for rank, printed in (("0", 1), ("1", 0)):
         monkeypatch.setenv("RANK", rank)
@@ -515,7 +535,8 @@ def test_a_model_that_fails_to_load_on_one_rank_is_said_by_that_rank(
 def test_rows_the_trainer_drops_are_counted_and_none_left_stops_before_the_first_step(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
 ) -> None:
-    job = tiny_job(tmp_path, "reward")  # TRL's reward trainer drops the pairs longer than max_length
+    # TRL's reward trainer drops the pairs longer than max_length
+    job = tiny_job(tmp_path, "reward")
     job = dataclasses.replace(job, eval_dataset=job.train_dataset.select(range(60)))
     with caplog.at_level(logging.WARNING, logger="posttrain"):
         data.check_kept_rows(trainer_with(job, max_length=24), job.train_dataset, job.eval_dataset)

@@ -24,10 +24,12 @@ def _failure(tmp_path: Path, exitcode: int, message: str = "", rank: int = 0) ->
 def test_the_root_cause_is_the_rank_that_said_why_not_one_torchrun_stopped_after_it(tmp_path: Path) -> None:
     line = "posttrain: data.train.path: no such file: x.jsonl"
     stopped = {0: _failure(tmp_path, -signal.SIGTERM, line, 0), 1: _failure(tmp_path, error_file.STOPPED, line, 1)}
-    assert launcher.root_cause(stopped)[0] == 1  # rank 0 had left the same line when torchrun stopped it
+    # rank 0 had left the same line when torchrun stopped it
+    assert launcher.root_cause(stopped)[0] == 1
     quiet = tmp_path / "no error files"
     killed = {0: _failure(quiet, error_file.CRASHED, rank=0), 1: _failure(quiet, -signal.SIGKILL, rank=1)}
-    assert launcher.root_cause(killed)[0] == 1  # rank 0 ended on the lost peer, quietly
+    # rank 0 ended on the lost peer, quietly
+    assert launcher.root_cause(killed)[0] == 1
     exited = {0: _failure(quiet, error_file.CRASHED, rank=0), 1: _failure(quiet, 13, rank=1)}
     assert launcher.root_cause(exited)[0] == 1
 
@@ -36,8 +38,10 @@ def test_the_launcher_says_a_crash_and_a_signal_but_not_what_a_rank_said(tmp_pat
     crash = "posttrain: rank 1 crashed: ValueError: bad (at r.py:3 in f); traceback in out/logs/traceback-rank1.txt"
     assert launcher.failure_line(1, _failure(tmp_path, error_file.CRASHED, crash)) == crash
     assert launcher.failure_line(0, _failure(tmp_path, error_file.STOPPED, "posttrain: data.train: ...")) is None
-    assert launcher.failure_line(0, _failure(tmp_path / "none", error_file.CRASHED)) is None  # a lost peer: quiet
-    assert launcher.failure_line(2, _failure(tmp_path / "none", 13)) == (  # os._exit(13) in the user's code
+    # a lost peer: quiet
+    assert launcher.failure_line(0, _failure(tmp_path / "none", error_file.CRASHED)) is None
+    # os._exit(13) in the user's code
+    assert launcher.failure_line(2, _failure(tmp_path / "none", 13)) == (
         "posttrain: rank 2 (pid 42) exited with code 13 without saying why"
     )
     assert launcher.failure_line(3, _failure(tmp_path / "none", -signal.SIGKILL)) == (
@@ -64,12 +68,14 @@ def test_a_crash_is_one_line_naming_the_exception_and_where_its_traceback_is_kep
     line = line.strip()
     assert kept.read_text().startswith("Traceback (most recent call last):") and '{}["judge"]' in kept.read_text()
     assert error_file.posttrain_line(json.loads((tmp_path / "error.json").read_text())) == line
-    monkeypatch.setenv(error_file.LAUNCHER_SAYS, "1")  # under posttrain's launcher, which says it once
+    # under posttrain's launcher, which says it once
+    monkeypatch.setenv(error_file.LAUNCHER_SAYS, "1")
     (tmp_path / "file").write_text("")
     try:
         raise ValueError("first\nsecond")
     except ValueError as crash:
-        error_file.record_crash(crash, 0, tmp_path / "file" / "logs")  # cannot be written: printed instead
+        # cannot be written: printed instead
+        error_file.record_crash(crash, 0, tmp_path / "file" / "logs")
     err = capsys.readouterr().err
     assert err.startswith("Traceback (most recent call last):") and "posttrain:" not in err
 
@@ -80,16 +86,20 @@ def test_the_run_s_logs_are_kept_in_its_output_directory_where_the_job_made_one(
     argv.append(json.dumps({"training": {"output_dir": str(output_dir)}}))
     kept = launcher.kept_logs(argv)
     assert kept == output_dir / "logs" and launcher.kept_logs(argv[:3]) is None
-    log_dir = tmp_path / "torchelastic_x"  # this launcher's own
-    rank = log_dir / "job-1_ab12" / "attempt_0" / "1"  # torchrun's layout: <run id>_<random>/attempt_<n>/<local rank>
+    # this launcher's own
+    log_dir = tmp_path / "torchelastic_x"
+    # torchrun's layout: <run id>_<random>/attempt_<n>/<local rank>
+    rank = log_dir / "job-1_ab12" / "attempt_0" / "1"
     rank.mkdir(parents=True)
     (rank / "stderr.log").write_text("posttrain[1] WARNING ...\n")
     (log_dir / "job-1_cd34" / "attempt_0" / "0").mkdir(parents=True)
     launcher.keep_logs(log_dir, kept)
-    assert not output_dir.exists()  # stopped before it made its output directory: nothing of the run to keep beside
+    # stopped before it made its output directory: nothing of the run to keep beside
+    assert not output_dir.exists()
     output_dir.mkdir()
     kept.mkdir()
-    (kept / "job-1_ab12").write_text("in the way")  # a copy that fails (as on a full disk) is left, the next made
+    # a copy that fails (as on a full disk) is left, the next made
+    (kept / "job-1_ab12").write_text("in the way")
     launcher.keep_logs(log_dir, kept)
     assert (kept / "job-1_ab12").read_text() == "in the way" and (kept / "job-1_cd34" / "attempt_0" / "0").is_dir()
     (kept / "job-1_ab12").unlink()
@@ -101,7 +111,8 @@ def test_the_run_s_logs_are_kept_in_its_output_directory_where_the_job_made_one(
 
 
 def _reward_calling_a_judge(completions: list) -> list:
-    raise ConnectionResetError(104, "Connection reset by peer")  # what an HTTP client raises when its server drops
+    # what an HTTP client raises when its server drops
+    raise ConnectionResetError(104, "Connection reset by peer")
 
 
 def _reward_wrapping_it(completions: list) -> list:
@@ -119,7 +130,8 @@ def _reward_failing_while_handling_it(completions: list) -> list:
 
 
 def _reward_saying_it_in_a_runtime_error(completions: list) -> list:
-    raise RuntimeError("[pair.cc:553] Connection closed by peer")  # gloo's words, from user code
+    # gloo's words, from user code
+    raise RuntimeError("[pair.cc:553] Connection closed by peer")
 
 
 @pytest.mark.parametrize(
@@ -136,14 +148,16 @@ def test_a_users_connection_reset_is_a_crash_not_a_lost_peer_whatever_it_says(
 ) -> None:
     with pytest.raises(Exception) as raised:
         reward(["a"])
-    assert distributed.says_any(raised.value, distributed.PEER_GONE)  # the words are there, in the chain
+    # the words are there, in the chain
+    assert distributed.says_any(raised.value, distributed.PEER_GONE)
     for world_size in ("1", "2"):
         monkeypatch.setenv("WORLD_SIZE", world_size)
         assert not distributed.lost_a_peer(raised.value)
 
 
 def test_torchs_collective_errors_are_a_lost_peer_only_with_peers(monkeypatch: pytest.MonkeyPatch) -> None:
-    error = dist.DistNetworkError("Connection reset by peer")  # the store's, when the rank holding it ended
+    # the store's, when the rank holding it ended
+    error = dist.DistNetworkError("Connection reset by peer")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert distributed.lost_a_peer(error) and not distributed.lost_a_peer(dist.DistBackendError("out of memory"))
     monkeypatch.setenv("WORLD_SIZE", "1")

@@ -20,7 +20,8 @@ def test_a_lease_is_held_while_its_run_lives_and_given_back_with_the_directory_i
     holder = read_holder(output_dir)
     assert (holder.pid, holder.token, holder.process_space) == (os.getpid(), held.holder.token, lease.process_space())
     held.release()
-    assert not (tmp_path / "new" / "out").exists()  # the run made it and wrote nothing else
+    # the run made it and wrote nothing else
+    assert not (tmp_path / "new" / "out").exists()
     output_dir.mkdir()
     (output_dir / "model.safetensors").write_text("kept")
     acquire(output_dir).release()
@@ -30,14 +31,17 @@ def test_a_lease_is_held_while_its_run_lives_and_given_back_with_the_directory_i
 def test_a_holder_whose_process_id_was_given_to_another_process_is_gone(tmp_path: Path) -> None:
     me = Holder.this_process()
     parent = Holder(**{**vars(me), "pid": os.getppid(), "pid_start": lease.process_start(os.getppid())})
-    assert alive_at_once(parent, me) and gone_at_once(parent, me) is None  # alive here: refused at once
-    reused = Holder(**{**vars(parent), "pid_start": parent.pid_start - 1})  # that id, an earlier process's
+    # alive here: refused at once
+    assert alive_at_once(parent, me) and gone_at_once(parent, me) is None
+    # that id, an earlier process's
+    reused = Holder(**{**vars(parent), "pid_start": parent.pid_start - 1})
     assert not alive_at_once(reused, me)
     assert gone_at_once(reused, me).endswith("held it, and that process is gone")
 
 
 def test_a_lease_that_cannot_be_read_is_held(tmp_path: Path) -> None:
-    (tmp_path / LEASE_FILE).mkdir()  # exists, and reading it fails (as EACCES or ESTALE would)
+    # exists, and reading it fails (as EACCES or ESTALE would)
+    (tmp_path / LEASE_FILE).mkdir()
     with pytest.raises(SpecError, match=r"holds a lease \(\.posttrain_lease\.json\) this run cannot read \("):
         acquire(tmp_path)
 

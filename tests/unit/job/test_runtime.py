@@ -78,7 +78,8 @@ def test_wrong_columns_name_found_and_expected(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="data.columns: question -> answer, but data.train has a column of that name"):
         load_data(source, {"question": "answer"}, "data.train", SFT_FORMATS)
     swapped = load_data(source, {"question": "completion", "answer": "prompt"}, "data.train", SFT_FORMATS)
-    assert swapped[0] == {"completion": "q", "prompt": "a"}  # renamed away, a name is free again
+    # renamed away, a name is free again
+    assert swapped[0] == {"completion": "q", "prompt": "a"}
 
 
 def test_missing_data_file_is_named(tmp_path: Path) -> None:
@@ -130,7 +131,8 @@ def test_fit_batch_shrinks_to_the_data_or_fails() -> None:
     fitted = fit_batch(training, SFT_CONFIG, 20, 2)
     per, accum = fitted["per_device_train_batch_size"], fitted["gradient_accumulation_steps"]
     assert 2 * per * accum <= 20 and per >= 1
-    assert fit_batch({}, SFT_CONFIG, 10, 2)["per_device_train_batch_size"] == 5  # SFTConfig's default is 8
+    # SFTConfig's default is 8
+    assert fit_batch({}, SFT_CONFIG, 10, 2)["per_device_train_batch_size"] == 5
     with pytest.raises(SpecError, match="3 rows cannot give each of the 4 processes one example"):
         fit_batch(training, SFT_CONFIG, 3, 4)
     # KTO's KL term needs two examples per device: the batch never shrinks below the spec's least
@@ -266,7 +268,8 @@ def test_every_entrypoint_builds_its_trainer_with_its_models(tmp_path: Path, alg
     assert type(trainer) is import_object(spec.trainer_name())
     if spec.model_class == "AutoModelForSequenceClassification":
         assert isinstance(trainer.model, LlamaForSequenceClassification) and trainer.model.config.num_labels == 1
-    for field in spec.extra_models:  # loaded by the job, not by TRL
+    # loaded by the job, not by TRL
+    for field in spec.extra_models:
         assert isinstance(getattr(trainer, EXTRA_MODEL_ATTRIBUTES[field]), torch.nn.Module), field
     if hasattr(spec, "rewards"):
         assert len(trainer.reward_funcs) == len(spec.rewards)
@@ -289,11 +292,13 @@ def test_kto_batch_rules_are_the_trainers_own(tmp_path: Path) -> None:
         },
     )
     assert job.spec.min_per_device_batch == 1 and validate(load_template("kto/tiny.yaml")).min_per_device_batch == 2
-    build_trainer(job)  # no KL term: TRL takes both
+    # no KL term: TRL takes both
+    build_trainer(job)
     with pytest.raises(SpecError) as refused:
         validate({**load_template("kto/tiny.yaml"), "training": {**job.spec.training, "loss_type": "kto"}})
     assert [p.split(":")[0] for p in refused.value.problems] == [f"training.{key}" for key in loose]
-    for key, value in loose.items():  # and TRL, given either one, refuses to build the trainer
+    # and TRL, given either one, refuses to build the trainer
+    for key, value in loose.items():
         kwargs = runtime.training_arguments(job.spec, dict(job.spec.training))
         kwargs.update(loss_type="kto", per_device_train_batch_size=2, train_sampling_strategy="sequential")
         args = import_object(job.spec.config_class)(**{**kwargs, key: value})
@@ -344,7 +349,8 @@ def test_what_the_spec_refuses_together_the_trainer_refuses(
     kwargs = {**runtime.training_arguments(job.spec, dict(job.spec.training)), **together}
     args = import_object(job.spec.config_class)(**kwargs)
     with pytest.raises((ValueError, NotImplementedError), match=re.escape(trl_says)):
-        build_trainer(dataclasses.replace(job, args=args))  # once the models are loaded
+        # once the models are loaded
+        build_trainer(dataclasses.replace(job, args=args))
 
 
 def test_orpos_null_max_length_is_refused_as_the_trainer_makes_it_512(tmp_path: Path) -> None:
@@ -374,7 +380,8 @@ def test_reward_models_load_through_the_jobs_loader_with_their_tokenizers(tmp_pa
     assert callable(funcs[0]) and tokenizers[0] is None
     assert isinstance(funcs[1], LlamaForSequenceClassification) and funcs[1].config.num_labels == 1
     assert tokenizers[1].padding_side == "right" and funcs[1].config.pad_token_id == tokenizers[1].pad_token_id
-    trainer = build_trainer(job)  # TRL takes the loaded model and tokenizer as they are
+    # TRL takes the loaded model and tokenizer as they are
+    trainer = build_trainer(job)
     assert isinstance(trainer.reward_funcs[1], LlamaForSequenceClassification)
     assert trainer.reward_processing_classes[1].padding_side == "right"
     assert job.args.reward_weights == [1.0, 0.5]
@@ -428,9 +435,11 @@ def test_progress_lines_come_from_rank_0_with_the_step_values_and_time_left(capl
 # What a trainer changes in its own config when it is built, each one TRL's documented doing (not ours):
 # a field the spec sets that the trainer then ignores or overrides would show up here as a difference.
 TRAINER_CHANGES = {
-    "grpo": {"generation_batch_size", "steps_per_generation"},  # TRL derives them from the batch (documented)
+    # TRL derives them from the batch (documented)
+    "grpo": {"generation_batch_size", "steps_per_generation"},
     "rloo": {"generation_batch_size", "steps_per_generation"},
-    "orpo": {"remove_unused_columns"},  # its collator needs every column: TRL sets it false (refused in the spec)
+    # its collator needs every column: TRL sets it false (refused in the spec)
+    "orpo": {"remove_unused_columns"},
 }
 
 
@@ -448,7 +457,8 @@ def test_every_key_reaches_the_trainer_as_the_spec_says(tmp_path: Path, algorith
         if f.init and getattr(trainer.args, f.name) != getattr(expected, f.name)
     }
     assert differing <= TRAINER_CHANGES.get(algorithm, set()), differing
-    for key, value in job.spec.training.items():  # and what the spec says is what the trainer has
+    # and what the spec says is what the trainer has
+    for key, value in job.spec.training.items():
         if key not in TRAINER_CHANGES.get(algorithm, set()):
             assert getattr(trainer.args, key) == getattr(expected, key), key
 
@@ -468,7 +478,8 @@ def test_ddp_searches_for_unused_parameters_only_in_models_that_can_leave_some()
     }
     assert not may_leave_parameters_unused(LlamaConfig(**small))
     assert may_leave_parameters_unused(MixtralConfig(**small, num_local_experts=4))
-    assert may_leave_parameters_unused(None)  # a config out of reach: DDP searches, as transformers would
+    # a config out of reach: DDP searches, as transformers would
+    assert may_leave_parameters_unused(None)
 
 
 def test_whether_ddp_searches_is_in_the_trainers_arguments_before_any_model_loads(tmp_path: Path) -> None:
@@ -480,5 +491,6 @@ def test_whether_ddp_searches_is_in_the_trainers_arguments_before_any_model_load
     moe = sft_spec(tmp_path, model={**builtin.model.model_dump(), "name_or_path": str(tmp_path / "moe")})
     assert runtime.training_arguments(builtin, dict(builtin.training))["ddp_find_unused_parameters"] is False
     assert runtime.training_arguments(moe, dict(moe.training))["ddp_find_unused_parameters"] is True
-    said = {**moe.training, "ddp_find_unused_parameters": False}  # the user's choice stands
+    # the user's choice stands
+    said = {**moe.training, "ddp_find_unused_parameters": False}
     assert runtime.training_arguments(moe, said)["ddp_find_unused_parameters"] is False

@@ -32,7 +32,8 @@ def test_trainers_with_a_repeat_sampler_never_read_the_sampling_options(tmp_path
     options = {"train_sampling_strategy": "group_by_length", "length_column_name": "nowhere", "data_seed": 123}
     assert type(trainer_with(job, **options)._get_train_sampler()).__name__ == "RepeatSampler"
     assert order(trainer_with(job, **options)) == order(default)
-    assert order(trainer_with(job, seed=1)) != order(default)  # what orders the prompts
+    # what orders the prompts
+    assert order(trainer_with(job, seed=1)) != order(default)
 
 
 def test_length_column_and_data_seed_count_only_where_the_order_uses_them(tmp_path: Path) -> None:
@@ -52,8 +53,11 @@ def test_length_column_and_data_seed_count_only_where_the_order_uses_them(tmp_pa
         assert (seeded != order(trainer_with(job, train_sampling_strategy=strategy))) == counts, strategy
     validate({**job.spec.model_dump(), "training": {**job.spec.training, "train_sampling_strategy": "group_by_length"}})
     check_length_column(
-        job.spec.rows_hold_input_ids, trainer_with(job, train_sampling_strategy="group_by_length").args, []
-    )  # input_ids
+        job.spec.rows_hold_input_ids,
+        trainer_with(job, train_sampling_strategy="group_by_length").args,
+        [],
+        # input_ids
+    )
 
 
 def test_length_grouping_needs_the_lengths_where_the_rows_hold_no_input_ids(tmp_path: Path) -> None:
@@ -126,4 +130,5 @@ def test_online_dpo_keeps_its_prompt_columns(tmp_path: Path) -> None:
     )
     with pytest.raises(ValueError, match="No columns in the dataset match the model's forward method signature"):
         trainer_with(job, remove_unused_columns=True).get_train_dataloader()
-    next(iter(trainer_with(job).get_train_dataloader()))  # TRL's default, false
+    # TRL's default, false
+    next(iter(trainer_with(job).get_train_dataloader()))

@@ -13,4 +13,5 @@ def test_the_reference_pages_match_the_code(algorithm: str) -> None:
     assert page == reference.render(algorithm), "stale: run python -m posttrain.components.generate.reference --all"
     for key in ("training.output_dir", "training.learning_rate", "model.name_or_path", "distributed.timeout_s"):
         assert f"| `{key}` |" in page, key
-    assert "| `training.ddp_timeout` | use distributed.timeout_s |" in page  # a refused key, with its reason
+    # a refused key, with its reason
+    assert "| `training.ddp_timeout` | use distributed.timeout_s |" in page

@@ -119,7 +119,8 @@ def test_readme_yaml_blocks_are_valid_spec_fragments() -> None:
     for block in CODE.yaml_blocks:
         fragment = yaml.safe_load("\n".join(block.lines))
         assert isinstance(fragment, dict), f"{where(block.line)}: not a mapping"
-        if fragment.get("algorithm") == "chain":  # its stage files as the chain templates name them
+        # its stage files as the chain templates name them
+        if fragment.get("algorithm") == "chain":
             validate_chain(fragment, base=REPO / "templates" / "chain")
         elif "algorithm" in fragment:
             distributed = fragment.get("distributed") or {}
@@ -127,7 +128,8 @@ def test_readme_yaml_blocks_are_valid_spec_fragments() -> None:
             for keep in engines or [None]:
                 alone = {key: value for key, value in distributed.items() if key not in engines or key == keep}
                 validate(dict(fragment, distributed=alone))
-        elif set(fragment) == {"data"}:  # a data section: in the algorithm whose columns it holds
+        elif set(fragment) == {"data"}:
+            # a data section: in the algorithm whose columns it holds
             spec = yaml.safe_load((REPO / "templates/sft/tiny.yaml").read_text())
             validate({**spec, **fragment})
         elif set(fragment) == {"rewards"}:

@@ -36,7 +36,8 @@ def write_checkpoint(output_dir: Path, step: int, complete: bool = True, max_ste
     path.mkdir(parents=True)
     state = json.dumps({"global_step": step, "max_steps": max_steps})
     (path / "trainer_state.json").write_text(state if complete else '{"global_')
-    if complete:  # sealed after the state: its manifest is the last file of a whole save
+    # sealed after the state: its manifest is the last file of a whole save
+    if complete:
         seal_checkpoint(path, INPUTS)
     return path
 
@@ -93,11 +94,14 @@ def test_resume_never_refuses_to_mix_runs_and_a_bad_path_is_named(tmp_path: Path
 def test_a_run_is_finished_at_its_last_step_of_max_steps_or_of_its_epochs(tmp_path: Path) -> None:
     # a finished run is left alone: resuming at the last step would take one step too many
     last = write_checkpoint(tmp_path, 40, max_steps=40)
-    assert not already_finished(tmp_path, last, max_steps=40)  # no run_summary.json: the final save never happened
+    # no run_summary.json: the final save never happened
+    assert not already_finished(tmp_path, last, max_steps=40)
     (tmp_path / SUMMARY_FILE).write_text(json.dumps({"global_steps": 40}))
     assert already_finished(tmp_path, last, max_steps=40)
-    assert not already_finished(tmp_path, last, max_steps=60)  # the spec asks for more steps
-    assert already_finished(tmp_path, last, max_steps=-1)  # epochs: the step count the trainer recorded
+    # the spec asks for more steps
+    assert not already_finished(tmp_path, last, max_steps=60)
+    # epochs: the step count the trainer recorded
+    assert already_finished(tmp_path, last, max_steps=-1)
     earlier = write_checkpoint(tmp_path, 20, max_steps=40)
     assert not already_finished(tmp_path, earlier, max_steps=-1)
 
@@ -142,7 +146,8 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_previous_whole_one_resumed
     for step in (10, 20):
         save_weights(write_checkpoint(output_dir, step) / "model.safetensors")
     cut(output_dir / "checkpoint-20" / "model.safetensors", 100)
-    (output_dir / "checkpoint-best").mkdir()  # a user's copy: not ours, left alone
+    # a user's copy: not ours, left alone
+    (output_dir / "checkpoint-best").mkdir()
     (output_dir / SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json")))
     with caplog.at_level("WARNING", logger="posttrain"):
         assert resolve_resume(resume_of(spec, output_dir), INPUTS) == str(output_dir / "checkpoint-10")
@@ -151,7 +156,8 @@ def test_a_damaged_newest_checkpoint_is_named_and_the_previous_whole_one_resumed
         f"resume: {output_dir / 'checkpoint-20'} is damaged (model.safetensors: cut short at 100 of "
     )
     assert line.endswith("resuming from checkpoint-10, leaving it as it is")
-    assert (output_dir / "checkpoint-20" / "model.safetensors").stat().st_size == 100  # nothing deleted
+    # nothing deleted
+    assert (output_dir / "checkpoint-20" / "model.safetensors").stat().st_size == 100
     with pytest.raises(SpecError, match=r"checkpoint-20 is not a complete checkpoint: model.safetensors: cut short"):
         resolve_resume(resume_of(sft_spec(tmp_path, resume=str(output_dir / "checkpoint-20")), output_dir), INPUTS)
 
@@ -203,7 +209,8 @@ def test_an_index_whose_shard_is_missing_or_cut_short_is_damage(
     for step in (10, 20):
         (output_dir / f"checkpoint-{step}" / "model.safetensors.index.json").write_text(json.dumps(index))
         save_weights(output_dir / f"checkpoint-{step}" / "model-1-of-2.safetensors")
-    save_weights(output_dir / "checkpoint-10" / "model-2-of-2.safetensors")  # checkpoint-10: whole, sharded
+    # checkpoint-10: whole, sharded
+    save_weights(output_dir / "checkpoint-10" / "model-2-of-2.safetensors")
     with caplog.at_level("WARNING", logger="posttrain"):
         assert resolve_resume(resume_of(spec, output_dir), INPUTS) == str(output_dir / "checkpoint-10")
     assert (
@@ -211,7 +218,8 @@ def test_an_index_whose_shard_is_missing_or_cut_short_is_damage(
         in (caplog.messages[0])
     )
     shard = output_dir / "checkpoint-10" / "model-2-of-2.safetensors"
-    cut(shard, 100)  # where shards are judged apart from their index (a local model's files)
+    # where shards are judged apart from their index (a local model's files)
+    cut(shard, 100)
     assert file_problem(output_dir / "checkpoint-10" / "model.safetensors.index.json") == (
         f"its shard model-2-of-2.safetensors: {file_problem(shard)}"
     )
@@ -230,7 +238,8 @@ def sealed_pair(tmp_path: Path) -> Any:
         for rank in (0, 1):
             torch.save({"cpu": torch.random.get_rng_state()}, checkpoint / f"rng_state_{rank}.pth")
         (checkpoint / "pytorch_model_fsdp_0").mkdir()
-        (checkpoint / "pytorch_model_fsdp_0" / "__1_0.distcp").write_bytes(bytes(100))  # no format to check
+        # no format to check
+        (checkpoint / "pytorch_model_fsdp_0" / "__1_0.distcp").write_bytes(bytes(100))
         seal_checkpoint(checkpoint, INPUTS)
     (output_dir / SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json")))
     return spec, output_dir / "checkpoint-20"
@@ -267,7 +276,8 @@ def test_a_file_its_manifest_names_missing_or_changed_is_damage_whatever_its_for
         assert resolve_resume(resume_of(spec, checkpoint.parent), INPUTS) == str(checkpoint.parent / "checkpoint-10")
     [line] = caplog.messages
     assert f"checkpoint-20 is damaged ({reason}" in line, line
-    if case == "no manifest":  # named by path, another tool's checkpoint is judged by its files alone
+    # named by path, another tool's checkpoint is judged by its files alone
+    if case == "no manifest":
         assert resolve_resume(resume_of(sft_spec(tmp_path, resume=str(checkpoint)), checkpoint.parent), INPUTS) == str(
             checkpoint
         )
@@ -307,7 +317,8 @@ def test_every_checkpoint_damaged_stops_in_one_line_never_from_step_0(
         "and 1 more; remove them to start over from step 0, or use another training.output_dir (or resume: never "
         "there)"
     )
-    assert caplog.messages == []  # the one line is the error's
+    # the one line is the error's
+    assert caplog.messages == []
     assert resolve_resume(resume_of(sft_spec(tmp_path, resume="never"), output_dir), INPUTS) is None
 
 
@@ -341,11 +352,13 @@ def write_finished(output_dir: Path, spec: Any, checkpoint: bool = True, **train
 def test_every_resume_mode_leaves_this_specs_finished_run_as_it_is(tmp_path: Path, mode: str, checkpoint: bool) -> None:
     spec = mode_spec(tmp_path, mode)
     output_dir = Path(spec.training["output_dir"])
-    assert finished_at(resume_of(spec, output_dir), INPUTS) is None  # nothing there yet: train
+    # nothing there yet: train
+    assert finished_at(resume_of(spec, output_dir), INPUTS) is None
     write_finished(output_dir, spec, checkpoint=checkpoint)
     assert (
         finished_at(resume_of(spec, output_dir), INPUTS) == 40
-    )  # not trained again in place (or resumed one step too far)
+        # not trained again in place (or resumed one step too far)
+    )
 
 
 @pytest.mark.parametrize("checkpoint", [True, False], ids=["with checkpoints", "without"])
@@ -433,14 +446,17 @@ def test_what_is_not_a_model_in_output_dir_is_no_reason_to_refuse(tmp_path: Path
     spec = sft_spec(tmp_path)
     output_dir = Path(spec.training["output_dir"])
     output_dir.mkdir()
-    (output_dir / "training_args.bin").write_bytes(b"args")  # the Trainer's arguments, not weights
+    # the Trainer's arguments, not weights
+    (output_dir / "training_args.bin").write_bytes(b"args")
     (output_dir / "config.json").write_text("{}")
     (output_dir / "notes.txt").write_text("mine")
     (output_dir / "checkpoint-best").mkdir()
-    (output_dir / "checkpoint-best" / "model.safetensors").write_bytes(b"weights")  # not in output_dir itself
+    # not in output_dir itself
+    (output_dir / "checkpoint-best" / "model.safetensors").write_bytes(b"weights")
     assert finished_at(resume_of(spec, output_dir), INPUTS) is None
     (output_dir / SPEC_FILE).write_text(json.dumps(spec.model_dump(mode="json")))
-    (output_dir / "model.safetensors").write_bytes(b"weights")  # posttrain's, saved before run_summary.json
+    # posttrain's, saved before run_summary.json
+    (output_dir / "model.safetensors").write_bytes(b"weights")
     assert finished_at(resume_of(spec, output_dir), INPUTS) is None
 
 
@@ -450,11 +466,14 @@ def test_overwrite_output_dir_lets_every_resume_mode_write_over_a_model(tmp_path
     output_dir = Path(spec.training["output_dir"])
     output_dir.mkdir()
     (output_dir / "adapter_model.safetensors").write_bytes(b"weights")
-    assert finished_at(resume_of(spec, output_dir), INPUTS) is None  # weights posttrain did not write
+    # weights posttrain did not write
+    assert finished_at(resume_of(spec, output_dir), INPUTS) is None
     write_finished(output_dir, spec, checkpoint=False, learning_rate=0.5)
-    assert finished_at(resume_of(spec, output_dir), INPUTS) is None  # another spec's finished model
+    # another spec's finished model
+    assert finished_at(resume_of(spec, output_dir), INPUTS) is None
     write_finished(output_dir, spec, checkpoint=False)
-    assert finished_at(resume_of(spec, output_dir), INPUTS) is None  # this spec's: trained again
+    # this spec's: trained again
+    assert finished_at(resume_of(spec, output_dir), INPUTS) is None
     assert resolve_resume(resume_of(spec, output_dir), INPUTS) == (spec.resume if mode == "path" else None)
 
 
@@ -469,7 +488,8 @@ def test_overwrite_output_dir_leaves_checkpoints_to_resume(tmp_path: Path) -> No
     auto = sft_spec(tmp_path, overwrite_output_dir=True)
     with pytest.raises(SpecError, match=r"resume: auto found .*checkpoint-40 written by a different spec"):
         resolve_resume(resume_of(auto, output_dir), INPUTS)
-    shutil.rmtree(output_dir / "checkpoint-40")  # as the refusal without overwrite_output_dir says
+    # as the refusal without overwrite_output_dir says
+    shutil.rmtree(output_dir / "checkpoint-40")
     assert resolve_resume(resume_of(never, output_dir), INPUTS) is None
     assert resolve_resume(resume_of(auto, output_dir), INPUTS) is None
 
@@ -539,7 +559,8 @@ def test_resume_auto_stops_where_the_data_or_the_global_batch_changed(tmp_path: 
         f"resume: auto found {checkpoint}, but data.train ({data}) changed since it was saved;"
     )
     continued = sft_spec(tmp_path, data={"train": {"path": str(data)}}, resume=str(checkpoint))
-    assert resolve_resume(resume_of(continued, output_dir), edited) == str(checkpoint)  # a path continues anyway
+    # a path continues anyway
+    assert resolve_resume(resume_of(continued, output_dir), edited) == str(checkpoint)
 
 
 def test_write_failures_for_want_of_room_end_in_one_line(tmp_path: Path) -> None:
@@ -557,7 +578,8 @@ def test_write_failures_for_want_of_room_end_in_one_line(tmp_path: Path) -> None
             raise RuntimeError(
                 "[enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0; basic_ios::clear: iostream error"
             )
-    with pytest.raises(OSError):  # any other error keeps its traceback
+    # any other error keeps its traceback
+    with pytest.raises(OSError):
         with disk_errors(tmp_path):
             raise OSError(errno.EACCES, "Permission denied")
 
@@ -569,7 +591,8 @@ def test_ppo_rotates_its_checkpoints_and_leaves_a_users_checkpoint_best_alone(tm
 
     for step in (10, 20, 30):
         write_checkpoint(tmp_path, step)
-    (tmp_path / "checkpoint-best").mkdir()  # crashed the rotation once: int("best")
+    # crashed the rotation once: int("best")
+    (tmp_path / "checkpoint-best").mkdir()
     PPOTrainer._rotate_checkpoints(SimpleNamespace(args=SimpleNamespace(output_dir=str(tmp_path), save_total_limit=2)))
     assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint-20", "checkpoint-30", "checkpoint-best"]
 
@@ -581,8 +604,10 @@ def test_ppo_rotation_keeps_whole_checkpoints_when_newer_ones_are_damaged(tmp_pa
 
     for step in (10, 20, 30):
         write_checkpoint(tmp_path, step)
-    for step in (40, 50):  # cut short, say by a full disk: they count for nothing
+    # cut short, say by a full disk: they count for nothing
+    for step in (40, 50):
         write_checkpoint(tmp_path, step, complete=False)
     PPOTrainer._rotate_checkpoints(SimpleNamespace(args=SimpleNamespace(output_dir=str(tmp_path), save_total_limit=2)))
     names = sorted(path.name for path in tmp_path.iterdir())
-    assert names == ["checkpoint-20", "checkpoint-30", "checkpoint-40", "checkpoint-50"]  # the two whole ones kept
+    # the two whole ones kept
+    assert names == ["checkpoint-20", "checkpoint-30", "checkpoint-40", "checkpoint-50"]

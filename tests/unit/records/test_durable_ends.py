@@ -48,7 +48,8 @@ def test_write_json_atomic_fsyncs_the_file_then_its_directory(tmp_path: Path, fs
     path.write_text("old")
     write_json_atomic(path, {"a": 1})
     assert json.loads(path.read_text()) == {"a": 1}
-    assert fsynced == [tmp_path / "record.json.tmp", tmp_path]  # the data before the rename that names it
+    # the data before the rename that names it
+    assert fsynced == [tmp_path / "record.json.tmp", tmp_path]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["record.json"]
 
 
@@ -68,11 +69,13 @@ def test_the_final_model_is_moved_in_fsynced_and_a_kill_mid_way_leaves_no_summar
     (output_dir / "value_model").mkdir(parents=True)
     (output_dir / "value_model" / "old.bin").write_bytes(b"old")
     (output_dir / "model.safetensors").write_bytes(b"old weights")
-    (output_dir / SUMMARY_FILE).write_text('{"global_steps": 3}')  # a finished run being trained over
+    # a finished run being trained over
+    (output_dir / SUMMARY_FILE).write_text('{"global_steps": 3}')
     staging = staged(output_dir)
 
     def killed() -> None:
-        raise KeyboardInterrupt  # stands for the SIGKILL the e2e test sends
+        # stands for the SIGKILL the e2e test sends
+        raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         publish_final(staging, output_dir, killed)
@@ -83,11 +86,13 @@ def test_the_final_model_is_moved_in_fsynced_and_a_kill_mid_way_leaves_no_summar
     # every staged file and folder was fsynced before the first rename
     assert {staging / "model.safetensors", staging / "value_model" / "model.safetensors", staging} <= set(fsynced)
 
-    staging = staged(output_dir / "again")  # a fresh staging, as the next attempt saves it
+    # a fresh staging, as the next attempt saves it
+    staging = staged(output_dir / "again")
     publish_final(staging, output_dir)
     assert (output_dir / "model.safetensors").read_bytes() == b"new weights"
     assert sorted(p.name for p in (output_dir / "value_model").iterdir()) == ["model.safetensors"]
-    assert not staging.exists() and fsynced[-1] == output_dir  # the renames made durable
+    # the renames made durable
+    assert not staging.exists() and fsynced[-1] == output_dir
 
 
 def write_checkpoint(output_dir: Path, step: int, sealed: bool = True) -> Path:

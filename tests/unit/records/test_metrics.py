@@ -73,7 +73,8 @@ def test_a_resume_keeps_the_checkpoints_steps_and_continues(tmp_path: Path) -> N
     crashed.on_train_begin(None, state(), TrainerControl())
     log_steps(crashed, state(), range(1, 26))
     with crashed.path.open("a") as file:
-        file.write('{"loss": 1.2, "ep')  # the crash tore the last line
+        # the crash tore the last line
+        file.write('{"loss": 1.2, "ep')
     resumed, trainer_state = MetricsLog(tmp_path, "sft", "m", 2), state(global_step=20)
     resumed.on_train_begin(None, trainer_state, TrainerControl())
     assert [record["step"] for record in lines(resumed.path)] == list(range(1, 21))
@@ -116,7 +117,8 @@ def test_the_end_of_training_draws_the_logged_curves(tmp_path: Path) -> None:
 
 
 def test_a_figure_that_cannot_be_drawn_does_not_fail_the_run(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    callback = MetricsLog(tmp_path / "gone", "sft", "m", 1)  # on_train_begin never ran: no directory, no file
+    # on_train_begin never ran: no directory, no file
+    callback = MetricsLog(tmp_path / "gone", "sft", "m", 1)
     callback.on_train_end(None, state(), TrainerControl())
     assert "could not draw curves.png" in caplog.text
 

@@ -41,7 +41,8 @@ def model_dir(root: Path) -> Path:
 def test_a_model_directory_s_fingerprint_changes_with_its_header_size_data_or_config(tmp_path: Path) -> None:
     model = model_dir(tmp_path / "model")
     before = model_fingerprint(str(model))
-    assert model_fingerprint(str(model)) == before  # untouched: the same
+    # untouched: the same
+    assert model_fingerprint(str(model)) == before
     assert set(before["files"]) == {"model.safetensors", "config.json", "tokenizer.json"}
 
     changes = {
@@ -76,7 +77,8 @@ def test_a_big_weight_file_is_fingerprinted_without_reading_it(tmp_path: Path) -
     header = json.dumps({"w": {"dtype": "F32", "shape": [1 << 30, 4], "data_offsets": [0, 16 << 30]}}).encode()
     big.write_bytes(struct.pack("<Q", len(header)) + header)
     with big.open("r+b") as stream:
-        stream.truncate(8 + len(header) + (16 << 30))  # 16 GiB, sparse
+        # 16 GiB, sparse
+        stream.truncate(8 + len(header) + (16 << 30))
     started = time.monotonic()
     fingerprint = model_fingerprint(str(model))
     assert time.monotonic() - started < 1.0
@@ -101,10 +103,12 @@ def test_a_finished_run_whose_model_changed_is_refused_naming_the_model(tmp_path
     spec = finished_run(tmp_path, fingerprints_of(sft_spec(tmp_path, model={"name_or_path": str(model)})))
     output_dir = Path(spec.training["output_dir"])
     inputs = {"data": {}, "models": fingerprints_of(spec), "global_batch": BATCH}
-    assert finished_at(resume_of(spec, output_dir), inputs) == 40  # the same model: nothing to train
+    # the same model: nothing to train
+    assert finished_at(resume_of(spec, output_dir), inputs) == 40
     assert stale_runs(spec.named_models(), spec.model.revision, output_dir) == ([], [])
 
-    (model / "config.json").write_text('{"hidden_size": 8}')  # the model changed since
+    # the model changed since
+    (model / "config.json").write_text('{"hidden_size": 8}')
     inputs = {"data": {}, "models": fingerprints_of(spec), "global_batch": BATCH}
     with pytest.raises(SpecError) as error:
         finished_at(resume_of(spec, output_dir), inputs)
@@ -126,7 +130,8 @@ def test_a_finished_run_whose_model_changed_is_refused_naming_the_model(tmp_path
 
 def test_a_finished_run_that_records_no_models_stays_finished(tmp_path: Path) -> None:
     model_dir(tmp_path / "model")
-    spec = finished_run(tmp_path, {})  # as an older posttrain's summary, which named none
+    # as an older posttrain's summary, which named none
+    spec = finished_run(tmp_path, {})
     output_dir = Path(spec.training["output_dir"])
     inputs = {"data": {}, "models": fingerprints_of(spec), "global_batch": BATCH}
     assert finished_at(resume_of(spec, output_dir), inputs) == 40

@@ -25,13 +25,15 @@ def test_every_algorithm_has_one_description() -> None:
 @pytest.mark.parametrize("algorithm", sorted(SPEC_CLASSES))
 def test_the_component_help_is_the_description(algorithm: str) -> None:
     text = DESCRIPTIONS[algorithm]
-    shown, described = get_fn_docstring(getattr(algorithms, algorithm))  # what torchx run ... --help prints
+    # what torchx run ... --help prints
+    shown, described = get_fn_docstring(getattr(algorithms, algorithm))
     flat = " ".join(shown.split())
     for part in [text.summary, text.use, *(f"{label}: {line}" for label, line in facts(algorithm))]:
         assert " ".join(part.split()) in flat, part
     for command in text.examples:
         assert f"$ {command}" in shown
-    assert "spec" in described and "Args:" not in shown  # the Args: block stays torchx's argument help
+    # the Args: block stays torchx's argument help
+    assert "spec" in described and "Args:" not in shown
 
 
 @pytest.mark.parametrize("algorithm", sorted(SPEC_CLASSES))
@@ -60,19 +62,22 @@ def test_the_description_names_the_spec_classes_columns_templates_and_refusals(a
     for command in text.examples:
         spec = re.search(r"--spec (\S+)", command)
         assert spec is not None and (REPO / spec.group(1)).is_file(), command
-    if algorithm == "ppo":  # its refusals are computed from the field table: the text points to them
+    # its refusals are computed from the field table: the text points to them
+    if algorithm == "ppo":
         assert "``PPOSpec.refused_keys``" in text.refuses
         return
     inherited = set()
     for base in cls.__mro__[1:]:
         if isinstance(base, type) and issubclass(base, Spec):
             inherited |= set(base.owned_keys) | set(base.refused_keys)
-    patterns = re.findall(r"``([^`]*\*[^`]*)``", text.refuses)  # eval_*
+    # eval_*
+    patterns = re.findall(r"``([^`]*\*[^`]*)``", text.refuses)
     by_reason = {}
     for key, why in {**cls.owned_keys, **cls.refused_keys}.items():
         if key not in inherited:
             by_reason.setdefault(why, []).append(key)
-    for why, keys in by_reason.items():  # each reason of its own, with one of its keys at least
+    # each reason of its own, with one of its keys at least
+    for why, keys in by_reason.items():
         named = [key for key in keys if f"``{key}``" in text.refuses or any(fnmatch.fnmatch(key, p) for p in patterns)]
         assert named, (why, keys)
 

@@ -35,7 +35,8 @@ def test_known_fields_have_the_expected_types() -> None:
         (FieldType(("dict", "str")), "{a: 1}", {"a": 1}),
         (FieldType(("dict", "str")), "plain", "plain"),
         (FieldType(("bool", "str")), "all", "all"),
-        (FieldType(("int",)), "many", "many"),  # kept; validation reports it
+        # kept; validation reports it
+        (FieldType(("int",)), "many", "many"),
     ],
 )
 def test_override_conversion(field_type: FieldType, text: str, expected: object) -> None:

@@ -123,13 +123,16 @@ def test_the_job_says_the_same_words(tmp_path: Path) -> None:
 def test_what_the_client_cannot_see_or_read_whole_is_left_to_the_job(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    algorithms.sft("data.train.path=/on/the/cluster.jsonl", spec=SFT)  # an absolute path not here: the job's
+    # an absolute path not here: the job's
+    algorithms.sft("data.train.path=/on/the/cluster.jsonl", spec=SFT)
     big = tmp_path / "big.jsonl"
     big.write_text(_jsonl([{"question": "q", "answer": "a"}] * 50) + _jsonl([{"text": "t"}]))
-    monkeypatch.setattr(local_files, "CLIENT_BYTES", 200)  # the first rows only: a later row may hold the columns
+    # the first rows only: a later row may hold the columns
+    monkeypatch.setattr(local_files, "CLIENT_BYTES", 200)
     algorithms.sft(f"data.train.path={big}", spec=SFT)
     big.write_text('{"text": "a"}\n{"text": \n' + _jsonl([{"text": "t"}] * 50))
-    with pytest.raises(SpecError, match="line 2 is not valid JSON"):  # a bad line in what it read is still said
+    # a bad line in what it read is still said
+    with pytest.raises(SpecError, match="line 2 is not valid JSON"):
         algorithms.sft(f"data.train.path={big}", spec=SFT)
 
 

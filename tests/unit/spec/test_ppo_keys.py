@@ -101,7 +101,8 @@ def test_honoured_keys_validate_and_refused_values_are_named() -> None:
     )
     validate(raw)
     raw["training"]["optim"] = "lomo"
-    del raw["training"]["optim_args"]  # LOMO reads none
+    # LOMO reads none
+    del raw["training"]["optim_args"]
     expected = "training.optim: 'lomo' is not supported by posttrain.ppo; it steps inside HF Trainer's backward"
     assert expected in problems_of(raw)
     raw = load_template("ppo/tiny.yaml")

@@ -36,7 +36,8 @@ def test_bad_input_is_rejected_with_its_message_alone(
     from torchx.specs.finder import get_component
 
     monkeypatch.chdir(REPO)
-    monkeypatch.setenv("TORCHX_CONTEXT_NAME", "cli_run")  # what torchx's CLI sets
+    # what torchx's CLI sets
+    monkeypatch.setenv("TORCHX_CONTEXT_NAME", "cli_run")
     with pytest.raises(SystemExit) as exit_info:
         materialize_appdef(get_component(f"posttrain.{component}").fn, resolve(args, broken_specs, component))
     assert message in str(exit_info.value.code)
@@ -124,7 +125,8 @@ SECRET_NAMES = [
     "WANDB_KEY",
     "PRIVATE_KEY",
     "AWS_SECRET_ACCESS_KEY",
-    "AWS_ACCESS_KEY_ID",  # half of the pair
+    # half of the pair
+    "AWS_ACCESS_KEY_ID",
     "CLIENT_SECRET",
     "DB_PASSWORD",
     "SMTP_PASSWD",

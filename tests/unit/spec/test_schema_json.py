@@ -50,7 +50,8 @@ def test_training_and_lora_come_from_the_field_table() -> None:
     assert training["additionalProperties"] is False and training["required"] == ["output_dir"]
     props = training["properties"]
     default = config_default("trl:SFTConfig", "learning_rate")
-    number, text = props["learning_rate"]["anyOf"]  # the number, and the text PyYAML reads 3e-3 as
+    # the number, and the text PyYAML reads 3e-3 as
+    number, text = props["learning_rate"]["anyOf"]
     assert number == {"type": "number", "exclusiveMinimum": 0} and props["learning_rate"]["default"] == default
     assert text["type"] == "string" and re.fullmatch(text["pattern"], "3e-3")
     assert props["adam_beta2"]["anyOf"][0]["minimum"] == 0 and props["adam_beta2"]["anyOf"][0]["exclusiveMaximum"] == 1
@@ -58,7 +59,8 @@ def test_training_and_lora_come_from_the_field_table() -> None:
     grpo = spec_schema("grpo")["properties"]["training"]["properties"]
     assert (grpo["top_p"]["anyOf"][0]["exclusiveMinimum"], grpo["top_p"]["anyOf"][0]["maximum"]) == (0, 1)
     assert "cosine" in props["lr_scheduler_type"]["enum"]
-    assert not set(SPEC_CLASSES["sft"].owned_keys) & set(props)  # package-owned: errors
+    # package-owned: errors
+    assert not set(SPEC_CLASSES["sft"].owned_keys) & set(props)
     assert "deepspeed" in training["description"]
     lora = schema["$defs"]["ModelSpec"]["properties"]["lora"]["anyOf"][0]
     assert lora["additionalProperties"] is False and lora["properties"]["r"]["type"] == "integer"
@@ -75,7 +77,8 @@ def test_the_command_line_prints_and_writes(tmp_path: Path, capsys: pytest.Captu
     assert (tmp_path / "ppo.schema.json").read_text() == render("ppo")
 
 
-@pytest.mark.parametrize("template", [t for t in ALL_TEMPLATES if not t.startswith("chain/")])  # one spec each
+# one spec each
+@pytest.mark.parametrize("template", [t for t in ALL_TEMPLATES if not t.startswith("chain/")])
 def test_every_template_points_at_its_schema_and_validates(template: str) -> None:
     raw = load_template(template)
     algorithm = raw["algorithm"]
@@ -165,5 +168,6 @@ def test_mutated_templates_fail_the_schema_and_the_validator(template: str, muta
     raw = copy.deepcopy(load_template(template))
     MUTATIONS[mutation](raw)
     assert list(validator(raw["algorithm"]).iter_errors(raw)), mutation
-    with pytest.raises(SpecError):  # the schema says no more than the validator does
+    # the schema says no more than the validator does
+    with pytest.raises(SpecError):
         validate(raw)

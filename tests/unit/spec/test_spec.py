@@ -83,7 +83,8 @@ def test_the_registry_names_what_the_job_imports(algorithm: str) -> None:
     assert issubclass(config, transformers.TrainingArguments)
     assert {f.name for f in dataclasses.fields(config) if f.init} == set(config_fields(cls.config_class))
     trainer = imported(cls.trainer_name())
-    assert issubclass(trainer, transformers.Trainer) or algorithm == "ppo"  # posttrain's own PPO loop
+    # posttrain's own PPO loop
+    assert issubclass(trainer, transformers.Trainer) or algorithm == "ppo"
     source = inspect.getsource(importlib.import_module(f"posttrain.entrypoints.{algorithm}"))
     assert f"return {trainer.__name__}(" in source, "the entrypoint calls its trainer's constructor, in plain sight"
     assert ("reward_funcs" in inspect.signature(trainer).parameters) == ("rewards" in cls.model_fields)
@@ -97,8 +98,10 @@ def test_the_registry_names_what_the_job_imports(algorithm: str) -> None:
 
 def test_training_is_checked_against_the_algorithms_own_config() -> None:
     raw = load_template("dpo/tiny.yaml")
-    validate(raw)  # beta is a DPOConfig field
-    raw["training"]["packing"] = True  # an SFTConfig field
+    # beta is a DPOConfig field
+    validate(raw)
+    # an SFTConfig field
+    raw["training"]["packing"] = True
     assert "training.packing: unknown key" in problems_of(raw)
 
 
@@ -241,7 +244,8 @@ def test_eval_data_the_trainer_never_evaluates_on_is_refused() -> None:
         "eval_strategy: steps (every eval_steps) or epoch, or eval_on_start: true, or drop "
         "data.eval"
     )
-    raw["training"]["eval_on_start"] = True  # transformers evaluates once before training, whatever the strategy
+    # transformers evaluates once before training, whatever the strategy
+    raw["training"]["eval_on_start"] = True
     validate(raw)
     assert problems_of({**raw, "data": {"train": raw["data"]["train"]}}) == (
         "training.eval_on_start: true evaluates on data.eval before training, which the spec does not give; add "
@@ -292,9 +296,11 @@ def test_overrides_convert_by_the_type_of_the_field() -> None:
     assert training["report_to"] == ["tensorboard", "wandb"]
     assert training["run_name"] == 'it\'s a "quoted" name; $(echo hi) `x` ü'
     assert training["lr_scheduler_kwargs"] == {"min_lr": 0.1}
-    assert result["model"]["revision"] == "0123"  # a string field keeps the raw text
+    # a string field keeps the raw text
+    assert result["model"]["revision"] == "0123"
     assert result["model"]["lora"] == {"target_modules": ["q_proj", "v_proj"], "r": 8}
-    assert result["distributed"] == {"timeout_s": 60}  # a missing section is created
+    # a missing section is created
+    assert result["distributed"] == {"timeout_s": 60}
     assert result["resume"] == "never"
     assert raw == tiny_sft(), "the input mapping must not be modified"
     validate(result)
@@ -317,7 +323,8 @@ def test_a_removed_key_takes_its_default() -> None:
         "~training.vllm_max_model_length",
     ]
     spec = validate(apply_overrides(raw, without))
-    assert "vllm_mode" not in spec.training and raw["training"]["vllm_mode"] == "server"  # a copy changed
+    # a copy changed
+    assert "vllm_mode" not in spec.training and raw["training"]["vllm_mode"] == "server"
 
 
 @pytest.mark.parametrize(

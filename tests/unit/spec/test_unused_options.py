@@ -41,7 +41,8 @@ def test_sfts_text_column_is_mapped_with_data_columns(tmp_path: Path) -> None:
 def test_sfts_loss_masks_need_their_kind_of_rows(tmp_path: Path) -> None:
     from datasets import Dataset
 
-    job = tiny_job(tmp_path, "sft")  # chat messages
+    # chat messages
+    job = tiny_job(tmp_path, "sft")
     messages = job.train_dataset
     text = Dataset.from_list([{"text": "Blue is the colour of the sky."}] * 16)
     # completion_only_loss on messages: TRL trains on every token, as without it, and says nothing
@@ -66,7 +67,8 @@ def test_the_job_checks_the_loss_masks_before_any_model_loads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
     monkeypatch.setattr(runtime, "load_model", lambda *args, **kwargs: pytest.fail("a model loaded"))
-    raw = load_template("sft/tiny.yaml")  # chat messages
+    # chat messages
+    raw = load_template("sft/tiny.yaml")
     raw["training"].update(output_dir=str(tmp_path / "out"), completion_only_loss=True)
     assert (
         stopped_in_process("sft", validate(raw).to_json(), capsys).count(

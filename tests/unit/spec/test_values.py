@@ -52,12 +52,15 @@ def test_every_row_names_fields_the_installed_trl_has() -> None:
         assert row["reason"].strip() and set(row) <= kinds
         conditional = "when" in row or "unless" in row
         assert conditional <= ("requires" in row or "unused" in row or "keys" in row)
-        assert "requires" not in row or conditional or "configs" in row  # alone: what those trainers require
+        # alone: what those trainers require
+        assert "requires" not in row or conditional or "configs" in row
         assert "unless" not in row or "keys" not in row
-        assert "unused" not in row or conditional or "configs" in row  # never read: by the trainers it names
+        # never read: by the trainers it names
+        assert "unused" not in row or conditional or "configs" in row
         assert set(row.get("needs", [])) <= set(row.get("keys", []))
         assert ("pattern" in row) == ("expected" in row)
-        for config in having:  # a combination's other fields too
+        # a combination's other fields too
+        for config in having:
             assert set(row.get("when", {})) <= set(config_fields(config)), f"{row['field']}: when {row['when']}"
         if "range" in row:
             Range.parse(row["range"])
@@ -311,13 +314,16 @@ VALID_VALUES = [
     ("sft", {"lr_scheduler_type": "cosine_with_min_lr", "lr_scheduler_kwargs": {"min_lr_rate": 0.1}}),
     ("dpo", {"lr_scheduler_type": "warmup_stable_decay", "lr_scheduler_kwargs": {"num_decay_steps": 5}}),
     ("dpo", {"activation_checkpointing_kwargs": {"use_reentrant": False, "preserve_rng_state": False}}),
-    ("dpo", {"liger_kernel_config": {"fused_linear_cross_entropy": True}}),  # Liger off: TRL never reads it
+    # Liger off: TRL never reads it
+    ("dpo", {"liger_kernel_config": {"fused_linear_cross_entropy": True}}),
     ("grpo", {"generation_kwargs": {"top_k": 5, "min_new_tokens": 2}}),
     ("dpo", {"optim": "sgd", "optim_args": "momentum=0.9,nesterov=true"}),
     ("grpo", {"use_vllm": True, "vllm_mode": "server", "vllm_gpu_memory_utilization": 0.5, "vllm_server_port": 8001}),
     ("distill", {"use_vllm": True, "vllm_tensor_parallel_size": 1, "vllm_enable_sleep_mode": True}),
-    ("sft", {"eval_strategy": "no", "eval_steps": None}),  # null: not given
-    ("sft", {"optim_args": ""}),  # no arguments, as transformers reads it
+    # null: not given
+    ("sft", {"eval_strategy": "no", "eval_steps": None}),
+    # no arguments, as transformers reads it
+    ("sft", {"optim_args": ""}),
     ("online_dpo", {"generation_kwargs": {"max_tokens": 8, "seed": 1}, "use_vllm": True}),
     ("rloo", {"generation_kwargs": {"max_tokens": 8, "vllm_xargs": {"a": 1}}, "use_vllm": True, "vllm_mode": "server"}),
 ]
@@ -330,10 +336,12 @@ def test_values_trl_accepts_are_accepted_by_the_validator_and_by_trl(
     from posttrain.entrypoints.inputs.models import import_object
 
     spec = validate(spec_with(algorithm, **training))
-    assert {key: spec.training[key] for key in training} == training  # accepted as given
+    # accepted as given
+    assert {key: spec.training[key] for key in training} == training
     kwargs = {**spec.training, "output_dir": str(tmp_path), "use_cpu": True, "report_to": "none"}
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
-    import_object(spec.config_class)(**kwargs)  # and TRL's own __post_init__ checks pass
+    # and TRL's own __post_init__ checks pass
+    import_object(spec.config_class)(**kwargs)
 
 
 def test_a_combination_names_the_default_it_meets() -> None:
@@ -360,7 +368,8 @@ def test_no_written_in_a_yaml_file_is_the_choice_no(tmp_path: Path) -> None:
     (tmp_path / "spec.yaml").write_text(text + "  eval_strategy: no\n  save_strategy: no\n  logging_first_step: no\n")
     training = load_spec(str(tmp_path / "spec.yaml")).training
     assert (training["eval_strategy"], training["save_strategy"], training["logging_first_step"]) == ("no", "no", False)
-    (tmp_path / "spec.yaml").write_text(text + "  eval_strategy: yes\n")  # no choice is spelt yes
+    # no choice is spelt yes
+    (tmp_path / "spec.yaml").write_text(text + "  eval_strategy: yes\n")
     with pytest.raises(SpecError, match="training.eval_strategy: expected one of 'no', 'steps', 'epoch'; got True"):
         load_spec(str(tmp_path / "spec.yaml"))
 
@@ -464,7 +473,8 @@ def test_unknown_keys_list_the_nearest_few_valid_keys_not_all() -> None:
 
 
 def test_the_shipped_table_loads_as_yaml() -> None:
-    entries = yaml.safe_load((values.RULES_DIR / "trl-1.16.yaml").read_text())  # PyYAML's own loader
+    # PyYAML's own loader
+    entries = yaml.safe_load((values.RULES_DIR / "trl-1.16.yaml").read_text())
     assert all(("field" in entry) != ("fields" in entry) for entry in entries)
     assert [row for entry in entries for row in values._per_field(entry)] == list(rules())
     old_name = [row for row in rules() if row["field"] == "gradient_checkpointing_kwargs"]
@@ -492,7 +502,8 @@ def test_the_mapping_keys_are_those_the_installed_packages_take() -> None:
         trainer_keys = [k for (name, configs), k in keys.items() if name == field and "trl:RewardConfig" in configs]
         assert trainer_keys == [["every_n_layers", "offload"]] and {"every_n_layers", "offload"} <= helper_options
     assert keys["accelerator_config", ()] == [field.name for field in dataclasses.fields(AcceleratorConfig)]
-    with pytest.raises(TypeError, match="unexpected keyword argument 'split_batch'"):  # what the job met before
+    # what the job met before
+    with pytest.raises(TypeError, match="unexpected keyword argument 'split_batch'"):
         AcceleratorConfig(split_batch=True)
 
 
@@ -512,7 +523,8 @@ def test_warmup_is_refused_with_the_schedules_transformers_makes_without_it() ->
         for _ in range(3):
             rates.append(optimizer.param_groups[0]["lr"])
             optimizer.step()
-            scheduler.step(*([1.0] if schedule in ("reduce_lr_on_plateau", "greedy") else []))  # a metric
+            # a metric
+            scheduler.step(*([1.0] if schedule in ("reduce_lr_on_plateau", "greedy") else []))
         return rates
 
     for schedule in [s.value for s in TYPE_TO_SCHEDULER_FUNCTION]:
@@ -523,7 +535,8 @@ def test_warmup_is_refused_with_the_schedules_transformers_makes_without_it() ->
     ):
         validate(spec_with("sft", warmup_steps=5))
     validate(spec_with("sft", warmup_steps=5, lr_scheduler_type="constant_with_warmup"))
-    validate(spec_with("sft", warmup_steps=0.0))  # 0.0, as an override writes it, is no warmup too
+    # 0.0, as an override writes it, is no warmup too
+    validate(spec_with("sft", warmup_steps=0.0))
 
 
 def test_optim_args_are_refused_where_transformers_cannot_parse_or_never_reads_them(tmp_path: Path) -> None:
@@ -540,13 +553,15 @@ def test_optim_args_are_refused_where_transformers_cannot_parse_or_never_reads_t
     assert sorted(row["when"]["optim"]) == sorted(never_read)
     args = TrainingArguments(str(tmp_path), optim="adamw_torch", optim_args="eps=1e-6", use_cpu=True)
     _, kwargs = Trainer.get_optimizer_cls_and_kwargs(args)
-    assert kwargs["eps"] == args.adam_epsilon != 1e-6  # dropped without a word
+    # dropped without a word
+    assert kwargs["eps"] == args.adam_epsilon != 1e-6
     (pattern,) = [row["pattern"] for row in rules() if "pattern" in row]
     for text in ("momentum=0.9", "momentum=0.9, nesterov=true", "", "betas=(0.9,0.95)", "momentum", "a=1,,b=2"):
         try:
             parsed = _parse_optim_args(text)
         except ValueError:
-            parsed = None  # what the job met when the optimizer was made
+            # what the job met when the optimizer was made
+            parsed = None
         assert (re.fullmatch(pattern, text) is not None) == (parsed is not None), text
 
 
@@ -557,7 +572,8 @@ def test_generation_keys_without_vllm_are_generation_configs_fields() -> None:
     (row,) = [row for row in rules() if row["field"] == "generation_kwargs" and row["when"] == {"use_vllm": False}]
     fields = {key for key in vars(GenerationConfig()) if not key.startswith("_")} - {"transformers_version"}
     assert set(row["keys"]) == fields
-    typo = GenerationConfig(temprature=0.01, do_sample=True)  # what TRL built before: kept, then ignored
+    # what TRL built before: kept, then ignored
+    typo = GenerationConfig(temprature=0.01, do_sample=True)
     typo.validate()
     assert typo.temprature == 0.01 and typo.temperature is None
 
@@ -579,11 +595,13 @@ def test_the_schedule_options_are_those_transformers_hands_each_schedule() -> No
             expected = set() if schedule.startswith("constant") else parameters - given_by_transformers
             assert set(row["keys"]) == expected, schedule
             covered.add(schedule)
-    for schedule, function in TYPE_TO_SCHEDULER_FUNCTION.items():  # the rest take any keyword (plateau, greedy)
+    # the rest take any keyword (plateau, greedy)
+    for schedule, function in TYPE_TO_SCHEDULER_FUNCTION.items():
         kinds = {p.kind for p in inspect.signature(function).parameters.values()}
         assert schedule.value in covered or inspect.Parameter.VAR_KEYWORD in kinds, schedule.value
     with pytest.raises(SpecError, match="lr_scheduler_kwargs: needs num_decay_steps with lr_scheduler_type: warmup"):
-        validate(spec_with("dpo", lr_scheduler_type="warmup_stable_decay"))  # no lr_scheduler_kwargs at all
+        # no lr_scheduler_kwargs at all
+        validate(spec_with("dpo", lr_scheduler_type="warmup_stable_decay"))
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
     with pytest.raises(TypeError, match="min_lr_rate"):
         get_scheduler("linear", optimizer, 0, 10, {"min_lr_rate": 0.1})
@@ -591,7 +609,8 @@ def test_the_schedule_options_are_those_transformers_hands_each_schedule() -> No
         get_scheduler("cosine_with_min_lr", optimizer, 0, 10, {})
     with pytest.raises(TypeError, match="num_decay_steps"):
         get_scheduler("warmup_stable_decay", optimizer, 0, 10, {})
-    get_scheduler("constant_with_warmup", optimizer, 0, 10, {"num_cycles": 3})  # dropped without a word
+    # dropped without a word
+    get_scheduler("constant_with_warmup", optimizer, 0, 10, {"num_cycles": 3})
 
 
 # Each stands for a class of input the client let through before (issue 30): non-finite numbers anywhere, columns
@@ -668,6 +687,8 @@ def test_the_same_keys_with_values_trl_takes_pass(tmp_path: Path, training: dict
 
     algorithm = "reward" if "center_rewards_coefficient" in training else "dpo"
     spec = validate(spec_with(algorithm, **training))
-    assert {key: spec.training[key] for key in training} == training  # accepted as given
+    # accepted as given
+    assert {key: spec.training[key] for key in training} == training
     config = import_object(spec.config_class)(**{**spec.training, "output_dir": str(tmp_path), "use_cpu": True})
-    assert all(getattr(config, key) == value for key, value in training.items())  # and TRL keeps them
+    # and TRL keeps them
+    assert all(getattr(config, key) == value for key, value in training.items())

@@ -29,18 +29,22 @@ from posttrain.entrypoints.job import runtime
 from posttrain.entrypoints.speed import attention, fast_paths
 
 SHAPE = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, max_position_embeddings=256)
-LENGTHS = [3, 41, 7, 19, 64, 12]  # a long tail, as instruction data has
+# a long tail, as instruction data has
+LENGTHS = [3, 41, 7, 19, 64, 12]
 
 
 def build(family: str, implementation: str, device: str = "cpu", dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     attention.register()
     torch.manual_seed(0)
-    heads = dict(num_attention_heads=4, num_key_value_heads=2)  # grouped KV, as real models have
+    # grouped KV, as real models have
+    heads = dict(num_attention_heads=4, num_key_value_heads=2)
     config = {
         "llama": lambda: LlamaConfig(**SHAPE, **heads),
         "qwen2": lambda: Qwen2Config(**SHAPE, **heads),
-        "qwen3": lambda: Qwen3Config(**SHAPE, **heads, head_dim=16),  # norms of queries and keys
-        "mistral": lambda: MistralConfig(**SHAPE, **heads, sliding_window=8),  # windows shorter than most rows
+        # norms of queries and keys
+        "qwen3": lambda: Qwen3Config(**SHAPE, **heads, head_dim=16),
+        # windows shorter than most rows
+        "mistral": lambda: MistralConfig(**SHAPE, **heads, sliding_window=8),
     }[family]()
     model_class = {
         "llama": LlamaForCausalLM,
@@ -123,7 +127,8 @@ def test_a_packed_row_trains_as_its_sequences_apart(family: str) -> None:
 
 
 def test_rows_without_padding_stay_apart() -> None:
-    rows = [row[:7] for row in sequences() if len(row) >= 7]  # each row full: transformers sends no mask
+    # each row full: transformers sends no mask
+    rows = [row[:7] for row in sequences() if len(row) >= 7]
     alone, expected_grads = apart(build("qwen2", "sdpa"), rows)
     losses, grads = losses_and_gradients(build("qwen2", attention.NAME), padded(rows))
     for got, want in zip(losses, alone):
@@ -138,7 +143,8 @@ def test_the_check_can_fail_a_row_whose_positions_run_on_is_one_sequence() -> No
     joined = torch.cat(rows)[None]
     positions = torch.arange(joined.shape[1])[None]
     second = token_losses(varlen, {"input_ids": joined, "position_ids": positions})[0][len(rows[0]) :][: len(alone) - 1]
-    assert (second - alone[1:]).abs().max() > 1e-3  # the second sequence saw the first
+    # the second sequence saw the first
+    assert (second - alone[1:]).abs().max() > 1e-3
 
 
 def test_generating_with_a_kv_cache_is_refused_in_one_line() -> None:
@@ -156,7 +162,8 @@ def test_a_generating_algorithm_is_refused_it_before_the_job_unless_it_generates
     )
     with pytest.raises(SpecError, match="torch_varlen trains on whole sequences and cannot generate"):
         validate({"algorithm": "online_dpo", **spec})
-    for algorithm in ("grpo", "rloo"):  # their passes are padding-free, their generation SDPA's (rl_padding_free.py)
+    # their passes are padding-free, their generation SDPA's (rl_padding_free.py)
+    for algorithm in ("grpo", "rloo"):
         assert validate({"algorithm": algorithm, **spec}).model.attn_implementation == "torch_varlen"
 
 
@@ -180,7 +187,8 @@ def test_on_a_gpu_with_varlen_kernels_sft_takes_torch_varlen_for_the_models_it_i
     )
     assert (
         fast_paths.attention_implementation(runtime.parts(sft_spec(tmp_path, qwen, bf16=False)).fast_paths) is None
-    )  # float32: no kernel
+        # float32: no kernel
+    )
     dropout = Qwen2Config(**SHAPE, num_attention_heads=4, attention_dropout=0.1)
     dropout.model_type = "qwen2"
     assert (
@@ -188,7 +196,8 @@ def test_on_a_gpu_with_varlen_kernels_sft_takes_torch_varlen_for_the_models_it_i
     )
     assert (
         fast_paths.attention_implementation(runtime.parts(sft_spec(tmp_path, Gemma2Config(**SHAPE))).fast_paths) is None
-    )  # softcapping
+        # softcapping
+    )
     monkeypatch.setattr(attention, "varlen_available", lambda: "no CUDA device")
     assert fast_paths.attention_implementation(runtime.parts(sft_spec(tmp_path, qwen)).fast_paths) is None
 

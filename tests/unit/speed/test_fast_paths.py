@@ -44,14 +44,16 @@ def qwen2(attention: str) -> torch.nn.Module:
 
 def rows(n: int = 6) -> List[Dict[str, List[int]]]:
     generator = torch.Generator().manual_seed(0)
-    lengths = [3, 41, 7, 19, 64, 12][:n]  # a long tail: the padded batch is mostly padding
+    # a long tail: the padded batch is mostly padding
+    lengths = [3, 41, 7, 19, 64, 12][:n]
     return [{"input_ids": torch.randint(1, 250, (length,), generator=generator).tolist()} for length in lengths]
 
 
 def per_sequence_losses(model: torch.nn.Module, batch: Dict[str, torch.Tensor]) -> List[float]:
     """The mean token loss of each sequence in ``batch``, padded (one per row) or padding-free (one row)."""
     inputs = {key: batch[key] for key in ("input_ids", "attention_mask", "position_ids") if key in batch}
-    with torch.no_grad():  # no cache, as SFTTrainer.compute_loss: with one, transformers never looks for packing
+    # no cache, as SFTTrainer.compute_loss: with one, transformers never looks for packing
+    with torch.no_grad():
         logits = model(**inputs, use_cache=False).logits
     labels = batch["labels"]
     token_losses = torch.nn.functional.cross_entropy(
@@ -72,7 +74,8 @@ def test_padding_free_losses_equal_padded_losses_per_sequence(build, attention: 
     assert fast_paths.padding_free_reason(model) is None
     padded = DataCollatorForLanguageModeling(pad_token_id=0)(examples)
     free = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(examples)
-    assert padded["input_ids"].numel() > 2 * free["input_ids"].numel()  # most of the padded batch was padding
+    # most of the padded batch was padding
+    assert padded["input_ids"].numel() > 2 * free["input_ids"].numel()
     alone = [per_sequence_losses(model, DataCollatorForLanguageModeling(pad_token_id=0)([row]))[0] for row in examples]
     assert per_sequence_losses(model, padded) == pytest.approx(alone, abs=1e-5)
     assert per_sequence_losses(model, free) == pytest.approx(alone, abs=1e-5)
@@ -117,7 +120,8 @@ def sft_trainer(tmp_path: Path, model: torch.nn.Module, **training: object) -> S
 
     spec = validate(trainer_spec(tmp_path, **training))
     args = SFTConfig(**runtime.training_arguments(spec, dict(spec.training)))
-    words = [" ".join(["apple"] * n) for n in (2, 30, 5, 11)]  # 30 apples: longer than max_length, truncated
+    # 30 apples: longer than max_length, truncated
+    words = [" ".join(["apple"] * n) for n in (2, 30, 5, 11)]
     dataset = Dataset.from_list([{"text": text} for text in words])
     tokenizer = tiny.build_tokenizer_llama3()
     collator = fast_paths.data_collator(options_of(spec), model, tokenizer, args, dataset)
@@ -134,13 +138,15 @@ def test_the_sft_trainer_goes_padding_free_with_max_length_still_enforced(tmp_pa
     assert fast_paths.applied(trainer, options_of(validate(trainer_spec(tmp_path)))) == [
         "padding_free",
         "no_activation_checkpointing",
-    ]  # the second: on CPU
+        # the second: on CPU
+    ]
     free = first_batch(trainer)
     assert "attention_mask" not in free and free["input_ids"].shape[0] == 1
     lengths = torch.diff(
         torch.tensor((free["position_ids"][0] == 0).nonzero().flatten().tolist() + [free["input_ids"].shape[1]])
     )
-    assert lengths.max().item() == 24  # the long row was truncated to max_length, as with padding
+    # the long row was truncated to max_length, as with padding
+    assert lengths.max().item() == 24
     # the same rows as TRL's default (padded) collator makes them: the same losses, sequence by sequence
     padded_trainer = sft_trainer(tmp_path, model, padding_free=False)
     assert dataclasses.replace(trainer.data_collator, padding_free=False) == padded_trainer.data_collator
@@ -177,10 +183,12 @@ def test_on_gpus_padding_free_is_a_default_with_varlen_attention_only(
 def test_packing_the_model_cannot_keep_apart_is_refused(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="training.packing: packed sequences could attend to each other: Remote"):
         sft_trainer(tmp_path, RemoteCodeLlama(llama("sdpa").config), packing=True)
-    trainer = sft_trainer(tmp_path, RemoteCodeLlama(llama("sdpa").config))  # left to us: off, and said in the log
+    # left to us: off, and said in the log
+    trainer = sft_trainer(tmp_path, RemoteCodeLlama(llama("sdpa").config))
     assert fast_paths.applied(trainer, options_of(validate(trainer_spec(tmp_path)))) == [
         "no_activation_checkpointing"
-    ]  # the trainer was built on CPU
+        # the trainer was built on CPU
+    ]
 
 
 def test_packing_with_an_attention_that_could_cross_rows_is_refused_before_the_job() -> None:
@@ -192,7 +200,8 @@ def test_packing_with_an_attention_that_could_cross_rows_is_refused_before_the_j
             "training": {"output_dir": "out", **training},
         }
 
-    for switch in ({"packing": True}, {"padding_free": True, "max_length": None}):  # padding-free: no truncation
+    # padding-free: no truncation
+    for switch in ({"packing": True}, {"padding_free": True, "max_length": None}):
         key = next(iter(switch))
         with pytest.raises(SpecError, match=f"training.{key}: with model.attn_implementation 'paged_attention' packed"):
             validate(spec("paged_attention", **switch))
@@ -232,11 +241,14 @@ def test_activation_checkpointing_is_off_by_default_for_sft_on_cpu() -> None:
 
     assert defaults_of(spec("sft"), on_cuda=False) == {"activation_checkpointing": False}
     assert defaults_of(spec("sft"), on_cuda=True) == {}
-    for key in ("activation_checkpointing", "gradient_checkpointing"):  # either name, either value: the user's
+    # either name, either value: the user's
+    for key in ("activation_checkpointing", "gradient_checkpointing"):
         assert defaults_of(spec("sft", **{key: True}), on_cuda=False) == {}
-    options = spec("sft", activation_checkpointing_kwargs={"use_reentrant": False})  # options: the user wants it
+    # options: the user wants it
+    options = spec("sft", activation_checkpointing_kwargs={"use_reentrant": False})
     assert defaults_of(options, on_cuda=False) == {}
-    assert defaults_of(spec("dpo"), on_cuda=False) == {}  # measured slower there (BENCHMARKS.md)
+    # measured slower there (BENCHMARKS.md)
+    assert defaults_of(spec("dpo"), on_cuda=False) == {}
 
 
 def sft_spec(model: str, **training: object):
@@ -262,7 +274,8 @@ def model_directory(tmp_path: Path, name: str, **shape: object) -> str:
 
 def qwen_0_5b(tmp_path: Path, **changes: object) -> str:
     shape = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, vocab_size=151936, **changes)
-    shape.setdefault("tie_word_embeddings", True)  # as Qwen2.5-0.5B's
+    # as Qwen2.5-0.5B's
+    shape.setdefault("tie_word_embeddings", True)
     return model_directory(tmp_path, "0.5b", **shape)
 
 
@@ -286,12 +299,14 @@ def test_on_a_gpu_sft_trains_64_rows_of_max_length_where_the_spec_leaves_the_ste
     huge = model_directory(tmp_path, "7b", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28)
     assert (
         fast_paths.gpu_batch(options_of(sft_spec(huge)), on_cuda=True) == {}
-    )  # its state alone nears the GPU's memory
+        # its state alone nears the GPU's memory
+    )
     left = ({"per_device_train_batch_size": 8}, {"gradient_accumulation_steps": 4}, {"use_liger_kernel": False})
     for training in (*left, {"max_length": None}):
         assert fast_paths.gpu_batch(options_of(sft_spec(small, **training)), on_cuda=True) == {}, training
     assert fast_paths.gpu_batch(options_of(sft_spec(small)), on_cuda=False) == {}
-    assert fast_paths.gpu_batch(options_of(sft_spec(tiny.NAME)), on_cuda=True) == {}  # no config to estimate from
+    # no config to estimate from
+    assert fast_paths.gpu_batch(options_of(sft_spec(tiny.NAME)), on_cuda=True) == {}
     dpo = validate({**dict(trainer_spec(Path("out"))), "algorithm": "dpo", "model": {"name_or_path": small}})
     assert fast_paths.gpu_batch(options_of(dpo), on_cuda=True) == {}
 
@@ -324,10 +339,13 @@ def test_on_a_gpu_activation_checkpointing_is_off_where_the_step_fits(
         caplog.text
     )
     for spec, training, off in (
-        (sft_spec(large), batch, False),  # 144 GB of activations
+        # 144 GB of activations
+        (sft_spec(large), batch, False),
         (sft_spec(small), {"per_device_train_batch_size": 128}, False),
-        (sft_spec(small, activation_checkpointing=True), batch, False),  # the user's
-        (sft_spec(small, use_liger_kernel=False), {"per_device_train_batch_size": 8}, True),  # with the logits
+        # the user's
+        (sft_spec(small, activation_checkpointing=True), batch, False),
+        # with the logits
+        (sft_spec(small, use_liger_kernel=False), {"per_device_train_batch_size": 8}, True),
         (sft_spec(small, use_liger_kernel=False), {"per_device_train_batch_size": 48}, False),
     ):
         defaults = defaults_of(spec, on_cuda=True, training={**spec.training, **training})

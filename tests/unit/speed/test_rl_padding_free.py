@@ -87,7 +87,8 @@ def test_the_job_packs_the_passes_where_the_attention_is_varlen(tmp_path: Path, 
         trainer = build_trainer(job)
         assert getattr(trainer, "padding_free_passes", False) is packs
         assert ("padding_free" in fast_paths.applied(trainer, job.fast_paths)) is packs
-        assert "_generate_single_turn" in vars(trainer)  # SDPA while generating, wherever the model trains varlen
+        # SDPA while generating, wherever the model trains varlen
+        assert "_generate_single_turn" in vars(trainer)
 
 
 def test_generation_attends_with_sdpa_and_goes_back() -> None:
@@ -109,7 +110,8 @@ def test_generation_attends_with_sdpa_and_goes_back() -> None:
 def test_continuous_batching_runs_the_forward_accelerate_wrapped() -> None:
     """accelerate's mixed-precision forward converts half-precision outputs (and the paged cache, which has a dtype)
     to float32: continuous batching gets the forward it wrapped, and the wrapper is back after."""
-    AcceleratorState._reset_state(reset_partial_state=True)  # the process's state: mixed precision or not
+    # the process's state: mixed precision or not
+    AcceleratorState._reset_state(reset_partial_state=True)
     try:
         policy = Accelerator(cpu=True, mixed_precision="bf16").prepare(model("qwen2", "sdpa"))
     finally:
@@ -119,5 +121,7 @@ def test_continuous_batching_runs_the_forward_accelerate_wrapped() -> None:
         assert policy.forward == policy._original_forward != wrapped
     assert policy.forward == wrapped
     plain = model("qwen2", "sdpa")
-    with forward_without_float32_outputs(plain):  # never wrapped: unchanged
-        assert "forward" in plain.__dict__  # TRL's fused LM head
+    # never wrapped: unchanged
+    with forward_without_float32_outputs(plain):
+        # TRL's fused LM head
+        assert "forward" in plain.__dict__

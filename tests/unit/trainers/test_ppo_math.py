@@ -25,7 +25,8 @@ def test_ppo_math_doctests() -> None:
 def test_gae_matches_a_hand_computed_case() -> None:
     rewards = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
     values = torch.tensor([[0.2, 0.4, 0.6, 9.0]])
-    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])  # the last position is padding
+    # the last position is padding
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
     gamma, lam = 0.9, 0.5
     # by hand, backwards; V after the last real token is 0 and padding is ignored
     d2 = 1.0 + gamma * 0.0 - 0.6
@@ -54,7 +55,8 @@ def test_clipped_policy_loss_against_a_reference_computation() -> None:
     eps = 0.2
     loss, clipfrac = policy_loss(new, old, advantages, mask, eps)
     terms, clipped_count = [], 0
-    for i in range(3):  # the masked position is left out
+    # the masked position is left out
+    for i in range(3):
         ratio = torch.exp(new[0, i] - old[0, i]).item()
         a = advantages[0, i].item()
         unclipped, clipped = -a * ratio, -a * min(max(ratio, 1 - eps), 1 + eps)

@@ -43,7 +43,8 @@ def test_the_realistic_model_is_shaped_like_real_ones() -> None:
 def test_plain_text_prompts_start_with_the_tokenizers_bos(tmp_path: Path) -> None:
     trainer = make_trainer(tmp_path, [length])
     assert trainer.rollouts._encode_prompt("What is blue?")[0] == trainer.tokenizer.bos_token_id
-    assert trainer.rollouts.prompts[0][0] == trainer.tokenizer.bos_token_id  # the chat template writes it once
+    # the chat template writes it once
+    assert trainer.rollouts.prompts[0][0] == trainer.tokenizer.bos_token_id
     assert trainer.rollouts.prompts[0].count(trainer.tokenizer.bos_token_id) == 1
 
 
@@ -84,7 +85,8 @@ def test_rewards_see_each_response_up_to_its_eos_without_padding(
 
 
 def test_an_async_reward_is_awaited(tmp_path: Path) -> None:
-    async def judged(completions: List[Any], **_: Any) -> List[float]:  # TRL's trainers take these too
+    # TRL's trainers take these too
+    async def judged(completions: List[Any], **_: Any) -> List[float]:
         return [float(len(c[0]["content"])) for c in completions]
 
     check = RewardCheck(stop_at_step_end=False)
@@ -97,7 +99,8 @@ def test_with_dropout_in_the_config_kl_starts_at_zero_and_the_first_ratio_is_one
     trainer = make_trainer(tmp_path, [length], bf16=bf16)
     batch = rollout(trainer)
     assert batch["kl"].abs().max().item() == 0.0, "policy and reference must run alike (no dropout, same autocast)"
-    logits, _ = trainer.model(batch["tokens"], batch["attention_mask"])  # the first mini-batch's forward
+    # the first mini-batch's forward
+    logits, _ = trainer.model(batch["tokens"], batch["attention_mask"])
     logprobs, _ = response_logprobs(logits, batch["tokens"], batch["prompt_length"], trainer.args.temperature)
     mask = batch["response_mask"].bool()
     assert torch.equal(logprobs[mask], batch["logprobs"][mask]), "ratio != 1 before any update"
