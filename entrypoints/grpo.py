@@ -22,6 +22,7 @@ def build_trainer(job: Job) -> GRPOTrainer:
         reward_processing_classes=reward_processing_classes,
         callbacks=job.callbacks,
         peft_config=job.peft_config,
+        tools=job.tools or None,
     )
 
 

@@ -56,6 +56,8 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "value_model": "The value model: a path or hub id; default the reward model where there is exactly one.",
         "teacher_model": "The teacher: a path or hub id sharing the student's vocabulary.",
         "rewards": "How completions are scored: each a function, a builtin or a reward model, weighted.",
+        "tools": "Functions the model may call while it answers (GRPO); their calls and results are part of the "
+        "completion. The prompts must be chat messages.",
         "model": "The model to train, and how it is loaded.",
         "data": "The training data, optional evaluation data, and column renames.",
         "distributed": "How the job is sharded (DDP by default; DeepSpeed or FSDP) and its collectives' timeout.",
@@ -110,6 +112,10 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "model": "A sequence-classification reward model: a path or hub id.",
         "args": "The built-in reward's arguments.",
         "weight": "The reward's weight in the sum.",
+    },
+    "ToolSource": {
+        "function": "module:function, importable in the job; its name, typed arguments and docstring (Args:) are "
+        "what the model sees of it, and what it returns (as text) is what the model reads back.",
     },
 }
 

@@ -162,8 +162,10 @@ DESCRIPTIONS: Dict[str, Description] = {
         summary="Group relative policy optimisation with ``trl.GRPOTrainer``, as TRL's ``trl/scripts/grpo.py``; "
         "GSPO is ``importance_sampling_level: sequence``.",
         use="Use it to raise a reward on generated completions without a value model: each prompt gets "
-        "``num_generations`` completions, each scored by the rewards and compared within its group.",
-        data="``prompt`` rows (and the columns the rewards read).",
+        "``num_generations`` completions, each scored by the rewards and compared within its group. With "
+        "``tools``, the model may call them while it answers: TRL runs each call and puts its result in the "
+        "conversation (up to ``max_tool_calling_iterations`` rounds); the results are not trained on.",
+        data="``prompt`` rows (and the columns the rewards read); with ``tools``, prompts as chat messages.",
         logs=(
             "reward",
             "reward_std",
@@ -172,8 +174,11 @@ DESCRIPTIONS: Dict[str, Description] = {
             "entropy",
             "completions/mean_length",
             "clip_ratio/*",
+            "tools/call_frequency",
+            "tools/failure_frequency",
         ),
-        logs_note="``kl`` only with ``beta`` > 0.",
+        logs_note="``kl`` only with ``beta`` > 0; ``tools/*`` only with ``tools`` (calls per completion, failed "
+        "calls per call).",
         examples=(
             "torchx run -s local_cwd posttrain.grpo --spec templates/grpo/tiny.yaml",
             "torchx run -s local_cwd posttrain.grpo --spec templates/grpo/gspo-tiny.yaml",
@@ -224,7 +229,8 @@ DESCRIPTIONS: Dict[str, Description] = {
         "it must share the model's tokenizer.",
         logs=("loss", "entropy", "completions/mean_length"),
         refuses="``teacher_model_name_or_path``, ``teacher_model_revision`` and ``teacher_model_init_kwargs`` "
-        "(posttrain's: use ``teacher_model`` at the top of the spec).",
+        "(posttrain's: use ``teacher_model`` at the top of the spec); ``max_tool_calling_iterations`` (the student "
+        "is given no tools).",
         examples=(
             "torchx run -s local_cwd posttrain.sft --spec templates/sft/tiny.yaml",
             "torchx run -s local_cwd posttrain.distill --spec templates/distill/tiny.yaml",

@@ -19,6 +19,7 @@ from posttrain.components.spec.schema import (
     CHECKPOINTING_SWITCHES,
     OWNED_KEYS,
     Spec,
+    ToolSource,
     _GroupSpec,
     _OnlineSpec,
     _ReferenceSpec,
@@ -128,11 +129,25 @@ class ORPOSpec(Spec):
 
 
 class GRPOSpec(_GroupSpec):
-    """Group relative policy optimisation with ``trl.GRPOTrainer`` (GSPO: importance_sampling_level: sequence)."""
+    """Group relative policy optimisation with ``trl.GRPOTrainer`` (GSPO: importance_sampling_level: sequence);
+    with ``tools``, the model may call them while it answers, rounds of calls and results in one completion."""
 
     algorithm: Literal["grpo"]
+    tools: List[ToolSource] = []
     config_class: ClassVar[str] = "trl:GRPOConfig"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PROMPT_FORMATS
+
+    def problems(self, world_size: Optional[int]) -> List[str]:
+        found = super().problems(world_size)
+        for index, tool in enumerate(self.tools):
+            found += tool.problems(f"tools.{index}")
+        rounds = self.training.get("max_tool_calling_iterations")
+        if rounds is not None and not self.tools:
+            found.append(
+                f"training.max_tool_calling_iterations: {rounds} bounds the rounds of tool calls in a completion, "
+                "and the spec gives no tools; add tools, or drop it"
+            )
+        return found
 
 
 class RLOOSpec(_GroupSpec):
@@ -162,6 +177,9 @@ class DistillSpec(Spec):
         "teacher_model_name_or_path": "use teacher_model at the top level of the spec",
         "teacher_model_revision": "posttrain loads the teacher with model's revision and options",
         "teacher_model_init_kwargs": "posttrain loads the teacher with model's dtype and options",
+    }
+    refused_keys: ClassVar[Dict[str, str]] = {
+        "max_tool_calling_iterations": "posttrain's distillation gives the student no tools: it would bound nothing",
     }
 
 

@@ -495,6 +495,21 @@ class RewardSource(_Strict):
         return []
 
 
+class ToolSource(_Strict):
+    """One tool the model may call while it generates: a user function, whose name, typed arguments and docstring
+    are what the model sees of it."""
+
+    # "module:function", importable in the job
+    function: str
+
+    def problems(self, where: str) -> List[str]:
+        if not re.fullmatch(r"[\w.]+:[\w.]+", self.function):
+            return [
+                f"{where}.function: expected module:function (e.g. my_tools:lookup); got {cut(repr(self.function))}"
+            ]
+        return []
+
+
 class _OnlineSpec(Spec):
     """Algorithms that generate completions and score them with ``rewards``."""
 

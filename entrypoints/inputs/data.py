@@ -191,7 +191,10 @@ EXPECTED_KINDS: Dict[str, str] = {
 
 
 def _is_chat(value: Any) -> bool:
-    return isinstance(value, list) and all(isinstance(m, dict) and "role" in m and "content" in m for m in value)
+    """Chat messages: each with a role, and content or (an assistant's) tool calls."""
+    return isinstance(value, list) and all(
+        isinstance(m, dict) and "role" in m and ("content" in m or "tool_calls" in m) for m in value
+    )
 
 
 _VALUE_FITS: Dict[str, Callable[[Any], bool]] = {
@@ -241,8 +244,9 @@ def check_column(dataset: Any, column: str, where: str) -> None:
     if expected is None:
         return
     feature = dataset.features[column]
-    # rows of different kinds: find the first that does not fit
-    if type(feature).__name__ == "Json":
+    # rows of different kinds, or messages of different shapes (tool calls and their results): the first that
+    # does not fit
+    if "Json" in (type(feature).__name__, type(getattr(feature, "feature", None)).__name__):
         fits = _VALUE_FITS[expected]
         for row, value in enumerate(dataset[column], 1):
             if value is not None and not fits(value):

@@ -61,6 +61,19 @@ def import_object(path: str) -> Any:
     return functools.reduce(getattr, attr.split("."), importlib.import_module(module))
 
 
+def import_user_function(path: str, where: str) -> Any:
+    """The user's ``module:attr`` (a reward function, a tool), imported; whatever their module raises on import,
+    said in one line naming ``where`` the spec names it."""
+    module_name = path.partition(":")[0]
+    try:
+        return import_object(path)
+    except (ImportError, AttributeError) as error:
+        raise SpecError([f"{where}: cannot import {path} from {Path.cwd()}: {first_line(error)}"]) from None
+    except Exception as error:  # noqa: BLE001 -- the user's module failed while it ran: its error, one line
+        kind = type(error).__name__
+        raise SpecError([f"{where}: importing {module_name} raised {kind}: {first_line(error)}"]) from None
+
+
 def load_tokenizer(name_or_path: str, model: ModelSpec, padding_side: str) -> Any:
     """The tokenizer of ``name_or_path``, padding on ``padding_side``.
 

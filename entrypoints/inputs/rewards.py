@@ -18,20 +18,19 @@ import functools
 import inspect
 import math
 import numbers
-from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
 from transformers import TrainerCallback
 from trl.trainer.utils import is_async_callable
 
-from posttrain.components.spec.messages import SpecError, first_line
+from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.rewards import BUILTIN_REWARDS, RewardFunction, builtin_reward
 from posttrain.components.spec.schema import RewardSource
 from posttrain.entrypoints.inputs.models import (
     SEQUENCE_CLASSIFICATION,
     ModelLoading,
     check_model_path,
-    import_object,
+    import_user_function,
     load_model,
     load_tokenizer,
 )
@@ -128,7 +127,7 @@ def resolve_rewards(
         if reward.builtin is not None:
             resolved.append(check.wrap(builtin_reward(reward.builtin, reward.args), where))
         elif reward.function is not None:
-            function = _import_function(reward.function, f"{where}.function")
+            function = import_user_function(reward.function, f"{where}.function")
             if not callable(function):
                 raise SpecError([f"{where}.function: {reward.function} is not callable"])
             resolved.append(check.wrap(function, where))
@@ -136,18 +135,6 @@ def resolve_rewards(
             check_model_path(reward.model, f"{where}.model")
             resolved.append(reward.model)
     return resolved
-
-
-def _import_function(path: str, where: str) -> Any:
-    """``module:attr`` imported; whatever the user's module raises on import, said in one line."""
-    module_name = path.partition(":")[0]
-    try:
-        return import_object(path)
-    except (ImportError, AttributeError) as error:
-        raise SpecError([f"{where}: cannot import {path} from {Path.cwd()}: {first_line(error)}"]) from None
-    except Exception as error:  # noqa: BLE001 -- the user's module failed while it ran: its error, one line
-        kind = type(error).__name__
-        raise SpecError([f"{where}: importing {module_name} raised {kind}: {first_line(error)}"]) from None
 
 
 def check_reward_columns(

@@ -16,11 +16,16 @@ same model, in well under a second, with no download.
 - ``builtin:tiny-llama3-vllm``: ``tiny-llama3`` with 2 heads of 32 (1 KV
   head) instead of 4 of 16, the same weights: vLLM's CPU attention needs a
   head size of 32 or more.
+- ``builtin:tiny-tools``: a model that can call tools. Qwen2.5's chat template,
+  verbatim (TRL reads tool calls back only from templates it knows), with its
+  special and tool tokens; its tokenizer learnt from conversations with a tool
+  as that template renders them, so a prompt with a tool fits in a few hundred
+  tokens; 1024 positions.
 """
 
 import functools
 import itertools
-from typing import Any, Callable, Dict, Iterator, Tuple, Type
+from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Tuple, Type
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -29,6 +34,7 @@ from transformers import GenerationConfig, LlamaConfig, PreTrainedModel, PreTrai
 NAME = "builtin:tiny-llama"
 NAME_LLAMA3 = "builtin:tiny-llama3"
 NAME_LLAMA3_VLLM = "builtin:tiny-llama3-vllm"
+NAME_TOOLS = "builtin:tiny-tools"
 
 PAD, EOS, IM_START = "<|pad|>", "<|im_end|>", "<|im_start|>"
 
@@ -63,7 +69,7 @@ def _corpus() -> Iterator[str]:
         yield f"{word.capitalize()} {following}. The {word} is {following}?"
 
 
-def _train_bpe(vocab_size: int, special_tokens: list) -> Tokenizer:
+def _train_bpe(vocab_size: int, special_tokens: list, corpus: Optional[Iterable[str]] = None) -> Tokenizer:
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
@@ -73,7 +79,7 @@ def _train_bpe(vocab_size: int, special_tokens: list) -> Tokenizer:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    bpe.train_from_iterator(_corpus(), trainer)
+    bpe.train_from_iterator(_corpus() if corpus is None else corpus, trainer)
     return bpe
 
 
@@ -102,11 +108,15 @@ def _seeded_llama(
 ) -> PreTrainedModel:
     """The 2-layer Llama the built-ins share, sized to the tokenizer, initialised from seed 0; ``config`` wins."""
     shape = dict(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
     )
     llama = LlamaConfig(
         vocab_size=len(tokenizer),
-        max_position_embeddings=512,
         eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=True,
         num_labels=1,
@@ -161,6 +171,65 @@ def build_model_llama3(
     return model
 
 
+TOOL_PAD, TOOL_TOKENS = "<|endoftext|>", ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+# a tool as the model sees it (transformers' JSON schema of a function), for the tokenizer's corpus
+_LOOKUP = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "description": "The value stored under a key.",
+        "parameters": {
+            "type": "object",
+            "properties": {"key": {"type": "string", "description": "The key to look up."}},
+            "required": ["key"],
+        },
+    },
+}
+
+
+def _tool_corpus(chat_template: str) -> Iterator[str]:
+    """Conversations with a tool as ``chat_template`` renders them (preamble, call, result, answer), special and
+    tool tokens left out: learnt often enough that each becomes a few tokens."""
+    renderer = build_tokenizer()
+    renderer.chat_template = chat_template
+    for word, value in zip(_WORDS, _WORDS[::-1]):
+        conversation = [
+            {"role": "user", "content": f"What is the value of {word}?"},
+            {
+                "role": "assistant",
+                "tool_calls": [{"type": "function", "function": {"name": "lookup", "arguments": {"key": word}}}],
+            },
+            {"role": "tool", "name": "lookup", "content": value},
+            {"role": "assistant", "content": value},
+        ]
+        text = renderer.apply_chat_template(conversation, tools=[_LOOKUP], tokenize=False)
+        for token in (IM_START, EOS, *TOOL_TOKENS):
+            text = text.replace(token, "\n")
+        yield text
+
+
+def build_tokenizer_tools() -> PreTrainedTokenizerFast:
+    """Byte-level BPE (512 tokens) with Qwen2.5's chat template and tokens: its special tokens, then the tool-call
+    and tool-response tags, last."""
+    from trl.chat_template_utils import qwen2_5_chat_template
+
+    corpus = itertools.chain(_corpus(), _tool_corpus(qwen2_5_chat_template))
+    bpe = _train_bpe(512 - 3 - len(TOOL_TOKENS), [], corpus)
+    bpe.add_special_tokens([TOOL_PAD, IM_START, EOS])
+    # ordinary added tokens, as Qwen2.5's: whole, and kept when special tokens are skipped
+    bpe.add_tokens(list(TOOL_TOKENS))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=bpe, eos_token=EOS, pad_token=TOOL_PAD, chat_template=qwen2_5_chat_template
+    )
+
+
+def build_model_tools(tokenizer: PreTrainedTokenizerFast, model_class: Type[PreTrainedModel]) -> PreTrainedModel:
+    """The 2-layer Llama of :func:`build_model` with 1024 positions: a tool's preamble, calls and results."""
+    return _seeded_llama(
+        model_class, tokenizer, pad_token_id=tokenizer.pad_token_id, bos_token_id=None, max_position_embeddings=1024
+    )
+
+
 # name -> (tokenizer builder, model builder)
 BUILTINS: Dict[str, Tuple[Callable[[], PreTrainedTokenizerFast], Callable[..., PreTrainedModel]]] = {
     NAME: (build_tokenizer, build_model),
@@ -170,4 +239,5 @@ BUILTINS: Dict[str, Tuple[Callable[[], PreTrainedTokenizerFast], Callable[..., P
         build_tokenizer_llama3,
         functools.partial(build_model_llama3, num_attention_heads=2, num_key_value_heads=1),
     ),
+    NAME_TOOLS: (build_tokenizer_tools, build_model_tools),
 }

@@ -65,7 +65,7 @@ from posttrain.components.spec.chain import STAGE_ENV
 from posttrain.components.spec.fields import config_fields, config_value
 from posttrain.components.spec.loading import spec_from_json
 from posttrain.components.spec.messages import SpecError, first_line
-from posttrain.components.spec.schema import CHECKPOINTING_OPTIONS, RewardSource, Spec
+from posttrain.components.spec.schema import CHECKPOINTING_OPTIONS, RewardSource, Spec, ToolSource
 from posttrain.entrypoints.generation import role_lease, vllm_generation, vllm_token
 from posttrain.entrypoints.inputs.chat_templates import check_chat_template, check_reward_templates
 from posttrain.entrypoints.inputs.data import (
@@ -89,6 +89,7 @@ from posttrain.entrypoints.inputs.models import (
     model_config,
 )
 from posttrain.entrypoints.inputs.rewards import RewardCheck, check_reward_columns, load_reward_models, resolve_rewards
+from posttrain.entrypoints.inputs.tools import check_tool_data, check_tool_template, resolve_tools
 from posttrain.entrypoints.job import distributed, lease
 from posttrain.entrypoints.job.callbacks import BestMetricCheck, FaultInjection, Preemption, ProgressLog, TokenCounter
 from posttrain.entrypoints.job.error_file import CRASHED, KEPT_LOGS, STOPPED, record_crash, record_error
@@ -113,6 +114,8 @@ class Parts:
     resume: Resume
     # none where the algorithm scores nothing
     rewards: Tuple[RewardSource, ...]
+    # the functions the model may call, none where the spec gives none
+    tools: Tuple[ToolSource, ...]
 
 
 def parts(spec: Spec) -> Parts:
@@ -135,7 +138,7 @@ def parts(spec: Spec) -> Parts:
         revision=spec.model.revision,
         data=spec.data,
     )
-    return Parts(models, options, resume, tuple(getattr(spec, "rewards", ())))
+    return Parts(models, options, resume, tuple(getattr(spec, "rewards", ())), tuple(getattr(spec, "tools", ())))
 
 
 def _fast_path_options(spec: Spec) -> FastPathOptions:
@@ -165,6 +168,8 @@ class Job:
     rewards: List[Any]
     # each reward's weight, in the order of rewards
     reward_weights: List[float]
+    # the functions the model may call (the spec's tools, imported and checked)
+    tools: List[Callable[..., Any]]
 
     def load_model(self) -> Any:
         """The model to train: ``model.name_or_path`` with the algorithm's ``model_class``."""
@@ -257,6 +262,7 @@ class _Inputs:
     eval_dataset: Any
     resume_from: Optional[str]
     rewards: List[Any]
+    tools: List[Callable[..., Any]]
     args: Any
     tokenizer: Any
     # what each checkpoint records it was trained on (checkpoints.job_inputs)
@@ -307,6 +313,7 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
             callbacks=callbacks + [ProgressLog()] * lines,
             rewards=inputs.rewards,
             reward_weights=[reward.weight for reward in split.rewards],
+            tools=inputs.tools,
         )
         trainer = built_trainer(job, build)
         # a generating trainer's prompts are not prepared
@@ -402,6 +409,9 @@ def _check_inputs(spec: Spec, split: Parts, world_size: int, reward_check: Rewar
                 "%s is at the last step but the final save was cut short: resuming from %s", last_step, resume_from
             )
     rewards = resolve_rewards(split.rewards, reward_check)
+    tools = resolve_tools(split.tools)
+    if tools:
+        check_tool_data(datasets)
     check_reward_columns(split.rewards, spec.keeps_only_prompts, datasets)
     check_weight_shapes(split.models)
     args = build_config(spec.config_class, training_arguments(spec, training))
@@ -415,8 +425,10 @@ def _check_inputs(spec: Spec, split: Parts, world_size: int, reward_check: Rewar
     tokenizer = load_tokenizer(spec.model.name_or_path, spec.model, padding_side="left" if spec.generates else "right")
     check_chat_template(args, tokenizer, datasets, spec.model.name_or_path)
     check_reward_templates(rewards, spec.model, datasets)
+    if tools:
+        check_tool_template(tokenizer, spec.model.name_or_path)
     eval_dataset = datasets[1][1] if len(datasets) > 1 else None
-    return _Inputs(train_dataset, eval_dataset, resume_from, rewards, args, tokenizer, inputs_record)
+    return _Inputs(train_dataset, eval_dataset, resume_from, rewards, tools, args, tokenizer, inputs_record)
 
 
 def build_config(config_class: str, kwargs: Dict[str, Any]) -> Any:

@@ -32,6 +32,9 @@ PLOTTED = (
     "accuracy",
     "kl",
     "objective/kl",
+    # GRPO with tools: how often the model calls them, and how often a call fails
+    "tools/call_frequency",
+    "tools/failure_frequency",
     "learning_rate",
 )
 

@@ -1,0 +1,97 @@
+"""The spec's ``tools`` in the job: functions the model may call while it generates, as TRL's GRPOTrainer takes them.
+
+What the model sees of a tool is what transformers makes of the function
+(``get_json_schema``): its name, its typed arguments and its docstring's
+description of each. TRL builds that only when it renders the first
+prompt, after every model has loaded; :func:`resolve_tools` imports and
+checks each tool before any model loads, and :func:`check_tool_template`
+that the model's chat template renders tool calls and that TRL can read
+them back from what the model writes.
+"""
+
+import inspect
+from typing import Any, Callable, List, Sequence, Tuple
+
+from posttrain.components.spec.messages import SpecError, first_line
+from posttrain.components.spec.schema import ToolSource
+from posttrain.entrypoints.inputs.models import import_user_function
+
+# The chat templates TRL reads tool calls back from (trl/chat_template_utils.py, add_response_schema), as a user
+# would name them
+TOOL_TEMPLATES = "Qwen2.5, Qwen3, Llama 3.1 and 3.2, GLM-4 MoE, gpt-oss, LFM2, Nemotron 3, DeepSeek-R1-Distill"
+
+
+def resolve_tools(tools: Sequence[ToolSource]) -> List[Callable[..., Any]]:
+    """Each tool imported and checked as the model will see it: a plain function, named once, whose docstring
+    describes each of its typed arguments (the model reads nothing else of it)."""
+    from transformers.utils.chat_template_utils import (
+        DocstringParsingException,
+        TypeHintParsingException,
+        get_json_schema,
+    )
+
+    resolved: List[Callable[..., Any]] = []
+    for index, tool in enumerate(tools):
+        where = f"tools.{index}.function"
+        function = import_user_function(tool.function, where)
+        # transformers renders functions and bound methods only: a partial or a callable object would fail there
+        if not (inspect.isfunction(function) or inspect.ismethod(function)):
+            kind = type(function).__name__
+            raise SpecError([f"{where}: {tool.function} is a {kind}; a tool is a function (def) with a docstring"])
+        try:
+            get_json_schema(function)
+        except (DocstringParsingException, TypeHintParsingException) as error:
+            raise SpecError([f"{where}: {first_line(error)} (the model sees its docstring and type hints)"]) from None
+        named = [index for index, earlier in enumerate(resolved) if earlier.__name__ == function.__name__]
+        if named:
+            raise SpecError(
+                [
+                    f"{where}: {tool.function} is named {function.__name__!r}, as tools.{named[0]} is; the model "
+                    "calls a tool by its name: rename one"
+                ]
+            )
+        resolved.append(function)
+    return resolved
+
+
+def check_tool_template(tokenizer: Any, name_or_path: str) -> None:
+    """The model's chat template renders a tool call and its result, and TRL reads the calls back from what the
+    model writes (it knows the templates of :data:`TOOL_TEMPLATES`, verbatim); else TRL's trainer raises once
+    every model has loaded."""
+    import copy
+
+    from trl.chat_template_utils import add_response_schema, supports_tool_calling
+
+    if not supports_tool_calling(tokenizer):
+        raise SpecError(
+            [
+                f"tools: {name_or_path}'s chat template does not render tool calls and their results; train a "
+                f"model whose template does ({TOOL_TEMPLATES})"
+            ]
+        )
+    if getattr(tokenizer, "response_template", None) or getattr(tokenizer, "response_schema", None):
+        return
+    try:
+        add_response_schema(copy.copy(tokenizer))
+    except ValueError:
+        raise SpecError(
+            [
+                f"tools: TRL reads the model's tool calls back only for the chat templates it knows verbatim "
+                f"({TOOL_TEMPLATES}), and {name_or_path}'s is not one of them; train a model with one"
+            ]
+        ) from None
+
+
+def check_tool_data(datasets: Sequence[Tuple[str, Any]]) -> None:
+    """Prompts a model answers with tool calls are chat messages: TRL's loop appends the calls and their results
+    to the conversation (with a text prompt it fails at the first call)."""
+    from trl.data_utils import is_conversational
+
+    for where, dataset in datasets:
+        if len(dataset) and not is_conversational(dataset[0]):
+            raise SpecError(
+                [
+                    f"{where}: tools need prompts as chat messages (a list of {{role, content}}), and its prompts "
+                    "are text; write each prompt as [{role: user, content: ...}]"
+                ]
+            )

@@ -1,0 +1,198 @@
+"""Tools from the spec: the section at submit, and the job's checks of each tool, the chat template and the data
+before any model loads (a model calling them: tests/integration/test_tools.py)."""
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from datasets import Dataset
+
+from helpers import load_template, run_refused
+from posttrain.components.spec.loading import validate
+from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.schema import ToolSource
+from posttrain.entrypoints.inputs import tiny
+from posttrain.entrypoints.inputs.models import load_tokenizer
+from posttrain.entrypoints.inputs.tools import check_tool_data, check_tool_template, resolve_tools
+
+TOOLS = '''
+import functools
+
+
+def lookup(key: str) -> str:
+    """The value stored under a key.
+
+    Args:
+        key: The key to look up.
+    """
+    return key
+
+
+def undocumented(key: str) -> str:
+    return key
+
+
+def untyped(key) -> str:
+    """Untyped.
+
+    Args:
+        key: The key.
+    """
+    return key
+
+
+def unexplained(key: str, default: str) -> str:
+    """Its second argument is not described.
+
+    Args:
+        key: The key.
+    """
+    return key
+
+
+partial = functools.partial(lookup, key="a")
+'''
+
+
+@pytest.fixture
+def tool_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A module of tools, importable as the job imports a user's."""
+    (tmp_path / "some_tools.py").write_text(TOOLS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "some_tools"
+    sys.modules.pop("some_tools", None)
+
+
+def grpo(**changes: Any) -> Any:
+    return validate({**load_template("grpo/tiny.yaml"), **changes})
+
+
+def problems(**changes: Any) -> str:
+    with pytest.raises(SpecError) as error:
+        grpo(**changes)
+    return str(error.value)
+
+
+def test_tools_are_a_section_of_grpo_and_the_rounds_of_calls_need_them() -> None:
+    spec = grpo(tools=[{"function": "my_tools:lookup"}])
+    assert spec.tools == [ToolSource(function="my_tools:lookup")]
+    assert problems(tools=[{"function": "lookup"}]) == (
+        "tools.0.function: expected module:function (e.g. my_tools:lookup); got 'lookup'"
+    )
+    training = {**load_template("grpo/tiny.yaml")["training"], "max_tool_calling_iterations": 3}
+    assert problems(training=training) == (
+        "training.max_tool_calling_iterations: 3 bounds the rounds of tool calls in a completion, and the spec "
+        "gives no tools; add tools, or drop it"
+    )
+    grpo(training=training, tools=[{"function": "my_tools:lookup"}])
+    # the other algorithms take no tools
+    raw = {**load_template("rloo/tiny.yaml"), "tools": [{"function": "my_tools:lookup"}]}
+    with pytest.raises(SpecError, match="tools"):
+        validate(raw)
+    distill = load_template("distill/tiny.yaml")
+    distill["training"]["max_tool_calling_iterations"] = 2
+    with pytest.raises(
+        SpecError,
+        match="max_tool_calling_iterations: not supported by posttrain.distill; posttrain's distillation gives",
+    ):
+        validate(distill)
+
+
+def test_each_tool_is_what_the_model_can_read_or_one_line_naming_it(tool_module: str) -> None:
+    [lookup] = resolve_tools([ToolSource(function=f"{tool_module}:lookup")])
+    assert lookup("a") == "a"
+
+    def refusal(name: str) -> str:
+        with pytest.raises(SpecError) as error:
+            resolve_tools([ToolSource(function=f"{tool_module}:lookup"), ToolSource(function=f"{tool_module}:{name}")])
+        return str(error.value)
+
+    assert refusal("undocumented") == (
+        "tools.1.function: Cannot generate JSON schema for undocumented because it has no docstring! (the model "
+        "sees its docstring and type hints)"
+    )
+    assert refusal("untyped").startswith("tools.1.function: Argument key is missing a type hint in function untyped")
+    assert "has no description for the argument 'default'" in refusal("unexplained")
+    assert refusal("partial") == (
+        "tools.1.function: some_tools:partial is a partial; a tool is a function (def) with a docstring"
+    )
+    assert refusal("lookup") == (
+        "tools.1.function: some_tools:lookup is named 'lookup', as tools.0 is; the model calls a tool by its name: "
+        "rename one"
+    )
+    assert refusal("nowhere").startswith("tools.1.function: cannot import some_tools:nowhere from ")
+
+
+def test_the_chat_template_renders_tool_calls_and_trl_reads_them_back(tool_module: str) -> None:
+    check_tool_template(tiny.build_tokenizer_tools(), tiny.NAME_TOOLS)
+    chatml = load_tokenizer(tiny.NAME, validate(load_template("grpo/tiny.yaml")).model, "left")
+    with pytest.raises(SpecError, match=r"^tools: builtin:tiny-llama's chat template does not render tool calls"):
+        check_tool_template(chatml, tiny.NAME)
+    # a template that renders them, but one TRL cannot parse the calls of
+    renders = tiny.build_tokenizer_tools()
+    renders.chat_template = renders.chat_template.replace("You are Qwen", "You are a tiny model")
+    with pytest.raises(SpecError, match="TRL reads the model's tool calls back only for the chat templates it knows"):
+        check_tool_template(renders, "mine")
+
+
+def test_tools_need_prompts_as_chat_messages() -> None:
+    check_tool_data([("data.train", Dataset.from_list([{"prompt": [{"role": "user", "content": "a?"}]}]))])
+    with pytest.raises(SpecError) as error:
+        check_tool_data([("data.train", Dataset.from_list([{"prompt": "a?"}]))])
+    assert str(error.value) == (
+        "data.train: tools need prompts as chat messages (a list of {role, content}), and its prompts are text; "
+        "write each prompt as [{role: user, content: ...}]"
+    )
+
+
+def test_the_tools_model_renders_a_prompt_with_a_tool_within_its_positions(tool_module: str) -> None:
+    tokenizer = tiny.build_tokenizer_tools()
+    [lookup] = resolve_tools([ToolSource(function=f"{tool_module}:lookup")])
+    question = [{"role": "user", "content": "What is the value of apple?"}]
+    prompt = tokenizer.apply_chat_template(question, tools=[lookup], add_generation_prompt=True, return_dict=False)
+    assert len(tokenizer) == 512 and len(prompt) < 256  # of the model's 1024 positions
+    assert tokenizer.convert_ids_to_tokens(prompt[-3:]) == ["<|im_start|>", "assistant", "Ċ"]
+
+
+def test_the_job_names_a_tool_it_cannot_offer_before_any_model_loads(
+    tool_module: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path: Path
+) -> None:
+    prompts = tmp_path / "questions.jsonl"
+    prompts.write_text('{"prompt": [{"role": "user", "content": "What is the value of apple?"}]}\n')
+    raw = load_template("grpo/tiny.yaml")
+    raw.update(model={"name_or_path": tiny.NAME_TOOLS}, data={"train": {"path": str(prompts)}})
+    raw["training"]["output_dir"] = str(tmp_path / "out")
+    raw["tools"] = [{"function": f"{tool_module}:undocumented"}]
+    assert run_refused(raw, monkeypatch, capsys) == (
+        "posttrain: tools.0.function: Cannot generate JSON schema for undocumented because it has no docstring! "
+        "(the model sees its docstring and type hints)\n"
+    )
+    # a model whose chat template cannot carry tools: said before it loads
+    raw.update(model={"name_or_path": tiny.NAME}, tools=[{"function": f"{tool_module}:lookup"}])
+    assert run_refused(raw, monkeypatch, capsys).startswith(
+        "posttrain: tools: builtin:tiny-llama's chat template does not render tool calls"
+    )
+
+
+def test_demonstrations_of_tool_calls_load_as_chat_messages(tmp_path: Path) -> None:
+    """Messages of different shapes (a call without content, a tool's result) are chat messages all the same."""
+    from posttrain.components.spec.registry import SPEC_CLASSES
+    from posttrain.components.spec.schema import DataSource
+    from posttrain.entrypoints.inputs.data import load_data
+
+    call = {"type": "function", "function": {"name": "lookup", "arguments": {"key": "apple"}}}
+    messages = [
+        {"role": "user", "content": "What is the value of apple?"},
+        {"role": "assistant", "tool_calls": [call]},
+        {"role": "tool", "name": "lookup", "content": "red"},
+        {"role": "assistant", "content": "red"},
+    ]
+    path = tmp_path / "calls.jsonl"
+    path.write_text(json.dumps({"messages": messages}) + "\n")
+    dataset = load_data(DataSource(path=str(path)), {}, "data.train", SPEC_CLASSES["sft"].data_formats)
+    assert dataset[0]["messages"][1] == {"role": "assistant", "tool_calls": [call]}
+    path.write_text(json.dumps({"messages": [{"role": "assistant"}]}) + "\n")
+    with pytest.raises(SpecError, match="data.train: column messages holds lists of objects; expected chat messages"):
+        load_data(DataSource(path=str(path)), {}, "data.train", SPEC_CLASSES["sft"].data_formats)
