@@ -28,6 +28,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Type
 from posttrain.components.spec.fields import LORA_CONFIG, TABLE_PATH, FieldType, config_fields
 from posttrain.components.spec.loading import BOOLEAN_WORDS, EXPONENT_NUMBER
 from posttrain.components.spec.registry import SPEC_CLASSES
+from posttrain.components.spec.rewards import BUILTIN_REWARDS
 from posttrain.components.spec.schema import Spec
 from posttrain.components.spec.values import Range, rows_for
 
@@ -108,7 +109,7 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
     },
     "RewardSource": {
         "function": "module:callable, importable in the job: f(prompts, completions, **columns) -> list[float].",
-        "builtin": "A built-in reward: exact_match, contains, length_band or regex_format.",
+        "builtin": f"A built-in reward: {', '.join(BUILTIN_REWARDS)}.",
         "model": "A sequence-classification reward model: a path or hub id.",
         "args": "The built-in reward's arguments.",
         "weight": "The reward's weight in the sum.",

@@ -26,6 +26,14 @@ def completion_text(completion: Any) -> str:
     return "".join(message.get("content", "") for message in completion)
 
 
+def answer_text(completion: Any) -> str:
+    """What a completion answers with: a string, or its last message's content (after any tool calls and their
+    results)."""
+    if isinstance(completion, str):
+        return completion
+    return (completion[-1].get("content") or "") if completion else ""
+
+
 def final_answer(text: str, pattern: Optional[str] = None) -> Optional[str]:
     """The final answer in ``text``: the first group of ``pattern``, else the last number.
 
@@ -66,6 +74,35 @@ def exact_match(
 def _normalise(answer: str) -> str:
     answer = answer.strip()
     return answer.replace(",", "") if _LAST_NUMBER.fullmatch(answer) else answer
+
+
+def math_verify(column: str = "answer", answer_pattern: Optional[str] = None) -> RewardFunction:
+    """1 where the completion's answer equals the row's ``column`` as mathematics, else 0: ``1/2``, ``0.5`` and
+    ``\\frac{1}{2}`` are one answer (the math-verify package: LaTeX, boxed and plain answers, compared as
+    expressions).
+
+    The expected answer is the first group of ``answer_pattern`` (e.g.
+    ``####\\s*(\\S+)`` for GSM8K solutions), else the whole value; the
+    completion's is read from its last message (the answer after any tool
+    calls). An expected answer math-verify cannot read scores 0.
+    """
+    # the job's, imported where the reward is made: the client only checks the arguments
+    import threading
+
+    from math_verify import parse, verify
+
+    def score(completions: List[Any], **columns: Any) -> List[float]:
+        # math-verify's time limits are alarms: the main thread's alone
+        limit = 5 if threading.current_thread() is threading.main_thread() else None
+        scores = []
+        for completion, expected in zip(completions, columns[column]):
+            want = final_answer(str(expected), answer_pattern) if answer_pattern else str(expected)
+            gold = parse(want, parsing_timeout=limit) if want is not None else []
+            got = parse(answer_text(completion), parsing_timeout=limit)
+            scores.append(float(bool(gold) and bool(got) and verify(gold, got, timeout_seconds=limit)))
+        return scores
+
+    return score
 
 
 def contains(
@@ -120,6 +157,7 @@ BUILTIN_REWARDS: Dict[str, Callable[..., RewardFunction]] = {
     "contains": contains,
     "length_band": length_band,
     "regex_format": regex_format,
+    "math_verify": math_verify,
 }
 
 

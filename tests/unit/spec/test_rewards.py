@@ -39,6 +39,18 @@ def test_regex_format() -> None:
     assert score(CHAT) == [1.0, 0.0]
 
 
+def test_math_verify_compares_answers_as_mathematics() -> None:
+    score = builtin_reward("math_verify", {})
+    half = ["1/2", "0.5", "\\frac{1}{2}"]
+    for expected in half:
+        assert score([*half, "\\boxed{\\frac{1}{2}}", "so it is 3", ""], answer=[expected] * 6) == [1, 1, 1, 1, 0, 0]
+    # the answer after a tool's result; an expected answer from a solution
+    called = [{"role": "assistant", "content": "", "tool_calls": []}, {"role": "tool", "content": "7"}]
+    gsm8k = builtin_reward("math_verify", {"answer_pattern": r"####\s*(\S+)"})
+    assert gsm8k([called + [{"role": "assistant", "content": "It is 16."}], called], answer=["#### 16"] * 2) == [1, 0]
+    assert score(["1/2"], answer=["not an answer"]) == [0.0]
+
+
 @pytest.mark.parametrize("name", sorted(BUILTIN_REWARDS))
 def test_every_builtin_scores_in_the_unit_interval_and_is_named(name: str) -> None:
     args = {
@@ -46,6 +58,7 @@ def test_every_builtin_scores_in_the_unit_interval_and_is_named(name: str) -> No
         "contains": {"target": "a"},
         "length_band": {"min_chars": 1, "max_chars": 4},
         "regex_format": {"pattern": "a+"},
+        "math_verify": {},
     }[name]
     function = builtin_reward(name, args)
     scores = function(["a", "bbbbbbbbbb", "", "aaaa 12"], answer=["1", "2", "3", "12"])
