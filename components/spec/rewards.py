@@ -6,10 +6,15 @@ signatures at submit time. In the job each becomes a TRL reward function,
 or chat messages, and extra data-set columns arrive as keyword lists.
 """
 
+import functools
 import inspect
+import os
 import re
 import typing
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional
+
+from posttrain.components.spec import code_runs
 
 # the spec's own type rules, for argument values too
 from posttrain.components.spec.fields import field_type
@@ -105,6 +110,30 @@ def math_verify(column: str = "answer", answer_pattern: Optional[str] = None) ->
     return score
 
 
+def code_tests(column: str = "tests", timeout_s: float = 10.0, memory_mb: int = 1024) -> RewardFunction:
+    """1 where the completion's code passes the row's tests (``column``), else 0.
+
+    The code is the last fenced block of the completion's answer (its last
+    message), else the whole answer; the tests (``assert`` lines, or any code
+    that raises on a failure) follow it in one Python program, which passes
+    when it exits 0. Each runs in a process of its own, within ``timeout_s``
+    seconds and ``memory_mb`` MiB, in a scratch directory removed after,
+    without the job's environment, and where the machine allows it without a
+    network and without a process outliving it (``code_runs.py``): a guard
+    against mistakes, not against hostile code.
+    """
+    # said once, where the reward is made: whether this machine isolates the programs
+    code_runs.isolation()
+    run = functools.partial(code_runs.passes, timeout_s=timeout_s, memory_mb=memory_mb)
+
+    def score(completions: List[Any], **columns: Any) -> List[float]:
+        programs = [code_runs.program_of(answer_text(c), str(t)) for c, t in zip(completions, columns[column])]
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+            return [float(passed) for passed in pool.map(run, programs)]
+
+    return score
+
+
 def contains(
     target: Optional[str] = None, column: Optional[str] = None, case_sensitive: bool = False
 ) -> RewardFunction:
@@ -158,6 +187,7 @@ BUILTIN_REWARDS: Dict[str, Callable[..., RewardFunction]] = {
     "length_band": length_band,
     "regex_format": regex_format,
     "math_verify": math_verify,
+    "code_tests": code_tests,
 }
 
 
@@ -179,6 +209,8 @@ def check_builtin(name: str, args: Dict[str, Any]) -> List[str]:
         return ["contains: give exactly one of target or column"]
     if name == "length_band" and not 0 <= args.get("min_chars", 0) <= args.get("max_chars", 0):
         return ["length_band: expected 0 <= min_chars <= max_chars"]
+    if name == "code_tests" and (args.get("timeout_s", 10.0) <= 0 or args.get("memory_mb", 1024) < 64):
+        return ["code_tests: expected timeout_s > 0 and memory_mb >= 64 (an interpreter needs about that)"]
     for key in ("pattern", "answer_pattern"):
         if args.get(key) is not None:
             try:
