@@ -23,6 +23,7 @@ def build_trainer(job: Job) -> GRPOTrainer:
         callbacks=job.callbacks,
         peft_config=job.peft_config,
         tools=job.tools or None,
+        environment_factory=job.environment_factory,
     )
 
 

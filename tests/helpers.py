@@ -252,7 +252,7 @@ def job_of(spec: Any, args: Any, tokenizer: Any, train_dataset: Any) -> Any:
     """The job ``run`` builds for ``spec`` from its config, tokenizer and data, without evaluation data or callbacks;
     its spec kept beside it (``job.spec``) for the tests (``dataclasses.replace`` keeps it)."""
     from posttrain.entrypoints.inputs.rewards import resolve_rewards
-    from posttrain.entrypoints.inputs.tools import resolve_tools
+    from posttrain.entrypoints.inputs.tools import resolve_environment, resolve_tools
     from posttrain.entrypoints.job import runtime
 
     split = runtime.parts(spec)
@@ -267,6 +267,7 @@ def job_of(spec: Any, args: Any, tokenizer: Any, train_dataset: Any) -> Any:
         rewards=resolve_rewards(split.rewards),
         reward_weights=[reward.weight for reward in split.rewards],
         tools=resolve_tools(split.tools),
+        environment_factory=resolve_environment(split.environment, scored=bool(split.rewards)),
         spec=spec,
     )
 

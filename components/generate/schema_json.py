@@ -59,6 +59,9 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "rewards": "How completions are scored: each a function, a builtin or a reward model, weighted.",
         "tools": "Functions the model may call while it answers (GRPO); their calls and results are part of the "
         "completion. The prompts must be chat messages.",
+        "environment": "What the model acts in (GRPO): one environment (factory: module:Class, args), or several "
+        "by name, each row's chosen by its environment column. Each rollout gets its own instance: its public "
+        "methods are the model's tools, reset(**row) starts it, get_reward() may score it.",
         "model": "The model to train, and how it is loaded.",
         "data": "The training data, optional evaluation data, and column renames.",
         "distributed": "How the job is sharded (DDP by default; DeepSpeed or FSDP) and its collectives' timeout.",
@@ -113,6 +116,11 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "model": "A sequence-classification reward model: a path or hub id.",
         "args": "The built-in reward's arguments.",
         "weight": "The reward's weight in the sum.",
+    },
+    "EnvironmentSource": {
+        "factory": "module:Class, importable in the job: built with args for each rollout; it needs reset, and its "
+        "public methods, each with a docstring describing its typed arguments, are the model's tools.",
+        "args": "The keyword arguments the class is built with.",
     },
     "ToolSource": {
         "function": "module:function, importable in the job; its name, typed arguments and docstring (Args:) are "

@@ -163,9 +163,11 @@ DESCRIPTIONS: Dict[str, Description] = {
         "GSPO is ``importance_sampling_level: sequence``.",
         use="Use it to raise a reward on generated completions without a value model: each prompt gets "
         "``num_generations`` completions, each scored by the rewards and compared within its group. With "
-        "``tools``, the model may call them while it answers: TRL runs each call and puts its result in the "
+        "``tools`` or an ``environment`` (a class per rollout: its methods are the tools, its ``get_reward`` may "
+        "score it), the model may call them while it answers: TRL runs each call and puts its result in the "
         "conversation (up to ``max_tool_calling_iterations`` rounds); the results are not trained on.",
-        data="``prompt`` rows (and the columns the rewards read); with ``tools``, prompts as chat messages.",
+        data="``prompt`` rows (and the columns the rewards read); with ``tools`` or an ``environment``, prompts as "
+        "chat messages.",
         logs=(
             "reward",
             "reward_std",

@@ -42,6 +42,14 @@ def model_in(annotation: Any) -> Optional[Type[BaseModel]]:
     return None
 
 
+def named_model_in(annotation: Any) -> Optional[Type[BaseModel]]:
+    """The pydantic model of sections by name an annotation allows (``Dict[str, X]``, among a Union's), if any."""
+    for arg in (annotation,) + typing.get_args(annotation):
+        if typing.get_origin(arg) is dict and len(typing.get_args(arg)) == 2:
+            return model_in(typing.get_args(arg)[1])
+    return None
+
+
 def known_paths(model: Type[BaseModel], prefix: str = "") -> Iterator[str]:
     """Every dotted key of a pydantic model, sections included."""
     for name, field in model.model_fields.items():
@@ -59,8 +67,13 @@ def unknown_in(raw: Mapping[str, Any], model: Type[BaseModel], prefix: str, path
         if field is None:
             yield unknown_message(path, set(model.model_fields), prefix, paths)
             continue
-        inner = model_in(field.annotation)
-        if inner is not None and isinstance(value, dict):
+        inner, named = model_in(field.annotation), named_model_in(field.annotation)
+        # sections by name (environment: {a: {...}, b: {...}}): none of the keys is the section's own
+        if named is not None and isinstance(value, dict) and not set(value) & set(named.model_fields):
+            for name, item in value.items():
+                if isinstance(item, dict):
+                    yield from unknown_in(item, named, f"{path}.{name}.", paths)
+        elif inner is not None and isinstance(value, dict):
             yield from unknown_in(value, inner, f"{path}.", paths)
         elif inner is not None and isinstance(value, list):
             for index, item in enumerate(value):

@@ -11,13 +11,14 @@ algorithm means a class here, its description, a component in
 
 import difflib
 import fnmatch
-from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple, Type
+from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple, Type, Union
 
 from posttrain.components.spec.fields import config_fields, config_value
 from posttrain.components.spec.schema import (
     CHECKPOINTING_OPTIONS,
     CHECKPOINTING_SWITCHES,
     OWNED_KEYS,
+    EnvironmentSource,
     Spec,
     ToolSource,
     _GroupSpec,
@@ -130,22 +131,34 @@ class ORPOSpec(Spec):
 
 class GRPOSpec(_GroupSpec):
     """Group relative policy optimisation with ``trl.GRPOTrainer`` (GSPO: importance_sampling_level: sequence);
-    with ``tools``, the model may call them while it answers, rounds of calls and results in one completion."""
+    with ``tools`` or an ``environment``, the model may call them while it answers, rounds of calls and results in
+    one completion."""
 
     algorithm: Literal["grpo"]
     tools: List[ToolSource] = []
+    # one environment for every row, or several by name (each row's ``environment`` column names its own)
+    environment: Union[EnvironmentSource, Dict[str, EnvironmentSource], None] = None
     config_class: ClassVar[str] = "trl:GRPOConfig"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PROMPT_FORMATS
+
+    def scored_elsewhere(self) -> bool:
+        return self.environment is not None
 
     def problems(self, world_size: Optional[int]) -> List[str]:
         found = super().problems(world_size)
         for index, tool in enumerate(self.tools):
             found += tool.problems(f"tools.{index}")
+        environments = self.environment if isinstance(self.environment, dict) else {"": self.environment}
+        for name, environment in environments.items():
+            if environment is not None:
+                found += environment.problems(f"environment.{name}" if name else "environment")
+        if isinstance(self.environment, dict) and not self.environment:
+            found.append("environment: name at least one environment, or give one (factory: module:Class)")
         rounds = self.training.get("max_tool_calling_iterations")
-        if rounds is not None and not self.tools:
+        if rounds is not None and not self.tools and self.environment is None:
             found.append(
                 f"training.max_tool_calling_iterations: {rounds} bounds the rounds of tool calls in a completion, "
-                "and the spec gives no tools; add tools, or drop it"
+                "and the spec gives no tools and no environment; add them, or drop it"
             )
         return found
 

@@ -510,6 +510,21 @@ class ToolSource(_Strict):
         return []
 
 
+class EnvironmentSource(_Strict):
+    """An environment the model acts in: a class built for each rollout (with ``args``), whose public methods are
+    the model's tools, whose ``reset(**row)`` starts it (and may add to the prompt), and whose ``get_reward()`` may
+    score the rollout."""
+
+    # "module:Class", importable in the job
+    factory: str
+    args: Dict[str, Any] = {}
+
+    def problems(self, where: str) -> List[str]:
+        if not re.fullmatch(r"[\w.]+:[\w.]+", self.factory):
+            return [f"{where}.factory: expected module:Class (e.g. my_env:Game); got {cut(repr(self.factory))}"]
+        return []
+
+
 class _OnlineSpec(Spec):
     """Algorithms that generate completions and score them with ``rewards``."""
 
@@ -517,9 +532,13 @@ class _OnlineSpec(Spec):
     generates: ClassVar[bool] = True
     owned_keys: ClassVar[Dict[str, str]] = {**OWNED_KEYS, "reward_weights": "use rewards[].weight"}
 
+    def scored_elsewhere(self) -> bool:
+        """Whether something besides ``rewards`` may score the samples (an environment's ``get_reward``)."""
+        return False
+
     def problems(self, world_size: Optional[int]) -> List[str]:
         found = super().problems(world_size)
-        if not self.rewards:
+        if not self.rewards and not self.scored_elsewhere():
             found.append("rewards: give at least one reward (function, builtin or model)")
         for index, reward in enumerate(self.rewards):
             found += reward.problems(f"rewards.{index}")

@@ -55,7 +55,7 @@ import signal
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from transformers import PrinterCallback, Trainer
@@ -65,7 +65,7 @@ from posttrain.components.spec.chain import STAGE_ENV
 from posttrain.components.spec.fields import config_fields, config_value
 from posttrain.components.spec.loading import spec_from_json
 from posttrain.components.spec.messages import SpecError, first_line
-from posttrain.components.spec.schema import CHECKPOINTING_OPTIONS, RewardSource, Spec, ToolSource
+from posttrain.components.spec.schema import CHECKPOINTING_OPTIONS, EnvironmentSource, RewardSource, Spec, ToolSource
 from posttrain.entrypoints.generation import role_lease, vllm_generation, vllm_token
 from posttrain.entrypoints.inputs.chat_templates import check_chat_template, check_reward_templates
 from posttrain.entrypoints.inputs.data import (
@@ -89,7 +89,13 @@ from posttrain.entrypoints.inputs.models import (
     model_config,
 )
 from posttrain.entrypoints.inputs.rewards import RewardCheck, check_reward_columns, load_reward_models, resolve_rewards
-from posttrain.entrypoints.inputs.tools import check_tool_data, check_tool_template, resolve_tools
+from posttrain.entrypoints.inputs.tools import (
+    check_environment_column,
+    check_tool_data,
+    check_tool_template,
+    resolve_environment,
+    resolve_tools,
+)
 from posttrain.entrypoints.job import distributed, lease
 from posttrain.entrypoints.job.callbacks import BestMetricCheck, FaultInjection, Preemption, ProgressLog, TokenCounter
 from posttrain.entrypoints.job.error_file import CRASHED, KEPT_LOGS, STOPPED, record_crash, record_error
@@ -116,6 +122,8 @@ class Parts:
     rewards: Tuple[RewardSource, ...]
     # the functions the model may call, none where the spec gives none
     tools: Tuple[ToolSource, ...]
+    # the environment the model acts in (one, or several by name), or None
+    environment: Union[EnvironmentSource, Dict[str, EnvironmentSource], None]
 
 
 def parts(spec: Spec) -> Parts:
@@ -138,7 +146,14 @@ def parts(spec: Spec) -> Parts:
         revision=spec.model.revision,
         data=spec.data,
     )
-    return Parts(models, options, resume, tuple(getattr(spec, "rewards", ())), tuple(getattr(spec, "tools", ())))
+    return Parts(
+        models,
+        options,
+        resume,
+        rewards=tuple(getattr(spec, "rewards", ())),
+        tools=tuple(getattr(spec, "tools", ())),
+        environment=getattr(spec, "environment", None),
+    )
 
 
 def _fast_path_options(spec: Spec) -> FastPathOptions:
@@ -170,6 +185,8 @@ class Job:
     reward_weights: List[float]
     # the functions the model may call (the spec's tools, imported and checked)
     tools: List[Callable[..., Any]]
+    # what builds each rollout's environment (one factory, or several by name), or None
+    environment_factory: Union[None, Callable[[], Any], Dict[str, Callable[[], Any]]]
 
     def load_model(self) -> Any:
         """The model to train: ``model.name_or_path`` with the algorithm's ``model_class``."""
@@ -263,6 +280,7 @@ class _Inputs:
     resume_from: Optional[str]
     rewards: List[Any]
     tools: List[Callable[..., Any]]
+    environment_factory: Union[None, Callable[[], Any], Dict[str, Callable[[], Any]]]
     args: Any
     tokenizer: Any
     # what each checkpoint records it was trained on (checkpoints.job_inputs)
@@ -314,6 +332,7 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
             rewards=inputs.rewards,
             reward_weights=[reward.weight for reward in split.rewards],
             tools=inputs.tools,
+            environment_factory=inputs.environment_factory,
         )
         trainer = built_trainer(job, build)
         # a generating trainer's prompts are not prepared
@@ -410,8 +429,12 @@ def _check_inputs(spec: Spec, split: Parts, world_size: int, reward_check: Rewar
             )
     rewards = resolve_rewards(split.rewards, reward_check)
     tools = resolve_tools(split.tools)
-    if tools:
+    environment_factory = resolve_environment(split.environment, scored=bool(split.rewards))
+    calls = bool(tools) or environment_factory is not None
+    if calls:
         check_tool_data(datasets)
+    if isinstance(environment_factory, dict):
+        check_environment_column(environment_factory, datasets)
     check_reward_columns(split.rewards, spec.keeps_only_prompts, datasets)
     check_weight_shapes(split.models)
     args = build_config(spec.config_class, training_arguments(spec, training))
@@ -425,10 +448,12 @@ def _check_inputs(spec: Spec, split: Parts, world_size: int, reward_check: Rewar
     tokenizer = load_tokenizer(spec.model.name_or_path, spec.model, padding_side="left" if spec.generates else "right")
     check_chat_template(args, tokenizer, datasets, spec.model.name_or_path)
     check_reward_templates(rewards, spec.model, datasets)
-    if tools:
+    if calls:
         check_tool_template(tokenizer, spec.model.name_or_path)
     eval_dataset = datasets[1][1] if len(datasets) > 1 else None
-    return _Inputs(train_dataset, eval_dataset, resume_from, rewards, tools, args, tokenizer, inputs_record)
+    return _Inputs(
+        train_dataset, eval_dataset, resume_from, rewards, tools, environment_factory, args, tokenizer, inputs_record
+    )
 
 
 def build_config(config_class: str, kwargs: Dict[str, Any]) -> Any:

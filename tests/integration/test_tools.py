@@ -8,7 +8,7 @@ tests/unit/inputs/test_tools.py.)
 
 import json
 from pathlib import Path
-from typing import Any, List
+from typing import Any, List, Tuple
 
 import pytest
 
@@ -32,38 +32,61 @@ def lookup(key: str) -> str:
     with CALLS.open("a") as calls:
         calls.write(key + "\\n")
     return {"apple": "red"}[key]
+
+
+class Ledger:
+    """Each rollout's own: the key its row asks for, and the keys the model looked up."""
+
+    def __init__(self, values: dict) -> None:
+        self.values = values
+
+    def reset(self, **row) -> None:
+        self.asked, self.looked_up = row["key"], []
+
+    def lookup(self, key: str) -> str:
+        """The value stored under a key.
+
+        Args:
+            key: The key to look up.
+        """
+        self.looked_up.append(key)
+        return self.values[key]
+
+    def get_reward(self) -> float:
+        return float(self.looked_up == [self.asked])
 '''
 CALL = '<tool_call>\n{"name": "lookup", "arguments": {"key": "apple"}}\n</tool_call><|im_end|>'
 
 
-def test_the_specs_tool_answers_the_models_call_in_the_jobs_trainer(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+TRAINING = {
+    "max_steps": 1,
+    "per_device_train_batch_size": 2,
+    "num_generations": 2,
+    "max_completion_length": 64,
+    "max_tool_calling_iterations": 1,
+    "logging_steps": 1,
+    "report_to": "none",
+    "bf16": False,
+}
+
+
+def job_with(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **sections: Any) -> Any:
+    """The job of a GRPO spec on the tiny tools model, asking for apple's value, with ``sections`` (tools, an
+    environment, rewards); its tool module importable."""
     (tmp_path / "job_tools.py").write_text(TOOLS)
     monkeypatch.syspath_prepend(str(tmp_path))
     prompts = tmp_path / "questions.jsonl"
-    prompts.write_text(json.dumps({"prompt": [{"role": "user", "content": "What is the value of apple?"}]}) + "\n")
-    training = {
-        "output_dir": str(tmp_path / "out"),
-        "max_steps": 1,
-        "per_device_train_batch_size": 2,
-        "num_generations": 2,
-        "max_completion_length": 64,
-        "max_tool_calling_iterations": 1,
-        "logging_steps": 1,
-        "report_to": "none",
-        "bf16": False,
-    }
-    job = tiny_job(
-        tmp_path,
-        "grpo",
-        model={"name_or_path": tiny.NAME_TOOLS},
-        data={"train": {"path": str(prompts)}},
-        tools=[{"function": "job_tools:lookup"}],
-        training=training,
-    )
+    question = [{"role": "user", "content": "What is the value of apple?"}]
+    prompts.write_text(json.dumps({"prompt": question, "key": "apple"}) + "\n")
+    training = {**TRAINING, "output_dir": str(tmp_path / "out")}
+    model, data = {"name_or_path": tiny.NAME_TOOLS}, {"train": {"path": str(prompts)}}
+    return tiny_job(tmp_path, "grpo", model=model, data=data, training=training, **sections)
+
+
+def train_calling_first(job: Any, monkeypatch: pytest.MonkeyPatch) -> Tuple[Any, List[Any]]:
+    """The trainer the job builds, trained one step with the model's first turn a call of lookup(apple); the
+    trainer and the prompt ids of each turn."""
     trainer = build_trainer(job)
-    assert [tool.__name__ for tool in trainer.tools] == ["lookup"]
     call = job.tokenizer(CALL, add_special_tokens=False)["input_ids"]
     generate = trainer._generate_single_turn
     turns: List[Any] = []
@@ -76,8 +99,17 @@ def test_the_specs_tool_answers_the_models_call_in_the_jobs_trainer(
         return [list(call) for _ in prompt_ids], None
 
     monkeypatch.setattr(trainer, "_generate_single_turn", first_turn_calls)
-    trainer.add_callback(MetricsLog(tmp_path / "out", "grpo", tiny.NAME_TOOLS, world_size=1))
+    trainer.add_callback(MetricsLog(Path(job.args.output_dir), "grpo", tiny.NAME_TOOLS, world_size=1))
     trainer.train()
+    return trainer, turns
+
+
+def test_the_specs_tool_answers_the_models_call_in_the_jobs_trainer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    job = job_with(tmp_path, monkeypatch, tools=[{"function": "job_tools:lookup"}])
+    trainer, turns = train_calling_first(job, monkeypatch)
+    assert [tool.__name__ for tool in trainer.tools] == ["lookup"]
     # the user's function ran once per completion, with what the model wrote
     assert (tmp_path / "calls.log").read_text() == "apple\napple\n"
     rendered = job.tokenizer.decode(turns[0][0])
@@ -89,3 +121,16 @@ def test_the_specs_tool_answers_the_models_call_in_the_jobs_trainer(
     assert logged["tools/call_frequency"] == 1.0 and logged["tools/failure_frequency"] == 0.0
     [drawn] = read_embedded(tmp_path / "out" / CURVES_FILE)["runs"].values()
     assert {"tools/call_frequency", "tools/failure_frequency"} <= set(drawn) & set(PLOTTED)
+
+
+def test_the_specs_environment_is_built_per_rollout_and_scores_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No reward in the spec: the environment's get_reward scores each rollout, from what its own instance saw."""
+    environment = {"factory": "job_tools:Ledger", "args": {"values": {"apple": "red"}}}
+    job = job_with(tmp_path, monkeypatch, environment=environment, rewards=[])
+    trainer, turns = train_calling_first(job, monkeypatch)
+    # reset(**row) read the row's key; lookup, the environment's method, answered the call
+    assert "<tool_response>\nred\n</tool_response>" in job.tokenizer.decode(turns[1][0])
+    logged = json.loads((tmp_path / "out" / METRICS_FILE).read_text().splitlines()[0])
+    assert logged["tools/call_frequency"] == 1.0 and logged["rewards/Ledger/mean"] == 1.0

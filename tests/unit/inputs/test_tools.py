@@ -12,10 +12,16 @@ from datasets import Dataset
 from helpers import load_template, run_refused
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.schema import ToolSource
+from posttrain.components.spec.schema import EnvironmentSource, ToolSource
 from posttrain.entrypoints.inputs import tiny
 from posttrain.entrypoints.inputs.models import load_tokenizer
-from posttrain.entrypoints.inputs.tools import check_tool_data, check_tool_template, resolve_tools
+from posttrain.entrypoints.inputs.tools import (
+    check_environment_column,
+    check_tool_data,
+    check_tool_template,
+    resolve_environment,
+    resolve_tools,
+)
 
 TOOLS = '''
 import functools
@@ -53,6 +59,57 @@ def unexplained(key: str, default: str) -> str:
 
 
 partial = functools.partial(lookup, key="a")
+
+
+class Vault:
+    """An environment: its public methods are the model's tools."""
+
+    def __init__(self, secret: str = "red") -> None:
+        self.secret = secret
+
+    def reset(self, **row) -> None:
+        self.opened = False
+
+    def open(self, code: str) -> str:
+        """Opens the vault.
+
+        Args:
+            code: The vault's code.
+        """
+        return self.secret
+
+    def get_reward(self) -> float:
+        return 1.0
+
+
+class Mute(Vault):
+    def get_reward(self):
+        raise AttributeError  # not called: only looked for
+
+
+class Unscored:
+    def reset(self, **row) -> None:
+        pass
+
+
+class Resetless:
+    def open(self, code: str) -> str:
+        """Opens.
+
+        Args:
+            code: The code.
+        """
+        return code
+
+
+class Undocumented(Vault):
+    def shout(self, word: str) -> str:
+        return word
+
+
+class Broken(Vault):
+    def __init__(self) -> None:
+        raise RuntimeError("no vault server at vault:8200")
 '''
 
 
@@ -84,7 +141,7 @@ def test_tools_are_a_section_of_grpo_and_the_rounds_of_calls_need_them() -> None
     training = {**load_template("grpo/tiny.yaml")["training"], "max_tool_calling_iterations": 3}
     assert problems(training=training) == (
         "training.max_tool_calling_iterations: 3 bounds the rounds of tool calls in a completion, and the spec "
-        "gives no tools; add tools, or drop it"
+        "gives no tools and no environment; add them, or drop it"
     )
     grpo(training=training, tools=[{"function": "my_tools:lookup"}])
     # the other algorithms take no tools
@@ -196,3 +253,66 @@ def test_demonstrations_of_tool_calls_load_as_chat_messages(tmp_path: Path) -> N
     path.write_text(json.dumps({"messages": [{"role": "assistant"}]}) + "\n")
     with pytest.raises(SpecError, match="data.train: column messages holds lists of objects; expected chat messages"):
         load_data(DataSource(path=str(path)), {}, "data.train", SPEC_CLASSES["sft"].data_formats)
+
+
+def test_an_environment_is_a_section_of_grpo_in_place_of_or_beside_rewards() -> None:
+    spec = grpo(environment={"factory": "my_env:Vault", "args": {"secret": "x"}}, rewards=[])
+    assert spec.environment.factory == "my_env:Vault" and spec.rewards == []
+    named = grpo(environment={"a": {"factory": "my_env:Vault"}, "b": {"factory": "my_env:Vault"}})
+    assert set(named.environment) == {"a", "b"}
+    assert problems(environment={"factory": "Vault"}) == (
+        "environment.factory: expected module:Class (e.g. my_env:Game); got 'Vault'"
+    )
+    assert problems(rewards=[]) == "rewards: give at least one reward (function, builtin or model)"
+    assert problems(environment={"factory": "my_env:Vault", "arg": {}}) == (
+        "environment.arg: unknown key; did you mean environment.args?"
+    )
+    assert problems(environment={"a": {"factory": "my_env:Vault", "arg": {}}}) == (
+        "environment.a.arg: unknown key; did you mean environment.a.args?"
+    )
+    training = {**load_template("grpo/tiny.yaml")["training"], "max_tool_calling_iterations": 3}
+    grpo(training=training, environment={"factory": "my_env:Vault"})
+
+
+def test_each_environment_is_built_once_and_checked_as_the_model_will_use_it(tool_module: str) -> None:
+    def source(name: str, **args: Any) -> EnvironmentSource:
+        return EnvironmentSource(factory=f"{tool_module}:{name}", args=args)
+
+    factory = resolve_environment(source("Vault", secret="blue"), scored=False)
+    assert factory().open("1234") == "blue"
+    several = resolve_environment({"a": source("Vault"), "b": source("Unscored")}, scored=False)
+    assert sorted(several) == ["a", "b"]
+
+    def refusal(environment: Any, scored: bool = True) -> str:
+        with pytest.raises(SpecError) as error:
+            resolve_environment(environment, scored)
+        return str(error.value)
+
+    assert refusal(source("Broken")) == (
+        "environment: building some_tools:Broken raised RuntimeError: no vault server at vault:8200"
+    )
+    assert refusal({"v": source("Resetless")}) == (
+        "environment.v.factory: some_tools:Resetless has no reset method, which starts each rollout (reset(**row))"
+    )
+    assert refusal(source("Undocumented")).startswith(
+        "environment.factory: some_tools:Undocumented.shout: Cannot generate JSON schema for shout because it has "
+        "no docstring!"
+    )
+    assert refusal(source("Unscored"), scored=False) == (
+        "rewards: none given, and no environment has a get_reward method to score its rollouts; give a reward, or "
+        "add get_reward"
+    )
+    resolve_environment(source("Mute"), scored=False)
+
+
+def test_several_environments_need_a_column_naming_each_rows() -> None:
+    environments = {"a": None, "b": None}
+    check_environment_column(environments, [("data.train", Dataset.from_list([{"environment": "a"}]))])
+    with pytest.raises(SpecError) as error:
+        check_environment_column(environments, [("data.train", Dataset.from_list([{"prompt": "x"}]))])
+    assert str(error.value) == (
+        "data.train: several environments (a, b) need an environment column naming each row's; add it, or give one "
+        "environment"
+    )
+    with pytest.raises(SpecError, match="data.train: column environment names 'c', which the spec's environment"):
+        check_environment_column(environments, [("data.train", Dataset.from_list([{"environment": "c"}]))])
