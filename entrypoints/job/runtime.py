@@ -104,6 +104,7 @@ from posttrain.entrypoints.records import checkpoints
 from posttrain.entrypoints.records.checkpoints import SPEC_FILE, Resume, already_finished
 from posttrain.entrypoints.records.files import write_json_atomic
 from posttrain.entrypoints.records.metrics import MetricsLog
+from posttrain.entrypoints.records.samples import RolloutSamples
 from posttrain.entrypoints.records.summary import SUMMARY_FILE, closing_line, run_summary, write_model_card
 from posttrain.entrypoints.speed import fast_paths
 from posttrain.entrypoints.speed.fast_paths import FastPathOptions
@@ -341,6 +342,9 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
         if lines and isinstance(trainer, Trainer):
             # its raw dicts would repeat the lines
             trainer.remove_callback(PrinterCallback)
+        # what the model generated, a few rollouts a step (the trainer keeps them: known once it is built)
+        if spec.generates:
+            trainer.add_callback(RolloutSamples(trainer, output_dir))
         strategy.check_engine(trainer)
 
         # launcher.py

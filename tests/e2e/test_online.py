@@ -1,5 +1,6 @@
 """GRPO, GSPO, RLOO, online DPO and PPO end to end through ``torchx run -s local_cwd``: the reward rises."""
 
+import json
 import shutil
 import textwrap
 from pathlib import Path
@@ -8,6 +9,7 @@ import pytest
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from helpers import assert_succeeded, ends, read_json, run_template, series
+from posttrain.entrypoints.records.curves import METRICS_FILE, read_metrics
 
 pytestmark = pytest.mark.e2e
 
@@ -29,6 +31,12 @@ def test_group_methods_raise_the_reward(tmp_path: Path, template: str) -> None:
     output_dir = tmp_path / "out"
     assert_succeeded(run_template(template, tmp_path, output_dir))
     assert reward_rise(output_dir, "reward") >= 0.2
+    # a few of each logged step's rollouts, whole, with their scores
+    samples = [json.loads(line) for line in (output_dir / "samples.jsonl").read_text().splitlines()]
+    assert {sample["step"] for sample in samples} == {
+        entry["step"] for entry in read_metrics(output_dir / METRICS_FILE)
+    }
+    assert all(sample["prompt"] and "contains" in sample["rewards"] for sample in samples)
 
 
 @pytest.mark.parametrize("template", ["grpo/tiny.yaml", "rloo/tiny.yaml"])

@@ -16,6 +16,7 @@ from helpers import build_trainer, tiny_job
 from posttrain.entrypoints.inputs import tiny
 from posttrain.entrypoints.records.curves import CURVES_FILE, METRICS_FILE, PLOTTED, read_embedded
 from posttrain.entrypoints.records.metrics import MetricsLog
+from posttrain.entrypoints.records.samples import SAMPLES_FILE, RolloutSamples
 
 TOOLS = '''
 from pathlib import Path
@@ -100,6 +101,7 @@ def train_calling_first(job: Any, monkeypatch: pytest.MonkeyPatch) -> Tuple[Any,
 
     monkeypatch.setattr(trainer, "_generate_single_turn", first_turn_calls)
     trainer.add_callback(MetricsLog(Path(job.args.output_dir), "grpo", tiny.NAME_TOOLS, world_size=1))
+    trainer.add_callback(RolloutSamples(trainer, Path(job.args.output_dir)))
     trainer.train()
     return trainer, turns
 
@@ -121,6 +123,13 @@ def test_the_specs_tool_answers_the_models_call_in_the_jobs_trainer(
     assert logged["tools/call_frequency"] == 1.0 and logged["tools/failure_frequency"] == 0.0
     [drawn] = read_embedded(tmp_path / "out" / CURVES_FILE)["runs"].values()
     assert {"tools/call_frequency", "tools/failure_frequency"} <= set(drawn) & set(PLOTTED)
+    # and samples.jsonl shows each rollout whole: the call, the tool's result, the model's answer after it
+    samples = [json.loads(line) for line in (tmp_path / "out" / SAMPLES_FILE).read_text().splitlines()]
+    assert len(samples) == 2 and samples[0]["step"] == 1 and samples[0]["prompt"][0]["role"] == "user"
+    call, result, *answer = samples[0]["completion"]
+    assert call["tool_calls"][0]["function"] == {"name": "lookup", "arguments": {"key": "apple"}}
+    assert (result["role"], result["content"]) == ("tool", "red") and answer[0]["role"] == "assistant"
+    assert set(samples[0]["rewards"]) == {"contains"} and isinstance(samples[0]["advantage"], float)
 
 
 def test_the_specs_environment_is_built_per_rollout_and_scores_it(
