@@ -36,11 +36,11 @@ def resolve_tools(tools: Sequence[ToolSource]) -> List[Callable[..., Any]]:
             kind = type(function).__name__
             raise SpecError([f"{where}: {tool.function} is a {kind}; a tool is a function (def) with a docstring"])
         _check_schema(function, where)
-        named = [index for index, earlier in enumerate(resolved) if earlier.__name__ == function.__name__]
-        if named:
+        same_name = [earlier for earlier, other in enumerate(resolved) if other.__name__ == function.__name__]
+        if same_name:
             raise SpecError(
                 [
-                    f"{where}: {tool.function} is named {function.__name__!r}, as tools.{named[0]} is; the model "
+                    f"{where}: {tool.function} is named {function.__name__!r}, as tools.{same_name[0]} is; the model "
                     "calls a tool by its name: rename one"
                 ]
             )
