@@ -154,6 +154,11 @@ class GRPOSpec(_GroupSpec):
                 found += environment.problems(f"environment.{name}" if name else "environment")
         if isinstance(self.environment, dict) and not self.environment:
             found.append("environment: name at least one environment, or give one (factory: module:Class)")
+        if self.environment is not None and self.keeps_only_prompts:
+            found.append(
+                "training.remove_unused_columns: true leaves each row its prompt alone, and the environment reads "
+                "the whole row (reset(**row); several environments, its environment column); set it false"
+            )
         rounds = self.training.get("max_tool_calling_iterations")
         if rounds is not None and not self.tools and self.environment is None:
             found.append(

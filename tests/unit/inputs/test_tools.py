@@ -272,6 +272,10 @@ def test_an_environment_is_a_section_of_grpo_in_place_of_or_beside_rewards() -> 
     )
     training = {**load_template("grpo/tiny.yaml")["training"], "max_tool_calling_iterations": 3}
     grpo(training=training, environment={"factory": "my_env:Vault"})
+    assert problems(training={**training, "remove_unused_columns": True}, environment={"factory": "my_env:Vault"}) == (
+        "training.remove_unused_columns: true leaves each row its prompt alone, and the environment reads the whole "
+        "row (reset(**row); several environments, its environment column); set it false"
+    )
 
 
 def test_each_environment_is_built_once_and_checked_as_the_model_will_use_it(tool_module: str) -> None:
