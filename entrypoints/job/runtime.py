@@ -342,8 +342,8 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
         if lines and isinstance(trainer, Trainer):
             # its raw dicts would repeat the lines
             trainer.remove_callback(PrinterCallback)
-        # what the model generated, a few rollouts a step (the trainer keeps them: known once it is built)
-        if spec.generates:
+        # what the model generated, a few rollouts a step (TRL's trainers keep them: known once one is built)
+        if spec.generates and isinstance(trainer, Trainer):
             trainer.add_callback(RolloutSamples(trainer, output_dir))
         strategy.check_engine(trainer)
 
