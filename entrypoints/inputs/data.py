@@ -220,7 +220,8 @@ def _feature_kind(feature: Any) -> str:
         return "nulls only" if dtype == "null" else dtype
     # List, LargeList
     inner = getattr(feature, "feature", None)
-    if isinstance(inner, dict) and {"role", "content"} <= set(inner):
+    # chat messages: each with a role, and content or (an assistant's) tool calls
+    if isinstance(inner, dict) and "role" in inner and {"content", "tool_calls"} & set(inner):
         return EXPECTED_KINDS["messages"]
     if inner is not None:
         return "lists of objects" if isinstance(inner, dict) else f"lists of {_feature_kind(inner)}"

@@ -250,6 +250,10 @@ def test_demonstrations_of_tool_calls_load_as_chat_messages(tmp_path: Path) -> N
     path.write_text(json.dumps({"messages": messages}) + "\n")
     dataset = load_data(DataSource(path=str(path)), {}, "data.train", SPEC_CLASSES["sft"].data_formats)
     assert dataset[0]["messages"][1] == {"role": "assistant", "tool_calls": [call]}
+    # a completion that is a call alone: messages of one shape, without content
+    path.write_text(json.dumps({"prompt": messages[:1], "completion": messages[1:2]}) + "\n")
+    dataset = load_data(DataSource(path=str(path)), {}, "data.train", SPEC_CLASSES["sft"].data_formats)
+    assert dataset[0]["completion"] == [{"role": "assistant", "tool_calls": [call]}]
     path.write_text(json.dumps({"messages": [{"role": "assistant"}]}) + "\n")
     with pytest.raises(SpecError, match="data.train: column messages holds lists of objects; expected chat messages"):
         load_data(DataSource(path=str(path)), {}, "data.train", SPEC_CLASSES["sft"].data_formats)
