@@ -179,7 +179,7 @@ DESCRIPTIONS: Dict[str, Description] = {
             "tools/call_frequency",
             "tools/failure_frequency",
         ),
-        logs_note="``kl`` only with ``beta`` > 0; ``tools/*`` only with ``tools`` (calls per completion, failed "
+        logs_note="``kl`` only with ``beta`` > 0; ``tools/*`` only with ``tools`` or an ``environment`` (calls per completion, failed "
         "calls per call).",
         examples=(
             "torchx run -s local_cwd posttrain.grpo --spec templates/grpo/tiny.yaml",
