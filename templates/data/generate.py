@@ -82,6 +82,21 @@ def prompt_rows(rng: random.Random, count: int) -> Iterable[Dict[str, List[Dict[
         yield {"prompt": [{"role": "user", "content": f"{verb} {rng.choice(TOPICS)}."}]}
 
 
+GOODS = ("apples", "rolls", "books", "pencils", "boxes", "tickets", "eggs", "cards")
+
+
+def word_problem_rows(rng: random.Random, count: int) -> Iterable[Dict[str, object]]:
+    """GSM8K-shaped arithmetic word problems as chat prompts, each answer a number: for a model with a calculator
+    (templates/tools/calculator.py)."""
+    for _ in range(count):
+        goods, packs, each, sold = rng.choice(GOODS), rng.randint(12, 99), rng.randint(6, 48), rng.randint(10, 400)
+        question = (
+            f"A shop receives {packs} crates with {each} {goods} in each, and sells {sold} {goods}. How many {goods} "
+            "does it have left? Give the number alone as your final answer."
+        )
+        yield {"prompt": [{"role": "user", "content": question}], "answer": str(packs * each - sold)}
+
+
 def write_jsonl(path: Path, rows: Iterable[Dict]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
@@ -93,6 +108,7 @@ def main() -> None:
     write_jsonl(HERE / "preference_heldout.jsonl", preference_rows(random.Random(2), 100))
     write_jsonl(HERE / "unpaired.jsonl", unpaired_rows(random.Random(3), 240))
     write_jsonl(HERE / "prompts.jsonl", prompt_rows(random.Random(4), 240))
+    write_jsonl(HERE / "word_problems.jsonl", word_problem_rows(random.Random(5), 1000))
 
 
 if __name__ == "__main__":

@@ -324,3 +324,29 @@ def test_several_environments_need_a_column_naming_each_rows() -> None:
     )
     with pytest.raises(SpecError, match="data.train: column environment names 'c', which the spec's environment"):
         check_environment_column(environments, [("data.train", Dataset.from_list([{"environment": "c"}]))])
+
+
+def test_the_calculator_template_gives_a_tool_the_model_can_read_and_answers_it_can_reach(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """templates/grpo/qwen2.5-0.5b-calculator.yaml: its tool imports from the checkout as the job imports it, and
+    each problem's answer is what the calculator computes from the problem's numbers, which math_verify accepts."""
+    import re
+
+    from helpers import REPO
+    from posttrain.components.spec.rewards import builtin_reward
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(REPO))
+    spec = validate(load_template("grpo/qwen2.5-0.5b-calculator.yaml"))
+    [calculate] = resolve_tools(spec.tools)
+    assert calculate("12 * (3 + 4) - 5 / 2") == "81.5"
+    for mistake in ("__import__('os')", "2 ** 100", "1 / 0"):
+        with pytest.raises((ValueError, ZeroDivisionError)):
+            calculate(mistake)
+    rows = [json.loads(line) for line in (REPO / spec.data.train.path).read_text().splitlines()]
+    reward = builtin_reward("math_verify", {"column": "answer"})
+    for row in rows[:20]:
+        packs, each, sold = re.findall(r"\d+", row["prompt"][0]["content"])
+        assert calculate(f"{packs} * {each} - {sold}") == row["answer"]
+        assert reward([[{"role": "assistant", "content": row["answer"]}]], answer=[row["answer"]]) == [1.0]
