@@ -442,7 +442,8 @@ def _check_request_size(j: str, roles: List[specs.Role]) -> None:
     1.5 MiB in all): a node count it cannot hold is refused here, with the count that fits."""
 
     def pod_bytes(role: specs.Role) -> int:
-        return len(" ".join(role.args)) + len(json.dumps(role.env)) + len(role.image) + POD_TEMPLATE_BYTES
+        # as the request's JSON holds them: the spec's quotes escaped
+        return len(json.dumps(" ".join(role.args))) + len(json.dumps(role.env)) + len(role.image) + POD_TEMPLATE_BYTES
 
     total = sum(role.num_replicas * pod_bytes(role) for role in roles)
     if total > MAX_REQUEST_BYTES:
