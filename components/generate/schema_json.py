@@ -82,6 +82,11 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "columns": "Column renames, found -> expected, in every source.",
         "mix": "How a list of sources becomes one data set: concatenate (in order) or interleave (drawn by weight, "
         "seeded by training.seed, until every source is used up).",
+        "chat": "Make text prompts chat messages (a chat model's format; tools need it): the system message, if "
+        "any, then the prompt as the user's. Prompts that are chat messages already stay as they are.",
+    },
+    "ChatPrompts": {
+        "system": "The system message each prompt opens with; none without it.",
     },
     "DataSource": {
         "path": "A local JSON, JSONL, Parquet or CSV file, a glob of such files (data/*.jsonl), or a directory "

@@ -101,14 +101,21 @@ class DataSource(_Strict):
     weight: Optional[float] = None
 
 
+class ChatPrompts(_Strict):
+    """Text prompts as chat messages: the system message, if any, then the prompt as the user's."""
+
+    system: Optional[str] = None
+
+
 class DataSpec(_Strict):
     """Training and evaluation data, each one source or a list of them (a mixture: ``mix``); ``columns`` renames
-    ``{found: expected}`` in every source."""
+    ``{found: expected}`` in every source; ``chat`` makes text prompts chat messages."""
 
     train: Union[DataSource, List[DataSource]]
     eval: Union[DataSource, List[DataSource], None] = None
     columns: Dict[str, str] = {}
     mix: Literal["concatenate", "interleave"] = "concatenate"
+    chat: Optional[ChatPrompts] = None
 
     def sources(self, split: str) -> List[Tuple[str, DataSource]]:
         """``data.train`` or ``data.eval`` as ``(dotted key, source)`` pairs: ``data.train``, or ``data.train.0``,

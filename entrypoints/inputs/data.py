@@ -34,9 +34,22 @@ def load_split(data: DataSpec, formats: Sequence[Tuple[str, ...]], split: str, s
         (where, source, load_data(source, {**data.columns, **source.columns}, where, formats))
         for where, source in data.sources(split)
     ]
-    if len(loaded) == 1:
-        return loaded[0][2]
-    return mix(loaded, data.mix, formats, seed)
+    dataset = loaded[0][2] if len(loaded) == 1 else mix(loaded, data.mix, formats, seed)
+    return as_chat(dataset, data.chat.system) if data.chat is not None else dataset
+
+
+def as_chat(dataset: Any, system: Optional[str]) -> Any:
+    """``data.chat``: each text prompt as chat messages, the ``system`` message (if any) first, then the prompt as
+    the user's; prompts that are chat messages already stay as they are."""
+    if "prompt" not in dataset.column_names:
+        return dataset
+    opening = [{"role": "system", "content": system}] if system is not None else []
+
+    def wrap(row: Dict[str, Any]) -> Dict[str, Any]:
+        prompt = row["prompt"]
+        return {"prompt": prompt if not isinstance(prompt, str) else [*opening, {"role": "user", "content": prompt}]}
+
+    return dataset.map(wrap)
 
 
 def mix(loaded: Sequence[Tuple[str, Any, Any]], how: str, formats: Sequence[Tuple[str, ...]], seed: int) -> Any:
