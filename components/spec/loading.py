@@ -237,17 +237,24 @@ def _check_table(values: Mapping[str, Any], table: Mapping[str, FieldType], pref
 NOT_TRAINING_RELEVANT = ("resume", "overwrite_output_dir", "training.output_dir")
 
 
+# what a key a spec dump lacks amounts to
+EMPTY = (None, [], {})
+
+
 def spec_diff(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> List[Tuple[str, Any, Any]]:
-    """The dotted keys whose values differ between two spec dumps.
+    """The dotted keys whose values differ between two spec dumps. A key one of them lacks and the other holds empty
+    (null, [], {}) is no difference: a section a later posttrain added, left unset.
 
     >>> spec_diff({"training": {"seed": 1, "max_steps": 5}}, {"training": {"seed": 2, "max_steps": 5}})
     [('training.seed', 1, 2)]
+    >>> spec_diff({"algorithm": "grpo"}, {"algorithm": "grpo", "tools": [], "environment": None})
+    []
     """
     found = []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key), new.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
             found += spec_diff(a, b, f"{prefix}{key}.")
-        elif a != b:
+        elif a != b and not ((key not in old and b in EMPTY) or (key not in new and a in EMPTY)):
             found.append((f"{prefix}{key}", a, b))
     return found
