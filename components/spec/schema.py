@@ -474,6 +474,13 @@ class _ReferenceSpec(Spec):
         return found
 
 
+def import_path_problem(where: str, path: str, expected: str) -> Optional[str]:
+    """What is wrong with ``path`` as the import path of user code the job imports ("module:attr"), if anything."""
+    if re.fullmatch(r"[\w.]+:[\w.]+", path):
+        return None
+    return f"{where}: expected {expected}; got {cut(repr(path))}"
+
+
 class RewardSource(_Strict):
     """One reward: exactly one of a user callable, a built-in, or a reward model; weighted."""
 
@@ -491,10 +498,12 @@ class RewardSource(_Strict):
             return [f"{where}: give exactly one of function (module:callable), builtin (a name) or model (a path)"]
         if self.model is not None and not self.model.strip():
             return [f"{where}.model: expected a path or hub id of a reward model; got an empty string"]
-        if self.function is not None and not re.fullmatch(r"[\w.]+:[\w.]+", self.function):
-            return [
-                f"{where}.function: expected module:callable (e.g. my_rewards:accuracy); got {cut(repr(self.function))}"
-            ]
+        if self.function is not None:
+            problem = import_path_problem(
+                f"{where}.function", self.function, "module:callable (e.g. my_rewards:accuracy)"
+            )
+            if problem is not None:
+                return [problem]
         if self.builtin is not None:
             return [f"{where}.builtin: {problem}" for problem in check_builtin(self.builtin, self.args)]
         if self.args:
@@ -510,11 +519,8 @@ class ToolSource(_Strict):
     function: str
 
     def problems(self, where: str) -> List[str]:
-        if not re.fullmatch(r"[\w.]+:[\w.]+", self.function):
-            return [
-                f"{where}.function: expected module:function (e.g. my_tools:lookup); got {cut(repr(self.function))}"
-            ]
-        return []
+        problem = import_path_problem(f"{where}.function", self.function, "module:function (e.g. my_tools:lookup)")
+        return [problem] if problem is not None else []
 
 
 class EnvironmentSource(_Strict):
@@ -527,9 +533,8 @@ class EnvironmentSource(_Strict):
     args: Dict[str, Any] = {}
 
     def problems(self, where: str) -> List[str]:
-        if not re.fullmatch(r"[\w.]+:[\w.]+", self.factory):
-            return [f"{where}.factory: expected module:Class (e.g. my_env:Game); got {cut(repr(self.factory))}"]
-        return []
+        problem = import_path_problem(f"{where}.factory", self.factory, "module:Class (e.g. my_env:Game)")
+        return [problem] if problem is not None else []
 
 
 class _OnlineSpec(Spec):
