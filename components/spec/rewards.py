@@ -54,6 +54,11 @@ def final_answer(text: str, pattern: Optional[str] = None) -> Optional[str]:
     return numbers[-1].replace(",", "") if numbers else None
 
 
+def expected_answer(value: Any, answer_pattern: Optional[str]) -> Optional[str]:
+    """The answer a data set's value holds: the first group of ``answer_pattern``, else the whole value."""
+    return final_answer(str(value), answer_pattern) if answer_pattern else str(value)
+
+
 def exact_match(
     column: str = "answer", pattern: Optional[str] = None, answer_pattern: Optional[str] = None
 ) -> RewardFunction:
@@ -69,7 +74,7 @@ def exact_match(
         scores = []
         for completion, expected in zip(completions, columns[column]):
             got = final_answer(completion_text(completion), pattern)
-            want = final_answer(str(expected), answer_pattern) if answer_pattern else str(expected)
+            want = expected_answer(expected, answer_pattern)
             scores.append(float(got is not None and want is not None and _normalise(got) == _normalise(want)))
         return scores
 
@@ -101,7 +106,7 @@ def math_verify(column: str = "answer", answer_pattern: Optional[str] = None) ->
         limit = 5 if threading.current_thread() is threading.main_thread() else None
         scores = []
         for completion, expected in zip(completions, columns[column]):
-            want = final_answer(str(expected), answer_pattern) if answer_pattern else str(expected)
+            want = expected_answer(expected, answer_pattern)
             gold = parse(want, parsing_timeout=limit) if want is not None else []
             got = parse(answer_text(completion), parsing_timeout=limit)
             scores.append(float(bool(gold) and bool(got) and verify(gold, got, timeout_seconds=limit)))
