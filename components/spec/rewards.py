@@ -25,10 +25,10 @@ _LAST_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
 def completion_text(completion: Any) -> str:
-    """The text of a completion: a string, or the content of chat messages."""
+    """What the model wrote: a string, or the content of its own chat messages (tools' results are not its text)."""
     if isinstance(completion, str):
         return completion
-    return "".join(message.get("content", "") for message in completion)
+    return "".join(message.get("content") or "" for message in completion if message.get("role") != "tool")
 
 
 def answer_text(completion: Any) -> str:

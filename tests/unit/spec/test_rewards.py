@@ -44,11 +44,23 @@ def test_math_verify_compares_answers_as_mathematics() -> None:
     half = ["1/2", "0.5", "\\frac{1}{2}"]
     for expected in half:
         assert score([*half, "\\boxed{\\frac{1}{2}}", "so it is 3", ""], answer=[expected] * 6) == [1, 1, 1, 1, 0, 0]
+
     # the answer after a tool's result; an expected answer from a solution
     called = [{"role": "assistant", "content": "", "tool_calls": []}, {"role": "tool", "content": "7"}]
     gsm8k = builtin_reward("math_verify", {"answer_pattern": r"####\s*(\S+)"})
     assert gsm8k([called + [{"role": "assistant", "content": "It is 16."}], called], answer=["#### 16"] * 2) == [1, 0]
     assert score(["1/2"], answer=["not an answer"]) == [0.0]
+
+
+def test_text_rewards_read_what_the_model_wrote_not_what_its_tools_returned() -> None:
+    called = [{"role": "assistant", "content": "", "tool_calls": []}, {"role": "tool", "content": "7"}]
+    # no answer after the tool's 7, or an answer after it: neither is the tool's text run into the model's
+    assert builtin_reward("exact_match", {})(
+        [called, called + [{"role": "assistant", "content": "3"}]], answer=["7", "3"]
+    ) == [0, 1]
+    assert builtin_reward("contains", {"target": "7"})([called]) == [0.0]
+    band = builtin_reward("length_band", {"min_chars": 1, "max_chars": 5})
+    assert band([called]) == band([""])
 
 
 # code_tests runs processes: tests/integration/test_code_tests.py
