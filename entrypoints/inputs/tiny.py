@@ -20,7 +20,7 @@ same model, in well under a second, with no download.
   verbatim (TRL reads tool calls back only from templates it knows), with its
   special and tool tokens; its tokenizer learnt from conversations with a tool
   as that template renders them, so a prompt with a tool fits in a few hundred
-  tokens; 1024 positions.
+  tokens; 1024 positions; 2 heads of 32, so vLLM runs it on CPU too.
 """
 
 import functools
@@ -224,9 +224,16 @@ def build_tokenizer_tools() -> PreTrainedTokenizerFast:
 
 
 def build_model_tools(tokenizer: PreTrainedTokenizerFast, model_class: Type[PreTrainedModel]) -> PreTrainedModel:
-    """The 2-layer Llama of :func:`build_model` with 1024 positions: a tool's preamble, calls and results."""
+    """The 2-layer Llama of :func:`build_model` with 1024 positions (a tool's preamble, calls and results) and 2
+    heads of 32 (vLLM's CPU attention takes 32 and up)."""
     return _seeded_llama(
-        model_class, tokenizer, pad_token_id=tokenizer.pad_token_id, bos_token_id=None, max_position_embeddings=1024
+        model_class,
+        tokenizer,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+        max_position_embeddings=1024,
+        num_attention_heads=2,
+        num_key_value_heads=1,
     )
 
 
