@@ -97,6 +97,40 @@ def word_problem_rows(rng: random.Random, count: int) -> Iterable[Dict[str, obje
         yield {"prompt": [{"role": "user", "content": question}], "answer": str(packs * each - sold)}
 
 
+HIDDEN_VALUE_QUESTION = "What is the value hidden in the room?"
+# templates/tools/hidden_value.py's Room.peek as the model sees it (transformers' get_json_schema; a test holds them equal)
+PEEK = {
+    "type": "function",
+    "function": {
+        "name": "peek",
+        "description": "The value hidden in this room.",
+        "parameters": {"type": "object", "properties": {}},
+        "return": {"type": "string"},
+    },
+}
+
+
+def hidden_value_rows(rng: random.Random, count: int) -> Iterable[Dict[str, object]]:
+    """Rooms hiding a random digit each (templates/tools/hidden_value.py), for GRPO with the room as environment."""
+    for _ in range(count):
+        yield {"prompt": [{"role": "user", "content": HIDDEN_VALUE_QUESTION}], "answer": str(rng.randint(0, 9))}
+
+
+def peek_demo_rows(rng: random.Random, count: int) -> Iterable[Dict[str, object]]:
+    """Demonstrations of the call format for SFT: peek, read the value, answer with it."""
+    for row in hidden_value_rows(rng, count):
+        call = {"type": "function", "function": {"name": "peek", "arguments": {}}}
+        yield {
+            "prompt": row["prompt"],
+            "completion": [
+                {"role": "assistant", "tool_calls": [call]},
+                {"role": "tool", "name": "peek", "content": row["answer"]},
+                {"role": "assistant", "content": row["answer"]},
+            ],
+            "tools": [PEEK],
+        }
+
+
 def write_jsonl(path: Path, rows: Iterable[Dict]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
@@ -109,6 +143,8 @@ def main() -> None:
     write_jsonl(HERE / "unpaired.jsonl", unpaired_rows(random.Random(3), 240))
     write_jsonl(HERE / "prompts.jsonl", prompt_rows(random.Random(4), 240))
     write_jsonl(HERE / "word_problems.jsonl", word_problem_rows(random.Random(5), 1000))
+    write_jsonl(HERE / "peek_demos.jsonl", peek_demo_rows(random.Random(6), 400))
+    write_jsonl(HERE / "hidden_values.jsonl", hidden_value_rows(random.Random(7), 400))
 
 
 if __name__ == "__main__":

@@ -350,3 +350,25 @@ def test_the_calculator_template_gives_a_tool_the_model_can_read_and_answers_it_
         packs, each, sold = re.findall(r"\d+", row["prompt"][0]["content"])
         assert calculate(f"{packs} * {each} - {sold}") == row["answer"]
         assert reward([[{"role": "assistant", "content": row["answer"]}]], answer=[row["answer"]]) == [1.0]
+
+
+def test_the_tiny_tools_chain_demonstrates_the_tool_its_grpo_stage_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """templates/chain/tools-tiny.yaml: the SFT demonstrations show the model the room's peek exactly as the GRPO
+    stage's environment exposes it, and each call's result is the row's own answer, as the room serves it."""
+    from transformers.utils import get_json_schema
+
+    from helpers import REPO
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(REPO))
+    grpo = validate(load_template("grpo/tiny-tools.yaml"))
+    room = resolve_environment(grpo.environment, scored=True)()
+    sft = validate(load_template("sft/tiny-tools.yaml"))
+    demos = [json.loads(line) for line in (REPO / sft.data.train.path).read_text().splitlines()]
+    questions = [json.loads(line) for line in (REPO / grpo.data.train.path).read_text().splitlines()]
+    assert {demo["prompt"][0]["content"] for demo in demos} == {row["prompt"][0]["content"] for row in questions}
+    for demo in demos:
+        assert demo["tools"] == [get_json_schema(room.peek)]
+        call, result, answer = demo["completion"]
+        room.reset(**{**demo, "answer": answer["content"]})
+        assert call["tool_calls"][0]["function"]["name"] == "peek" and result["content"] == room.peek()
