@@ -21,7 +21,9 @@ import pytest
 import torch
 
 from helpers import (
+    CHAIN_PORTS,
     REPO,
+    assert_calls_the_rooms_tool,
     assert_stopped_once,
     assert_succeeded,
     build_trainer,
@@ -159,6 +161,27 @@ def assert_learned_with_vllm(output_dir: Path, mode: str, weight_sync: str) -> N
         "weight_sync": weight_sync,
     }
     assert generation["tokens_per_s"] > 0
+
+
+def test_tools_with_vllm_colocated_and_as_the_server_role(tmp_path: Path) -> None:
+    """The tools chain with GRPO generating in colocated vLLM, then GRPO from its SFT model with the ``vllm`` role:
+    TRL's tool loop generates each turn after a tool's result in vLLM, the result's tokens as prompt."""
+    output_dir = tmp_path / "tools"
+    vllm = {"use_vllm": "true", "vllm_gpu_memory_utilization": "0.15", "vllm_max_model_length": "1024"}
+    args = ["run", "-s", "local_cwd", "posttrain.chain", "--spec", "templates/chain/tools-tiny.yaml", "-j", "1x1"]
+    args += ["--rdzv_port", str(free_port(CHAIN_PORTS)), f"output_dir={output_dir}"]
+    args += [f"stages.grpo.training.{key}={value}" for key, value in {**vllm, "vllm_mode": "colocate"}.items()]
+    assert_succeeded(torchx(args, tmp_path, timeout=900))
+    assert_calls_the_rooms_tool(output_dir / "grpo")
+    assert read_json(output_dir / "grpo" / "run_summary.json")["generation"]["mode"] == "colocate"
+
+    server = tmp_path / "server"
+    overrides = [f"model.name_or_path={output_dir / 'sft'}", "training.max_steps=8", "training.vllm_mode=server"]
+    overrides += [f"training.{key}={value}" for key, value in vllm.items()]
+    assert_succeeded(run_template("grpo/tiny-tools.yaml", tmp_path, server, j="1x1", overrides=overrides, timeout=900))
+    assert_calls_the_rooms_tool(server)
+    generation = read_json(server / "run_summary.json")["generation"]
+    assert (generation["engine"], generation["mode"]) == ("vllm", "server")
 
 
 def test_a_head_size_vllm_cannot_run_on_cpu_is_one_line_before_vllm_starts(tmp_path: Path) -> None:
