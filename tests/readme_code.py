@@ -40,6 +40,10 @@ LISTED: Dict[str, str] = {
     "torchx run -s local_cwd posttrain.grpo --spec templates/grpo/tiny-vllm-server.yaml": (
         "needs the vLLM environment: tests/e2e/test_vllm.py runs this template there (.ci/run)"
     ),
+    "torchx run -s local_cwd posttrain.chain --spec templates/chain/tools-tiny.yaml": (
+        "tests/e2e/test_vllm.py runs this chain in the vLLM environment (.ci/run), and tests/e2e/test_tools.py its "
+        "stages' templates with the lamp's data"
+    ),
 }
 # Set-up steps a `&&` chain may begin with: not run (the environment running this test is what they
 # make); the rest of the chain is planned like any command.

@@ -131,6 +131,33 @@ def peek_demo_rows(rng: random.Random, count: int) -> Iterable[Dict[str, object]
         }
 
 
+LAMP_REQUEST = "Please turn on the lamp."
+# templates/tools/lamp.py's Lamp.switch_on as the model sees it (a test holds them equal)
+SWITCH_ON = {
+    "type": "function",
+    "function": {
+        "name": "switch_on",
+        "description": "Switches the lamp on.",
+        "parameters": {"type": "object", "properties": {}},
+        "return": {"type": "string"},
+    },
+}
+
+
+def lamp_demo_rows(rng: random.Random, count: int, calls: float) -> Iterable[Dict[str, object]]:
+    """Demonstrations for SFT: a ``calls`` share switch the lamp on before answering, the rest only answer; GRPO
+    with the lamp as environment then learns to call."""
+    for _ in range(count):
+        done = {"role": "assistant", "content": "Done."}
+        if rng.random() < calls:
+            call = {"type": "function", "function": {"name": "switch_on", "arguments": {}}}
+            result = {"role": "tool", "name": "switch_on", "content": "The lamp is on."}
+            completion = [{"role": "assistant", "tool_calls": [call]}, result, done]
+        else:
+            completion = [done]
+        yield {"prompt": [{"role": "user", "content": LAMP_REQUEST}], "completion": completion, "tools": [SWITCH_ON]}
+
+
 def write_jsonl(path: Path, rows: Iterable[Dict]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
@@ -145,6 +172,10 @@ def main() -> None:
     write_jsonl(HERE / "word_problems.jsonl", word_problem_rows(random.Random(5), 1000))
     write_jsonl(HERE / "peek_demos.jsonl", peek_demo_rows(random.Random(6), 400))
     write_jsonl(HERE / "hidden_values.jsonl", hidden_value_rows(random.Random(7), 400))
+    write_jsonl(HERE / "lamp_demos.jsonl", lamp_demo_rows(random.Random(8), 400, calls=0.3))
+    write_jsonl(
+        HERE / "lamp_requests.jsonl", ({"prompt": [{"role": "user", "content": LAMP_REQUEST}]} for _ in range(400))
+    )
 
 
 if __name__ == "__main__":

@@ -372,3 +372,23 @@ def test_the_tiny_tools_chain_demonstrates_the_tool_its_grpo_stage_gives(monkeyp
         call, result, answer = demo["completion"]
         room.reset(**{**demo, "answer": answer["content"]})
         assert call["tool_calls"][0]["function"]["name"] == "peek" and result["content"] == room.peek()
+
+
+def test_the_lamp_chain_demonstrates_the_tool_its_grpo_stage_gives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """templates/chain/lamp-tiny.yaml: the demonstrations show switch_on as the lamp exposes it, call it in about
+    a third of the cases (what GRPO starts from), and the lamp's reward is 1 exactly after the call."""
+    from transformers.utils import get_json_schema
+
+    from helpers import REPO
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(REPO))
+    chain = load_template("chain/lamp-tiny.yaml")["stages"]
+    lamp = resolve_environment(EnvironmentSource(**chain["grpo"]["environment"]), scored=False)()
+    demos = [json.loads(line) for line in (REPO / chain["sft"]["data"]["train"]["path"]).read_text().splitlines()]
+    assert all(demo["tools"] == [get_json_schema(lamp.switch_on)] for demo in demos)
+    assert 0.2 < sum(len(demo["completion"]) == 3 for demo in demos) / len(demos) < 0.4
+    lamp.reset()
+    assert lamp.get_reward() == 0.0
+    lamp.switch_on()
+    assert lamp.get_reward() == 1.0
