@@ -98,16 +98,19 @@ def word_problem_rows(rng: random.Random, count: int) -> Iterable[Dict[str, obje
 
 
 HIDDEN_VALUE_QUESTION = "What is the value hidden in the room?"
-# templates/tools/hidden_value.py's Room.peek as the model sees it (transformers' get_json_schema; a test holds them equal)
-PEEK = {
-    "type": "function",
-    "function": {
-        "name": "peek",
-        "description": "The value hidden in this room.",
-        "parameters": {"type": "object", "properties": {}},
-        "return": {"type": "string"},
-    },
-}
+
+
+def _tool_without_arguments(name: str, description: str) -> Dict[str, object]:
+    """A tool that takes no arguments and returns text, as the model sees it (transformers' get_json_schema)."""
+    parameters = {"type": "object", "properties": {}}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": parameters, "return": {"type": "string"}},
+    }
+
+
+# templates/tools/hidden_value.py's Room.peek (a test holds them equal)
+PEEK = _tool_without_arguments("peek", "The value hidden in this room.")
 
 
 def hidden_value_rows(rng: random.Random, count: int) -> Iterable[Dict[str, object]]:
@@ -132,16 +135,8 @@ def peek_demo_rows(rng: random.Random, count: int) -> Iterable[Dict[str, object]
 
 
 LAMP_REQUEST = "Please turn on the lamp."
-# templates/tools/lamp.py's Lamp.switch_on as the model sees it (a test holds them equal)
-SWITCH_ON = {
-    "type": "function",
-    "function": {
-        "name": "switch_on",
-        "description": "Switches the lamp on.",
-        "parameters": {"type": "object", "properties": {}},
-        "return": {"type": "string"},
-    },
-}
+# templates/tools/lamp.py's Lamp.switch_on (a test holds them equal)
+SWITCH_ON = _tool_without_arguments("switch_on", "Switches the lamp on.")
 
 
 def lamp_demo_rows(rng: random.Random, count: int, calls: float) -> Iterable[Dict[str, object]]:
