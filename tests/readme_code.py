@@ -42,7 +42,7 @@ LISTED: Dict[str, str] = {
     ),
     "torchx run -s local_cwd posttrain.chain --spec templates/chain/tools-tiny.yaml": (
         "tests/e2e/test_vllm.py runs this chain in the vLLM environment (.ci/run), and tests/e2e/test_tools.py its "
-        "stages' templates with the lamp's data"
+        "stages' templates with other data (chain/tool-use-tiny.yaml)"
     ),
 }
 # Set-up steps a `&&` chain may begin with: not run (the environment running this test is what they

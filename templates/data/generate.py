@@ -134,23 +134,40 @@ def peek_demo_rows(rng: random.Random, count: int) -> Iterable[Dict[str, object]
         }
 
 
-LAMP_REQUEST = "Please turn on the lamp."
-# templates/tools/lamp.py's Lamp.switch_on (a test holds them equal)
-SWITCH_ON = _tool_without_arguments("switch_on", "Switches the lamp on.")
+# each task: the request, the tools the model sees (templates/tools/lamp.py's and safe.py's, as get_json_schema writes
+# them; a test holds them equal) and the calls, with their results, that do it
+TOOL_USE_TASKS = {
+    "lamp": (
+        "Please turn on the lamp.",
+        [_tool_without_arguments("switch_on", "Switches the lamp on.")],
+        [("switch_on", "The lamp is on.")],
+    ),
+    "safe": (
+        "Please open the safe.",
+        [
+            _tool_without_arguments("unlock", "Unlocks the safe."),
+            _tool_without_arguments("open_door", "Opens the safe's door, once it is unlocked."),
+        ],
+        [("unlock", "The safe is unlocked."), ("open_door", "The door is open.")],
+    ),
+}
 
 
-def lamp_demo_rows(rng: random.Random, count: int, calls: float) -> Iterable[Dict[str, object]]:
-    """Demonstrations for SFT: a ``calls`` share switch the lamp on before answering, the rest only answer; GRPO
-    with the lamp as environment then learns to call."""
+def tool_use_demo_rows(rng: random.Random, count: int, calls: float) -> Iterable[Dict[str, object]]:
+    """Demonstrations for SFT, lamp and safe alike: a ``calls`` share make the task's calls before answering, the
+    rest only answer; GRPO with the task's environment then learns to call."""
     for _ in range(count):
-        done = {"role": "assistant", "content": "Done."}
+        request, tools, steps = TOOL_USE_TASKS[rng.choice(sorted(TOOL_USE_TASKS))]
+        completion: List[Dict[str, object]] = []
         if rng.random() < calls:
-            call = {"type": "function", "function": {"name": "switch_on", "arguments": {}}}
-            result = {"role": "tool", "name": "switch_on", "content": "The lamp is on."}
-            completion = [{"role": "assistant", "tool_calls": [call]}, result, done]
-        else:
-            completion = [done]
-        yield {"prompt": [{"role": "user", "content": LAMP_REQUEST}], "completion": completion, "tools": [SWITCH_ON]}
+            for name, result in steps:
+                call = {"type": "function", "function": {"name": name, "arguments": {}}}
+                completion += [
+                    {"role": "assistant", "tool_calls": [call]},
+                    {"role": "tool", "name": name, "content": result},
+                ]
+        completion.append({"role": "assistant", "content": "Done."})
+        yield {"prompt": [{"role": "user", "content": request}], "completion": completion, "tools": tools}
 
 
 def write_jsonl(path: Path, rows: Iterable[Dict]) -> None:
@@ -167,10 +184,10 @@ def main() -> None:
     write_jsonl(HERE / "word_problems.jsonl", word_problem_rows(random.Random(5), 1000))
     write_jsonl(HERE / "peek_demos.jsonl", peek_demo_rows(random.Random(6), 400))
     write_jsonl(HERE / "hidden_values.jsonl", hidden_value_rows(random.Random(7), 400))
-    write_jsonl(HERE / "lamp_demos.jsonl", lamp_demo_rows(random.Random(8), 400, calls=0.3))
-    write_jsonl(
-        HERE / "lamp_requests.jsonl", ({"prompt": [{"role": "user", "content": LAMP_REQUEST}]} for _ in range(400))
-    )
+    write_jsonl(HERE / "tool_use_demos.jsonl", tool_use_demo_rows(random.Random(8), 800, calls=0.3))
+    for task, (request, _, _) in TOOL_USE_TASKS.items():
+        requests = ({"prompt": [{"role": "user", "content": request}]} for _ in range(400))
+        write_jsonl(HERE / f"{task}_requests.jsonl", requests)
 
 
 if __name__ == "__main__":

@@ -374,21 +374,30 @@ def test_the_tiny_tools_chain_demonstrates_the_tool_its_grpo_stage_gives(monkeyp
         assert call["tool_calls"][0]["function"]["name"] == "peek" and result["content"] == room.peek()
 
 
-def test_the_lamp_chain_demonstrates_the_tool_its_grpo_stage_gives(monkeypatch: pytest.MonkeyPatch) -> None:
-    """templates/chain/lamp-tiny.yaml: the demonstrations show switch_on as the lamp exposes it, call it in about
-    a third of the cases (what GRPO starts from), and the lamp's reward is 1 exactly after the call."""
+def test_the_tool_use_chain_demonstrates_the_tools_its_grpo_stages_give(monkeypatch: pytest.MonkeyPatch) -> None:
+    """templates/chain/tool-use-tiny.yaml: the demonstrations show each task's tools as its environment exposes
+    them, make the calls in about a third of the cases (what GRPO starts from), and the calls they make are those
+    that earn the environment's reward."""
     from transformers.utils import get_json_schema
 
     from helpers import REPO
 
     monkeypatch.chdir(REPO)
     monkeypatch.syspath_prepend(str(REPO))
-    chain = load_template("chain/lamp-tiny.yaml")["stages"]
-    lamp = resolve_environment(EnvironmentSource(**chain["grpo"]["environment"]), scored=False)()
+    chain = load_template("chain/tool-use-tiny.yaml")["stages"]
     demos = [json.loads(line) for line in (REPO / chain["sft"]["data"]["train"]["path"]).read_text().splitlines()]
-    assert all(demo["tools"] == [get_json_schema(lamp.switch_on)] for demo in demos)
-    assert 0.2 < sum(len(demo["completion"]) == 3 for demo in demos) / len(demos) < 0.4
-    lamp.reset()
-    assert lamp.get_reward() == 0.0
-    lamp.switch_on()
-    assert lamp.get_reward() == 1.0
+    assert 0.2 < sum(len(demo["completion"]) > 1 for demo in demos) / len(demos) < 0.4
+    for stage in ("lamp", "safe"):
+        environment = resolve_environment(EnvironmentSource(**chain[stage]["environment"]), scored=False)()
+        [request] = {
+            json.loads(line)["prompt"][0]["content"] for line in open(REPO / chain[stage]["data"]["train"]["path"])
+        }
+        for demo in (demo for demo in demos if demo["prompt"][0]["content"] == request):
+            calls = [m["tool_calls"][0]["function"]["name"] for m in demo["completion"] if "tool_calls" in m]
+            assert demo["tools"] == [
+                get_json_schema(getattr(environment, tool["function"]["name"])) for tool in demo["tools"]
+            ]
+            environment.reset()
+            results = [getattr(environment, call)() for call in calls]
+            assert results == [m["content"] for m in demo["completion"] if m["role"] == "tool"]
+            assert environment.get_reward() == float(bool(calls))
