@@ -389,9 +389,8 @@ def test_the_tool_use_chain_demonstrates_the_tools_its_grpo_stages_give(monkeypa
     assert 0.2 < sum(len(demo["completion"]) > 1 for demo in demos) / len(demos) < 0.4
     for stage in ("lamp", "safe"):
         environment = resolve_environment(EnvironmentSource(**chain[stage]["environment"]), scored=False)()
-        [request] = {
-            json.loads(line)["prompt"][0]["content"] for line in open(REPO / chain[stage]["data"]["train"]["path"])
-        }
+        requests = (REPO / chain[stage]["data"]["train"]["path"]).read_text().splitlines()
+        [request] = {json.loads(line)["prompt"][0]["content"] for line in requests}
         for demo in (demo for demo in demos if demo["prompt"][0]["content"] == request):
             calls = [m["tool_calls"][0]["function"]["name"] for m in demo["completion"] if "tool_calls" in m]
             assert demo["tools"] == [
