@@ -20,7 +20,8 @@ same model, in well under a second, with no download.
   verbatim (TRL reads tool calls back only from templates it knows), with its
   special and tool tokens; its tokenizer learnt from conversations with a tool
   as that template renders them, so a prompt with a tool fits in a few hundred
-  tokens; 1024 positions; 2 heads of 32, so vLLM runs it on CPU too.
+  tokens; 1024 positions; 2 heads of 32, so vLLM runs it on CPU too; weights drawn wider, so it learns to read
+  a tool's result.
 """
 
 import functools
@@ -224,8 +225,10 @@ def build_tokenizer_tools() -> PreTrainedTokenizerFast:
 
 
 def build_model_tools(tokenizer: PreTrainedTokenizerFast, model_class: Type[PreTrainedModel]) -> PreTrainedModel:
-    """The 2-layer Llama of :func:`build_model` with 1024 positions (a tool's preamble, calls and results) and 2
-    heads of 32 (vLLM's CPU attention takes 32 and up)."""
+    """The 2-layer Llama of :func:`build_model` with 1024 positions (a tool's preamble, calls and results), 2 heads
+    of 32 (vLLM's CPU attention takes 32 and up) and weights drawn 5x wider: with the default 0.02, copying a
+    tool's result from behind a 200-token preamble stays at chance through 1200 SFT steps; with 0.1 it is learnt
+    in 400."""
     return _seeded_llama(
         model_class,
         tokenizer,
@@ -234,6 +237,7 @@ def build_model_tools(tokenizer: PreTrainedTokenizerFast, model_class: Type[PreT
         max_position_embeddings=1024,
         num_attention_heads=2,
         num_key_value_heads=1,
+        initializer_range=0.1,
     )
 
 

@@ -119,19 +119,19 @@ def hidden_value_rows(rng: random.Random, count: int) -> Iterable[Dict[str, obje
         yield {"prompt": [{"role": "user", "content": HIDDEN_VALUE_QUESTION}], "answer": str(rng.randint(0, 9))}
 
 
-def peek_demo_rows(rng: random.Random, count: int) -> Iterable[Dict[str, object]]:
-    """Demonstrations of the call format for SFT: peek, read the value, answer with it."""
+def peek_demo_rows(rng: random.Random, count: int, calls: float) -> Iterable[Dict[str, object]]:
+    """Demonstrations for SFT: a ``calls`` share peek, read the value and answer with it; the rest guess a digit
+    (right one time in ten). GRPO with the room then learns to peek: only a read value is reliably right."""
     for row in hidden_value_rows(rng, count):
-        call = {"type": "function", "function": {"name": "peek", "arguments": {}}}
-        yield {
-            "prompt": row["prompt"],
-            "completion": [
+        completion: List[Dict[str, object]] = [{"role": "assistant", "content": str(rng.randint(0, 9))}]
+        if rng.random() < calls:
+            call = {"type": "function", "function": {"name": "peek", "arguments": {}}}
+            completion = [
                 {"role": "assistant", "tool_calls": [call]},
                 {"role": "tool", "name": "peek", "content": row["answer"]},
                 {"role": "assistant", "content": row["answer"]},
-            ],
-            "tools": [PEEK],
-        }
+            ]
+        yield {"prompt": row["prompt"], "completion": completion, "tools": [PEEK]}
 
 
 # each task: the request, the tools the model sees (templates/tools/lamp.py's and safe.py's, as get_json_schema writes
@@ -182,7 +182,7 @@ def main() -> None:
     write_jsonl(HERE / "unpaired.jsonl", unpaired_rows(random.Random(3), 240))
     write_jsonl(HERE / "prompts.jsonl", prompt_rows(random.Random(4), 240))
     write_jsonl(HERE / "word_problems.jsonl", word_problem_rows(random.Random(5), 1000))
-    write_jsonl(HERE / "peek_demos.jsonl", peek_demo_rows(random.Random(6), 400))
+    write_jsonl(HERE / "peek_demos.jsonl", peek_demo_rows(random.Random(6), 800, calls=0.3))
     write_jsonl(HERE / "hidden_values.jsonl", hidden_value_rows(random.Random(7), 400))
     write_jsonl(HERE / "tool_use_demos.jsonl", tool_use_demo_rows(random.Random(8), 800, calls=0.3))
     for task, (request, _, _) in TOOL_USE_TASKS.items():
