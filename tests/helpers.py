@@ -192,6 +192,22 @@ def ends(output_dir: Path, key: str) -> tuple:
     return first, last
 
 
+def assert_calls_the_rooms_tool(output_dir: Path) -> None:
+    """A run of templates/grpo/tiny-tools.yaml: at its end the model peeked in most rollouts, each room served its
+    own row's value, and the reward read the answer after the call."""
+    first, last = ends(output_dir, "tools/call_frequency")
+    assert last > 0.5, (first, last)
+    samples = [json.loads(line) for line in (output_dir / "samples.jsonl").read_text().splitlines()]
+    called = [sample for sample in samples if any(message["role"] == "tool" for message in sample["completion"])]
+    assert len(called) > len(samples) / 2, samples[:2]
+    for sample in called:
+        peeked = next(message["content"] for message in sample["completion"] if message["role"] == "tool")
+        written = "".join(message.get("content") or "" for message in sample["completion"] if message["role"] != "tool")
+        numbers = [number.replace(",", "") for number in re.findall(r"-?\d[\d,]*(?:\.\d+)?", written)]
+        # exact_match scores 1 exactly where the last number the model wrote is the digit its own room served
+        assert sample["rewards"]["exact_match"] == float(numbers[-1:] == [peeked]), sample
+
+
 def sft_spec(tmp_path: Path, **changes: Any) -> Any:
     """The tiny SFT template validated, writing under ``tmp_path``, with top-level sections replaced by ``changes``."""
     from posttrain.components.spec.loading import validate

@@ -41,8 +41,8 @@ LISTED: Dict[str, str] = {
         "needs the vLLM environment: tests/e2e/test_vllm.py runs this template there (.ci/run)"
     ),
     "torchx run -s local_cwd posttrain.chain --spec templates/chain/tools-tiny.yaml": (
-        "tests/e2e/test_vllm.py runs this chain in the vLLM environment (.ci/run), and tests/e2e/test_tools.py its "
-        "stages' templates with other data (chain/tool-use-tiny.yaml)"
+        "tests/e2e/test_tools.py runs this chain (and its GRPO stage without the tool), tests/e2e/test_vllm.py "
+        "with vLLM (.ci/run)"
     ),
 }
 # Set-up steps a `&&` chain may begin with: not run (the environment running this test is what they

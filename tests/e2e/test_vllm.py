@@ -23,6 +23,7 @@ import torch
 from helpers import (
     CHAIN_PORTS,
     REPO,
+    assert_calls_the_rooms_tool,
     assert_stopped_once,
     assert_succeeded,
     build_trainer,
@@ -163,7 +164,7 @@ def assert_learned_with_vllm(output_dir: Path, mode: str, weight_sync: str) -> N
 
 
 def test_tools_with_vllm_colocated_and_as_the_server_role(tmp_path: Path) -> None:
-    """The tools chain with GRPO generating in colocated vLLM, then GRPO from its SFT model with the ``vllm`` role:
+    """The tools chain with GRPO generating in colocated vLLM, then more GRPO of its model with the ``vllm`` role:
     TRL's tool loop generates each turn after a tool's result in vLLM, the result's tokens as prompt."""
     output_dir = tmp_path / "tools"
     vllm = {"use_vllm": "true", "vllm_gpu_memory_utilization": "0.15", "vllm_max_model_length": "1024"}
@@ -175,28 +176,12 @@ def test_tools_with_vllm_colocated_and_as_the_server_role(tmp_path: Path) -> Non
     assert read_json(output_dir / "grpo" / "run_summary.json")["generation"]["mode"] == "colocate"
 
     server = tmp_path / "server"
-    overrides = [f"model.name_or_path={output_dir / 'sft'}", "training.max_steps=8", "training.vllm_mode=server"]
+    overrides = [f"model.name_or_path={output_dir / 'grpo'}", "training.max_steps=8", "training.vllm_mode=server"]
     overrides += [f"training.{key}={value}" for key, value in vllm.items()]
     assert_succeeded(run_template("grpo/tiny-tools.yaml", tmp_path, server, j="1x1", overrides=overrides, timeout=900))
     assert_calls_the_rooms_tool(server)
     generation = read_json(server / "run_summary.json")["generation"]
     assert (generation["engine"], generation["mode"]) == ("vllm", "server")
-
-
-def assert_calls_the_rooms_tool(output_dir: Path) -> None:
-    """A run of templates/grpo/tiny-tools.yaml by a model taught the call: it peeked in most rollouts, each room
-    served its own row's value, and the reward read the answer after the call."""
-    first, last = ends(output_dir, "tools/call_frequency")
-    assert last > 0.5, (first, last)
-    samples = [json.loads(line) for line in (output_dir / "samples.jsonl").read_text().splitlines()]
-    called = [sample for sample in samples if any(message["role"] == "tool" for message in sample["completion"])]
-    assert len(called) > len(samples) / 2, samples[:2]
-    for sample in called:
-        peeked = next(message["content"] for message in sample["completion"] if message["role"] == "tool")
-        last_message = sample["completion"][-1]
-        answer = (last_message.get("content") or "") if last_message["role"] == "assistant" else ""
-        # exact_match scores 1 exactly where the answer is the peeked digit: the row's own, the room's value
-        assert sample["rewards"]["exact_match"] == float(answer.strip() == peeked), sample
 
 
 def test_a_head_size_vllm_cannot_run_on_cpu_is_one_line_before_vllm_starts(tmp_path: Path) -> None:
