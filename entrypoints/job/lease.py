@@ -175,15 +175,15 @@ NOT_THIS_RUNS = (
 
 def says_not_this_runs(line: Optional[str]) -> bool:
     """Whether a ``posttrain:`` line says the job's output_dir is another run's (see :data:`NOT_THIS_RUNS`)."""
-    prefix = "posttrain: training.output_dir: "
-    return line is not None and line.startswith(prefix) and any(phrase in line for phrase in NOT_THIS_RUNS)
+    prefixes = ("posttrain: training.output_dir: ", "posttrain: output_dir: ")
+    return line is not None and line.startswith(prefixes) and any(phrase in line for phrase in NOT_THIS_RUNS)
 
 
-def _held_error(output_dir: Path, holder: Optional[Holder]) -> SpecError:
+def _held_error(output_dir: Path, key: str, holder: Optional[Holder]) -> SpecError:
     who = holder.describe() if holder is not None else "another run (its lease is being written)"
     return SpecError(
         [
-            f"training.output_dir: {output_dir} is held by {who}, whose heartbeat goes on; wait for it, stop it, "
+            f"{key}: {output_dir} is held by {who}, whose heartbeat goes on; wait for it, stop it, "
             f"or use another output_dir (a holder whose heartbeat stops for {STALE_S:.0f} s is taken over)"
         ]
     )
@@ -209,8 +209,10 @@ def watch(path: Path, seen: bytes) -> str:
 class Lease:
     """The lease this job's rank 0 holds; :meth:`release` gives it back (and the directory, where it made it)."""
 
-    def __init__(self, output_dir: Path, holder: Holder, made_dir: bool, claim: Optional[Path] = None) -> None:
-        self.output_dir, self.holder, self.made_dir, self.claim = output_dir, holder, made_dir, claim
+    def __init__(
+        self, output_dir: Path, key: str, holder: Holder, made_dir: bool, claim: Optional[Path] = None
+    ) -> None:
+        self.output_dir, self.key, self.holder, self.made_dir, self.claim = output_dir, key, holder, made_dir, claim
         self._stop = threading.Event()
         self._heartbeat = threading.Thread(target=self._beat, name="posttrain-lease", daemon=True)
         self._heartbeat.start()
@@ -224,7 +226,7 @@ class Lease:
             found = read_holder(self.output_dir)
             if found is not None and found.token != self.holder.token:
                 # another run took the directory (it judged this job gone): stop writing into it, now
-                line = f"training.output_dir: {self.output_dir} was taken over by {found.describe()}; this job stops"
+                line = f"{self.key}: {self.output_dir} was taken over by {found.describe()}; this job stops"
                 log.error(line)
                 record_error(f"posttrain: {line}")
                 os._exit(STOPPED)
@@ -233,7 +235,7 @@ class Lease:
                 _write(self.path, self.holder)
             except OSError as error:
                 # a full or failing disk: the run itself will say so when it writes
-                log.warning("training.output_dir: cannot renew the lease %s: %s", self.path, error)
+                log.warning("%s: cannot renew the lease %s: %s", self.key, self.path, error)
 
     def release(self) -> None:
         self._stop.set()
@@ -252,22 +254,23 @@ class Lease:
                 pass
 
 
-def acquire(output_dir: Path) -> Lease:
-    """Takes the lease on ``output_dir`` (creating it), or raises naming the run that holds it."""
+def acquire(output_dir: Path, key: str = "training.output_dir") -> Lease:
+    """Takes the lease on ``output_dir`` (creating it), or raises naming the run that holds it; ``key``: the spec's
+    key that names the directory, as the messages say it."""
     if output_dir.exists() and not output_dir.is_dir():
-        raise SpecError([f"training.output_dir: {output_dir} is a file; name a directory (it is made if missing)"])
+        raise SpecError([f"{key}: {output_dir} is a file; name a directory (it is made if missing)"])
     made_dir = not output_dir.exists()
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise SpecError([f"training.output_dir: cannot create {output_dir}: {error.strerror}"]) from None
+        raise SpecError([f"{key}: cannot create {output_dir}: {error.strerror}"]) from None
     me = Holder.this_process()
     path = output_dir / LEASE_FILE
     # a lease judged gone whose claim another run made and never took up
     unclaimed: Optional[bytes] = None
     while True:
-        if _create(path, me):
-            return Lease(output_dir, me, made_dir)
+        if _create(path, me, key):
+            return Lease(output_dir, key, me, made_dir)
         try:
             seen = path.read_bytes()
         except FileNotFoundError:
@@ -276,7 +279,7 @@ def acquire(output_dir: Path) -> Lease:
         except OSError as error:
             raise SpecError(
                 [
-                    f"training.output_dir: {output_dir} holds a lease ({LEASE_FILE}) this run cannot read "
+                    f"{key}: {output_dir} holds a lease ({LEASE_FILE}) this run cannot read "
                     f"({error.strerror}): another run may hold it; use another output_dir, or remove the file once "
                     "no run uses the directory"
                 ]
@@ -284,10 +287,11 @@ def acquire(output_dir: Path) -> Lease:
         holder = parse_holder(seen)
         reason = gone_at_once(holder, me) if holder is not None else None
         if reason is None and holder is not None and alive_at_once(holder, me):
-            raise _held_error(output_dir, holder)
+            raise _held_error(output_dir, key, holder)
         if reason is None:
             log.info(
-                "training.output_dir: %s is leased to %s; watching its heartbeat (up to %.0f s) to see if it lives",
+                "%s: %s is leased to %s; watching its heartbeat (up to %.0f s) to see if it lives",
+                key,
                 output_dir,
                 holder.describe() if holder is not None else "a run whose lease is unreadable",
                 STALE_S,
@@ -296,31 +300,31 @@ def acquire(output_dir: Path) -> Lease:
             if outcome == "released":
                 continue
             if outcome == "changed":
-                raise _held_error(output_dir, parse_holder(_read_or_empty(path)) or holder)
+                raise _held_error(output_dir, key, parse_holder(_read_or_empty(path)) or holder)
             who = holder.describe() if holder is not None else "a damaged lease"
             reason = f"{who} held it, and its heartbeat did not change for {STALE_S:.0f} s"
-        claim = _take_over(path, seen, me)
+        claim = _take_over(path, seen, me, key)
         # another run claimed it first: its lease is the one to watch now
         if claim is None:
             # judged gone twice, and the run that claimed it never took it
             if seen == unclaimed:
                 raise SpecError(
                     [
-                        f"training.output_dir: {output_dir}'s lease was claimed by a run that never took it "
+                        f"{key}: {output_dir}'s lease was claimed by a run that never took it "
                         f"({_claim_name(seen)}); remove that file and {LEASE_FILE} once no run uses the directory"
                     ]
                 )
             unclaimed = seen
             continue
-        log.warning("training.output_dir: took over %s: %s", output_dir, reason)
-        return Lease(output_dir, me, made_dir, claim)
+        log.warning("%s: took over %s: %s", key, output_dir, reason)
+        return Lease(output_dir, key, me, made_dir, claim)
 
 
 def _claim_name(seen: bytes) -> str:
     return f"{LEASE_FILE}.claim-{hashlib.sha256(seen).hexdigest()[:16]}"
 
 
-def _take_over(path: Path, seen: bytes, me: Holder) -> Optional[Path]:
+def _take_over(path: Path, seen: bytes, me: Holder, key: str) -> Optional[Path]:
     """Replaces the lease whose bytes are ``seen`` with ``me``'s, if this run is the one that claims it and it
     still holds them; the claim, else None."""
     claim = path.with_name(_claim_name(seen))
@@ -335,7 +339,7 @@ def _take_over(path: Path, seen: bytes, me: Holder) -> Optional[Path]:
     try:
         _write(path, me)
     except OSError as error:
-        raise SpecError([f"training.output_dir: cannot write in {path.parent}: {error.strerror}"]) from None
+        raise SpecError([f"{key}: cannot write in {path.parent}: {error.strerror}"]) from None
     return claim
 
 
@@ -346,7 +350,7 @@ def _read_or_empty(path: Path) -> bytes:
         return b""
 
 
-def _create(path: Path, holder: Holder) -> bool:
+def _create(path: Path, holder: Holder, key: str) -> bool:
     """Creates the lease whole where there is none (a file written aside, then linked: exclusive, and safe on
     network file systems); False where one exists."""
     try:
@@ -358,7 +362,7 @@ def _create(path: Path, holder: Holder) -> bool:
     except FileExistsError:
         return False
     except OSError as error:
-        raise SpecError([f"training.output_dir: cannot write in {path.parent}: {error.strerror}"]) from None
+        raise SpecError([f"{key}: cannot write in {path.parent}: {error.strerror}"]) from None
     return True
 
 

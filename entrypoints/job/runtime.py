@@ -55,7 +55,7 @@ import signal
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from transformers import PrinterCallback, Trainer
@@ -224,14 +224,32 @@ def run(algorithm: str, build_trainer: Callable[[Job], Any], argv: Optional[Sequ
     distributed.setup_logging()
     distributed.end_with_the_launchers_parent()
     quiet_libraries()
-    spec = None
-    try:
+    with ends_in_one_line() as ending:
         spec = spec_from_json(options.spec_json)
+        ending.logs = Path(spec.training["output_dir"]) / "logs"
         if spec.algorithm != algorithm:
             raise SpecError([f"algorithm: the spec is for {spec.algorithm!r}, this entrypoint runs {algorithm!r}"])
         # a job with a vllm role: rank 0 tells it when training ends
         with role_lease.lease(spec.training):
             _train(algorithm, spec, build_trainer)
+    distributed.report_done()
+
+
+@dataclasses.dataclass
+class Ending:
+    """Where a crash's traceback is kept: the run's ``logs`` directory, once the spec that names it is read."""
+
+    logs: Optional[Path] = None
+
+
+@contextlib.contextmanager
+def ends_in_one_line() -> Iterator[Ending]:
+    """How a job's process ends when something stops it: a SpecError in one ``posttrain:`` line (exit 2), anything
+    else recorded whole, its traceback kept in the ending's ``logs`` (exit 1); the process group destroyed either
+    way."""
+    ending = Ending()
+    try:
+        yield ending
     except SpecError as error:
         # every rank meets the same error (the checks agree across ranks, see distributed.all_ranks_agree): one says
         # it; an error this rank may have met alone is said by this rank (else the job would end without a word)
@@ -243,12 +261,10 @@ def run(algorithm: str, build_trainer: Callable[[Job], Any], argv: Optional[Sequ
     except Exception as error:
         # else another rank ended first and says why
         if not distributed.lost_a_peer(error):
-            logs = Path(spec.training["output_dir"]) / "logs" if spec else None
-            record_crash(error, distributed.env_rank(), logs)
+            record_crash(error, distributed.env_rank(), ending.logs)
         raise SystemExit(CRASHED) from None
     finally:
         distributed.destroy_process_group()
-    distributed.report_done()
 
 
 def built_trainer(job: Job, build_trainer: Callable[[Job], Any]) -> Any:

@@ -47,8 +47,11 @@ def test_a_lease_that_cannot_be_read_is_held(tmp_path: Path) -> None:
 
 
 def test_a_refusal_says_the_directory_is_another_runs_and_other_output_dir_lines_do_not() -> None:
-    held = lease._held_error(Path("/out"), Holder.this_process())
+    held = lease._held_error(Path("/out"), "training.output_dir", Holder.this_process())
     assert lease.says_not_this_runs(f"posttrain: {held}")
+    # an evaluation's directory is its spec's output_dir
+    held = lease._held_error(Path("/out"), "output_dir", Holder.this_process())
+    assert str(held).startswith("output_dir: /out is held by") and lease.says_not_this_runs(f"posttrain: {held}")
     assert lease.says_not_this_runs("posttrain: training.output_dir: /out was taken over by job x; this job stops")
     assert not lease.says_not_this_runs("posttrain: training.output_dir: /out holds a finished run")
     assert not lease.says_not_this_runs(None)
