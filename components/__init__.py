@@ -13,7 +13,20 @@ _EXPORTS = {
     "SpecError": "posttrain.components.spec.messages",
     **{
         name: "posttrain.components.algorithms"
-        for name in ("chain", "distill", "dpo", "grpo", "kto", "online_dpo", "orpo", "ppo", "reward", "rloo", "sft")
+        for name in (
+            "chain",
+            "distill",
+            "dpo",
+            "eval",
+            "grpo",
+            "kto",
+            "online_dpo",
+            "orpo",
+            "ppo",
+            "reward",
+            "rloo",
+            "sft",
+        )
     },
 }
 __all__ = sorted(_EXPORTS)

@@ -305,3 +305,39 @@ def chain(
         $ torchx run -s local_cwd posttrain.chain --spec templates/chain/sft-dpo-tiny.yaml stages.dpo.training.beta=0.2
     """
     return appdef.build_chain_appdef(**locals())
+
+
+@arguments.component
+def eval(
+    *overrides: str,
+    spec: str,
+    image: str = torchx.IMAGE,
+    name: Optional[str] = None,
+    h: Optional[str] = None,
+    cpu: int = 2,
+    gpu: int = 0,
+    memMB: int = 8192,
+    j: str = "1x2",
+    env: Optional[Dict[str, str]] = None,
+    max_retries: int = 0,
+    max_restarts: int = 0,
+    rdzv_port: int = 29500,
+    rdzv_backend: str = "c10d",
+    mounts: Optional[List[str]] = None,
+    debug: bool = False,
+    tee: int = 3,
+) -> specs.AppDef:
+    """An evaluation: one or more models (a base and a trained one, say) sample completions of held-out prompts,
+    which scorers in GRPO's rewards vocabulary score.
+
+    Writes ``eval_summary.json`` (per model and scorer: mean, standard
+    error, pass@k), ``eval_samples.jsonl`` (each prompt, completion and its
+    scores) and a closing line comparing each model with the first. The
+    job's processes share the prompts; each prompt's samples come from a
+    seed of its own, so the scores are the same on any number of them.
+
+    .. code-block:: shell-session
+
+        $ torchx run -s local_cwd posttrain.eval --spec templates/eval/sft-tiny.yaml
+    """
+    return appdef.build_eval_appdef(**locals())

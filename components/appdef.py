@@ -23,6 +23,7 @@ from torchx.specs import macros
 
 from posttrain.components import vllm_role
 from posttrain.components.spec.chain import load_chain
+from posttrain.components.spec.evaluation import load_eval
 from posttrain.components.spec.loading import load_spec
 from posttrain.components.spec.local_files import local_data_problems, local_model_problems
 from posttrain.components.spec.messages import SpecError
@@ -42,6 +43,7 @@ POD_TEMPLATE_BYTES = 1200
 MAX_NAME = 40
 LAUNCHERS = ("torchrun", "deepspeed")
 CHAIN_MODULE = "posttrain.entrypoints.chain"
+EVAL_MODULE = "posttrain.entrypoints.eval"
 
 # Environment variable names that hold secrets: never in --env, whose values are printed. A name is one when its
 # last part says it (HF_TOKEN, WANDB_KEY, CLIENT_SECRET; not TOKENIZERS_PARALLELISM or KEY_PREFIX) or a password or
@@ -542,3 +544,49 @@ def _mounts(mounts: Optional[List[str]]) -> List[Union[specs.BindMount, specs.Vo
         raise SpecError(
             [f"--mounts {','.join(mounts)}: {e}; expected type=bind,src=/host,dst=/job[,readonly]"]
         ) from None
+
+
+@_exit_cleanly_under_torchx_cli
+def build_eval_appdef(
+    overrides: Sequence[str],
+    *,
+    spec: str,
+    image: str,
+    name: Optional[str],
+    h: Optional[str],
+    cpu: int,
+    gpu: int,
+    memMB: int,
+    j: str,
+    env: Optional[Dict[str, str]],
+    max_retries: int,
+    max_restarts: int,
+    rdzv_port: int,
+    rdzv_backend: str,
+    mounts: Optional[List[str]],
+    debug: bool,
+    tee: int,
+) -> specs.AppDef:
+    """The AppDef of an evaluation: torchrun's processes share the prompts (``posttrain.entrypoints.eval``).
+    Raises SpecError listing every problem found."""
+    resource = _resource(h, cpu, gpu, memMB)
+    problems = _argument_problems(tee, rdzv_port, rdzv_backend, max_retries, max_restarts, "torchrun", env)
+    if problems:
+        raise SpecError(problems)
+    topology = _topology(j, resource, "torchrun")
+    validated = load_eval(spec, overrides)
+    problems += local_model_problems(validated) + local_data_problems(validated)
+    if problems:
+        raise SpecError(problems)
+    # torchx substitutes ${...} macros in args with string.Template: "$$" keeps a "$" of the spec literal
+    cmd = _torchrun_command(topology, rdzv_port, rdzv_backend, tee, max_restarts)
+    cmd += ["-m", EVAL_MODULE, "--spec-json", validated.to_json().replace("$", "$$")]
+    if topology.max_nnodes > 1:
+        host = _rank0_address(topology, rdzv_port)[0]
+        check = ["python", "-m", "posttrain.entrypoints.rendezvous_port", str(rdzv_port), macros.replica_id]
+        cmd = [*check, host, macros.app_id, _noquote("&&"), _noquote("exec"), *cmd]
+    job_name = StructuredNameArgument.parse_from(name=name or "/", m=EVAL_MODULE)
+    role_env = _role_env(job_name, env, topology, debug)
+    roles = [_trainers_role("eval", image, topology, resource, cmd, role_env, rdzv_port, max_retries, mounts)]
+    _check_request_size(j, roles)
+    return specs.AppDef(name=_valid_name(job_name.run_name, "eval"), roles=roles)

@@ -91,7 +91,8 @@ def kept_logs(argv: Sequence[str]) -> Optional[Path]:
     if "--spec-json" not in argv[:-1]:
         return None
     spec = json.loads(argv[list(argv).index("--spec-json") + 1])
-    return Path(spec["training"]["output_dir"]) / "logs"
+    # an evaluation's output_dir is at the top of its spec
+    return Path(spec["output_dir"] if "output_dir" in spec else spec["training"]["output_dir"]) / "logs"
 
 
 def keep_logs(log_dir: Path, kept: Path) -> None:

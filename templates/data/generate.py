@@ -41,6 +41,13 @@ def sft_rows(rng: random.Random, count: int) -> Iterable[Dict[str, List[Dict[str
             yield _chat(f"What color is the {thing}?", f"The {thing} is {COLORS[thing]}.")
 
 
+def question_rows(rng: random.Random, count: int) -> Iterable[Dict[str, object]]:
+    """Questions of sft_rows' kinds as prompts, each with the word its answer must hold: for evaluations."""
+    for row in sft_rows(rng, count):
+        question, answer = (message["content"] for message in row["messages"])
+        yield {"prompt": [{"role": "user", "content": question}], "answer": answer.rstrip(".").split()[-1]}
+
+
 REFUSALS = ("I do not know.", "No.", "Ask someone else.", "Why would I tell you?", "That is not my problem.")
 
 
@@ -182,6 +189,7 @@ def main() -> None:
     write_jsonl(HERE / "unpaired.jsonl", unpaired_rows(random.Random(3), 240))
     write_jsonl(HERE / "prompts.jsonl", prompt_rows(random.Random(4), 240))
     write_jsonl(HERE / "word_problems.jsonl", word_problem_rows(random.Random(5), 1000))
+    write_jsonl(HERE / "questions_heldout.jsonl", question_rows(random.Random(9), 60))
     write_jsonl(HERE / "peek_demos.jsonl", peek_demo_rows(random.Random(6), 800, calls=0.3))
     write_jsonl(HERE / "hidden_values.jsonl", hidden_value_rows(random.Random(7), 400))
     write_jsonl(HERE / "tool_use_demos.jsonl", tool_use_demo_rows(random.Random(8), 800, calls=0.3))

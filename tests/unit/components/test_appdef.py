@@ -255,10 +255,10 @@ def test_the_job_imports_nothing_from_components_but_the_spec_package() -> None:
 def test_torchx_finds_only_the_components_in_the_component_module() -> None:
     # torchx reads and lints every function of the module its entry point names, on every `torchx run`
     functions = {name for name, _ in inspect.getmembers(algorithms, inspect.isfunction)}
-    # an algorithm each, and the chain of them
-    assert functions == {*SPEC_CLASSES, "chain"}
+    # an algorithm each, the chain of them, and the evaluation
+    assert functions == {*SPEC_CLASSES, "chain", "eval"}
     # and the package exports each of them (its lazy table names them again)
-    assert set(posttrain.components.__all__) == {*SPEC_CLASSES, "chain", "SpecError"}
+    assert set(posttrain.components.__all__) == {*SPEC_CLASSES, "chain", "eval", "SpecError"}
 
 
 def test_a_multi_node_job_checks_its_rendezvous_port_before_the_launcher_listens(capsys) -> None:

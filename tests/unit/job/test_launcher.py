@@ -86,6 +86,9 @@ def test_the_run_s_logs_are_kept_in_its_output_directory_where_the_job_made_one(
     argv.append(json.dumps({"training": {"output_dir": str(output_dir)}}))
     kept = launcher.kept_logs(argv)
     assert kept == output_dir / "logs" and launcher.kept_logs(argv[:3]) is None
+    # an evaluation's spec names its output_dir at the top
+    evaluation = ["-m", "posttrain.entrypoints.eval", "--spec-json", json.dumps({"output_dir": str(output_dir)})]
+    assert launcher.kept_logs(evaluation) == kept
     # this launcher's own
     log_dir = tmp_path / "torchelastic_x"
     # torchrun's layout: <run id>_<random>/attempt_<n>/<local rank>

@@ -113,6 +113,7 @@ def test_readme_yaml_blocks_are_valid_spec_fragments() -> None:
     """A full spec validates (one of distributed.deepspeed/fsdp at a time: they exclude each other);
     a ``rewards:`` block validates in every algorithm that takes rewards."""
     from posttrain.components.spec.chain import validate_chain
+    from posttrain.components.spec.evaluation import validate_eval
     from posttrain.components.spec.loading import validate
 
     assert CODE.yaml_blocks, "README has no YAML blocks"
@@ -122,6 +123,8 @@ def test_readme_yaml_blocks_are_valid_spec_fragments() -> None:
         # its stage files as the chain templates name them
         if fragment.get("algorithm") == "chain":
             validate_chain(fragment, base=REPO / "templates" / "chain")
+        elif fragment.get("algorithm") == "eval":
+            validate_eval(fragment)
         elif "algorithm" in fragment:
             distributed = fragment.get("distributed") or {}
             engines = [key for key in ("deepspeed", "fsdp") if key in distributed]

@@ -31,8 +31,11 @@ from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.overrides import apply_overrides
 from posttrain.components.spec.registry import SPEC_CLASSES
 
-# one algorithm's spec each (a chain's are tests/unit/components/test_chain.py's)
-ALL_TEMPLATES = sorted(str(p.relative_to(TEMPLATES)) for p in TEMPLATES.glob("*/*.yaml") if p.parent.name != "chain")
+# one algorithm's spec each (a chain's are tests/unit/components/test_chain.py's, an evaluation's
+# tests/unit/spec/test_eval_spec.py's)
+ALL_TEMPLATES = sorted(
+    str(p.relative_to(TEMPLATES)) for p in TEMPLATES.glob("*/*.yaml") if p.parent.name not in ("chain", "eval")
+)
 
 
 def tiny_sft() -> Dict[str, Any]:

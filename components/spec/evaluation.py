@@ -1,0 +1,156 @@
+"""An evaluation: held-out prompts, completions sampled from one or more models, scored as GRPO's rewards are.
+
+    algorithm: eval
+    output_dir: outputs/eval-sft-tiny
+    models:                                  # compared in this order: the first is the baseline
+      base: {name_or_path: "builtin:tiny-llama"}
+      sft: {name_or_path: outputs/sft-tiny}   # a path, a hub id, or a finished run's directory
+    data:
+      eval: {path: templates/data/questions_heldout.jsonl}
+    generation: {num_samples: 4, temperature: 1.0, max_new_tokens: 24}
+    rewards:                                 # the scorers: built-ins or functions, as in GRPO's rewards
+      - builtin: contains
+        args: {column: answer}
+    pass_at_k: [1, 4]
+
+Each prompt's samples come from a seed of its own (``generation.seed`` and
+the prompt's place in the data), so the scores do not depend on how many
+processes share the prompts.
+"""
+
+import json
+from typing import Any, ClassVar, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union
+
+from pydantic import ValidationError
+
+from posttrain.components.spec.chain import STAGE_NAME
+from posttrain.components.spec.loading import read_yaml
+from posttrain.components.spec.messages import SpecError, cut, known_paths, translate, unknown_in
+from posttrain.components.spec.overrides import apply_overrides
+from posttrain.components.spec.registry import PROMPT_FORMATS
+from posttrain.components.spec.schema import DataSource, DataSpec, ModelSpec, RewardSource, _Strict
+
+ALGORITHM = "eval"
+
+
+class EvalData(DataSpec):
+    """The prompts to evaluate on: ``data.eval`` (one source or a mixture), with the sections' usual renames."""
+
+    train: None = None
+    eval: Union[DataSource, List[DataSource]]
+
+
+class GenerationSpec(_Strict):
+    """How each model samples: ``num_samples`` completions per prompt of up to ``max_new_tokens``; temperature 0
+    is greedy. Only these settings: nothing is taken from a model's own generation config but its end token."""
+
+    num_samples: int = 1
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+class EvalSpec(_Strict):
+    """An evaluation's spec (``posttrain.eval``)."""
+
+    algorithm: Literal["eval"]
+    output_dir: str
+    models: Dict[str, ModelSpec]
+    data: EvalData
+    rewards: List[RewardSource]
+    generation: GenerationSpec = GenerationSpec()
+    # k of pass@k: the chance that at least one of k samples passes (scores 1), from the num_samples drawn
+    pass_at_k: List[int] = [1]
+    # write over another spec's results in output_dir
+    overwrite_output_dir: bool = False
+
+    # a prompt column, as GRPO's data
+    data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PROMPT_FORMATS
+
+    def named_models(self) -> List[Tuple[str, str]]:
+        """Each model by where the spec names it: ``models.<name>.name_or_path``."""
+        return [(f"models.{name}.name_or_path", model.name_or_path) for name, model in self.models.items()]
+
+    def to_json(self) -> str:
+        """Canonical JSON: what the job is given and checks a finished evaluation against."""
+        return json.dumps(self.model_dump(mode="json"), separators=(",", ":"))
+
+    def problems(self) -> List[str]:
+        found = [] if self.output_dir.strip() else ["output_dir: required; the directory the results are written to"]
+        if not self.models:
+            found.append("models: name at least one model (e.g. trained: {name_or_path: outputs/sft-tiny})")
+        for name, model in self.models.items():
+            if not STAGE_NAME.fullmatch(name):
+                found.append(
+                    f"models.{name}: a model's name is lowercase letters, digits and _, starting with a letter"
+                )
+            if model.lora is not None:
+                found.append(
+                    f"models.{name}.lora: an evaluation loads models as they are, never adds an adapter; drop lora"
+                )
+        if not self.rewards:
+            found.append("rewards: name at least one scorer (e.g. - builtin: contains, args: {column: answer})")
+        for index, reward in enumerate(self.rewards):
+            found += reward.problems(f"rewards.{index}")
+            if reward.weight != 1.0:
+                found.append(f"rewards.{index}.weight: an evaluation reports each scorer apart, unweighted; drop it")
+            if reward.model is not None:
+                found.append(
+                    f"rewards.{index}.model: posttrain.eval scores with built-ins and functions; a reward model's "
+                    "scores are not yet read here: score with a function that calls it"
+                )
+        generation = self.generation
+        if generation.num_samples < 1:
+            found.append(f"generation.num_samples: expected 1 or more; got {generation.num_samples}")
+        if generation.max_new_tokens < 1:
+            found.append(f"generation.max_new_tokens: expected 1 or more; got {generation.max_new_tokens}")
+        if generation.temperature < 0:
+            found.append(f"generation.temperature: expected 0 (greedy) or more; got {generation.temperature}")
+        if not 0 < generation.top_p <= 1:
+            found.append(f"generation.top_p: expected a value in (0, 1]; got {generation.top_p}")
+        for k in self.pass_at_k:
+            if not 1 <= k <= generation.num_samples:
+                found.append(
+                    f"pass_at_k: {k} needs at least {k} samples per prompt; expected 1 to generation.num_samples "
+                    f"({generation.num_samples})"
+                )
+        if generation.temperature == 0 and generation.num_samples > 1:
+            found.append(
+                f"generation.num_samples: {generation.num_samples} greedy samples are one sample repeated; set a "
+                "temperature above 0, or num_samples: 1"
+            )
+        return found + self.data.problems()
+
+
+def load_eval(path: str, overrides: Sequence[str] = ()) -> EvalSpec:
+    """Reads an evaluation's YAML, applies ``key.path=value`` overrides and validates it."""
+    return validate_eval(apply_overrides(read_yaml(path), overrides, ALGORITHM))
+
+
+def eval_from_json(text: str) -> EvalSpec:
+    """Parses a spec serialised by :meth:`EvalSpec.to_json`, validating it again."""
+    return validate_eval(json.loads(text))
+
+
+def validate_eval(raw: Mapping[str, Any]) -> EvalSpec:
+    """Validates an evaluation's spec as plain data; raises SpecError listing every problem."""
+    if raw.get("algorithm") != ALGORITHM:
+        raise SpecError([f"algorithm: expected eval for posttrain.eval; got {cut(repr(raw.get('algorithm')))}"])
+    problems = list(unknown_in(raw, EvalSpec, "", list(known_paths(EvalSpec))))
+    data = raw.get("data")
+    if isinstance(data, dict) and data.get("train") is not None:
+        problems.append("data.train: an evaluation reads its prompts from data.eval; move them there")
+    if problems:
+        raise SpecError(problems)
+    spec: Optional[EvalSpec] = None
+    try:
+        spec = EvalSpec.model_validate(raw)
+    except ValidationError as error:
+        problems = translate(error)
+    if spec is not None:
+        problems = spec.problems()
+    if problems:
+        raise SpecError(problems)
+    assert spec is not None
+    return spec

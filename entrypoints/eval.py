@@ -1,0 +1,262 @@
+"""posttrain.eval's job: each model samples completions of the held-out prompts, the scorers score them, and rank 0
+writes what the scores say (entrypoints/evaluation/scores.py).
+
+The processes share the prompts (prompt i goes to rank i mod world size);
+each finished prompt is a line in ``eval_parts/``, so a rerun after a kill
+samples only the prompts left, on any number of processes. Then
+``eval_samples.jsonl``, ``eval.png`` (two models or more) and, last, the
+mark of a finished evaluation, ``eval_summary.json``.
+"""
+
+import argparse
+import contextlib
+import json
+import logging
+import shutil
+import sys
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+from posttrain.components.spec.evaluation import EvalSpec, eval_from_json
+from posttrain.components.spec.loading import spec_diff
+from posttrain.components.spec.messages import SpecError
+from posttrain.entrypoints.evaluation import scores
+from posttrain.entrypoints.evaluation.sampling import prompt_seed, sample
+from posttrain.entrypoints.inputs.data import load_split
+from posttrain.entrypoints.inputs.models import CAUSAL_LM, ModelLoading, check_model_path, load_model, load_tokenizer
+from posttrain.entrypoints.inputs.rewards import check_reward_columns, resolve_rewards
+from posttrain.entrypoints.job import distributed, lease
+from posttrain.entrypoints.job.runtime import ends_in_one_line, quiet_libraries
+from posttrain.entrypoints.records import curves
+from posttrain.entrypoints.records.checkpoints import model_fingerprints, split_fingerprint
+from posttrain.entrypoints.records.files import write_json_atomic
+
+log = logging.getLogger("posttrain")
+
+SPEC_FILE, SUMMARY_FILE, SAMPLES_FILE, PARTS_DIR, PLOT_FILE = (
+    "eval_spec.json",
+    "eval_summary.json",
+    "eval_samples.jsonl",
+    "eval_parts",
+    "eval.png",
+)
+# the processes wait for each other this long at most (rank 0 summarising, a slow model's prompts)
+TIMEOUT = timedelta(hours=2)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m posttrain.entrypoints.eval")
+    parser.add_argument("--spec-json", required=True, help="the validated spec, as the component embedded it")
+    options = parser.parse_args(argv)
+    distributed.setup_logging()
+    distributed.end_with_the_launchers_parent()
+    quiet_libraries()
+    with ends_in_one_line() as ending:
+        spec = eval_from_json(options.spec_json)
+        ending.logs = Path(spec.output_dir) / "logs"
+        evaluate(spec)
+    distributed.report_done()
+
+
+def evaluate(spec: EvalSpec) -> None:
+    output_dir = Path(spec.output_dir)
+    distributed.init_process_group(distributed.group_backend(), TIMEOUT)
+    world, rank = distributed.world_size(), distributed.env_rank()
+    # rank 0 holds output_dir until the job ends: another run into it stops at its first check
+    with contextlib.ExitStack() as held:
+        with distributed.all_ranks_agree():
+            if distributed.is_rank0():
+                held.callback(lease.acquire(output_dir, "output_dir").release)
+            prompts = load_split(spec.data, spec.data_formats, "eval", spec.generation.seed)
+            check_reward_columns(spec.rewards, False, [("data.eval", prompts)])
+            scorers = dict(zip(scorer_names(spec), resolve_rewards(spec.rewards)))
+            for where, name_or_path in spec.named_models():
+                check_model_path(name_or_path, where)
+            record = {
+                "spec": json.loads(spec.to_json()),
+                "models": model_fingerprints(spec.named_models(), None),
+                "data": split_fingerprint(spec.data, "eval", prompts),
+            }
+            finished = _finished(output_dir, record, spec.overwrite_output_dir)
+        if finished is not None:
+            if distributed.is_rank0():
+                said = finished.removeprefix("posttrain: ")
+                print(f"posttrain: {output_dir} holds this evaluation, finished: {said}", file=sys.stderr, flush=True)
+            return
+        if distributed.is_rank0():
+            _start(output_dir, record)
+        distributed.barrier()
+        distributed.check_shared_output(output_dir)
+
+        models = list(spec.models)
+        done = _done(output_dir / PARTS_DIR)
+        mine = [index for index in range(len(prompts)) if index % world == rank]
+        log.info("evaluating %d model(s) on %d prompts, %d process(es)", len(models), len(prompts), world)
+        with open(output_dir / PARTS_DIR / f"rank-{rank}.jsonl", "a") as part:
+            for name in models:
+                left = [index for index in mine if (name, index) not in done]
+                if left:
+                    _evaluate_model(spec, name, prompts, left, scorers, part)
+        distributed.barrier()
+        if distributed.is_rank0():
+            line = _summarise(spec, output_dir, len(prompts), list(scorers), world)
+            print(line, file=sys.stderr, flush=True)
+
+
+def scorer_names(spec: EvalSpec) -> List[str]:
+    """Each scorer's name in the summary: its built-in's or function's name, numbered where two share one."""
+    names = [reward.builtin or str(reward.function).rpartition(":")[2] for reward in spec.rewards]
+    return [f"{name}_{index}" if names.count(name) > 1 else name for index, name in enumerate(names)]
+
+
+def _finished(output_dir: Path, record: Dict[str, Any], overwrite: bool) -> Optional[str]:
+    """The closing line of this evaluation where ``output_dir`` holds it finished; None where there is nothing or
+    this evaluation's parts to go on from (or ``overwrite``); raises where another run's results are there."""
+    written = output_dir / SPEC_FILE
+    if not written.is_file():
+        # overwrite_output_dir replaces another evaluation's results, never a training run
+        held = [name for name in ("posttrain_spec.json", "run_summary.json") if (output_dir / name).exists()]
+        if held:
+            raise SpecError(
+                [f"output_dir: {output_dir} holds a training run ({held[0]}); use another output_dir for the eval"]
+            )
+        return None
+    previous = json.loads(written.read_text())
+    if previous != record:
+        if overwrite:
+            return None
+        differences = ", ".join(key for key, _, _ in spec_diff(previous, record)[:4])
+        raise SpecError(
+            [
+                f"output_dir: {output_dir} holds another evaluation's results (they differ in {differences}); use "
+                "another output_dir, or overwrite_output_dir: true to replace them"
+            ]
+        )
+    summary = output_dir / SUMMARY_FILE
+    return json.loads(summary.read_text())["closing_line"] if summary.is_file() else None
+
+
+def _start(output_dir: Path, record: Dict[str, Any]) -> None:
+    """Rank 0: a fresh directory for a new evaluation (another's results cleared), or this one's to go on with."""
+    output_dir.mkdir(parents=True, exist_ok=True)
+    written = output_dir / SPEC_FILE
+    if written.is_file() and json.loads(written.read_text()) == record:
+        return
+    for name in (SUMMARY_FILE, SAMPLES_FILE, PLOT_FILE):
+        (output_dir / name).unlink(missing_ok=True)
+    shutil.rmtree(output_dir / PARTS_DIR, ignore_errors=True)
+    (output_dir / PARTS_DIR).mkdir()
+    write_json_atomic(written, record)
+
+
+def _parts(parts_dir: Path) -> List[Dict[str, Any]]:
+    """Every prompt's result written so far, by any process of any run of this evaluation; a line a kill cut short
+    is not one."""
+    found = []
+    for path in sorted(parts_dir.glob("rank-*.jsonl")):
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                found.append(json.loads(line))
+    return found
+
+
+def _done(parts_dir: Path) -> Set[Tuple[str, int]]:
+    return {(result["model"], result["index"]) for result in _parts(parts_dir)}
+
+
+def _evaluate_model(
+    spec: EvalSpec, name: str, prompts: Any, indices: List[int], scorers: Dict[str, Callable[..., Any]], part: Any
+) -> None:
+    """One model's completions of this rank's ``indices``, scored, each prompt a line of ``part`` once done."""
+    model_spec = spec.models[name]
+    tokenizer = load_tokenizer(model_spec.name_or_path, model_spec, "left")
+    model = load_model(model_spec.name_or_path, ModelLoading(model_spec), tokenizer, CAUSAL_LM).eval()
+    for index in indices:
+        row = prompts[index]
+        prompt = row["prompt"]
+        texts = sample(model, tokenizer, prompt, spec.generation, prompt_seed(spec.generation, index))
+        # as TRL's trainers give them: a chat prompt's completion is the assistant's message
+        completions = [[{"role": "assistant", "content": t}] for t in texts] if not isinstance(prompt, str) else texts
+        columns = {key: [value] * len(texts) for key, value in row.items() if key != "prompt"}
+        scored = {
+            scorer: list(function(prompts=[prompt] * len(texts), completions=completions, **columns))
+            for scorer, function in scorers.items()
+        }
+        result = {"model": name, "index": index, "prompt": prompt, "completions": texts, "scores": scored}
+        part.write(json.dumps(result) + "\n")
+        part.flush()
+
+
+def _summarise(spec: EvalSpec, output_dir: Path, prompts: int, scorer_list: List[str], world: int) -> str:
+    """Rank 0, once every rank has finished: the samples in order, the plot, and the summary last; its closing
+    line."""
+    models = list(spec.models)
+    results = {(r["model"], r["index"]): r for r in _parts(output_dir / PARTS_DIR)}
+    missing = [(m, i) for m in models for i in range(prompts) if (m, i) not in results]
+    if missing:
+        raise RuntimeError(f"eval: {len(missing)} prompt results missing after every rank finished: {missing[:3]}")
+    samples = []
+    for model in models:
+        for index in range(prompts):
+            result = results[(model, index)]
+            for number, text in enumerate(result["completions"]):
+                samples.append(
+                    {
+                        "model": model,
+                        "index": index,
+                        "sample": number,
+                        "prompt": result["prompt"],
+                        "completion": text,
+                        "scores": {scorer: result["scores"][scorer][number] for scorer in scorer_list},
+                    }
+                )
+    with open(output_dir / SAMPLES_FILE, "w") as out:
+        out.writelines(json.dumps(sample) + "\n" for sample in samples)
+    summary = scores.summarise(samples, models, scorer_list, spec.pass_at_k)
+    line = scores.closing_line(summary, models, scorer_list, prompts)
+    if len(models) > 1:
+        _plot(summary, models, scorer_list, output_dir / PLOT_FILE)
+    summary.update(
+        prompts=prompts,
+        num_samples=spec.generation.num_samples,
+        generation={"engine": "transformers", "processes": world, **spec.generation.model_dump()},
+        closing_line=line,
+    )
+    write_json_atomic(output_dir / SUMMARY_FILE, summary)
+    shutil.rmtree(output_dir / PARTS_DIR, ignore_errors=True)
+    return line
+
+
+def _plot(summary: Dict[str, Any], models: List[str], scorer_list: List[str], path: Path) -> None:
+    """Each scorer's mean per model, with its standard error."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(1.5 + 1.2 * len(models) * len(scorer_list), 3.6), layout="constrained")
+    FigureCanvasAgg(figure)
+    ax = figure.subplots()
+    width = 0.8 / len(models)
+    for offset, model in enumerate(models):
+        results = [summary["models"][model][scorer] for scorer in scorer_list]
+        ax.bar(
+            [i + offset * width for i in range(len(scorer_list))],
+            [r.get("mean", 0.0) for r in results],
+            width,
+            yerr=[r.get("stderr", 0.0) for r in results],
+            capsize=3,
+            label=model,
+        )
+    ax.set_xticks([i + width * (len(models) - 1) / 2 for i in range(len(scorer_list))], scorer_list)
+    ax.set_ylabel("mean score (± standard error)")
+    ax.legend(fontsize="small")
+    ax.grid(axis="y", alpha=0.3)
+    # the plotted numbers, readable back as the training curves' are (curves.read_embedded)
+    plotted = {model: {scorer: summary["models"][model][scorer] for scorer in scorer_list} for model in models}
+    staging = path.with_name(path.name + ".tmp")
+    figure.savefig(staging, format="png", dpi=100, metadata={curves.DATA_KEY: json.dumps(plotted)})
+    staging.replace(path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""What an evaluation's scores say: per model and scorer, the mean, its standard error and pass@k; each model
+against the first, prompt by prompt.
+
+A prompt's samples count once together: the mean is over prompts of each
+prompt's mean score, and its standard error is that of the prompts' means
+(the prompts are the sample; a prompt's own samples are not independent of
+each other). A sample *passes* when it scores 1.
+"""
+
+import math
+import statistics
+from typing import Any, Dict, List, Mapping, Sequence
+
+# a score this close to 1 passes (a float sum of weighted parts may fall short by a rounding error)
+PASS = 1.0 - 1e-9
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The chance that at least one of ``k`` samples drawn without replacement from ``n``, ``c`` of them passing,
+    passes: 1 - C(n-c, k) / C(n, k), the unbiased estimator of pass@k (Chen et al., 2021).
+
+    >>> pass_at_k(4, 1, 1), pass_at_k(4, 1, 2), pass_at_k(4, 0, 4)
+    (0.25, 0.5, 0.0)
+    """
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def _mean_and_error(values: Sequence[float]) -> Dict[str, float]:
+    error = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+    return {"mean": statistics.fmean(values), "stderr": error}
+
+
+def summarise(
+    samples: Sequence[Mapping[str, Any]], models: Sequence[str], scorers: Sequence[str], ks: Sequence[int]
+) -> Dict[str, Any]:
+    """The summary of ``samples`` (each with ``model``, ``index`` (its prompt's) and ``scores`` by scorer): per
+    model and scorer its mean and standard error over prompts, pass@k for each k, and its counts; per later model
+    and scorer, its difference from the first model's, prompt by prompt."""
+    # model -> scorer -> prompt -> scores
+    by_prompt: Dict[str, Dict[str, Dict[int, List[float]]]] = {m: {s: {} for s in scorers} for m in models}
+    for sample in samples:
+        for scorer in scorers:
+            score = sample["scores"][scorer]
+            if score is not None:
+                by_prompt[sample["model"]][scorer].setdefault(sample["index"], []).append(float(score))
+    results: Dict[str, Dict[str, Any]] = {}
+    for model in models:
+        results[model] = {}
+        for scorer in scorers:
+            prompts = by_prompt[model][scorer]
+            if not prompts:
+                results[model][scorer] = {"prompts": 0, "samples": 0}
+                continue
+            means = [statistics.fmean(scores) for scores in prompts.values()]
+            passes = {k: [pass_at_k(len(s), sum(x >= PASS for x in s), k) for s in prompts.values()] for k in ks}
+            results[model][scorer] = {
+                **_mean_and_error(means),
+                "pass_at_k": {str(k): statistics.fmean(values) for k, values in passes.items()},
+                "prompts": len(prompts),
+                "samples": sum(len(scores) for scores in prompts.values()),
+            }
+    comparisons: Dict[str, Dict[str, Any]] = {}
+    baseline = models[0]
+    for model in models[1:]:
+        comparisons[model] = {}
+        for scorer in scorers:
+            base, other = by_prompt[baseline][scorer], by_prompt[model][scorer]
+            both = sorted(set(base) & set(other))
+            differences = [statistics.fmean(other[i]) - statistics.fmean(base[i]) for i in both]
+            comparisons[model][scorer] = {"against": baseline, "prompts": len(both)}
+            if differences:
+                comparisons[model][scorer].update(_mean_and_error(differences))
+    return {"models": results, "comparisons": comparisons}
+
+
+def closing_line(summary: Mapping[str, Any], models: Sequence[str], scorers: Sequence[str], prompts: int) -> str:
+    """The job's last line: each scorer's mean per model, each later model's difference from the first with its
+    standard error (``contains 0.12 -> 0.81 (+0.69 ± 0.03)``)."""
+    results, comparisons = summary["models"], summary["comparisons"]
+    parts = []
+    for scorer in scorers:
+        means = " -> ".join(_number(results[model][scorer].get("mean")) for model in models)
+        differences = [comparisons[model][scorer] for model in models[1:]]
+        shown = ", ".join(
+            f"{d['mean']:+.2f} ± {d['stderr']:.2f}" if "mean" in d else "no prompt in common" for d in differences
+        )
+        if len(models) == 1:
+            shown = f"± {results[models[0]][scorer].get('stderr', 0.0):.2f}"
+        parts.append(f"{scorer} {means} ({shown})")
+    named = f"{len(models)} models ({', '.join(models)})" if len(models) > 1 else models[0]
+    return f"posttrain: eval of {named} on {prompts} prompts: " + "; ".join(parts)
+
+
+def _number(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.2f}"

@@ -1,0 +1,83 @@
+"""posttrain.eval through the real ``torchx run``: the tiny model before and after its tiny SFT on held-out
+questions, the same samples on one process as on two, and a rerun that samples only the prompts left."""
+
+import collections
+import json
+import re
+from pathlib import Path
+from typing import List
+
+import pytest
+
+from helpers import assert_succeeded, assert_valid_png, free_port, read_json, torchx
+
+pytestmark = pytest.mark.e2e
+
+PROMPTS, SAMPLES = 60, 4
+
+
+def run_eval(tmp_path: Path, output_dir: Path, sft: Path, j: str) -> str:
+    args = ["run", "-s", "local_cwd", "posttrain.eval", "--spec", "templates/eval/sft-tiny.yaml", "-j", j]
+    args += ["--rdzv_port", str(free_port()), f"output_dir={output_dir}", f"models.sft.name_or_path={sft}"]
+    result = torchx(args, tmp_path)
+    assert_succeeded(result)
+    return result.stdout + result.stderr
+
+
+def test_the_sft_model_is_ahead_on_any_number_of_processes_and_a_rerun_goes_on(sft_1x2: Path, tmp_path: Path) -> None:
+    two = tmp_path / "two"
+    said = run_eval(tmp_path, two, sft_1x2, "1x2")
+    summary = read_json(two / "eval_summary.json")
+    # the SFT data's answers end with a full stop: the trained model's do, far beyond the error
+    ahead = summary["comparisons"]["sft"]["regex_format"]
+    assert ahead["mean"] > 0.3 and ahead["mean"] > 4 * ahead["stderr"], ahead
+    assert (
+        summary["models"]["base"]["regex_format"]["pass_at_k"]["4"]
+        <= summary["models"]["sft"]["regex_format"]["pass_at_k"]["4"]
+    )
+    assert (summary["prompts"], summary["num_samples"]) == (PROMPTS, SAMPLES)
+    assert summary["generation"]["engine"] == "transformers" and summary["generation"]["processes"] == 2
+    line = re.search(r"posttrain: eval of 2 models \(base, sft\) on 60 prompts: contains .*; regex_format .*", said)
+    assert line is not None and line.group(0) == summary["closing_line"], said[-2000:]
+    samples = (two / "eval_samples.jsonl").read_text().splitlines()
+    assert len(samples) == 2 * PROMPTS * SAMPLES
+    assert assert_valid_png(two / "eval.png") == {model: summary["models"][model] for model in ("base", "sft")}
+    assert not (two / "eval_parts").exists()
+
+    # one process: each prompt's samples come from its own seed, so the same samples, the same scores
+    one = tmp_path / "one"
+    run_eval(tmp_path, one, sft_1x2, "1x1")
+    assert (one / "eval_samples.jsonl").read_text().splitlines() == samples
+
+    # killed half-way: the prompts finished stay, only the rest are sampled (on another number of processes)
+    (one / "eval_summary.json").unlink()
+    (one / "eval_samples.jsonl").unlink()
+    (one / "eval_parts").mkdir()
+    (one / "eval_parts" / "rank-0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in finished(samples, 30)))
+    run_eval(tmp_path, one, sft_1x2, "1x2")
+    resumed = [json.loads(line) for line in (one / "eval_samples.jsonl").read_text().splitlines()]
+    kept = [sample["index"] < 30 for sample in resumed]
+    assert [s["completion"] == "kept" for s in resumed] == kept
+    assert [json.loads(line)["completion"] for line in samples if json.loads(line)["index"] >= 30] == [
+        s["completion"] for s in resumed if s["index"] >= 30
+    ]
+
+
+def finished(samples: List[str], prompts: int) -> List[dict]:
+    """The results of the first ``prompts`` prompts as the job writes them while it runs, each completion replaced
+    by ``kept`` (so the summary shows which were sampled again)."""
+    grouped = collections.defaultdict(list)
+    for line in samples:
+        sample = json.loads(line)
+        if sample["index"] < prompts:
+            grouped[(sample["model"], sample["index"])].append(sample)
+    return [
+        {
+            "model": model,
+            "index": index,
+            "prompt": group[0]["prompt"],
+            "completions": ["kept"] * len(group),
+            "scores": {name: [s["scores"][name] for s in group] for name in group[0]["scores"]},
+        }
+        for (model, index), group in grouped.items()
+    ]

@@ -1,0 +1,85 @@
+"""posttrain.eval before it runs: its spec, each refusal in one line, its templates, and its request."""
+
+from typing import Any, Dict, List
+
+import pytest
+from torchx.runner import get_runner
+from torchx.schedulers.kubernetes_scheduler import sanitize_for_serialization
+
+from helpers import TEMPLATES, load_template
+from kubernetes_checks import check
+from posttrain.components import algorithms
+from posttrain.components.spec.evaluation import eval_from_json, load_eval, validate_eval
+from posttrain.components.spec.messages import SpecError
+
+EVAL_TEMPLATES = sorted(str(p.relative_to(TEMPLATES)) for p in TEMPLATES.glob("eval/*.yaml"))
+
+
+def problems(raw: Dict[str, Any]) -> List[str]:
+    with pytest.raises(SpecError) as error:
+        validate_eval(raw)
+    return error.value.problems
+
+
+def sft_tiny(**changes: Any) -> Dict[str, Any]:
+    return {**load_template("eval/sft-tiny.yaml"), **changes}
+
+
+@pytest.mark.parametrize("template", EVAL_TEMPLATES)
+def test_every_eval_template_validates_and_round_trips(template: str) -> None:
+    spec = validate_eval(load_template(template))
+    assert eval_from_json(spec.to_json()) == spec
+
+
+def test_models_keep_their_order_the_first_is_the_baseline() -> None:
+    spec = load_eval(str(TEMPLATES / "eval/sft-tiny.yaml"), ["models.sft.name_or_path=/runs/sft", "pass_at_k=[2]"])
+    assert list(spec.models) == ["base", "sft"] and spec.models["sft"].name_or_path == "/runs/sft"
+    assert list(eval_from_json(spec.to_json()).models) == ["base", "sft"]
+    assert spec.named_models() == [
+        ("models.base.name_or_path", "builtin:tiny-llama"),
+        ("models.sft.name_or_path", "/runs/sft"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"algorithm": "sft"}, "algorithm: expected eval for posttrain.eval; got 'sft'"),
+        ({"generation": {"num_sample": 2}}, "generation.num_sample: unknown key; did you mean generation.num_samples?"),
+        ({"data": {"train": {"path": "x.jsonl"}, "eval": {"path": "y.jsonl"}}}, "data.train: an evaluation reads"),
+        ({"models": {}}, "models: name at least one model"),
+        ({"models": {"Base": {"name_or_path": "x"}}}, "models.Base: a model's name is lowercase letters"),
+        ({"models": {"a": {"name_or_path": "x", "lora": {"r": 8}}}}, "models.a.lora: an evaluation loads models as"),
+        ({"rewards": []}, "rewards: name at least one scorer"),
+        ({"rewards": [{"model": "outputs/reward-tiny"}]}, "rewards.0.model: posttrain.eval scores with built-ins"),
+        ({"rewards": [{"builtin": "contains", "args": {"target": "a"}, "weight": 2.0}]}, "rewards.0.weight: an eval"),
+        ({"rewards": [{"builtin": "containz"}]}, "rewards.0.builtin: unknown built-in reward 'containz'"),
+        ({"pass_at_k": [8]}, "pass_at_k: 8 needs at least 8 samples per prompt; expected 1 to generation.num_samples"),
+        ({"generation": {"num_samples": 4, "temperature": 0.0}}, "generation.num_samples: 4 greedy samples are one"),
+        ({"generation": {"top_p": 0.0}}, "generation.top_p: expected a value in (0, 1]; got 0.0"),
+        ({"generation": {"max_new_tokens": 0}}, "generation.max_new_tokens: expected 1 or more; got 0"),
+    ],
+)
+def test_a_malformed_eval_is_refused_in_one_line(changes: Dict[str, Any], message: str) -> None:
+    found = problems(sft_tiny(**changes))
+    assert any(message in problem for problem in found), found
+
+
+def test_an_eval_makes_a_valid_volcano_job() -> None:
+    app = algorithms.eval(
+        "models.sft.name_or_path=/runs/sft",
+        spec=str(TEMPLATES / "eval/sft-tiny.yaml"),
+        image="registry.example/posttrain:1",
+        j="2x2",
+        rdzv_port=29511,
+    )
+    with get_runner() as runner:
+        job = sanitize_for_serialization(runner.dryrun(app, "kubernetes", cfg={"queue": "default"}).request.resource)
+    check(job)
+    command = job["spec"]["tasks"][0]["template"]["spec"]["containers"][0]["command"][2]
+    assert "-m posttrain.entrypoints.eval --spec-json" in command
+    assert "/runs/sft" in command
+    # two nodes: the port checked free first, then the launcher in bash's place
+    assert command.startswith("python -m posttrain.entrypoints.rendezvous_port 29511")
+    assert "&& exec python -m posttrain.entrypoints.launcher" in command
+    assert "--rdzv_endpoint ${TORCHX_RANK0_HOST:=localhost}:29511" in command
