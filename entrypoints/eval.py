@@ -9,14 +9,18 @@ mark of a finished evaluation, ``eval_summary.json``.
 """
 
 import argparse
+import asyncio
 import contextlib
+import inspect
 import json
 import logging
 import shutil
 import sys
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+
+import torch
 
 from posttrain.components.spec.evaluation import EvalSpec, eval_from_json
 from posttrain.components.spec.loading import spec_diff
@@ -29,7 +33,7 @@ from posttrain.entrypoints.inputs.rewards import check_reward_columns, resolve_r
 from posttrain.entrypoints.job import distributed, lease
 from posttrain.entrypoints.job.runtime import ends_in_one_line, quiet_libraries
 from posttrain.entrypoints.records import curves
-from posttrain.entrypoints.records.checkpoints import model_fingerprints, split_fingerprint
+from posttrain.entrypoints.records.checkpoints import model_fingerprints, read_record, split_fingerprint
 from posttrain.entrypoints.records.files import write_json_atomic
 
 log = logging.getLogger("posttrain")
@@ -41,6 +45,8 @@ SPEC_FILE, SUMMARY_FILE, SAMPLES_FILE, PARTS_DIR, PLOT_FILE = (
     "eval_parts",
     "eval.png",
 )
+# spec keys the results do not depend on
+NOT_RESULTS = ("output_dir", "overwrite_output_dir")
 # the processes wait for each other this long at most (rank 0 summarising, a slow model's prompts)
 TIMEOUT = timedelta(hours=2)
 
@@ -74,11 +80,14 @@ def evaluate(spec: EvalSpec) -> None:
             for where, name_or_path in spec.named_models():
                 check_model_path(name_or_path, where)
             record = {
-                "spec": json.loads(spec.to_json()),
+                # what the results depend on: not where they are written, nor whether they may replace others
+                "spec": {k: v for k, v in json.loads(spec.to_json()).items() if k not in NOT_RESULTS},
                 "models": model_fingerprints(spec.named_models(), None),
                 "data": split_fingerprint(spec.data, "eval", prompts),
             }
             finished = _finished(output_dir, record, spec.overwrite_output_dir)
+        # nodes that do not share output_dir would not agree; check_shared_output says so below
+        finished = distributed.rank0s(finished)
         if finished is not None:
             if distributed.is_rank0():
                 said = finished.removeprefix("posttrain: ")
@@ -87,13 +96,13 @@ def evaluate(spec: EvalSpec) -> None:
         if distributed.is_rank0():
             _start(output_dir, record)
         distributed.barrier()
-        distributed.check_shared_output(output_dir)
+        distributed.check_shared_output(output_dir, "output_dir")
 
         models = list(spec.models)
         done = _done(output_dir / PARTS_DIR)
         mine = [index for index in range(len(prompts)) if index % world == rank]
         log.info("evaluating %d model(s) on %d prompts, %d process(es)", len(models), len(prompts), world)
-        with open(output_dir / PARTS_DIR / f"rank-{rank}.jsonl", "a") as part:
+        with _part(output_dir / PARTS_DIR / f"rank-{rank}.jsonl") as part:
             for name in models:
                 left = [index for index in mine if (name, index) not in done]
                 if left:
@@ -122,32 +131,30 @@ def _finished(output_dir: Path, record: Dict[str, Any], overwrite: bool) -> Opti
                 [f"output_dir: {output_dir} holds a training run ({held[0]}); use another output_dir for the eval"]
             )
         return None
-    previous = json.loads(written.read_text())
-    if previous != record:
+    remedy = "remove the directory's eval_* files to evaluate again, or use another output_dir"
+    differences = [key for key, _, _ in spec_diff(read_record(written, remedy), record)]
+    if differences:
         if overwrite:
             return None
-        differences = ", ".join(key for key, _, _ in spec_diff(previous, record)[:4])
         raise SpecError(
             [
-                f"output_dir: {output_dir} holds another evaluation's results (they differ in {differences}); use "
-                "another output_dir, or overwrite_output_dir: true to replace them"
+                f"output_dir: {output_dir} holds another evaluation's results (they differ in "
+                f"{', '.join(differences[:4])}); use another output_dir, or overwrite_output_dir: true to replace them"
             ]
         )
     summary = output_dir / SUMMARY_FILE
-    return json.loads(summary.read_text())["closing_line"] if summary.is_file() else None
+    return read_record(summary, remedy, keys=("closing_line",))["closing_line"] if summary.is_file() else None
 
 
 def _start(output_dir: Path, record: Dict[str, Any]) -> None:
     """Rank 0: a fresh directory for a new evaluation (another's results cleared), or this one's to go on with."""
-    output_dir.mkdir(parents=True, exist_ok=True)
     written = output_dir / SPEC_FILE
-    if written.is_file() and json.loads(written.read_text()) == record:
-        return
-    for name in (SUMMARY_FILE, SAMPLES_FILE, PLOT_FILE):
-        (output_dir / name).unlink(missing_ok=True)
-    shutil.rmtree(output_dir / PARTS_DIR, ignore_errors=True)
-    (output_dir / PARTS_DIR).mkdir()
-    write_json_atomic(written, record)
+    if not (written.is_file() and not spec_diff(json.loads(written.read_text()), record)):
+        for name in (SUMMARY_FILE, SAMPLES_FILE, PLOT_FILE):
+            (output_dir / name).unlink(missing_ok=True)
+        shutil.rmtree(output_dir / PARTS_DIR, ignore_errors=True)
+        write_json_atomic(written, record)
+    (output_dir / PARTS_DIR).mkdir(exist_ok=True)
 
 
 def _parts(parts_dir: Path) -> List[Dict[str, Any]]:
@@ -161,6 +168,17 @@ def _parts(parts_dir: Path) -> List[Dict[str, Any]]:
     return found
 
 
+def _part(path: Path) -> IO[str]:
+    """This rank's part file, to append to: a last line a kill cut short (no newline) is cut off first, so the next
+    result starts a line of its own."""
+    if path.is_file():
+        text = path.read_bytes()
+        if text and not text.endswith(b"\n"):
+            with open(path, "r+b") as cut:
+                cut.truncate(text.rfind(b"\n") + 1)
+    return open(path, "a")
+
+
 def _done(parts_dir: Path) -> Set[Tuple[str, int]]:
     return {(result["model"], result["index"]) for result in _parts(parts_dir)}
 
@@ -171,7 +189,10 @@ def _evaluate_model(
     """One model's completions of this rank's ``indices``, scored, each prompt a line of ``part`` once done."""
     model_spec = spec.models[name]
     tokenizer = load_tokenizer(model_spec.name_or_path, model_spec, "left")
-    model = load_model(model_spec.name_or_path, ModelLoading(model_spec), tokenizer, CAUSAL_LM).eval()
+    loading = ModelLoading(model_spec, attention=model_spec.attn_implementation)
+    model = load_model(model_spec.name_or_path, loading, tokenizer, CAUSAL_LM).eval()
+    if torch.cuda.is_available():
+        model.to(torch.device("cuda", torch.cuda.current_device()))
     for index in indices:
         row = prompts[index]
         prompt = row["prompt"]
@@ -180,12 +201,27 @@ def _evaluate_model(
         completions = [[{"role": "assistant", "content": t}] for t in texts] if not isinstance(prompt, str) else texts
         columns = {key: [value] * len(texts) for key, value in row.items() if key != "prompt"}
         scored = {
-            scorer: list(function(prompts=[prompt] * len(texts), completions=completions, **columns))
+            scorer: _scores(function, [prompt] * len(texts), completions, columns)
             for scorer, function in scorers.items()
         }
         result = {"model": name, "index": index, "prompt": prompt, "completions": texts, "scores": scored}
         part.write(json.dumps(result) + "\n")
         part.flush()
+
+
+def _scores(
+    function: Callable[..., Any], prompts: List[Any], completions: List[Any], columns: Dict[str, Any]
+) -> List[Any]:
+    """A scorer's scores of one prompt's completions, as numbers (None: not scored); a bad one is this rank's to
+    say (the others' prompts may be fine)."""
+    try:
+        scored = function(prompts=prompts, completions=completions, **columns)
+        # an async scorer, as TRL's trainers take them: awaited here
+        if inspect.isawaitable(scored):
+            scored = asyncio.run(scored)
+    except SpecError as error:
+        raise SpecError(error.problems, this_rank_only=True) from None
+    return [None if score is None else float(score) for score in scored]
 
 
 def _summarise(spec: EvalSpec, output_dir: Path, prompts: int, scorer_list: List[str], world: int) -> str:
@@ -243,7 +279,7 @@ def _plot(summary: Dict[str, Any], models: List[str], scorer_list: List[str], pa
             [i + offset * width for i in range(len(scorer_list))],
             [r.get("mean", 0.0) for r in results],
             width,
-            yerr=[r.get("stderr", 0.0) for r in results],
+            yerr=[r.get("stderr") or 0.0 for r in results],
             capsize=3,
             label=model,
         )

@@ -107,9 +107,15 @@ def keep_logs(log_dir: Path, kept: Path) -> None:
 
 
 def stopped_line(signum: int, argv: Sequence[str]) -> str:
-    """What the launcher says when a signal stopped the job: the ranks were told to save a checkpoint."""
+    """What the launcher says when a signal stopped the job: the ranks were told to save a checkpoint (an
+    evaluation keeps the prompts it finished)."""
     kept = kept_logs(argv)
     where = f" in {kept.parent}" if kept is not None else ""
+    if "posttrain.entrypoints.eval" in argv:
+        return (
+            f"posttrain: stopped by {signal.Signals(signum).name}: the same command again samples only the prompts "
+            f"not finished{where}"
+        )
     return (
         f"posttrain: stopped by {signal.Signals(signum).name}: the ranks were told to save a checkpoint at the end of "
         f"their step (given {SHUTDOWN_S} s) and stop; a restart resumes from the latest checkpoint{where}"

@@ -109,6 +109,10 @@ class EvalSpec(_Strict):
             found.append(f"generation.temperature: expected 0 (greedy) or more; got {generation.temperature}")
         if not 0 < generation.top_p <= 1:
             found.append(f"generation.top_p: expected a value in (0, 1]; got {generation.top_p}")
+        elif generation.temperature == 0 and generation.top_p != 1:
+            found.append(f"generation.top_p: {generation.top_p} does nothing when greedy (temperature 0); drop it")
+        if not 0 <= generation.seed < 2**32:
+            found.append(f"generation.seed: expected 0 to 2**32 - 1; got {generation.seed}")
         for k in self.pass_at_k:
             if not 1 <= k <= generation.num_samples:
                 found.append(

@@ -9,7 +9,7 @@ each other). A sample *passes* when it scores 1.
 
 import math
 import statistics
-from typing import Any, Dict, List, Mapping, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 # a score this close to 1 passes (a float sum of weighted parts may fall short by a rounding error)
 PASS = 1.0 - 1e-9
@@ -27,8 +27,9 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def _mean_and_error(values: Sequence[float]) -> Dict[str, float]:
-    error = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else 0.0
+def _mean_and_error(values: Sequence[float]) -> Dict[str, Optional[float]]:
+    """The mean and its standard error (None from one value: there is no spread to estimate it from)."""
+    error = statistics.stdev(values) / math.sqrt(len(values)) if len(values) > 1 else None
     return {"mean": statistics.fmean(values), "stderr": error}
 
 
@@ -54,10 +55,14 @@ def summarise(
                 results[model][scorer] = {"prompts": 0, "samples": 0}
                 continue
             means = [statistics.fmean(scores) for scores in prompts.values()]
-            passes = {k: [pass_at_k(len(s), sum(x >= PASS for x in s), k) for s in prompts.values()] for k in ks}
+            # over the prompts with k scored samples at least (a scorer may leave some unscored: None)
+            passes = {
+                k: [pass_at_k(len(s), sum(x >= PASS for x in s), k) for s in prompts.values() if len(s) >= k]
+                for k in ks
+            }
             results[model][scorer] = {
                 **_mean_and_error(means),
-                "pass_at_k": {str(k): statistics.fmean(values) for k, values in passes.items()},
+                "pass_at_k": {str(k): statistics.fmean(values) if values else None for k, values in passes.items()},
                 "prompts": len(prompts),
                 "samples": sum(len(scores) for scores in prompts.values()),
             }
@@ -84,14 +89,15 @@ def closing_line(summary: Mapping[str, Any], models: Sequence[str], scorers: Seq
         means = " -> ".join(_number(results[model][scorer].get("mean")) for model in models)
         differences = [comparisons[model][scorer] for model in models[1:]]
         shown = ", ".join(
-            f"{d['mean']:+.2f} ± {d['stderr']:.2f}" if "mean" in d else "no prompt in common" for d in differences
+            f"{d['mean']:+.2f} ± {_number(d['stderr'])}" if "mean" in d else "no prompt in common" for d in differences
         )
         if len(models) == 1:
-            shown = f"± {results[models[0]][scorer].get('stderr', 0.0):.2f}"
+            shown = f"± {_number(results[models[0]][scorer].get('stderr'))}"
         parts.append(f"{scorer} {means} ({shown})")
     named = f"{len(models)} models ({', '.join(models)})" if len(models) > 1 else models[0]
-    return f"posttrain: eval of {named} on {prompts} prompts: " + "; ".join(parts)
+    counted = f"{prompts} prompt" + ("s" if prompts != 1 else "")
+    return f"posttrain: eval of {named} on {counted}: " + "; ".join(parts)
 
 
-def _number(value: Any) -> str:
+def _number(value: Optional[float]) -> str:
     return "n/a" if value is None else f"{value:.2f}"

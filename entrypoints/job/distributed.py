@@ -225,8 +225,9 @@ def destroy_process_group() -> None:
         time.sleep(GLOO_DRAIN_S)
 
 
-def check_shared_output(output_dir: Path) -> None:
-    """With several nodes, every node must see ``output_dir``: rank 0 alone writes what all read.
+def check_shared_output(output_dir: Path, key: str = "training.output_dir") -> None:
+    """With several nodes, every node must see ``output_dir`` (the spec's ``key``): rank 0 alone writes what all
+    read.
 
     Rank 0 writes a fresh token there; the first process of every node reads
     it back. A node that cannot is on other storage, and resume or the final
@@ -253,7 +254,7 @@ def check_shared_output(output_dir: Path) -> None:
     if missing.item() > 0:
         raise SpecError(
             [
-                f"training.output_dir: {output_dir} is not on storage every node sees ({int(missing.item())} "
+                f"{key}: {output_dir} is not on storage every node sees ({int(missing.item())} "
                 "node(s) cannot read what rank 0 wrote); use a shared filesystem (NFS, Lustre, a ReadWriteMany "
                 "volume) for multi-node jobs"
             ]

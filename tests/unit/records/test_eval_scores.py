@@ -62,10 +62,23 @@ def test_means_errors_and_differences_are_over_prompts() -> None:
 
 def test_a_score_of_none_is_left_out_and_one_model_is_said_alone() -> None:
     samples = samples_of("only", [[1, None], [0, 0]])
-    summary = scores.summarise(samples, ["only"], ["right"], [1])
-    assert summary["models"]["only"]["right"]["samples"] == 3
-    assert summary["models"]["only"]["right"]["mean"] == pytest.approx(0.5)
-    assert (
-        scores.closing_line(summary, ["only"], ["right"], 2)
-        == "posttrain: eval of only on 2 prompts: right 0.50 (± 0.50)"
-    )
+    summary = scores.summarise(samples, ["only"], ["right"], [1, 2])
+    right = summary["models"]["only"]["right"]
+    assert right["samples"] == 3 and right["mean"] == pytest.approx(0.5)
+    # pass@2 only where two samples were scored: the second prompt's
+    assert right["pass_at_k"] == {"1": pytest.approx(0.5), "2": 0.0}
+    line = scores.closing_line(summary, ["only"], ["right"], 2)
+    assert line == "posttrain: eval of only on 2 prompts: right 0.50 (± 0.50)"
+
+
+def test_pass_at_k_with_fewer_scored_samples_than_k_is_null_not_a_pass() -> None:
+    summary = scores.summarise(samples_of("only", [[None, None, 0, 0]]), ["only"], ["right"], [4])
+    assert summary["models"]["only"]["right"]["pass_at_k"] == {"4": None}
+
+
+def test_one_prompt_has_no_standard_error() -> None:
+    summary = scores.summarise(samples_of("a", [[1, 0]]) + samples_of("b", [[1, 1]]), ["a", "b"], ["right"], [1])
+    assert summary["models"]["a"]["right"]["stderr"] is None
+    assert summary["comparisons"]["b"]["right"]["stderr"] is None
+    line = scores.closing_line(summary, ["a", "b"], ["right"], 1)
+    assert line == "posttrain: eval of 2 models (a, b) on 1 prompt: right 0.50 -> 1.00 (+0.50 ± n/a)"

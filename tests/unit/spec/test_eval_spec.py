@@ -58,6 +58,8 @@ def test_models_keep_their_order_the_first_is_the_baseline() -> None:
         ({"generation": {"num_samples": 4, "temperature": 0.0}}, "generation.num_samples: 4 greedy samples are one"),
         ({"generation": {"top_p": 0.0}}, "generation.top_p: expected a value in (0, 1]; got 0.0"),
         ({"generation": {"max_new_tokens": 0}}, "generation.max_new_tokens: expected 1 or more; got 0"),
+        ({"generation": {"temperature": 0.0, "top_p": 0.9}}, "generation.top_p: 0.9 does nothing when greedy"),
+        ({"generation": {"seed": 2**40}}, "generation.seed: expected 0 to 2**32 - 1; got 1099511627776"),
     ],
 )
 def test_a_malformed_eval_is_refused_in_one_line(changes: Dict[str, Any], message: str) -> None:

@@ -1,0 +1,51 @@
+"""posttrain.eval's job, its parts without a model: the part file a kill cut short, and the scorers' scores."""
+
+import json
+import signal
+from pathlib import Path
+from typing import Any, List
+
+import pytest
+
+from posttrain.components.spec.messages import SpecError
+from posttrain.entrypoints import eval as eval_job
+from posttrain.entrypoints import launcher
+from posttrain.entrypoints.inputs.rewards import RewardCheck
+
+
+def test_a_line_a_kill_cut_short_is_cut_off_before_the_next_result(tmp_path: Path) -> None:
+    path = tmp_path / "rank-0.jsonl"
+    first = {"model": "base", "index": 0, "prompt": "p", "completions": ["a"], "scores": {"s": [1.0]}}
+    path.write_text(json.dumps(first) + "\n" + '{"model": "base", "index": 2, "pro')
+    with eval_job._part(path) as part:
+        part.write(json.dumps({**first, "index": 4}) + "\n")
+    assert [result["index"] for result in eval_job._parts(tmp_path)] == [0, 4]
+    assert eval_job._done(tmp_path) == {("base", 0), ("base", 4)}
+
+
+def numpy_like(prompts: List[Any], completions: List[Any], **columns: Any) -> List[Any]:
+    import numpy
+
+    return [numpy.float32(1.0), None]
+
+
+async def awaited(prompts: List[Any], completions: List[Any], **columns: Any) -> List[float]:
+    return [0.0, 1.0]
+
+
+def test_scores_are_numbers_an_async_scorer_is_awaited_and_a_bad_score_is_this_ranks_to_say() -> None:
+    check = RewardCheck(stop_at_step_end=False)
+    assert eval_job._scores(check.wrap(numpy_like, "rewards.0"), ["p", "p"], ["a", "b"], {}) == [1.0, None]
+    assert eval_job._scores(check.wrap(awaited, "rewards.1"), ["p", "p"], ["a", "b"], {}) == [0.0, 1.0]
+    with pytest.raises(SpecError) as error:
+        eval_job._scores(check.wrap(lambda prompts, completions: ["high"] * 2, "rewards.2"), ["p"] * 2, ["a", "b"], {})
+    assert error.value.this_rank_only and error.value.problems[0].startswith("rewards.2")
+
+
+def test_a_stopped_evaluation_is_told_it_keeps_the_prompts_it_finished(tmp_path: Path) -> None:
+    argv = ["-m", "posttrain.entrypoints.eval", "--spec-json", json.dumps({"output_dir": str(tmp_path)})]
+    line = launcher.stopped_line(signal.SIGTERM, argv)
+    assert (
+        line
+        == f"posttrain: stopped by SIGTERM: the same command again samples only the prompts not finished in {tmp_path}"
+    )
