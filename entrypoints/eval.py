@@ -22,6 +22,7 @@ from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 
+from posttrain.components.spec import conditions
 from posttrain.components.spec.evaluation import EvalSpec, eval_from_json
 from posttrain.components.spec.loading import spec_diff
 from posttrain.components.spec.messages import SpecError
@@ -46,7 +47,7 @@ SPEC_FILE, SUMMARY_FILE, SAMPLES_FILE, PARTS_DIR, PLOT_FILE = (
     "eval.png",
 )
 # spec keys the results do not depend on
-NOT_RESULTS = ("output_dir", "overwrite_output_dir")
+NOT_RESULTS = ("output_dir", "overwrite_output_dir", "require")
 # the processes wait for each other this long at most (rank 0 summarising, a slow model's prompts)
 TIMEOUT = timedelta(hours=2)
 
@@ -76,7 +77,7 @@ def evaluate(spec: EvalSpec) -> None:
                 held.callback(lease.acquire(output_dir, "output_dir").release)
             prompts = load_split(spec.data, spec.data_formats, "eval", spec.generation.seed)
             check_reward_columns(spec.rewards, False, [("data.eval", prompts)])
-            scorers = dict(zip(scorer_names(spec), resolve_rewards(spec.rewards)))
+            scorers = dict(zip(spec.scorer_names(), resolve_rewards(spec.rewards)))
             for where, name_or_path in spec.named_models():
                 check_model_path(name_or_path, where)
             record = {
@@ -92,6 +93,8 @@ def evaluate(spec: EvalSpec) -> None:
             if distributed.is_rank0():
                 said = finished.removeprefix("posttrain: ")
                 print(f"posttrain: {output_dir} holds this evaluation, finished: {said}", file=sys.stderr, flush=True)
+                remedy = "remove the directory's eval_* files to evaluate again, or use another output_dir"
+                _check_required(verdicts(spec, read_record(output_dir / SUMMARY_FILE, remedy, keys=("models",))))
             return
         if distributed.is_rank0():
             _start(output_dir, record)
@@ -109,14 +112,23 @@ def evaluate(spec: EvalSpec) -> None:
                     _evaluate_model(spec, name, prompts, left, scorers, part)
         distributed.barrier()
         if distributed.is_rank0():
-            line = _summarise(spec, output_dir, len(prompts), list(scorers), world)
-            print(line, file=sys.stderr, flush=True)
+            summary = _summarise(spec, output_dir, len(prompts), list(scorers), world)
+            print(summary["closing_line"], file=sys.stderr, flush=True)
+            _check_required(summary["require"])
 
 
-def scorer_names(spec: EvalSpec) -> List[str]:
-    """Each scorer's name in the summary: its built-in's or function's name, numbered where two share one."""
-    names = [reward.builtin or str(reward.function).rpartition(":")[2] for reward in spec.rewards]
-    return [f"{name}_{index}" if names.count(name) > 1 else name for index, name in enumerate(names)]
+def verdicts(spec: EvalSpec, summary: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Each ``require:`` condition judged on ``summary``."""
+    return [conditions.Condition.parse(text).verdict(summary) for text in spec.require]
+
+
+def _check_required(judged: List[Dict[str, Any]]) -> None:
+    """Rank 0: the job fails, one line per condition, where a ``require:`` condition does not hold."""
+    failed = [conditions.failure(verdict) for verdict in judged if not verdict["held"]]
+    if failed:
+        raise SpecError(failed, this_rank_only=True)
+    if judged:
+        log.info("require: all %d condition(s) hold", len(judged))
 
 
 def _finished(output_dir: Path, record: Dict[str, Any], overwrite: bool) -> Optional[str]:
@@ -224,9 +236,8 @@ def _scores(
     return [None if score is None else float(score) for score in scored]
 
 
-def _summarise(spec: EvalSpec, output_dir: Path, prompts: int, scorer_list: List[str], world: int) -> str:
-    """Rank 0, once every rank has finished: the samples in order, the plot, and the summary last; its closing
-    line."""
+def _summarise(spec: EvalSpec, output_dir: Path, prompts: int, scorer_list: List[str], world: int) -> Dict[str, Any]:
+    """Rank 0, once every rank has finished: the samples in order, the plot, and the summary last."""
     models = list(spec.models)
     results = {(r["model"], r["index"]): r for r in _parts(output_dir / PARTS_DIR)}
     missing = [(m, i) for m in models for i in range(prompts) if (m, i) not in results]
@@ -259,9 +270,10 @@ def _summarise(spec: EvalSpec, output_dir: Path, prompts: int, scorer_list: List
         generation={"engine": "transformers", "processes": world, **spec.generation.model_dump()},
         closing_line=line,
     )
+    summary["require"] = verdicts(spec, summary)
     write_json_atomic(output_dir / SUMMARY_FILE, summary)
     shutil.rmtree(output_dir / PARTS_DIR, ignore_errors=True)
-    return line
+    return summary
 
 
 def _plot(summary: Dict[str, Any], models: List[str], scorer_list: List[str], path: Path) -> None:

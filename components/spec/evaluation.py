@@ -12,6 +12,7 @@
       - builtin: contains
         args: {column: answer}
     pass_at_k: [1, 4]
+    require: [sft.regex_format - base.regex_format >= 0.3]   # else the job fails, in one line
 
 Each prompt's samples come from a seed of its own (``generation.seed`` and
 the prompt's place in the data), so the scores do not depend on how many
@@ -23,6 +24,7 @@ from typing import Any, ClassVar, Dict, List, Literal, Mapping, Optional, Sequen
 
 from pydantic import ValidationError
 
+from posttrain.components.spec import conditions
 from posttrain.components.spec.chain import STAGE_NAME
 from posttrain.components.spec.loading import read_yaml
 from posttrain.components.spec.messages import SpecError, cut, known_paths, translate, unknown_in
@@ -62,6 +64,8 @@ class EvalSpec(_Strict):
     generation: GenerationSpec = GenerationSpec()
     # k of pass@k: the chance that at least one of k samples passes (scores 1), from the num_samples drawn
     pass_at_k: List[int] = [1]
+    # what the scores must show for the job to succeed (components/spec/conditions.py)
+    require: List[str] = []
     # write over another spec's results in output_dir
     overwrite_output_dir: bool = False
 
@@ -71,6 +75,11 @@ class EvalSpec(_Strict):
     def named_models(self) -> List[Tuple[str, str]]:
         """Each model by where the spec names it: ``models.<name>.name_or_path``."""
         return [(f"models.{name}.name_or_path", model.name_or_path) for name, model in self.models.items()]
+
+    def scorer_names(self) -> List[str]:
+        """Each scorer's name in the summary: its built-in's or function's name, numbered where two share one."""
+        names = [reward.builtin or str(reward.function).rpartition(":")[2] for reward in self.rewards]
+        return [f"{name}_{index}" if names.count(name) > 1 else name for index, name in enumerate(names)]
 
     def to_json(self) -> str:
         """Canonical JSON: what the job is given and checks a finished evaluation against."""
@@ -124,6 +133,7 @@ class EvalSpec(_Strict):
                 f"generation.num_samples: {generation.num_samples} greedy samples are one sample repeated; set a "
                 "temperature above 0, or num_samples: 1"
             )
+        found += conditions.problems(self.require, list(self.models), self.scorer_names(), self.pass_at_k)
         return found + self.data.problems()
 
 

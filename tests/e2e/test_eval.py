@@ -1,5 +1,6 @@
 """posttrain.eval through the real ``torchx run``: the tiny model before and after its tiny SFT on held-out
-questions, the same samples on one process as on two, and a rerun that samples only the prompts left."""
+questions, its ``require:`` gate holding and failing, the same samples on one process as on two, and a rerun that
+samples only the prompts left."""
 
 import collections
 import json
@@ -16,10 +17,13 @@ pytestmark = pytest.mark.e2e
 PROMPTS, SAMPLES = 60, 4
 
 
-def run_eval(tmp_path: Path, output_dir: Path, sft: Path, j: str) -> str:
+def eval_args(output_dir: Path, sft: Path, j: str) -> List[str]:
     args = ["run", "-s", "local_cwd", "posttrain.eval", "--spec", "templates/eval/sft-tiny.yaml", "-j", j]
-    args += ["--rdzv_port", str(free_port()), f"output_dir={output_dir}", f"models.sft.name_or_path={sft}"]
-    result = torchx(args, tmp_path)
+    return args + ["--rdzv_port", str(free_port()), f"output_dir={output_dir}", f"models.sft.name_or_path={sft}"]
+
+
+def run_eval(tmp_path: Path, output_dir: Path, sft: Path, j: str) -> str:
+    result = torchx(eval_args(output_dir, sft, j), tmp_path)
     assert_succeeded(result)
     return result.stdout + result.stderr
 
@@ -43,6 +47,17 @@ def test_the_sft_model_is_ahead_on_any_number_of_processes_and_a_rerun_goes_on(s
     assert len(samples) == 2 * PROMPTS * SAMPLES
     assert assert_valid_png(two / "eval.png") == {model: summary["models"][model] for model in ("base", "sft")}
     assert not (two / "eval_parts").exists()
+    # the template's gate: the SFT model ends its answers with a full stop 0.3 more often than the base
+    [verdict] = summary["require"]
+    means = {model: summary["models"][model]["regex_format"]["mean"] for model in ("sft", "base")}
+    assert verdict["condition"] == "sft.regex_format - base.regex_format >= 0.3" and verdict["held"]
+    assert verdict["value"] == pytest.approx(means["sft"] - means["base"])
+
+    # a condition the scores do not meet: the job fails in one line, judged on the finished results
+    result = torchx(eval_args(two, sft_1x2, "1x2") + ["require=[sft.contains >= 0.5]"], tmp_path)
+    assert result.returncode == 1
+    said = result.stdout + result.stderr
+    assert re.search(r"posttrain: require: sft.contains >= 0.5 does not hold: sft.contains [\d.e-]+$", said, re.M), said
 
     # one process: each prompt's samples come from its own seed, so the same samples, the same scores
     one = tmp_path / "one"

@@ -9,6 +9,7 @@ from torchx.schedulers.kubernetes_scheduler import sanitize_for_serialization
 from helpers import TEMPLATES, load_template
 from kubernetes_checks import check
 from posttrain.components import algorithms
+from posttrain.components.spec import conditions
 from posttrain.components.spec.evaluation import eval_from_json, load_eval, validate_eval
 from posttrain.components.spec.messages import SpecError
 
@@ -60,6 +61,10 @@ def test_models_keep_their_order_the_first_is_the_baseline() -> None:
         ({"generation": {"max_new_tokens": 0}}, "generation.max_new_tokens: expected 1 or more; got 0"),
         ({"generation": {"temperature": 0.0, "top_p": 0.9}}, "generation.top_p: 0.9 does nothing when greedy"),
         ({"generation": {"seed": 2**40}}, "generation.seed: expected 0 to 2**32 - 1; got 1099511627776"),
+        ({"require": ["sft.regex >= 0.3"]}, "require.0: no scorer 'regex' in this evaluation; it has contains, regex"),
+        ({"require": ["trained.contains > 0"]}, "require.0: no model 'trained' in this evaluation; it has base, sft"),
+        ({"require": ["sft.contains.pass@2 > 0"]}, "require.0: pass@2 is not computed; add 2 to pass_at_k"),
+        ({"require": ["sft.contains = 1"]}, "require.0: 'sft.contains = 1': expected <model>.<scorer> (or a differ"),
     ],
 )
 def test_a_malformed_eval_is_refused_in_one_line(changes: Dict[str, Any], message: str) -> None:
@@ -85,3 +90,39 @@ def test_an_eval_makes_a_valid_volcano_job() -> None:
     assert command.startswith("python -m posttrain.entrypoints.rendezvous_port 29511")
     assert "&& exec python -m posttrain.entrypoints.launcher" in command
     assert "--rdzv_endpoint ${TORCHX_RANK0_HOST:=localhost}:29511" in command
+
+
+SUMMARY = {
+    "models": {
+        "base": {"contains": {"mean": 0.25, "pass_at_k": {"4": 0.5}}},
+        "sft": {"contains": {"mean": 0.75, "pass_at_k": {"4": 1.0}}, "never": {"prompts": 0, "samples": 0}},
+    }
+}
+
+
+@pytest.mark.parametrize(
+    "text, held, value",
+    [
+        ("sft.contains >= 0.75", True, 0.75),
+        ("sft.contains > 0.75", False, 0.75),
+        ("sft.contains - base.contains >= 0.5", True, 0.5),
+        ("  sft.contains-base.contains   >   0.6 ", False, 0.5),
+        ("base.contains.pass@4 < 0.6", True, 0.5),
+        ("sft.contains.pass@4 - base.contains.pass@4 >= 5e-1", True, 0.5),
+        # nothing scored: it cannot hold
+        ("sft.never >= 0", False, None),
+    ],
+)
+def test_a_condition_is_judged_on_the_summary(text: str, held: bool, value: Any) -> None:
+    verdict = conditions.Condition.parse(text).verdict(SUMMARY)
+    assert (verdict["held"], verdict["value"]) == (held, value)
+
+
+def test_a_condition_that_fails_is_one_line_with_its_values() -> None:
+    verdict = conditions.Condition.parse("sft.contains - base.contains >= 0.6").verdict(SUMMARY)
+    assert conditions.failure(verdict) == (
+        "require: sft.contains - base.contains >= 0.6 does not hold: sft.contains 0.75, base.contains 0.25; "
+        "difference 0.5"
+    )
+    verdict = conditions.Condition.parse("sft.never > 0").verdict(SUMMARY)
+    assert conditions.failure(verdict) == "require: sft.never > 0 does not hold: sft.never n/a"

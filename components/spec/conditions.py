@@ -1,0 +1,107 @@
+"""An evaluation's ``require:`` conditions: what its scores must show for the job to succeed.
+
+    require:
+      - sft.regex_format >= 0.5                      # a model's mean score
+      - sft.regex_format - base.regex_format >= 0.3  # against another model of the same evaluation
+      - sft.contains.pass@4 > 0.2                    # its pass@k (a k of pass_at_k)
+
+A metric is ``<model>.<scorer>`` (its mean) or ``<model>.<scorer>.pass@<k>``;
+a condition compares one metric, or the difference of two, with a number.
+"""
+
+import dataclasses
+import operator
+import re
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+
+_METRIC = r"[a-z][a-z0-9_]*\.[A-Za-z0-9_]+(?:\.pass@\d+)?"
+_CONDITION = re.compile(
+    rf"\s*(?P<left>{_METRIC})\s*(?:-\s*(?P<right>{_METRIC})\s*)?(?P<op>>=|<=|>|<)\s*"
+    r"(?P<number>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*"
+)
+COMPARISONS: Dict[str, Callable[[float, float], bool]] = {
+    ">=": operator.ge,
+    ">": operator.gt,
+    "<=": operator.le,
+    "<": operator.lt,
+}
+EXAMPLE = "e.g. sft.contains >= 0.5, sft.contains - base.contains >= 0.05, or sft.contains.pass@4 > 0.8"
+
+
+@dataclasses.dataclass(frozen=True)
+class Metric:
+    model: str
+    scorer: str
+    # pass@k; None: the mean
+    k: Optional[int] = None
+
+    @classmethod
+    def parse(cls, text: str) -> "Metric":
+        model, scorer, *rest = text.split(".")
+        return cls(model, scorer, int(rest[0].removeprefix("pass@")) if rest else None)
+
+    def __str__(self) -> str:
+        return f"{self.model}.{self.scorer}" + (f".pass@{self.k}" if self.k is not None else "")
+
+    def value(self, summary: Mapping[str, Any]) -> Optional[float]:
+        """Its value in an evaluation's summary (None: nothing was scored)."""
+        result = summary["models"][self.model][self.scorer]
+        return result.get("mean") if self.k is None else result.get("pass_at_k", {}).get(str(self.k))
+
+
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    text: str
+    left: Metric
+    right: Optional[Metric]
+    op: str
+    number: float
+
+    @classmethod
+    def parse(cls, text: str) -> "Condition":
+        match = _CONDITION.fullmatch(text)
+        if match is None:
+            raise ValueError(f"expected <model>.<scorer> (or a difference of two) compared with a number ({EXAMPLE})")
+        right = Metric.parse(match["right"]) if match["right"] else None
+        return cls(" ".join(text.split()), Metric.parse(match["left"]), right, match["op"], float(match["number"]))
+
+    def metrics(self) -> List[Metric]:
+        return [self.left] + ([self.right] if self.right is not None else [])
+
+    def verdict(self, summary: Mapping[str, Any]) -> Dict[str, Any]:
+        """Whether it holds in ``summary``, with the values it was judged on; a metric nothing scored fails it."""
+        values = {str(metric): metric.value(summary) for metric in self.metrics()}
+        value: Optional[float] = None
+        if None not in values.values():
+            value = values[str(self.left)] - (values[str(self.right)] if self.right is not None else 0.0)
+        held = value is not None and COMPARISONS[self.op](value, self.number)
+        return {"condition": self.text, "values": values, "value": value, "held": held}
+
+
+def problems(conditions: Sequence[str], models: Sequence[str], scorers: Sequence[str], ks: Sequence[int]) -> List[str]:
+    """What is wrong with each condition, ``require.<i>: ...``: its form, and the models, scorers and k it names."""
+    found = []
+    for index, text in enumerate(conditions):
+        where = f"require.{index}"
+        try:
+            condition = Condition.parse(text)
+        except ValueError as error:
+            found.append(f"{where}: {text!r}: {error}")
+            continue
+        for metric in condition.metrics():
+            if metric.model not in models:
+                found.append(f"{where}: no model {metric.model!r} in this evaluation; it has {', '.join(models)}")
+            elif metric.scorer not in scorers:
+                found.append(f"{where}: no scorer {metric.scorer!r} in this evaluation; it has {', '.join(scorers)}")
+            elif metric.k is not None and metric.k not in ks:
+                found.append(f"{where}: pass@{metric.k} is not computed; add {metric.k} to pass_at_k")
+    return found
+
+
+def failure(verdict: Mapping[str, Any]) -> str:
+    """One line for a condition that does not hold, naming it and the values it was judged on."""
+    values = ", ".join(f"{name} {'n/a' if v is None else f'{v:.4g}'}" for name, v in verdict["values"].items())
+    shown = (
+        f"; difference {verdict['value']:.4g}" if len(verdict["values"]) > 1 and verdict["value"] is not None else ""
+    )
+    return f"require: {verdict['condition']} does not hold: {values}{shown}"
