@@ -23,7 +23,7 @@ from torchx.specs import macros
 
 from posttrain.components import vllm_role
 from posttrain.components.spec.chain import load_chain
-from posttrain.components.spec.evaluation import load_eval
+from posttrain.components.spec.evaluation import EvalSpec, load_eval
 from posttrain.components.spec.loading import load_spec
 from posttrain.components.spec.local_files import local_data_problems, local_model_problems
 from posttrain.components.spec.messages import SpecError
@@ -289,7 +289,12 @@ def build_chain_appdef(
     # not written yet, or half: the job's to check
     outputs = {stage.output_dir for stage in chain.stages}
     for stage in chain.stages:
-        found = _spec_problems(stage.spec, topology, j, h, resource, max_retries, max_restarts)
+        # an evaluation stage has no training to check against the request
+        found = (
+            []
+            if isinstance(stage.spec, EvalSpec)
+            else _spec_problems(stage.spec, topology, j, h, resource, max_retries, max_restarts)
+        )
         found += [] if found else local_model_problems(stage.spec, skip=outputs) + local_data_problems(stage.spec)
         problems += [f"stages.{stage.name}.{problem}" for problem in found]
     if problems:

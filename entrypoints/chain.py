@@ -19,7 +19,9 @@ newest checkpoint as any run does (``resume: auto``), and every stage after a
 stage that runs runs again (its input is new). A finished stage whose spec
 has changed since stops the chain with one line; one whose model was trained
 again since (its run records each model's fingerprint) runs again, its run
-from the old model removed. SIGTERM or SIGINT (a preemption), or the end of
+from the old model removed. An evaluation stage (a gate) runs every time: its
+job samples again only what changed and judges its conditions again; a stage
+after it does not run again for it. SIGTERM or SIGINT (a preemption), or the end of
 the process that started the chain, is passed on to the running stage once,
 so that it checkpoints, and no stage starts after it. At the end, and at a
 failure, node 0 writes the chain's
@@ -41,9 +43,11 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from posttrain.components.spec.chain import STAGE_ENV, Chain, Stage, chain_from_json
+from posttrain.components.spec.evaluation import EvalSpec
 from posttrain.components.spec.loading import NOT_TRAINING_RELEVANT, spec_diff
 from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints import rendezvous_port
+from posttrain.entrypoints.evaluation import files as evaluation_files
 from posttrain.entrypoints.job.error_file import STOPPED, record_error
 from posttrain.entrypoints.records import curves
 from posttrain.entrypoints.records.checkpoints import read_record, stale_runs
@@ -77,6 +81,10 @@ def finished_stages(chain: Chain) -> Dict[str, Dict[str, Any]]:
     recorded = read_record(path, remedy, keys=("stages",))["stages"] if path.exists() else {}
     finished: Dict[str, Dict[str, Any]] = {}
     for stage in chain.stages:
+        if isinstance(stage.spec, EvalSpec):
+            # a gate judges its models every time (its job samples again only what changed); no stage after it
+            # runs again for it
+            continue
         record = recorded.get(stage.name)
         if record is None or not (Path(stage.output_dir) / SUMMARY_FILE).exists():
             # this stage runs, and so every stage after it
@@ -101,6 +109,9 @@ def finished_stages(chain: Chain) -> Dict[str, Dict[str, Any]]:
 def clear_stale(stage: Stage) -> None:
     """Removes what a stage trained from a model that has been trained again since (its finished run's summary,
     its checkpoints), saying which model changed: its run would otherwise be finished, or resumed, on the old one."""
+    if isinstance(stage.spec, EvalSpec):
+        # its job replaces results of other models itself
+        return
     changes, stale = stale_runs(stage.spec.named_models(), stage.spec.model.revision, Path(stage.output_dir))
     if not changes:
         return
@@ -169,21 +180,28 @@ class Stopping:
 def summary(chain: Chain, finished: Dict[str, Dict[str, Any]], failed: Optional[str] = None) -> Dict[str, Any]:
     stages = []
     for stage in chain.stages:
-        path = Path(stage.output_dir) / SUMMARY_FILE
-        run = json.loads(path.read_text()) if stage.name in finished else {}
         status = "finished" if stage.name in finished else "failed" if stage.name == failed else "not run"
-        stages.append(
-            {
-                "name": stage.name,
-                "algorithm": stage.spec.name(),
-                "status": status,
-                "seconds": finished.get(stage.name, {}).get("seconds"),
-                "output_dir": stage.output_dir,
-                "global_steps": run.get("global_steps"),
-                "metrics_first": run.get("metrics_first", {}),
-                "metrics_last": run.get("metrics_last", {}),
-            }
-        )
+        entry = {
+            "name": stage.name,
+            "algorithm": stage.spec.name(),
+            "status": status,
+            "seconds": finished.get(stage.name, {}).get("seconds"),
+            "output_dir": stage.output_dir,
+        }
+        if isinstance(stage.spec, EvalSpec):
+            # a gate's conditions, held or not (written before they are judged)
+            path = Path(stage.output_dir) / evaluation_files.SUMMARY_FILE
+            evaluated = json.loads(path.read_text()) if status != "not run" and path.is_file() else {}
+            entry.update(closing_line=evaluated.get("closing_line"), require=evaluated.get("require", []))
+        else:
+            path = Path(stage.output_dir) / SUMMARY_FILE
+            run = json.loads(path.read_text()) if stage.name in finished else {}
+            entry.update(
+                global_steps=run.get("global_steps"),
+                metrics_first=run.get("metrics_first", {}),
+                metrics_last=run.get("metrics_last", {}),
+            )
+        stages.append(entry)
     return {"algorithm": "chain", "output_dir": chain.output_dir, "stages": stages}
 
 
@@ -253,7 +271,9 @@ def _run(spec_json: str, node: str, rank0_host: str, launcher_args: List[str], s
     if node0:
         write_json_atomic(output_dir / SUMMARY_FILE, summary(chain, finished))
         runs = [
-            (s.name, curves.series(curves.read_metrics(Path(s.output_dir) / curves.METRICS_FILE))) for s in chain.stages
+            (s.name, curves.series(curves.read_metrics(Path(s.output_dir) / curves.METRICS_FILE)))
+            for s in chain.stages
+            if not isinstance(s.spec, EvalSpec)
         ]
         curves.draw(
             runs, f"chain · {' -> '.join(stage.name for stage in chain.stages)}", output_dir / curves.CURVES_FILE

@@ -14,6 +14,7 @@ import contextlib
 import inspect
 import json
 import logging
+import os
 import shutil
 import sys
 from datetime import timedelta
@@ -23,10 +24,12 @@ from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 import torch
 
 from posttrain.components.spec import conditions
+from posttrain.components.spec.chain import STAGE_ENV
 from posttrain.components.spec.evaluation import EvalSpec, eval_from_json
 from posttrain.components.spec.loading import spec_diff
 from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints.evaluation import scores
+from posttrain.entrypoints.evaluation.files import PARTS_DIR, PLOT_FILE, SAMPLES_FILE, SPEC_FILE, SUMMARY_FILE
 from posttrain.entrypoints.evaluation.sampling import prompt_seed, sample
 from posttrain.entrypoints.inputs.data import load_split
 from posttrain.entrypoints.inputs.models import CAUSAL_LM, ModelLoading, check_model_path, load_model, load_tokenizer
@@ -39,13 +42,6 @@ from posttrain.entrypoints.records.files import write_json_atomic
 
 log = logging.getLogger("posttrain")
 
-SPEC_FILE, SUMMARY_FILE, SAMPLES_FILE, PARTS_DIR, PLOT_FILE = (
-    "eval_spec.json",
-    "eval_summary.json",
-    "eval_samples.jsonl",
-    "eval_parts",
-    "eval.png",
-)
 # spec keys the results do not depend on
 NOT_RESULTS = ("output_dir", "overwrite_output_dir", "require")
 # the processes wait for each other this long at most (rank 0 summarising, a slow model's prompts)
@@ -92,7 +88,7 @@ def evaluate(spec: EvalSpec) -> None:
         if finished is not None:
             if distributed.is_rank0():
                 said = finished.removeprefix("posttrain: ")
-                print(f"posttrain: {output_dir} holds this evaluation, finished: {said}", file=sys.stderr, flush=True)
+                _say(f"posttrain: {output_dir} holds this evaluation, finished: {said}")
                 remedy = "remove the directory's eval_* files to evaluate again, or use another output_dir"
                 _check_required(verdicts(spec, read_record(output_dir / SUMMARY_FILE, remedy, keys=("models",))))
             return
@@ -113,8 +109,15 @@ def evaluate(spec: EvalSpec) -> None:
         distributed.barrier()
         if distributed.is_rank0():
             summary = _summarise(spec, output_dir, len(prompts), list(scorers), world)
-            print(summary["closing_line"], file=sys.stderr, flush=True)
+            _say(summary["closing_line"])
             _check_required(summary["require"])
+
+
+def _say(line: str) -> None:
+    """Rank 0's last line of a finished evaluation; a chain's stage says it as the chain's (its closing line is
+    the job's one posttrain: line)."""
+    stage = os.environ.get(STAGE_ENV)
+    print(line.replace("posttrain: ", f"chain: stage {stage}: ", 1) if stage else line, file=sys.stderr, flush=True)
 
 
 def verdicts(spec: EvalSpec, summary: Dict[str, Any]) -> List[Dict[str, Any]]:

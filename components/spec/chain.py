@@ -18,6 +18,10 @@ an earlier stage's output directory; the chain sets each stage's
 ``stages.<name>.<key.path>=value``, the chain's own directory as
 ``output_dir=...``.
 
+A stage may be an evaluation (``algorithm: eval``, components/spec/evaluation.py) of
+earlier stages' models: its ``require:`` conditions gate the stages after it;
+the chain sets its ``output_dir`` and lets it replace its own earlier results.
+
 Each stage is validated as if submitted alone, its problems named
 ``stages.<name>.<key>``; then what only a chain can get wrong: a reference to
 a stage that does not exist or comes later, a model where the next stage
@@ -29,8 +33,10 @@ import dataclasses
 import json
 import re
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
+from posttrain.components.spec import evaluation
+from posttrain.components.spec.evaluation import EvalSpec, validate_eval
 from posttrain.components.spec.loading import as_written_by_yaml_1_1, read_yaml, validate
 from posttrain.components.spec.messages import SpecError, cut
 from posttrain.components.spec.overrides import apply_overrides
@@ -50,11 +56,12 @@ SEQUENCE_CLASSIFIER = "AutoModelForSequenceClassification"
 @dataclasses.dataclass(frozen=True)
 class Stage:
     name: str
-    spec: Spec
+    # a training run's, or an evaluation's (a gate: its require: conditions stop the chain)
+    spec: Union[Spec, EvalSpec]
 
     @property
     def output_dir(self) -> str:
-        return self.spec.training["output_dir"]
+        return self.spec.output_dir if isinstance(self.spec, EvalSpec) else self.spec.training["output_dir"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +88,14 @@ def chain_from_json(text: str) -> Chain:
     """Parses a chain serialised by :meth:`Chain.to_json`, each stage's spec validated again (its references
     resolved and its output_dir set already)."""
     raw = json.loads(text)
-    return Chain(raw["output_dir"], tuple(Stage(name, validate(spec)) for name, spec in raw["stages"].items()))
+    return Chain(raw["output_dir"], tuple(Stage(name, _validated(spec)) for name, spec in raw["stages"].items()))
+
+
+def _validated(raw: Dict[str, Any], world_size: Optional[int] = None) -> Union[Spec, EvalSpec]:
+    """A stage's spec validated as its algorithm's: an evaluation's, or a training run's."""
+    if raw.get("algorithm") == evaluation.ALGORITHM:
+        return validate_eval(raw)
+    return validate(raw, world_size=world_size)
 
 
 def validate_chain(
@@ -119,21 +133,26 @@ def validate_chain(
     for index, (name, written) in enumerate(stages.items()):
         where = f"stages.{name}"
         try:
-            sets_output = isinstance(written, dict) and "output_dir" in (written.get("training") or {})
-            if sets_output or any(
-                o.lstrip("~").startswith("training.output_dir") for o in stage_overrides.get(name, ())
-            ):
-                raise SpecError(
-                    [f"{where}.training.output_dir: the chain sets it ({outputs[name]}); set the chain's output_dir"]
-                )
             stage_raw = _stage_raw(written, base, where)
+            # where the stage's spec names its directory: an evaluation's at the top, a training run's in training
+            key = "output_dir" if stage_raw.get("algorithm") == evaluation.ALGORITHM else "training.output_dir"
+            section, _, field = key.rpartition(".")
+            own = (written.get(section) or {}) if section and isinstance(written, dict) else written
+            if (isinstance(own, dict) and field in own) or any(
+                o.lstrip("~").startswith(key) for o in stage_overrides.get(name, ())
+            ):
+                raise SpecError([f"{where}.{key}: the chain sets it ({outputs[name]}); set the chain's output_dir"])
             as_written_by_yaml_1_1(stage_raw)
             stage_raw = apply_overrides(stage_raw, stage_overrides.get(name, ()))
             stage_raw = _resolve(stage_raw, name, list(stages)[:index], outputs, where)
-            stage_raw.setdefault("training", {})
-            if isinstance(stage_raw["training"], dict):
-                stage_raw["training"]["output_dir"] = outputs[name]
-            validated.append(Stage(name, validate(stage_raw, world_size=world_size)))
+            if key == "output_dir":
+                # the chain's own directory: results of the stage's earlier models or spec are replaced
+                stage_raw.update(output_dir=outputs[name], overwrite_output_dir=True)
+            else:
+                stage_raw.setdefault("training", {})
+                if isinstance(stage_raw["training"], dict):
+                    stage_raw["training"]["output_dir"] = outputs[name]
+            validated.append(Stage(name, _validated(stage_raw, world_size)))
         except SpecError as error:
             problems += [_in_stage(problem, where) for problem in error.problems]
     if problems:
@@ -240,7 +259,7 @@ def _handover_problems(chain: Chain) -> List[str]:
             source = writes.get(path)
             if source is None or needs_scores is None:
                 continue
-            scores = source.spec.model_class == SEQUENCE_CLASSIFIER
+            scores = getattr(source.spec, "model_class", None) == SEQUENCE_CLASSIFIER
             if scores != needs_scores:
                 wrote = "a reward model (one score per sequence)" if scores else "a causal LM"
                 wanted = "a reward model: a reward stage's output" if needs_scores else "a causal LM (a policy)"
@@ -248,7 +267,7 @@ def _handover_problems(chain: Chain) -> List[str]:
                     f"stages.{stage.name}.{where}: stage {source.name!r} ({source.spec.name()}) writes {wrote}, "
                     f"and {where} takes {wanted}"
                 )
-        if runs_vllm_server(stage.spec.training):
+        if isinstance(stage.spec, Spec) and runs_vllm_server(stage.spec.training):
             problems.append(
                 f"stages.{stage.name}.training.vllm_mode: server needs a vllm role beside the trainers, which a "
                 "chain does not run; use vllm_mode: colocate, or a server of your own (vllm_server_base_url)"
@@ -256,9 +275,14 @@ def _handover_problems(chain: Chain) -> List[str]:
     return problems
 
 
-def _models_taken(spec: Spec) -> Iterator[Tuple[str, str, Optional[bool]]]:
+def _models_taken(spec: Union[Spec, EvalSpec]) -> Iterator[Tuple[str, str, Optional[bool]]]:
     """Each model a spec loads: where it is named, the path or id, and whether it must score sequences (True),
     must generate (False), or may be either (None: a reward model starts from a causal LM or a reward model)."""
+    if isinstance(spec, EvalSpec):
+        # each samples completions
+        for where, name_or_path in spec.named_models():
+            yield where, name_or_path, False
+        return
     yield "model.name_or_path", spec.model.name_or_path, None if spec.model_class == SEQUENCE_CLASSIFIER else False
     for field in ("reference_model", "teacher_model"):
         if isinstance(getattr(spec, field, None), str):

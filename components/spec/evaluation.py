@@ -20,12 +20,12 @@ processes share the prompts.
 """
 
 import json
+import re
 from typing import Any, ClassVar, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 
 from pydantic import ValidationError
 
 from posttrain.components.spec import conditions
-from posttrain.components.spec.chain import STAGE_NAME
 from posttrain.components.spec.loading import read_yaml
 from posttrain.components.spec.messages import SpecError, cut, known_paths, translate, unknown_in
 from posttrain.components.spec.overrides import apply_overrides
@@ -33,6 +33,8 @@ from posttrain.components.spec.registry import PROMPT_FORMATS
 from posttrain.components.spec.schema import DataSource, DataSpec, ModelSpec, RewardSource, _Strict
 
 ALGORITHM = "eval"
+# how a model is named in ``models`` (and in ``require:``'s conditions)
+MODEL_NAME = re.compile(r"[a-z][a-z0-9_]*")
 
 
 class EvalData(DataSpec):
@@ -72,6 +74,11 @@ class EvalSpec(_Strict):
     # a prompt column, as GRPO's data
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PROMPT_FORMATS
 
+    @classmethod
+    def name(cls) -> str:
+        """``eval``: what a chain's stage names its algorithm by (as :meth:`Spec.name`)."""
+        return ALGORITHM
+
     def named_models(self) -> List[Tuple[str, str]]:
         """Each model by where the spec names it: ``models.<name>.name_or_path``."""
         return [(f"models.{name}.name_or_path", model.name_or_path) for name, model in self.models.items()]
@@ -90,7 +97,7 @@ class EvalSpec(_Strict):
         if not self.models:
             found.append("models: name at least one model (e.g. trained: {name_or_path: outputs/sft-tiny})")
         for name, model in self.models.items():
-            if not STAGE_NAME.fullmatch(name):
+            if not MODEL_NAME.fullmatch(name):
                 found.append(
                     f"models.{name}: a model's name is lowercase letters, digits and _, starting with a letter"
                 )

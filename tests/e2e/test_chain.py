@@ -1,5 +1,6 @@
 """posttrain.chain through the real ``torchx run``: the tiny RLHF chain in one job, killed and picked up again."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -42,7 +43,8 @@ def test_the_rlhf_chain_picks_up_after_a_kill_and_ppo_raises_the_reward_model_s_
     kill_when(hanging, output_dir, tmp_path / "killed.log", args, tmp_path, POSTTRAIN_FAULT="hang:0:22@reward")
     assert not (output_dir / "reward" / "run_summary.json").exists()
     sft_files = {path: path.stat().st_mtime_ns for path in (output_dir / "sft").rglob("*") if path.is_file()}
-    assert read_json(output_dir / "chain.json")["stages"].keys() == {"sft"}
+    # the gate ran too (and is judged again at every run)
+    assert read_json(output_dir / "chain.json")["stages"].keys() == {"sft", "check"}
 
     # the same command
     again = torchx(args, tmp_path, timeout=900)
@@ -66,15 +68,63 @@ def test_the_rlhf_chain_picks_up_after_a_kill_and_ppo_raises_the_reward_model_s_
     summary = read_json(output_dir / "run_summary.json")
     assert [(stage["name"], stage["status"]) for stage in summary["stages"]] == [
         ("sft", "finished"),
+        ("check", "finished"),
         ("reward", "finished"),
         ("ppo", "finished"),
     ]
-    assert summary["stages"][2]["metrics_last"]["objective/scores"] == pytest.approx(last)
+    assert summary["stages"][3]["metrics_last"]["objective/scores"] == pytest.approx(last)
+    # the gate judged the SFT model again on its finished results, and it held
+    assert f"chain: stage check: {output_dir}/check holds this evaluation, finished: eval of 2 models" in logs
+    [gate] = summary["stages"][1]["require"]
+    assert gate["condition"] == "sft.regex_format - base.regex_format >= 0.3" and gate["held"]
     assert set(assert_valid_png(output_dir / "curves.png")["runs"]) == {"sft", "reward", "ppo"}
-    closing = [line for line in logs.splitlines() if "posttrain: chain finished 3 stages in " in line]
+    closing = [line for line in logs.splitlines() if "posttrain: chain finished 4 stages in " in line]
     assert closing and closing[0].endswith(
-        f"sft -> {output_dir}/sft, reward -> {output_dir}/reward, ppo -> {output_dir}/ppo"
+        f"sft -> {output_dir}/sft, check -> {output_dir}/check, reward -> {output_dir}/reward, ppo -> {output_dir}/ppo"
     )
+
+
+def test_a_gate_that_does_not_hold_stops_the_chain_before_the_next_stage_and_a_rerun_judges_again(
+    tmp_path: Path,
+) -> None:
+    """An evaluation stage comparing the tiny model with itself: the template's require (+0.3) fails, in one line,
+    and DPO never starts; the same chain with a condition that holds judges the same results again and goes on."""
+    spec = tmp_path / "gate.yaml"
+    spec.write_text(
+        f"""algorithm: chain
+output_dir: {tmp_path / "gate"}
+stages:
+  check:
+    spec: {REPO / "templates/eval/sft-tiny.yaml"}
+    models: {{sft: {{name_or_path: "builtin:tiny-llama"}}}}
+  dpo:
+    spec: {REPO / "templates/dpo/tiny.yaml"}
+    training: {{max_steps: 4, save_steps: 4, logging_steps: 1}}
+"""
+    )
+    args = ["run", "-s", "local_cwd", "posttrain.chain", "--spec", str(spec), "-j", "1x2"]
+    args += ["--rdzv_port", str(free_port(CHAIN_PORTS))]
+    stopped = torchx(args, tmp_path, timeout=900)
+    logs = stopped.stdout + stopped.stderr
+    assert stopped.returncode == 1, logs[-3000:]
+    # the base model against itself: the same samples, a difference of exactly 0
+    line = r"^chain/0 \[0\]:posttrain: require: sft.regex_format - base.regex_format >= 0.3 does not hold: "
+    line += r"sft.regex_format ([\d.e-]+), base.regex_format \1; difference 0$"
+    assert len(re.findall(line, logs, re.M)) == 1, logs[-3000:]
+    assert "chain: stage dpo" not in logs and not (tmp_path / "gate" / "dpo").exists()
+    summary = read_json(tmp_path / "gate" / "run_summary.json")
+    assert [(stage["name"], stage["status"]) for stage in summary["stages"]] == [
+        ("check", "failed"),
+        ("dpo", "not run"),
+    ]
+    assert summary["stages"][0]["require"][0]["held"] is False
+
+    # a condition that holds: judged on the same results (nothing sampled again), and DPO runs
+    held = torchx([*args, "stages.check.require=[sft.regex_format - base.regex_format >= 0]"], tmp_path, timeout=900)
+    assert_succeeded(held)
+    logs = held.stdout + held.stderr
+    assert "holds this evaluation, finished" in logs and "posttrain: chain finished 2 stages in " in logs
+    assert read_json(tmp_path / "gate" / "dpo" / "run_summary.json")["global_steps"] == 4
 
 
 def test_a_stage_trained_from_a_model_that_was_trained_again_trains_again_and_says_why(tmp_path: Path) -> None:

@@ -49,17 +49,25 @@ def test_the_templates_wire_each_stage_to_the_models_before_it() -> None:
     chain = load_chain(RLHF, world_size=2)
     assert [(stage.name, stage.spec.name()) for stage in chain.stages] == [
         ("sft", "sft"),
+        ("check", "eval"),
         ("reward", "reward"),
         ("ppo", "ppo"),
     ]
-    sft, reward, ppo = chain.stages
+    sft, check, reward, ppo = chain.stages
     assert [stage.output_dir for stage in chain.stages] == [
         "outputs/rlhf-tiny/sft",
+        "outputs/rlhf-tiny/check",
         "outputs/rlhf-tiny/reward",
         "outputs/rlhf-tiny/ppo",
     ]
     assert reward.spec.model.name_or_path == ppo.spec.model.name_or_path == sft.output_dir
     assert ppo.spec.rewards[0].model == reward.output_dir
+    # the gate: the SFT model against the base; its directory is the chain's, its results replaced when they change
+    assert [(name, model.name_or_path) for name, model in check.spec.models.items()] == [
+        ("base", "builtin:tiny-llama"),
+        ("sft", sft.output_dir),
+    ]
+    assert check.spec.require == ["sft.regex_format - base.regex_format >= 0.3"] and check.spec.overwrite_output_dir
     # the rest of each stage is its template's
     assert ppo.spec.training["max_steps"] == 20
     dpo = load_chain(SFT_DPO, ["stages.dpo.training.beta=0.2", "output_dir=/tmp/elsewhere"], world_size=2).stages[1]
@@ -79,8 +87,8 @@ def test_a_stage_problem_names_the_stage() -> None:
     "reference, message",
     [
         ("${stages.ppo.output}", "stage 'ppo' runs after 'reward'; a stage takes the output of an earlier one"),
-        ("${stages.reward.output}", "no earlier stage 'reward' (earlier stages: sft)"),
-        ("${stages.rm.output}", "no earlier stage 'rm' (earlier stages: sft)"),
+        ("${stages.reward.output}", "no earlier stage 'reward' (earlier stages: sft, check)"),
+        ("${stages.rm.output}", "no earlier stage 'rm' (earlier stages: sft, check)"),
         ("${stages.sft.model}", "a chain refers to an earlier stage's model as ${stages.<name>.output}"),
     ],
 )
@@ -120,7 +128,7 @@ def test_a_stage_that_needs_a_vllm_server_role_is_refused() -> None:
         ({"algorithm": "sft", "output_dir": "out", "stages": {"a": {}}}, [], "algorithm: expected chain"),
         ({"algorithm": "chain", "output_dir": "out", "stages": {"SFT": {}}}, [], "stages.SFT: a stage's name is"),
         (rlhf(), ["training.max_steps=3"], "a chain's overrides are stages.<name>.<key.path>=value"),
-        (rlhf(), ["stages.dpo.training.max_steps=3"], "no stage 'dpo' in this chain; it has sft, reward, ppo"),
+        (rlhf(), ["stages.dpo.training.max_steps=3"], "no stage 'dpo' in this chain; it has sft, check, reward, ppo"),
     ],
 )
 def test_a_malformed_chain_is_refused_in_one_line(raw: Dict[str, Any], overrides: List[str], message: str) -> None:
@@ -269,3 +277,16 @@ def test_a_changed_finished_stage_stops_every_node_and_node_0_says_it(
     assert run_chain(tmp_path, "0", "stages.sft.training.max_steps=7") == 2 and ran == []
     err = capsys.readouterr().err
     assert err.count("posttrain: ") == 1 and "posttrain: stages.sft: finished in" in err
+
+
+def test_an_evaluation_stage_s_directory_is_the_chain_s_and_its_models_generate() -> None:
+    assert problems(rlhf(), ["stages.check.output_dir=/tmp/mine"]) == [
+        "stages.check.output_dir: the chain sets it (outputs/rlhf-tiny/check); set the chain's output_dir"
+    ]
+    # the reward stage's model scores sequences: an evaluation samples from each of its models
+    gate = {"spec": "../eval/sft-tiny.yaml", "models": {"sft": {"name_or_path": "${stages.reward.output}"}}}
+    raw = rlhf(late=gate)
+    assert problems(raw) == [
+        "stages.late.models.sft.name_or_path: stage 'reward' (reward) writes a reward model (one score per "
+        "sequence), and models.sft.name_or_path takes a causal LM (a policy)"
+    ]
