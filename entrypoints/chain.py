@@ -74,8 +74,9 @@ def stage_command(stage: Stage, index: int, launcher_args: Sequence[str]) -> Lis
 
 
 def finished_stages(chain: Chain) -> Dict[str, Dict[str, Any]]:
-    """The stages to skip: recorded in ``chain.json`` as finished, their model still in their directory, and no
-    stage before them to run again. Stops the chain where one finished under another spec."""
+    """The training stages to skip: recorded in ``chain.json`` as finished, their model still in their directory,
+    and no training stage before them to run again (an evaluation stage runs every time, and is never a reason for
+    the stages after it to). Stops the chain where one finished under another spec."""
     path = Path(chain.output_dir) / STATE_FILE
     remedy = "remove it (the chain then runs every stage again) or use another output_dir"
     recorded = read_record(path, remedy, keys=("stages",))["stages"] if path.exists() else {}

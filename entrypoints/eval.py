@@ -86,11 +86,12 @@ def evaluate(spec: EvalSpec) -> None:
         # nodes that do not share output_dir would not agree; check_shared_output says so below
         finished = distributed.rank0s(finished)
         if finished is not None:
+            failed = None
             if distributed.is_rank0():
                 said = finished.removeprefix("posttrain: ")
                 _say(f"posttrain: {output_dir} holds this evaluation, finished: {said}")
-                remedy = "remove the directory's eval_* files to evaluate again, or use another output_dir"
-                _check_required(verdicts(spec, read_record(output_dir / SUMMARY_FILE, remedy, keys=("models",))))
+                failed = _judge_again(spec, output_dir)
+            _check_required(failed)
             return
         if distributed.is_rank0():
             _start(output_dir, record)
@@ -107,10 +108,12 @@ def evaluate(spec: EvalSpec) -> None:
                 if left:
                     _evaluate_model(spec, name, prompts, left, scorers, part)
         distributed.barrier()
+        failed = None
         if distributed.is_rank0():
             summary = _summarise(spec, output_dir, len(prompts), list(scorers), world)
             _say(summary["closing_line"])
-            _check_required(summary["require"])
+            failed = _failures(summary["require"])
+        _check_required(failed)
 
 
 def _say(line: str) -> None:
@@ -125,13 +128,31 @@ def verdicts(spec: EvalSpec, summary: Dict[str, Any]) -> List[Dict[str, Any]]:
     return [conditions.Condition.parse(text).verdict(summary) for text in spec.require]
 
 
-def _check_required(judged: List[Dict[str, Any]]) -> None:
-    """Rank 0: the job fails, one line per condition, where a ``require:`` condition does not hold."""
+def _failures(judged: List[Dict[str, Any]]) -> Optional[List[str]]:
+    """One line per condition that does not hold; None where all do."""
     failed = [conditions.failure(verdict) for verdict in judged if not verdict["held"]]
-    if failed:
-        raise SpecError(failed, this_rank_only=True)
-    if judged:
+    if not failed and judged:
         log.info("require: all %d condition(s) hold", len(judged))
+    return failed or None
+
+
+def _judge_again(spec: EvalSpec, output_dir: Path) -> Optional[List[str]]:
+    """Rank 0, on finished results: this spec's conditions judged and recorded in the summary (they may have
+    changed since); the lines of those that do not hold."""
+    path = output_dir / SUMMARY_FILE
+    remedy = "remove the directory's eval_* files to evaluate again, or use another output_dir"
+    summary = read_record(path, remedy, keys=("models",))
+    summary["require"] = verdicts(spec, summary)
+    write_json_atomic(path, summary)
+    return _failures(summary["require"])
+
+
+def _check_required(failed: Optional[List[str]]) -> None:
+    """Every rank: the job fails where rank 0 found a condition that does not hold, so that every node ends (a
+    chain's next stage starts on none)."""
+    failed = distributed.rank0s(failed)
+    if failed:
+        raise SpecError(failed)
 
 
 def _finished(output_dir: Path, record: Dict[str, Any], overwrite: bool) -> Optional[str]:

@@ -142,6 +142,16 @@ def validate_chain(
                 o.lstrip("~").startswith(key) for o in stage_overrides.get(name, ())
             ):
                 raise SpecError([f"{where}.{key}: the chain sets it ({outputs[name]}); set the chain's output_dir"])
+            if key == "output_dir" and (
+                "overwrite_output_dir" in written
+                or any(o.lstrip("~").startswith("overwrite_output_dir") for o in stage_overrides.get(name, ()))
+            ):
+                raise SpecError(
+                    [
+                        f"{where}.overwrite_output_dir: the chain sets it (true): an evaluation stage's directory is "
+                        "the chain's, its results replaced when its models or spec change"
+                    ]
+                )
             as_written_by_yaml_1_1(stage_raw)
             stage_raw = apply_overrides(stage_raw, stage_overrides.get(name, ()))
             stage_raw = _resolve(stage_raw, name, list(stages)[:index], outputs, where)
@@ -257,9 +267,14 @@ def _handover_problems(chain: Chain) -> List[str]:
     for stage in chain.stages:
         for where, path, needs_scores in _models_taken(stage.spec):
             source = writes.get(path)
+            if source is not None and isinstance(source.spec, EvalSpec):
+                problems.append(
+                    f"stages.{stage.name}.{where}: stage {source.name!r} is an evaluation; it writes scores, no model"
+                )
+                continue
             if source is None or needs_scores is None:
                 continue
-            scores = getattr(source.spec, "model_class", None) == SEQUENCE_CLASSIFIER
+            scores = source.spec.model_class == SEQUENCE_CLASSIFIER
             if scores != needs_scores:
                 wrote = "a reward model (one score per sequence)" if scores else "a causal LM"
                 wanted = "a reward model: a reward stage's output" if needs_scores else "a causal LM (a policy)"

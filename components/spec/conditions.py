@@ -88,6 +88,9 @@ def problems(conditions: Sequence[str], models: Sequence[str], scorers: Sequence
         except ValueError as error:
             found.append(f"{where}: {text!r}: {error}")
             continue
+        if condition.right == condition.left:
+            found.append(f"{where}: {text!r} compares {condition.left} with itself; name another model's metric")
+            continue
         for metric in condition.metrics():
             if metric.model not in models:
                 found.append(f"{where}: no model {metric.model!r} in this evaluation; it has {', '.join(models)}")

@@ -85,7 +85,10 @@ class EvalSpec(_Strict):
 
     def scorer_names(self) -> List[str]:
         """Each scorer's name in the summary: its built-in's or function's name, numbered where two share one."""
-        names = [reward.builtin or str(reward.function).rpartition(":")[2] for reward in self.rewards]
+        # a function's own name (my_scores:Judge.correct: correct), as require's conditions can write it
+        names = [
+            reward.builtin or str(reward.function).rpartition(":")[2].rpartition(".")[2] for reward in self.rewards
+        ]
         return [f"{name}_{index}" if names.count(name) > 1 else name for index, name in enumerate(names)]
 
     def to_json(self) -> str:
@@ -107,8 +110,14 @@ class EvalSpec(_Strict):
                 )
         if not self.rewards:
             found.append("rewards: name at least one scorer (e.g. - builtin: contains, args: {column: answer})")
+        names = self.scorer_names()
         for index, reward in enumerate(self.rewards):
             found += reward.problems(f"rewards.{index}")
+            if names.count(names[index]) > 1:
+                found.append(
+                    f"rewards.{index}: its name in the summary, {names[index]}, is another scorer's too; give the "
+                    "function another name"
+                )
             if reward.weight != 1.0:
                 found.append(f"rewards.{index}.weight: an evaluation reports each scorer apart, unweighted; drop it")
             if reward.model is not None:

@@ -125,6 +125,9 @@ stages:
     logs = held.stdout + held.stderr
     assert "holds this evaluation, finished" in logs and "posttrain: chain finished 2 stages in " in logs
     assert read_json(tmp_path / "gate" / "dpo" / "run_summary.json")["global_steps"] == 4
+    # the conditions it was judged on this time
+    [gate] = read_json(tmp_path / "gate" / "run_summary.json")["stages"][0]["require"]
+    assert (gate["condition"], gate["held"]) == ("sft.regex_format - base.regex_format >= 0", True)
 
 
 def test_a_stage_trained_from_a_model_that_was_trained_again_trains_again_and_says_why(tmp_path: Path) -> None:

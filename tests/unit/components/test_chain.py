@@ -290,3 +290,11 @@ def test_an_evaluation_stage_s_directory_is_the_chain_s_and_its_models_generate(
         "stages.late.models.sft.name_or_path: stage 'reward' (reward) writes a reward model (one score per "
         "sequence), and models.sft.name_or_path takes a causal LM (a policy)"
     ]
+    # an evaluation writes no model to train from, and its directory's results are the chain's to replace
+    after = {"spec": "../dpo/tiny.yaml", "model": {"name_or_path": "${stages.check.output}"}}
+    assert problems(rlhf(dpo=after)) == [
+        "stages.dpo.model.name_or_path: stage 'check' is an evaluation; it writes scores, no model"
+    ]
+    assert problems(rlhf(), ["stages.check.overwrite_output_dir=false"])[0].startswith(
+        "stages.check.overwrite_output_dir: the chain sets it (true)"
+    )

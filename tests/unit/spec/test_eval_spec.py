@@ -65,6 +65,11 @@ def test_models_keep_their_order_the_first_is_the_baseline() -> None:
         ({"require": ["trained.contains > 0"]}, "require.0: no model 'trained' in this evaluation; it has base, sft"),
         ({"require": ["sft.contains.pass@2 > 0"]}, "require.0: pass@2 is not computed; add 2 to pass_at_k"),
         ({"require": ["sft.contains = 1"]}, "require.0: 'sft.contains = 1': expected <model>.<scorer> (or a differ"),
+        ({"require": ["sft.contains - sft.contains > 0"]}, "compares sft.contains with itself; name another model's"),
+        (
+            {"rewards": [{"builtin": "contains", "args": {"target": "a"}}] * 2 + [{"function": "m:Judge.contains_1"}]},
+            "rewards.1: its name in the summary, contains_1, is another scorer's too; give the function another name",
+        ),
     ],
 )
 def test_a_malformed_eval_is_refused_in_one_line(changes: Dict[str, Any], message: str) -> None:
