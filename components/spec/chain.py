@@ -152,7 +152,7 @@ def validate_chain(
                         "the chain's, its results replaced when its models or spec change"
                     ]
                 )
-            as_written_by_yaml_1_1(stage_raw)
+            as_written_by_yaml_1_1(stage_raw, EvalSpec if key == "output_dir" else None)
             stage_raw = apply_overrides(stage_raw, stage_overrides.get(name, ()))
             stage_raw = _resolve(stage_raw, name, list(stages)[:index], outputs, where)
             if key == "output_dir":

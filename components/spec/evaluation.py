@@ -26,7 +26,7 @@ from typing import Any, ClassVar, Dict, List, Literal, Mapping, Optional, Sequen
 from pydantic import ValidationError
 
 from posttrain.components.spec import conditions
-from posttrain.components.spec.loading import read_yaml
+from posttrain.components.spec.loading import as_written_by_yaml_1_1, read_yaml
 from posttrain.components.spec.messages import SpecError, cut, known_paths, translate, unknown_in
 from posttrain.components.spec.overrides import apply_overrides
 from posttrain.components.spec.registry import PROMPT_FORMATS
@@ -155,7 +155,9 @@ class EvalSpec(_Strict):
 
 def load_eval(path: str, overrides: Sequence[str] = ()) -> EvalSpec:
     """Reads an evaluation's YAML, applies ``key.path=value`` overrides and validates it."""
-    return validate_eval(apply_overrides(read_yaml(path), overrides, ALGORITHM))
+    raw = read_yaml(path)
+    as_written_by_yaml_1_1(raw, EvalSpec)
+    return validate_eval(apply_overrides(raw, overrides, ALGORITHM))
 
 
 def eval_from_json(text: str) -> EvalSpec:

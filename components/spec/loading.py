@@ -98,10 +98,13 @@ EXPONENT_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 BOOLEAN_WORDS = {False: ("no", "off"), True: ("yes", "on")}
 
 
-def as_written_by_yaml_1_1(raw: Dict[str, Any]) -> None:
+def as_written_by_yaml_1_1(raw: Dict[str, Any], schema: Optional[Type[BaseModel]] = None) -> None:
     """What YAML 1.1 read otherwise than written, as the field takes it: ``1e-5`` is a number where a field takes a
     number and not text; ``no`` is the choice ``'no'`` where a field takes choices and not a boolean
-    (``eval_strategy: no``)."""
+    (``eval_strategy: no``). ``schema``: a spec that is no algorithm's (an evaluation's), read by its own fields."""
+    if schema is not None:
+        _read_model_sections(raw, schema)
+        return
     cls = SPEC_CLASSES.get(raw.get("algorithm"))  # type: ignore[arg-type]
     # posttrain's own fields: rewards[].weight, ...
     _read_model_sections(raw, cls or Spec)

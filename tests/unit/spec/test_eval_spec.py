@@ -1,5 +1,6 @@
 """posttrain.eval before it runs: its spec, each refusal in one line, its templates, and its request."""
 
+from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
@@ -131,3 +132,10 @@ def test_a_condition_that_fails_is_one_line_with_its_values() -> None:
     )
     verdict = conditions.Condition.parse("sft.never > 0").verdict(SUMMARY)
     assert conditions.failure(verdict) == "require: sft.never > 0 does not hold: sft.never n/a"
+
+
+def test_numbers_yaml_1_1_reads_as_text_are_numbers(tmp_path: Path) -> None:
+    """PyYAML reads 7e-1 as text; an evaluation's number fields take it as written, as training's do."""
+    text = (TEMPLATES / "eval/sft-tiny.yaml").read_text().replace("temperature: 1.0", "temperature: 7e-1")
+    (tmp_path / "eval.yaml").write_text(text.replace("templates/data/", str(TEMPLATES / "data") + "/"))
+    assert load_eval(str(tmp_path / "eval.yaml")).generation.temperature == 0.7
