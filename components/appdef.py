@@ -207,14 +207,8 @@ def build_appdef(
     cmd += ["-m", module, "--spec-json", spec_json]
     if serve:
         cmd.insert(0, _noquote(vllm_role.host_assignment(topology.max_nnodes)))
-    # several nodes: first, that the launcher's port is free (rendezvous_port.py); then the launcher replaces bash,
-    # as bash does by itself for one command, so a scheduler's SIGTERM reaches it (a pod's first process ignores it)
-    if topology.max_nnodes > 1:
-        host = _rank0_address(topology, rdzv_port)[0]
-        check = ["python", "-m", "posttrain.entrypoints.rendezvous_port", str(rdzv_port), macros.replica_id]
-        # after the vLLM host's assignment
-        at = 1 if serve else 0
-        cmd = [*check, host, macros.app_id, _noquote("&&"), *cmd[:at], _noquote("exec"), *cmd[at:]]
+    # after the vLLM host's assignment
+    cmd = _port_checked_first(cmd, topology, rdzv_port, at=1 if serve else 0)
 
     job_name = StructuredNameArgument.parse_from(name=name or "/", m=module)
     role_env = _role_env(job_name, env, topology, debug)
@@ -475,6 +469,17 @@ def _rank0_address(topology: Topology, port: int) -> Tuple[str, int]:
     return _noquote(f"$${{{macros.rank0_env}:=localhost}}"), port
 
 
+def _port_checked_first(cmd: List[Any], topology: Topology, rdzv_port: int, at: int = 0) -> List[Any]:
+    """On several nodes: first, that the launcher's port is free (rendezvous_port.py); then the launcher replaces
+    bash, as bash does by itself for one command, so a scheduler's SIGTERM reaches it (a pod's first process ignores
+    it). ``at``: where the launcher starts in ``cmd`` (after an assignment it needs)."""
+    if topology.max_nnodes <= 1:
+        return cmd
+    host = _rank0_address(topology, rdzv_port)[0]
+    check = ["python", "-m", "posttrain.entrypoints.rendezvous_port", str(rdzv_port), macros.replica_id]
+    return [*check, host, macros.app_id, _noquote("&&"), *cmd[:at], _noquote("exec"), *cmd[at:]]
+
+
 def _torchrun_command(topology: Topology, port: int, rdzv_backend: str, tee: int, max_restarts: int) -> List[str]:
     cmd = [
         "python",
@@ -586,10 +591,7 @@ def build_eval_appdef(
     # torchx substitutes ${...} macros in args with string.Template: "$$" keeps a "$" of the spec literal
     cmd = _torchrun_command(topology, rdzv_port, rdzv_backend, tee, max_restarts)
     cmd += ["-m", EVAL_MODULE, "--spec-json", validated.to_json().replace("$", "$$")]
-    if topology.max_nnodes > 1:
-        host = _rank0_address(topology, rdzv_port)[0]
-        check = ["python", "-m", "posttrain.entrypoints.rendezvous_port", str(rdzv_port), macros.replica_id]
-        cmd = [*check, host, macros.app_id, _noquote("&&"), _noquote("exec"), *cmd]
+    cmd = _port_checked_first(cmd, topology, rdzv_port)
     job_name = StructuredNameArgument.parse_from(name=name or "/", m=EVAL_MODULE)
     role_env = _role_env(job_name, env, topology, debug)
     roles = [_trainers_role("eval", image, topology, resource, cmd, role_env, rdzv_port, max_retries, mounts)]
