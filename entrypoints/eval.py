@@ -14,9 +14,7 @@ import contextlib
 import inspect
 import json
 import logging
-import os
 import shutil
-import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
@@ -24,7 +22,6 @@ from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 import torch
 
 from posttrain.components.spec import conditions
-from posttrain.components.spec.chain import STAGE_ENV
 from posttrain.components.spec.evaluation import EvalSpec, eval_from_json
 from posttrain.components.spec.loading import spec_diff
 from posttrain.components.spec.messages import SpecError
@@ -35,7 +32,7 @@ from posttrain.entrypoints.inputs.data import load_split
 from posttrain.entrypoints.inputs.models import CAUSAL_LM, ModelLoading, check_model_path, load_model, load_tokenizer
 from posttrain.entrypoints.inputs.rewards import check_reward_columns, resolve_rewards
 from posttrain.entrypoints.job import distributed, lease
-from posttrain.entrypoints.job.runtime import ends_in_one_line, quiet_libraries
+from posttrain.entrypoints.job.runtime import ends_in_one_line, quiet_libraries, say_closing
 from posttrain.entrypoints.records import curves
 from posttrain.entrypoints.records.checkpoints import model_fingerprints, read_record, split_fingerprint
 from posttrain.entrypoints.records.files import write_json_atomic
@@ -89,7 +86,7 @@ def evaluate(spec: EvalSpec) -> None:
             failed = None
             if distributed.is_rank0():
                 said = finished.removeprefix("posttrain: ")
-                _say(f"posttrain: {output_dir} holds this evaluation, finished: {said}")
+                say_closing(f"posttrain: {output_dir} holds this evaluation, finished: {said}")
                 failed = _judge_again(spec, output_dir)
             _check_required(failed)
             return
@@ -111,16 +108,9 @@ def evaluate(spec: EvalSpec) -> None:
         failed = None
         if distributed.is_rank0():
             summary = _summarise(spec, output_dir, len(prompts), list(scorers), world)
-            _say(summary["closing_line"])
+            say_closing(summary["closing_line"])
             failed = _failures(summary["require"])
         _check_required(failed)
-
-
-def _say(line: str) -> None:
-    """Rank 0's last line of a finished evaluation; a chain's stage says it as the chain's (its closing line is
-    the job's one posttrain: line)."""
-    stage = os.environ.get(STAGE_ENV)
-    print(line.replace("posttrain: ", f"chain: stage {stage}: ", 1) if stage else line, file=sys.stderr, flush=True)
 
 
 def verdicts(spec: EvalSpec, summary: Dict[str, Any]) -> List[Dict[str, Any]]:

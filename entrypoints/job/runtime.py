@@ -235,6 +235,13 @@ def run(algorithm: str, build_trainer: Callable[[Job], Any], argv: Optional[Sequ
     distributed.report_done()
 
 
+def say_closing(line: str) -> None:
+    """A finished run's last line (``posttrain: ...``); a chain's stage says it as the chain's (``chain: stage
+    <name>: ...``), so that the chain's own closing line is the job's one posttrain: line."""
+    stage = os.environ.get(STAGE_ENV)
+    print(line.replace("posttrain: ", f"chain: stage {stage}: ", 1) if stage else line, file=sys.stderr, flush=True)
+
+
 @dataclasses.dataclass
 class Ending:
     """Where a crash's traceback is kept: the run's ``logs`` directory, once the spec that names it is read."""
@@ -401,11 +408,7 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
         vllm_generation.shutdown(trainer)
         # the run's last line: the details are in run_summary.json
         if distributed.is_rank0():
-            line, stage = closing_line(summary, str(output_dir)), os.environ.get(STAGE_ENV)
-            # a chain's stage: the chain's closing line is the job's posttrain: line
-            if stage:
-                line = line.replace("posttrain: ", f"chain: stage {stage}: ", 1)
-            print(line, file=sys.stderr, flush=True)
+            say_closing(closing_line(summary, str(output_dir)))
 
 
 def _check_inputs(spec: Spec, split: Parts, world_size: int, reward_check: RewardCheck) -> Optional[_Inputs]:
