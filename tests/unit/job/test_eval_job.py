@@ -49,3 +49,26 @@ def test_a_stopped_evaluation_is_told_it_keeps_the_prompts_it_finished(tmp_path:
         line
         == f"posttrain: stopped by SIGTERM: the same command again samples only the prompts not finished in {tmp_path}"
     )
+
+
+def test_another_evaluation_or_a_training_run_in_output_dir_is_one_line_naming_the_key(tmp_path: Path) -> None:
+    record = {"spec": {"pass_at_k": [1]}, "models": {}, "data": {}}
+    (tmp_path / "run_summary.json").write_text("{}")
+    with pytest.raises(SpecError) as error:
+        eval_job._finished(tmp_path, record, overwrite=True)
+    assert error.value.problems == [
+        f"output_dir: {tmp_path} holds a training run (run_summary.json); use another output_dir for the eval"
+    ]
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "eval_spec.json").write_text(json.dumps({**record, "spec": {"pass_at_k": [2]}}))
+    with pytest.raises(SpecError) as error:
+        eval_job._finished(other, record, overwrite=False)
+    assert error.value.problems == [
+        f"output_dir: {other} holds another evaluation's results (they differ in spec.pass_at_k); use another "
+        "output_dir, or overwrite_output_dir: true to replace them"
+    ]
+    # replaced when told; the same evaluation, unfinished, goes on
+    assert eval_job._finished(other, record, overwrite=True) is None
+    (other / "eval_spec.json").write_text(json.dumps(record))
+    assert eval_job._finished(other, record, overwrite=False) is None
