@@ -43,6 +43,9 @@ def main(
     parser.add_argument("--work", type=Path, help="where the model and data go (default: a temp dir)")
     parser.add_argument("--keep", type=Path, help="copy every run's directory here")
     parser.add_argument("--json", type=Path, help="write every run's figures here")
+    parser.add_argument(
+        "--sides", nargs="+", choices=sorted(harness.SIDES), default=list(harness.SIDES), help="run only these"
+    )
     options = parser.parse_args(argv)
     if options.quick:
         options.repeats, options.nproc = 2, [1]
@@ -93,9 +96,10 @@ def main(
         )
         print(f"{device}, {nproc} process(es):", flush=True)
         keep = options.keep / f"{nproc}proc" if options.keep else None
-        runs = harness.compare(case, options.repeats, keep=keep)
+        runs = harness.compare(case, options.repeats, keep=keep, sides=options.sides)
         results[nproc] = runs
-        print(harness.table(f"{algorithm}, {device}, -j 1x{nproc}", runs))
+        if len(runs) == len(harness.SIDES):
+            print(harness.table(f"{algorithm}, {device}, -j 1x{nproc}", runs))
         if options.gpu:
             for side, side_runs in runs.items():
                 figures, peak = harness.medians(side_runs), nproc * options.peak_tflops * 1e12
@@ -113,6 +117,8 @@ def main(
                 indent=1,
             )
         )
+    if len(options.sides) < len(harness.SIDES):
+        return
     first = results[options.nproc[0]]
     print(harness.step_table(first))
     for nproc, runs in results.items():

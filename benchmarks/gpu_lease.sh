@@ -59,8 +59,10 @@ for case in ${cases[@]}; do
       --plain per_device_train_batch_size=64 use_liger_kernel=true activation_checkpointing=false ;;
     1.5b-defaults) bench sft-1.5b-defaults sft --model 1.5b ;;
     # GRPO and RLOO at a GSM8K-like step (32 prompts x 8 completions of up to 512 tokens; benchmarks/grpo.py)
-    # against TRL's scripts: generation and the training loop timed apart; 4 steps of each side about 4 minutes
-    grpo | rloo) BENCH_TIMEOUT=${BENCH_TIMEOUT:-400} bench "$case" "$case" --steps "${RL_STEPS:-4}" ;;
+    # against TRL's scripts: generation and the training loop timed apart; 4 steps of each side about 4 minutes.
+    # RL_SIDES=posttrain runs one side (where the other's figures are on this card already)
+    grpo | rloo) BENCH_TIMEOUT=${BENCH_TIMEOUT:-400} bench "$case" "$case" --steps "${RL_STEPS:-4}" \
+      --sides ${RL_SIDES:-posttrain trl} ;;
     e2e) gpu_tests pytest-gpu tests/e2e/test_distributed.py tests/e2e/test_online.py ;;
     *) echo "unknown case $case" && exit 2 ;;
   esac

@@ -259,13 +259,16 @@ def _generation_s(work: Path, start: float, end: float) -> float:
 SIDES: Dict[str, Callable[[Case, Path, int], List[str]]] = {"posttrain": posttrain_command, "trl": plain_command}
 
 
-def compare(case: Case, repeats: int, keep: Optional[Path] = None) -> Dict[str, List[Run]]:
-    """Runs both sides ``repeats`` times, interleaved (posttrain, trl, posttrain, trl, ...)."""
-    runs: Dict[str, List[Run]] = {side: [] for side in SIDES}
+def compare(
+    case: Case, repeats: int, keep: Optional[Path] = None, sides: Sequence[str] = tuple(SIDES)
+) -> Dict[str, List[Run]]:
+    """Runs each side ``repeats`` times, interleaved (posttrain, trl, posttrain, trl, ...)."""
+    runs: Dict[str, List[Run]] = {side: [] for side in sides}
     root = Path(tempfile.mkdtemp(prefix=f"bench-{case.algorithm}-"))
     try:
         for repeat in range(repeats):
-            for side, command in SIDES.items():
+            for side in sides:
+                command = SIDES[side]
                 work = root / f"{side}-{repeat}"
                 work.mkdir()
                 run = measure(command(case, work, 29400 + repeat), work, case.gpus, case.per_step, case.tokens)
