@@ -44,7 +44,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from posttrain.components.spec.chain import STAGE_ENV, Chain, Stage, chain_from_json
 from posttrain.components.spec.evaluation import EvalSpec
-from posttrain.components.spec.loading import NOT_TRAINING_RELEVANT, spec_diff
+from posttrain.components.spec.loading import spec_diff, training_relevant
 from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints import rendezvous_port
 from posttrain.entrypoints.evaluation import files as evaluation_files
@@ -75,8 +75,9 @@ def stage_command(stage: Stage, index: int, launcher_args: Sequence[str]) -> Lis
 
 def finished_stages(chain: Chain) -> Dict[str, Dict[str, Any]]:
     """The training stages to skip: recorded in ``chain.json`` as finished, their model still in their directory,
-    and no training stage before them to run again (an evaluation stage runs every time, and is never a reason for
-    the stages after it to). Stops the chain where one finished under another spec."""
+    and no training stage before them to run again (an evaluation stage, or a training stage with an
+    ``evaluate:`` section, runs every time, and is never a reason for the stages after it to). Stops the chain
+    where one finished under another spec."""
     path = Path(chain.output_dir) / STATE_FILE
     remedy = "remove it (the chain then runs every stage again) or use another output_dir"
     recorded = read_record(path, remedy, keys=("stages",))["stages"] if path.exists() else {}
@@ -94,7 +95,7 @@ def finished_stages(chain: Chain) -> Dict[str, Dict[str, Any]]:
             # a model it was trained from was trained again since (outside the chain): it runs again
             break
         changed = [d[0] for d in spec_diff(record["spec"], stage.spec.model_dump(mode="json"))]
-        changed = [key for key in changed if key not in NOT_TRAINING_RELEVANT]
+        changed = [key for key in changed if training_relevant(key)]
         if changed:
             raise SpecError(
                 [
@@ -103,6 +104,9 @@ def finished_stages(chain: Chain) -> Dict[str, Dict[str, Any]]:
                     "the chain another output_dir"
                 ]
             )
+        if stage.spec.evaluate is not None:
+            # its job evaluates every time, as an evaluation stage does (training nothing: it is finished)
+            continue
         finished[stage.name] = record
     return finished
 

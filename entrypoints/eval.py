@@ -1,46 +1,20 @@
-"""posttrain.eval's job: each model samples completions of the held-out prompts, the scorers score them, and rank 0
-writes what the scores say (entrypoints/evaluation/scores.py).
+"""posttrain.eval's job: one evaluation (entrypoints/evaluation/run.py) on the job's processes, its closing line
+said, and the job failed where a ``require:`` condition does not hold.
 
-The processes share the prompts (prompt i goes to rank i mod world size);
-each finished prompt is a line in ``eval_parts/``, so a rerun after a kill
-samples only the prompts left, on any number of processes. Then
-``eval_samples.jsonl``, ``eval.png`` (two models or more) and, last, the
-mark of a finished evaluation, ``eval_summary.json``.
+What it reads, writes and refuses: docs/pages/eval.md; the spec: components/spec/evaluation.py.
 """
 
 import argparse
-import asyncio
-import contextlib
-import inspect
-import json
-import logging
-import shutil
 from datetime import timedelta
 from pathlib import Path
-from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Optional, Sequence
 
-import torch
+from posttrain.components.spec.evaluation import eval_from_json
+from posttrain.entrypoints.evaluation.run import check_required, evaluate
+from posttrain.entrypoints.job import distributed
+from posttrain.entrypoints.job.runtime import ends_in_one_line, quiet_libraries
+from posttrain.entrypoints.records.summary import say_closing
 
-from posttrain.components.spec import conditions
-from posttrain.components.spec.evaluation import EvalSpec, eval_from_json
-from posttrain.components.spec.loading import spec_diff
-from posttrain.components.spec.messages import SpecError
-from posttrain.entrypoints.evaluation import scores
-from posttrain.entrypoints.evaluation.files import PARTS_DIR, PLOT_FILE, SAMPLES_FILE, SPEC_FILE, SUMMARY_FILE
-from posttrain.entrypoints.evaluation.sampling import prompt_seed, sample
-from posttrain.entrypoints.inputs.data import load_split
-from posttrain.entrypoints.inputs.models import CAUSAL_LM, ModelLoading, check_model_path, load_model, load_tokenizer
-from posttrain.entrypoints.inputs.rewards import check_reward_columns, resolve_rewards
-from posttrain.entrypoints.job import distributed, lease
-from posttrain.entrypoints.job.runtime import ends_in_one_line, quiet_libraries, say_closing
-from posttrain.entrypoints.records import curves
-from posttrain.entrypoints.records.checkpoints import model_fingerprints, read_record, split_fingerprint
-from posttrain.entrypoints.records.files import write_json_atomic
-
-log = logging.getLogger("posttrain")
-
-# spec keys the results do not depend on
-NOT_RESULTS = ("output_dir", "overwrite_output_dir", "require")
 # the processes wait for each other this long at most (rank 0 summarising, a slow model's prompts)
 TIMEOUT = timedelta(hours=2)
 
@@ -55,269 +29,12 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     with ends_in_one_line() as ending:
         spec = eval_from_json(options.spec_json)
         ending.logs = Path(spec.output_dir) / "logs"
-        evaluate(spec)
+        distributed.init_process_group(distributed.group_backend(), TIMEOUT)
+        evaluated = evaluate(spec)
+        if evaluated is not None:
+            say_closing(evaluated.line)
+        check_required(evaluated)
     distributed.report_done()
-
-
-def evaluate(spec: EvalSpec) -> None:
-    output_dir = Path(spec.output_dir)
-    distributed.init_process_group(distributed.group_backend(), TIMEOUT)
-    world, rank = distributed.world_size(), distributed.env_rank()
-    # rank 0 holds output_dir until the job ends: another run into it stops at its first check
-    with contextlib.ExitStack() as held:
-        with distributed.all_ranks_agree():
-            if distributed.is_rank0():
-                held.callback(lease.acquire(output_dir, "output_dir").release)
-            prompts = load_split(spec.data, spec.data_formats, "eval", spec.generation.seed)
-            check_reward_columns(spec.rewards, False, [("data.eval", prompts)])
-            scorers = dict(zip(spec.scorer_names(), resolve_rewards(spec.rewards)))
-            for where, name_or_path in spec.named_models():
-                check_model_path(name_or_path, where)
-            record = {
-                # what the results depend on: not where they are written, nor whether they may replace others
-                "spec": {k: v for k, v in json.loads(spec.to_json()).items() if k not in NOT_RESULTS},
-                "models": model_fingerprints(spec.named_models(), None),
-                "data": split_fingerprint(spec.data, "eval", prompts),
-            }
-            finished = _finished(output_dir, record, spec.overwrite_output_dir)
-        # nodes that do not share output_dir would not agree; check_shared_output says so below
-        finished = distributed.rank0s(finished)
-        if finished is not None:
-            failed = None
-            if distributed.is_rank0():
-                said = finished.removeprefix("posttrain: ")
-                say_closing(f"posttrain: {output_dir} holds this evaluation, finished: {said}")
-                failed = _judge_again(spec, output_dir)
-            _check_required(failed)
-            return
-        if distributed.is_rank0():
-            _start(output_dir, record)
-        distributed.barrier()
-        distributed.check_shared_output(output_dir, "output_dir")
-
-        models = list(spec.models)
-        done = _done(output_dir / PARTS_DIR)
-        mine = [index for index in range(len(prompts)) if index % world == rank]
-        log.info("evaluating %d model(s) on %d prompts, %d process(es)", len(models), len(prompts), world)
-        with _part(output_dir / PARTS_DIR / f"rank-{rank}.jsonl") as part:
-            for name in models:
-                left = [index for index in mine if (name, index) not in done]
-                if left:
-                    _evaluate_model(spec, name, prompts, left, scorers, part)
-        distributed.barrier()
-        failed = None
-        if distributed.is_rank0():
-            summary = _summarise(spec, output_dir, len(prompts), list(scorers), world)
-            say_closing(summary["closing_line"])
-            failed = _failures(summary["require"])
-        _check_required(failed)
-
-
-def verdicts(spec: EvalSpec, summary: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """Each ``require:`` condition judged on ``summary``."""
-    return [conditions.Condition.parse(text).verdict(summary) for text in spec.require]
-
-
-def _failures(judged: List[Dict[str, Any]]) -> Optional[List[str]]:
-    """One line per condition that does not hold; None where all do."""
-    failed = [conditions.failure(verdict) for verdict in judged if not verdict["held"]]
-    if not failed and judged:
-        log.info("require: all %d condition(s) hold", len(judged))
-    return failed or None
-
-
-def _judge_again(spec: EvalSpec, output_dir: Path) -> Optional[List[str]]:
-    """Rank 0, on finished results: this spec's conditions judged and recorded in the summary (they may have
-    changed since); the lines of those that do not hold."""
-    path = output_dir / SUMMARY_FILE
-    remedy = "remove the directory's eval_* files to evaluate again, or use another output_dir"
-    summary = read_record(path, remedy, keys=("models",))
-    summary["require"] = verdicts(spec, summary)
-    write_json_atomic(path, summary)
-    return _failures(summary["require"])
-
-
-def _check_required(failed: Optional[List[str]]) -> None:
-    """Every rank: the job fails where rank 0 found a condition that does not hold, so that every node ends (a
-    chain's next stage starts on none)."""
-    failed = distributed.rank0s(failed)
-    if failed:
-        raise SpecError(failed)
-
-
-def _finished(output_dir: Path, record: Dict[str, Any], overwrite: bool) -> Optional[str]:
-    """The closing line of this evaluation where ``output_dir`` holds it finished; None where there is nothing or
-    this evaluation's parts to go on from (or ``overwrite``); raises where another run's results are there."""
-    written = output_dir / SPEC_FILE
-    if not written.is_file():
-        # overwrite_output_dir replaces another evaluation's results, never a training run
-        held = [name for name in ("posttrain_spec.json", "run_summary.json") if (output_dir / name).exists()]
-        if held:
-            raise SpecError(
-                [f"output_dir: {output_dir} holds a training run ({held[0]}); use another output_dir for the eval"]
-            )
-        return None
-    remedy = "remove the directory's eval_* files to evaluate again, or use another output_dir"
-    differences = [key for key, _, _ in spec_diff(read_record(written, remedy), record)]
-    if differences:
-        if overwrite:
-            return None
-        raise SpecError(
-            [
-                f"output_dir: {output_dir} holds another evaluation's results (they differ in "
-                f"{', '.join(differences[:4])}); use another output_dir, or overwrite_output_dir: true to replace them"
-            ]
-        )
-    summary = output_dir / SUMMARY_FILE
-    return read_record(summary, remedy, keys=("closing_line",))["closing_line"] if summary.is_file() else None
-
-
-def _start(output_dir: Path, record: Dict[str, Any]) -> None:
-    """Rank 0: a fresh directory for a new evaluation (another's results cleared), or this one's to go on with."""
-    written = output_dir / SPEC_FILE
-    if not (written.is_file() and not spec_diff(json.loads(written.read_text()), record)):
-        for name in (SUMMARY_FILE, SAMPLES_FILE, PLOT_FILE):
-            (output_dir / name).unlink(missing_ok=True)
-        shutil.rmtree(output_dir / PARTS_DIR, ignore_errors=True)
-        write_json_atomic(written, record)
-    (output_dir / PARTS_DIR).mkdir(exist_ok=True)
-
-
-def _parts(parts_dir: Path) -> List[Dict[str, Any]]:
-    """Every prompt's result written so far, by any process of any run of this evaluation; a line a kill cut short
-    is not one."""
-    found = []
-    for path in sorted(parts_dir.glob("rank-*.jsonl")):
-        for line in path.read_text().splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
-                found.append(json.loads(line))
-    return found
-
-
-def _part(path: Path) -> IO[str]:
-    """This rank's part file, to append to: a last line a kill cut short (no newline) is cut off first, so the next
-    result starts a line of its own."""
-    if path.is_file():
-        text = path.read_bytes()
-        if text and not text.endswith(b"\n"):
-            with open(path, "r+b") as cut:
-                cut.truncate(text.rfind(b"\n") + 1)
-    return open(path, "a")
-
-
-def _done(parts_dir: Path) -> Set[Tuple[str, int]]:
-    return {(result["model"], result["index"]) for result in _parts(parts_dir)}
-
-
-def _evaluate_model(
-    spec: EvalSpec, name: str, prompts: Any, indices: List[int], scorers: Dict[str, Callable[..., Any]], part: Any
-) -> None:
-    """One model's completions of this rank's ``indices``, scored, each prompt a line of ``part`` once done."""
-    model_spec = spec.models[name]
-    tokenizer = load_tokenizer(model_spec.name_or_path, model_spec, "left")
-    loading = ModelLoading(model_spec, attention=model_spec.attn_implementation)
-    model = load_model(model_spec.name_or_path, loading, tokenizer, CAUSAL_LM).eval()
-    if torch.cuda.is_available():
-        model.to(torch.device("cuda", torch.cuda.current_device()))
-    for index in indices:
-        row = prompts[index]
-        prompt = row["prompt"]
-        texts = sample(model, tokenizer, prompt, spec.generation, prompt_seed(spec.generation, index))
-        # as TRL's trainers give them: a chat prompt's completion is the assistant's message
-        completions = [[{"role": "assistant", "content": t}] for t in texts] if not isinstance(prompt, str) else texts
-        columns = {key: [value] * len(texts) for key, value in row.items() if key != "prompt"}
-        scored = {
-            scorer: _scores(function, [prompt] * len(texts), completions, columns)
-            for scorer, function in scorers.items()
-        }
-        result = {"model": name, "index": index, "prompt": prompt, "completions": texts, "scores": scored}
-        part.write(json.dumps(result) + "\n")
-        part.flush()
-
-
-def _scores(
-    function: Callable[..., Any], prompts: List[Any], completions: List[Any], columns: Dict[str, Any]
-) -> List[Any]:
-    """A scorer's scores of one prompt's completions, as numbers (None: not scored); a bad one is this rank's to
-    say (the others' prompts may be fine)."""
-    try:
-        scored = function(prompts=prompts, completions=completions, **columns)
-        # an async scorer, as TRL's trainers take them: awaited here
-        if inspect.isawaitable(scored):
-            scored = asyncio.run(scored)
-    except SpecError as error:
-        raise SpecError(error.problems, this_rank_only=True) from None
-    return [None if score is None else float(score) for score in scored]
-
-
-def _summarise(spec: EvalSpec, output_dir: Path, prompts: int, scorer_list: List[str], world: int) -> Dict[str, Any]:
-    """Rank 0, once every rank has finished: the samples in order, the plot, and the summary last."""
-    models = list(spec.models)
-    results = {(r["model"], r["index"]): r for r in _parts(output_dir / PARTS_DIR)}
-    missing = [(m, i) for m in models for i in range(prompts) if (m, i) not in results]
-    if missing:
-        raise RuntimeError(f"eval: {len(missing)} prompt results missing after every rank finished: {missing[:3]}")
-    samples = []
-    for model in models:
-        for index in range(prompts):
-            result = results[(model, index)]
-            for number, text in enumerate(result["completions"]):
-                samples.append(
-                    {
-                        "model": model,
-                        "index": index,
-                        "sample": number,
-                        "prompt": result["prompt"],
-                        "completion": text,
-                        "scores": {scorer: result["scores"][scorer][number] for scorer in scorer_list},
-                    }
-                )
-    with open(output_dir / SAMPLES_FILE, "w") as out:
-        out.writelines(json.dumps(sample) + "\n" for sample in samples)
-    summary = scores.summarise(samples, models, scorer_list, spec.pass_at_k)
-    line = scores.closing_line(summary, models, scorer_list, prompts)
-    if len(models) > 1:
-        _plot(summary, models, scorer_list, output_dir / PLOT_FILE)
-    summary.update(
-        prompts=prompts,
-        num_samples=spec.generation.num_samples,
-        generation={"engine": "transformers", "processes": world, **spec.generation.model_dump()},
-        closing_line=line,
-    )
-    summary["require"] = verdicts(spec, summary)
-    write_json_atomic(output_dir / SUMMARY_FILE, summary)
-    shutil.rmtree(output_dir / PARTS_DIR, ignore_errors=True)
-    return summary
-
-
-def _plot(summary: Dict[str, Any], models: List[str], scorer_list: List[str], path: Path) -> None:
-    """Each scorer's mean per model, with its standard error."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    figure = Figure(figsize=(1.5 + 1.2 * len(models) * len(scorer_list), 3.6), layout="constrained")
-    FigureCanvasAgg(figure)
-    ax = figure.subplots()
-    width = 0.8 / len(models)
-    for offset, model in enumerate(models):
-        results = [summary["models"][model][scorer] for scorer in scorer_list]
-        ax.bar(
-            [i + offset * width for i in range(len(scorer_list))],
-            [r.get("mean", 0.0) for r in results],
-            width,
-            yerr=[r.get("stderr") or 0.0 for r in results],
-            capsize=3,
-            label=model,
-        )
-    ax.set_xticks([i + width * (len(models) - 1) / 2 for i in range(len(scorer_list))], scorer_list)
-    ax.set_ylabel("mean score (± standard error)")
-    ax.legend(fontsize="small")
-    ax.grid(axis="y", alpha=0.3)
-    # the plotted numbers, readable back as the training curves' are (curves.read_embedded)
-    plotted = {model: {scorer: summary["models"][model][scorer] for scorer in scorer_list} for model in models}
-    staging = path.with_name(path.name + ".tmp")
-    figure.savefig(staging, format="png", dpi=100, metadata={curves.DATA_KEY: json.dumps(plotted)})
-    staging.replace(path)
 
 
 if __name__ == "__main__":

@@ -40,6 +40,12 @@ LISTED: Dict[str, str] = {
     "torchx run -s local_cwd posttrain.grpo --spec templates/grpo/tiny-vllm-server.yaml": (
         "needs the vLLM environment: tests/e2e/test_vllm.py runs this template there (.ci/run)"
     ),
+    "torchx run -s local_cwd posttrain.sft --spec templates/sft/tiny-evaluated.yaml": (
+        "tests/e2e/test_eval.py runs this template and reads its closing line and its evaluation"
+    ),
+    "torchx run -s local_cwd posttrain.eval --spec templates/eval/sft-tiny.yaml": (
+        "tests/e2e/test_eval.py runs this evaluation (of the session's tiny SFT model) and reads its line"
+    ),
     "torchx run -s local_cwd posttrain.chain --spec templates/chain/tools-tiny.yaml": (
         "tests/e2e/test_tools.py runs this chain (and its GRPO stage without the tool), tests/e2e/test_vllm.py "
         "with vLLM (.ci/run)"

@@ -65,6 +65,32 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "model": "The model to train, and how it is loaded.",
         "data": "The training data, optional evaluation data, and column renames.",
         "distributed": "How the job is sharded (DDP by default; DeepSpeed or FSDP) and its collectives' timeout.",
+        "evaluate": "Evaluate the trained model in the same job once it is saved, as posttrain.eval would (docs: "
+        "Evaluating): into <output_dir>/eval, the results in run_summary.json and the closing line.",
+    },
+    "EvaluateSection": {
+        "data": "The held-out prompts: data.eval, one source or a list, rows with a prompt column.",
+        "rewards": "The scorers, each reported apart: built-ins or functions, as GRPO's rewards (no weights, no "
+        "reward models).",
+        "generation": "How each model samples its completions.",
+        "pass_at_k": "The k of pass@k: the chance that one of k samples scores 1, from generation.num_samples.",
+        "require": "Conditions on the scores, on models after and before (e.g. after.contains - before.contains "
+        ">= 0.05): the job fails in one line where one does not hold.",
+        "before": "Evaluate the model the run started from too, as before (the trained one is after).",
+    },
+    "EvalData": {
+        "train": "Not read: an evaluation reads data.eval.",
+        "eval": "The prompts: one source or a list of sources to mix.",
+        "columns": "Column renames, found -> expected, in every source.",
+        "mix": "How a list of sources becomes one data set: concatenate (in order) or interleave (drawn by weight).",
+        "chat": "Make text prompts chat messages: the system message, if any, then the prompt as the user's.",
+    },
+    "GenerationSpec": {
+        "num_samples": "Completions sampled per prompt.",
+        "max_new_tokens": "The most tokens a completion may have.",
+        "temperature": "Sampling temperature; 0 is greedy (then num_samples 1).",
+        "top_p": "Nucleus sampling: sample from the smallest set of tokens whose probability reaches top_p.",
+        "seed": "The seed each prompt's own seed is drawn from (with the prompt's place in the data).",
     },
     "ModelSpec": {
         "name_or_path": "A local path, a hub id, or builtin:tiny-llama.",

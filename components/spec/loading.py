@@ -236,8 +236,14 @@ def _check_table(values: Mapping[str, Any], table: Mapping[str, FieldType], pref
     return found
 
 
-# Keys that do not change what a checkpoint holds: a resume may differ in them.
-NOT_TRAINING_RELEVANT = ("resume", "overwrite_output_dir", "training.output_dir")
+# Keys (and sections) that do not change what a checkpoint holds: a resume may differ in them. The evaluation
+# that follows training is judged apart (its own record in <output_dir>/eval).
+NOT_TRAINING_RELEVANT = ("resume", "overwrite_output_dir", "training.output_dir", "evaluate")
+
+
+def training_relevant(key: str) -> bool:
+    """Whether a dotted key of :func:`spec_diff` changes what a checkpoint holds."""
+    return not any(key == name or key.startswith(f"{name}.") for name in NOT_TRAINING_RELEVANT)
 
 
 # what a key a spec dump lacks amounts to

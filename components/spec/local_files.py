@@ -84,18 +84,20 @@ def column_problem(
     found: Sequence[str], renames: Dict[str, str], formats: Sequence[Tuple[str, ...]], where: str
 ) -> Optional[str]:
     """What is wrong with a data set's columns once ``data.columns`` renames them, or None."""
+    # the renames of the section ``where`` is in: data.columns, evaluate.data.columns
+    renamed_by = where[: max(where.find("data."), 0)] + "data.columns"
     missing = sorted(set(renames) - set(found))
     if missing:
-        return f"data.columns: {where} has no column {', '.join(missing)}; found {list(found)}"
+        return f"{renamed_by}: {where} has no column {', '.join(missing)}; found {list(found)}"
     kept = set(found) - set(renames)
     taken = [f"{column} -> {renamed}" for column, renamed in renames.items() if renamed in kept]
     if taken:
         already = f"{where} has a column of that name already; rename that column too, or drop it from the data"
-        return f"data.columns: {', '.join(taken)}, but {already}"
+        return f"{renamed_by}: {', '.join(taken)}, but {already}"
     columns = [renames.get(column, column) for column in found]
     if not any(set(cols) <= set(columns) for cols in formats):
         expected = " or ".join("(" + ", ".join(cols) + ")" for cols in formats)
-        return f"{where}: found columns {columns}; expected {expected} (map names with data.columns)"
+        return f"{where}: found columns {columns}; expected {expected} (map names with {renamed_by})"
     return None
 
 
@@ -223,13 +225,26 @@ def local_model_problems(spec: Any, skip: Collection[str] = ()) -> List[str]:
 
 def local_data_problems(spec: Any) -> List[str]:
     """The client's checks of each local data source it can read (``data.train``, ``data.eval``, or each source of
-    a mixture: ``data.train.1``), one line each; a glob's files each."""
+    a mixture: ``data.train.1``), and its ``evaluate:`` section's (``evaluate.data.eval``), one line each; a
+    glob's files each."""
+    readers = [("", spec.data, spec.data_formats)]
+    evaluate = getattr(spec, "evaluate", None)
+    if evaluate is not None:
+        readers.append(("evaluate.", evaluate.data, evaluate.data_formats))
     problems = []
-    for where, source in [*spec.data.sources("train"), *spec.data.sources("eval")]:
+    for prefix, data, formats in readers:
+        problems += _data_problems(data, formats, prefix)
+    return problems
+
+
+def _data_problems(data: Any, formats: Any, prefix: str) -> List[str]:
+    problems = []
+    for key, source in [*data.sources("train"), *data.sources("eval")]:
+        where = prefix + key
         if source.path is None:
             # a hub data set: the job's
             continue
-        renames = {**spec.data.columns, **source.columns}
+        renames = {**data.columns, **source.columns}
         found = [path for path in matched_paths(source.path) if path.exists()]
         # local_cwd and Slurm run here too
         if not found and not Path(source.path).is_absolute():
@@ -251,7 +266,7 @@ def local_data_problems(spec: Any) -> List[str]:
             except OSError as error:
                 problems.append(f"{where}.path: cannot read {path}: {error.strerror or error}")
                 break
-            problem = None if columns is None else column_problem(columns, renames, spec.data_formats, where)
+            problem = None if columns is None else column_problem(columns, renames, formats, where)
             if problem is not None:
                 problems.append(problem)
                 break

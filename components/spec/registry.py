@@ -18,6 +18,7 @@ from posttrain.components.spec.schema import (
     CHECKPOINTING_OPTIONS,
     CHECKPOINTING_SWITCHES,
     OWNED_KEYS,
+    PROMPT_FORMATS,
     EnvironmentSource,
     Spec,
     ToolSource,
@@ -28,7 +29,6 @@ from posttrain.components.spec.schema import (
 
 PREFERENCE_FORMATS: Tuple[Tuple[str, ...], ...] = (("prompt", "chosen", "rejected"), ("chosen", "rejected"))
 LANGUAGE_MODELLING_FORMATS: Tuple[Tuple[str, ...], ...] = (("messages",), ("text",), ("prompt", "completion"))
-PROMPT_FORMATS: Tuple[Tuple[str, ...], ...] = (("prompt",),)
 
 
 class SFTSpec(Spec):

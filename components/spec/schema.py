@@ -11,10 +11,11 @@ import difflib
 import json
 import re
 import typing
-from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple, Union
+from typing import Any, ClassVar, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict
 
+from posttrain.components.spec import conditions
 from posttrain.components.spec.data_sources import data_problems
 from posttrain.components.spec.fields import config_fields, config_value
 from posttrain.components.spec.messages import cut
@@ -44,6 +45,8 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
+# the data formats of algorithms that read prompts alone (GRPO's, an evaluation's): the model writes the rest
+PROMPT_FORMATS: Tuple[Tuple[str, ...], ...] = (("prompt",),)
 # posttrain's own attention implementation (entrypoints/speed/attention.py): torch's varlen kernels, for training only
 TORCH_VARLEN = "torch_varlen"
 # Attention implementations that keep packed sequences apart given restarting position ids: eager, SDPA and flex
@@ -129,6 +132,146 @@ class DataSpec(_Strict):
 
     def problems(self) -> List[str]:
         return data_problems(self)
+
+
+class RewardSource(_Strict):
+    """One reward: exactly one of a user callable, a built-in, or a reward model; weighted."""
+
+    # "module:callable", importable in the job
+    function: Optional[str] = None
+    builtin: Optional[str] = None
+    # a sequence-classification model: path or hub id
+    model: Optional[str] = None
+    args: Dict[str, Any] = {}
+    weight: float = 1.0
+
+    def problems(self, where: str) -> List[str]:
+        given = [key for key in ("function", "builtin", "model") if getattr(self, key) is not None]
+        if len(given) != 1:
+            return [f"{where}: give exactly one of function (module:callable), builtin (a name) or model (a path)"]
+        if self.model is not None and not self.model.strip():
+            return [f"{where}.model: expected a path or hub id of a reward model; got an empty string"]
+        if self.function is not None:
+            problem = import_path_problem(
+                f"{where}.function", self.function, "module:callable (e.g. my_rewards:accuracy)"
+            )
+            if problem is not None:
+                return [problem]
+        if self.builtin is not None:
+            return [f"{where}.builtin: {problem}" for problem in check_builtin(self.builtin, self.args)]
+        if self.args:
+            return [f"{where}.args: only built-in rewards take args"]
+        return []
+
+
+class EvalData(DataSpec):
+    """The prompts to evaluate on: ``data.eval`` (one source or a mixture), with the sections' usual renames."""
+
+    train: None = None
+    eval: Union[DataSource, List[DataSource]]
+
+
+class GenerationSpec(_Strict):
+    """How each model samples: ``num_samples`` completions per prompt of up to ``max_new_tokens``; temperature 0
+    is greedy. Only these settings: nothing is taken from a model's own generation config but its end token."""
+
+    num_samples: int = 1
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+
+    def problems(self) -> List[str]:
+        found = []
+        if self.num_samples < 1:
+            found.append(f"generation.num_samples: expected 1 or more; got {self.num_samples}")
+        if self.max_new_tokens < 1:
+            found.append(f"generation.max_new_tokens: expected 1 or more; got {self.max_new_tokens}")
+        if self.temperature < 0:
+            found.append(f"generation.temperature: expected 0 (greedy) or more; got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            found.append(f"generation.top_p: expected a value in (0, 1]; got {self.top_p}")
+        elif self.temperature == 0 and self.top_p != 1:
+            found.append(f"generation.top_p: {self.top_p} does nothing when greedy (temperature 0); drop it")
+        if not 0 <= self.seed < 2**32:
+            found.append(f"generation.seed: expected 0 to 2**32 - 1; got {self.seed}")
+        if self.temperature == 0 and self.num_samples > 1:
+            found.append(
+                f"generation.num_samples: {self.num_samples} greedy samples are one sample repeated; set a "
+                "temperature above 0, or num_samples: 1"
+            )
+        return found
+
+
+class Evaluation(_Strict):
+    """What an evaluation samples and scores: held-out prompts, the scorers (GRPO's rewards vocabulary), how
+    each model samples, pass@k's k and the conditions the scores must meet. ``posttrain.eval``'s spec
+    (evaluation.py) and a training spec's ``evaluate:`` section are each one."""
+
+    data: EvalData
+    rewards: List[RewardSource]
+    generation: GenerationSpec = GenerationSpec()
+    # k of pass@k: the chance that at least one of k samples passes (scores 1), from the num_samples drawn
+    pass_at_k: List[int] = [1]
+    # what the scores must show for the job to succeed (conditions.py)
+    require: List[str] = []
+
+    # a prompt column, as GRPO's data
+    data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PROMPT_FORMATS
+
+    def scorer_names(self) -> List[str]:
+        """Each scorer's name in the summary: its built-in's or function's name, numbered where two share one."""
+        # a function's own name (my_scores:Judge.correct: correct), as require's conditions can write it
+        names = [
+            reward.builtin or str(reward.function).rpartition(":")[2].rpartition(".")[2] for reward in self.rewards
+        ]
+        return [f"{name}_{index}" if names.count(name) > 1 else name for index, name in enumerate(names)]
+
+    def evaluation_problems(self, models: Sequence[str]) -> List[str]:
+        """What is wrong with the scorers, the generation settings, pass@k and ``require`` (naming ``models``),
+        and the data."""
+        found = []
+        if not self.rewards:
+            found.append("rewards: name at least one scorer (e.g. - builtin: contains, args: {column: answer})")
+        names = self.scorer_names()
+        for index, reward in enumerate(self.rewards):
+            found += reward.problems(f"rewards.{index}")
+            if names.count(names[index]) > 1:
+                found.append(
+                    f"rewards.{index}: its name in the summary, {names[index]}, is another scorer's too; give the "
+                    "function another name"
+                )
+            if reward.weight != 1.0:
+                found.append(f"rewards.{index}.weight: an evaluation reports each scorer apart, unweighted; drop it")
+            if reward.model is not None:
+                found.append(
+                    f"rewards.{index}.model: an evaluation scores with built-ins and functions; a reward model's "
+                    "scores are not yet read here: score with a function that calls it"
+                )
+        found += self.generation.problems()
+        for k in self.pass_at_k:
+            if not 1 <= k <= self.generation.num_samples:
+                found.append(
+                    f"pass_at_k: {k} needs at least {k} samples per prompt; expected 1 to generation.num_samples "
+                    f"({self.generation.num_samples})"
+                )
+        found += conditions.problems(self.require, models, names, self.pass_at_k)
+        return found + self.data.problems()
+
+
+class EvaluateSection(Evaluation):
+    """A training spec's ``evaluate:``: once the model is saved, the same job evaluates it as ``after`` (and with
+    ``before: true`` the model it started from as ``before``), as ``posttrain.eval`` would, into
+    ``<output_dir>/eval``; the results go into ``run_summary.json`` and the run's closing line."""
+
+    before: bool = False
+
+    def model_names(self) -> List[str]:
+        """The evaluated models' names, the baseline first (``require:`` names them)."""
+        return ["before", "after"] if self.before else ["after"]
+
+    def problems(self) -> List[str]:
+        return [f"evaluate.{problem}" for problem in self.evaluation_problems(self.model_names())]
 
 
 class DeepSpeedSpec(_Strict):
@@ -261,6 +404,8 @@ class Spec(_Strict):
     data: DataSpec
     training: Dict[str, Any]
     distributed: DistributedSpec = DistributedSpec()
+    # the trained model evaluated in the same job, once saved
+    evaluate: Optional[EvaluateSection] = None
     resume: str = "auto"
     # the run may write over the model output_dir holds: another spec's, one posttrain did not write, or this spec's
     # finished one (trained again); checkpoints stay as resume says (entrypoints/records/checkpoints.py)
@@ -370,6 +515,7 @@ class Spec(_Strict):
             if close:
                 found.append(f"resume: {cut(repr(self.resume))} is neither auto nor never; did you mean {close[0]}?")
         found += self.distributed.problems()
+        found += self.evaluate.problems() if self.evaluate is not None else []
         if runs_vllm_server(training) and not self.vllm_role:
             found.append(
                 f"training.vllm_mode: server needs the job's vllm role beside the trainers, which posttrain.{self.name()} "
@@ -479,36 +625,6 @@ def import_path_problem(where: str, path: str, expected: str) -> Optional[str]:
     if re.fullmatch(r"[\w.]+:[\w.]+", path):
         return None
     return f"{where}: expected {expected}; got {cut(repr(path))}"
-
-
-class RewardSource(_Strict):
-    """One reward: exactly one of a user callable, a built-in, or a reward model; weighted."""
-
-    # "module:callable", importable in the job
-    function: Optional[str] = None
-    builtin: Optional[str] = None
-    # a sequence-classification model: path or hub id
-    model: Optional[str] = None
-    args: Dict[str, Any] = {}
-    weight: float = 1.0
-
-    def problems(self, where: str) -> List[str]:
-        given = [key for key in ("function", "builtin", "model") if getattr(self, key) is not None]
-        if len(given) != 1:
-            return [f"{where}: give exactly one of function (module:callable), builtin (a name) or model (a path)"]
-        if self.model is not None and not self.model.strip():
-            return [f"{where}.model: expected a path or hub id of a reward model; got an empty string"]
-        if self.function is not None:
-            problem = import_path_problem(
-                f"{where}.function", self.function, "module:callable (e.g. my_rewards:accuracy)"
-            )
-            if problem is not None:
-                return [problem]
-        if self.builtin is not None:
-            return [f"{where}.builtin: {problem}" for problem in check_builtin(self.builtin, self.args)]
-        if self.args:
-            return [f"{where}.args: only built-in rewards take args"]
-        return []
 
 
 class ToolSource(_Strict):

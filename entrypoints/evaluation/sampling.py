@@ -5,7 +5,7 @@ from typing import Any, List
 
 import torch
 
-from posttrain.components.spec.evaluation import GenerationSpec
+from posttrain.components.spec.schema import GenerationSpec
 from posttrain.entrypoints.trainers.ppo_rollout import sampling_from_the_logits
 
 # a prompt's seed: the spec's, then its place in the data (each model draws with the same seeds: paired samples)

@@ -48,6 +48,7 @@ What happens where: ``distributed.py`` (the process group), ``sharding.py``
 import argparse
 import contextlib
 import dataclasses
+import gc
 import importlib.util
 import logging
 import os
@@ -61,11 +62,12 @@ import torch
 from transformers import PrinterCallback, Trainer
 from transformers.utils import logging as transformers_logging
 
-from posttrain.components.spec.chain import STAGE_ENV
+from posttrain.components.spec.evaluation import EvalSpec, of_training_run
 from posttrain.components.spec.fields import config_fields, config_value
 from posttrain.components.spec.loading import spec_from_json
 from posttrain.components.spec.messages import SpecError, first_line
 from posttrain.components.spec.schema import CHECKPOINTING_OPTIONS, EnvironmentSource, RewardSource, Spec, ToolSource
+from posttrain.entrypoints.evaluation.run import evaluate_run
 from posttrain.entrypoints.generation import role_lease, vllm_generation, vllm_token
 from posttrain.entrypoints.inputs.chat_templates import check_chat_template, check_reward_templates
 from posttrain.entrypoints.inputs.data import (
@@ -105,7 +107,7 @@ from posttrain.entrypoints.records.checkpoints import SPEC_FILE, Resume, already
 from posttrain.entrypoints.records.files import write_json_atomic
 from posttrain.entrypoints.records.metrics import MetricsLog
 from posttrain.entrypoints.records.samples import RolloutSamples
-from posttrain.entrypoints.records.summary import SUMMARY_FILE, closing_line, run_summary, write_model_card
+from posttrain.entrypoints.records.summary import SUMMARY_FILE, closing_line, run_summary, say_closing, write_model_card
 from posttrain.entrypoints.speed import fast_paths
 from posttrain.entrypoints.speed.fast_paths import FastPathOptions
 
@@ -125,6 +127,8 @@ class Parts:
     tools: Tuple[ToolSource, ...]
     # the environment the model acts in (one, or several by name), or None
     environment: Union[EnvironmentSource, Dict[str, EnvironmentSource], None]
+    # the evaluation of the saved model (evaluate:), or None
+    evaluation: Optional[EvalSpec]
 
 
 def parts(spec: Spec) -> Parts:
@@ -154,6 +158,7 @@ def parts(spec: Spec) -> Parts:
         rewards=tuple(getattr(spec, "rewards", ())),
         tools=tuple(getattr(spec, "tools", ())),
         environment=getattr(spec, "environment", None),
+        evaluation=of_training_run(spec) if spec.evaluate is not None else None,
     )
 
 
@@ -233,13 +238,6 @@ def run(algorithm: str, build_trainer: Callable[[Job], Any], argv: Optional[Sequ
         with role_lease.lease(spec.training):
             _train(algorithm, spec, build_trainer)
     distributed.report_done()
-
-
-def say_closing(line: str) -> None:
-    """A finished run's last line (``posttrain: ...``); a chain's stage says it as the chain's (``chain: stage
-    <name>: ...``), so that the chain's own closing line is the job's one posttrain: line."""
-    stage = os.environ.get(STAGE_ENV)
-    print(line.replace("posttrain: ", f"chain: stage {stage}: ", 1) if stage else line, file=sys.stderr, flush=True)
 
 
 @dataclasses.dataclass
@@ -333,6 +331,9 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
         # before a finished run ends: nodes that do not share output_dir would not agree that it finished
         distributed.check_shared_output(output_dir)
         if inputs is None:
+            if split.evaluation is not None:
+                # its evaluation may be another's, or cut short
+                evaluate_run(split.evaluation, output_dir, None)
             return
         if distributed.is_rank0():
             write_json_atomic(output_dir / SPEC_FILE, spec.model_dump(mode="json"))
@@ -407,8 +408,15 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
         # while the process group exists: vLLM leaves its groups at shutdown
         vllm_generation.shutdown(trainer)
         # the run's last line: the details are in run_summary.json
-        if distributed.is_rank0():
-            say_closing(closing_line(summary, str(output_dir)))
+        line = closing_line(summary, str(output_dir))
+        if split.evaluation is not None:
+            # the trained model is read back as saved: the trainer's copies go first
+            del trainer, job
+            gc.collect()
+            torch.cuda.empty_cache()
+            evaluate_run(split.evaluation, output_dir, line)
+        elif distributed.is_rank0():
+            say_closing(line)
 
 
 def _check_inputs(spec: Spec, split: Parts, world_size: int, reward_check: RewardCheck) -> Optional[_Inputs]:

@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 from transformers import TrainerCallback
 
-from posttrain.components.spec.loading import NOT_TRAINING_RELEVANT, spec_diff
+from posttrain.components.spec.loading import spec_diff, training_relevant
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import DataSpec, ModelSpec
 from posttrain.entrypoints.job.distributed import barrier, env_rank, says_any
@@ -332,7 +332,7 @@ def weight_files(output_dir: Path) -> List[str]:
 
 def _spec_differences(saved: Dict[str, Any], record: Dict[str, Any]) -> List[Tuple[str, Any, Any]]:
     """The training-relevant keys in which two spec dumps differ."""
-    return [d for d in spec_diff(saved, record) if d[0] not in NOT_TRAINING_RELEVANT]
+    return [d for d in spec_diff(saved, record) if training_relevant(d[0])]
 
 
 def _shown(differences: List[Tuple[str, Any, Any]]) -> str:

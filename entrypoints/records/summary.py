@@ -2,10 +2,12 @@
 
 import os
 import statistics
+import sys
 import uuid
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from posttrain.components.spec.chain import STAGE_ENV
 from posttrain.entrypoints.generation import vllm_generation
 from posttrain.entrypoints.job.callbacks import TokenCounter
 from posttrain.entrypoints.job.distributed import backend_for, world_size
@@ -134,6 +136,13 @@ def write_model_card(trainer: Any, output_dir: Path, base_model: str) -> None:
     text = card.read_text()
     if _NO_BASE_MODEL in text:
         card.write_text(text.replace(_NO_BASE_MODEL, f"`{base_model}`"))
+
+
+def say_closing(line: str) -> None:
+    """A finished run's last line (``posttrain: ...``); a chain's stage says it as the chain's (``chain: stage
+    <name>: ...``), so that the chain's own closing line is the job's one posttrain: line."""
+    stage = os.environ.get(STAGE_ENV)
+    print(line.replace("posttrain: ", f"chain: stage {stage}: ", 1) if stage else line, file=sys.stderr, flush=True)
 
 
 def closing_line(summary: Dict[str, Any], output_dir: str) -> str:

@@ -1,6 +1,6 @@
 """posttrain.eval through the real ``torchx run``: the tiny model before and after its tiny SFT on held-out
 questions, its ``require:`` gate holding and failing, the same samples on one process as on two, and a rerun that
-samples only the prompts left."""
+samples only the prompts left; and the same evaluation at the end of a training job (an ``evaluate:`` section)."""
 
 import collections
 import json
@@ -10,7 +10,7 @@ from typing import List
 
 import pytest
 
-from helpers import assert_succeeded, assert_valid_png, free_port, read_json, torchx
+from helpers import assert_succeeded, assert_valid_png, free_port, read_json, run_template, torchx
 
 pytestmark = pytest.mark.e2e
 
@@ -28,9 +28,26 @@ def run_eval(tmp_path: Path, output_dir: Path, sft: Path, j: str) -> str:
     return result.stdout + result.stderr
 
 
-def test_the_sft_model_is_ahead_on_any_number_of_processes_and_a_rerun_goes_on(sft_1x2: Path, tmp_path: Path) -> None:
-    two = tmp_path / "two"
-    said = run_eval(tmp_path, two, sft_1x2, "1x2")
+@pytest.fixture(scope="module")
+def two(sft_1x2: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The template's evaluation of the session's tiny SFT model, on two processes; its console in ``said.txt``."""
+    tmp_path = tmp_path_factory.mktemp("eval")
+    output_dir = tmp_path / "two"
+    said = run_eval(tmp_path, output_dir, sft_1x2, "1x2")
+    (tmp_path / "said.txt").write_text(said)
+    return output_dir
+
+
+def samples_of(output_dir: Path, model: str) -> List[str]:
+    """A model's completions in ``eval_samples.jsonl``, prompt after prompt."""
+    samples = [json.loads(line) for line in (output_dir / "eval_samples.jsonl").read_text().splitlines()]
+    return [sample["completion"] for sample in samples if sample["model"] == model]
+
+
+def test_the_sft_model_is_ahead_on_any_number_of_processes_and_a_rerun_goes_on(
+    two: Path, sft_1x2: Path, tmp_path: Path
+) -> None:
+    said = (two.parent / "said.txt").read_text()
     summary = read_json(two / "eval_summary.json")
     # the SFT data's answers end with a full stop: the trained model's do, far beyond the error
     ahead = summary["comparisons"]["sft"]["regex_format"]
@@ -76,6 +93,41 @@ def test_the_sft_model_is_ahead_on_any_number_of_processes_and_a_rerun_goes_on(s
     assert [json.loads(line)["completion"] for line in samples if json.loads(line)["index"] >= 30] == [
         s["completion"] for s in resumed if s["index"] >= 30
     ]
+
+
+def test_a_training_run_ends_with_its_evaluation_before_and_after(two: Path, tmp_path: Path) -> None:
+    output_dir = tmp_path / "sft"
+    result = run_template("sft/tiny-evaluated.yaml", tmp_path, output_dir)
+    assert_succeeded(result)
+    said = result.stdout + result.stderr
+    run = read_json(output_dir / "run_summary.json")
+    summary = read_json(output_dir / "eval" / "eval_summary.json")
+    assert run["evaluation"] == summary
+    # one closing line: the training's, then the evaluation's
+    line = re.search(r"^.*posttrain: sft finished 40 steps in \d+ s, loss .*; model in (.*); (eval of .*)$", said, re.M)
+    assert line is not None, said[-3000:]
+    assert (line.group(1), "posttrain: " + line.group(2)) == (str(output_dir), summary["closing_line"])
+    assert "eval of 2 models (before, after) on 60 prompts" in summary["closing_line"]
+    ahead = summary["comparisons"]["after"]["regex_format"]
+    assert ahead["mean"] > 0.3 and ahead["mean"] > 4 * ahead["stderr"], ahead
+    [verdict] = summary["require"]
+    assert verdict["condition"] == "after.regex_format - before.regex_format >= 0.3" and verdict["held"]
+    # the evaluation posttrain.eval runs: the model it started from answers as the eval's base did, sample for
+    # sample, and the model it trained as the session's SFT model (the same run)
+    assert samples_of(output_dir / "eval", "before") == samples_of(two, "base")
+    assert samples_of(output_dir / "eval", "after") == samples_of(two, "sft")
+
+    # another evaluation of the finished run: nothing trained, evaluated again, judged in one line
+    overrides = [
+        "evaluate.generation.num_samples=2",
+        "evaluate.pass_at_k=[1]",
+        "evaluate.require=[after.contains >= 0.9]",
+    ]
+    result = run_template("sft/tiny-evaluated.yaml", tmp_path, output_dir, overrides=overrides)
+    said = result.stdout + result.stderr
+    assert result.returncode == 1 and "already holds this run, finished at step 40: nothing to train" in said
+    assert re.search(r"posttrain: require: after.contains >= 0.9 does not hold: after.contains [\d.e-]+$", said, re.M)
+    assert read_json(output_dir / "run_summary.json")["evaluation"]["num_samples"] == 2
 
 
 def finished(samples: List[str], prompts: int) -> List[dict]:

@@ -182,6 +182,26 @@ def test_a_finished_stage_whose_spec_changed_stops_the_chain(tmp_path: Path) -> 
     )
 
 
+def test_a_finished_stage_with_an_evaluate_section_runs_again_and_the_stages_after_it_do_not(tmp_path: Path) -> None:
+    evaluate = [
+        "stages.sft.evaluate={data: {eval: {path: templates/data/questions_heldout.jsonl}}, "
+        "rewards: [{builtin: contains, args: {column: answer}}]}"
+    ]
+    chain = load_chain(SFT_DPO, [f"output_dir={tmp_path}", *evaluate], world_size=2)
+    state = {"stages": {stage.name: {"spec": stage.spec.model_dump(mode="json")} for stage in chain.stages}}
+    (tmp_path / chain_job.STATE_FILE).write_text(json.dumps(state))
+    for stage in chain.stages:
+        Path(stage.output_dir).mkdir()
+        (Path(stage.output_dir) / "run_summary.json").write_text("{}")
+    # its job trains nothing and evaluates
+    assert list(chain_job.finished_stages(chain)) == ["dpo"]
+    # nor is another evaluation a change of what it trained
+    other = load_chain(
+        SFT_DPO, [f"output_dir={tmp_path}", *evaluate, "stages.sft.evaluate.generation.seed=3"], world_size=2
+    )
+    assert list(chain_job.finished_stages(other)) == ["dpo"]
+
+
 def test_doctests() -> None:
     assert doctest.testmod(chain_job).failed == 0 and doctest.testmod(chain_spec).failed == 0
 

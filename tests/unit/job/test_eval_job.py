@@ -8,8 +8,8 @@ from typing import Any, List
 import pytest
 
 from posttrain.components.spec.messages import SpecError
-from posttrain.entrypoints import eval as eval_job
 from posttrain.entrypoints import launcher
+from posttrain.entrypoints.evaluation import run as eval_job
 from posttrain.entrypoints.inputs.rewards import RewardCheck
 
 

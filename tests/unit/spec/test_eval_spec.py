@@ -1,4 +1,5 @@
-"""posttrain.eval before it runs: its spec, each refusal in one line, its templates, and its request."""
+"""posttrain.eval before it runs: its spec, each refusal in one line, its templates, and its request; and a
+training spec's ``evaluate:`` section, the same evaluation of the run's model."""
 
 from pathlib import Path
 from typing import Any, Dict, List
@@ -11,7 +12,9 @@ from helpers import TEMPLATES, load_template
 from kubernetes_checks import check
 from posttrain.components import algorithms
 from posttrain.components.spec import conditions
-from posttrain.components.spec.evaluation import eval_from_json, load_eval, validate_eval
+from posttrain.components.spec.evaluation import eval_from_json, load_eval, of_training_run, validate_eval
+from posttrain.components.spec.loading import load_spec, training_relevant
+from posttrain.components.spec.local_files import local_data_problems
 from posttrain.components.spec.messages import SpecError
 
 EVAL_TEMPLATES = sorted(str(p.relative_to(TEMPLATES)) for p in TEMPLATES.glob("eval/*.yaml"))
@@ -53,7 +56,7 @@ def test_models_keep_their_order_the_first_is_the_baseline() -> None:
         ({"models": {"Base": {"name_or_path": "x"}}}, "models.Base: a model's name is lowercase letters"),
         ({"models": {"a": {"name_or_path": "x", "lora": {"r": 8}}}}, "models.a.lora: an evaluation loads models as"),
         ({"rewards": []}, "rewards: name at least one scorer"),
-        ({"rewards": [{"model": "outputs/reward-tiny"}]}, "rewards.0.model: posttrain.eval scores with built-ins"),
+        ({"rewards": [{"model": "outputs/reward-tiny"}]}, "rewards.0.model: an evaluation scores with built-ins"),
         ({"rewards": [{"builtin": "contains", "args": {"target": "a"}, "weight": 2.0}]}, "rewards.0.weight: an eval"),
         ({"rewards": [{"builtin": "containz"}]}, "rewards.0.builtin: unknown built-in reward 'containz'"),
         ({"pass_at_k": [8]}, "pass_at_k: 8 needs at least 8 samples per prompt; expected 1 to generation.num_samples"),
@@ -139,3 +142,60 @@ def test_numbers_yaml_1_1_reads_as_text_are_numbers(tmp_path: Path) -> None:
     text = (TEMPLATES / "eval/sft-tiny.yaml").read_text().replace("temperature: 1.0", "temperature: 7e-1")
     (tmp_path / "eval.yaml").write_text(text.replace("templates/data/", str(TEMPLATES / "data") + "/"))
     assert load_eval(str(tmp_path / "eval.yaml")).generation.temperature == 0.7
+
+
+def evaluated_sft(*overrides: str) -> Any:
+    return load_spec(str(TEMPLATES / "sft/tiny-evaluated.yaml"), list(overrides))
+
+
+def test_a_training_runs_evaluation_is_posttrain_eval_of_its_start_and_its_saved_model() -> None:
+    spec = evaluated_sft(
+        "training.output_dir=/runs/sft/",
+        "model.attn_implementation=torch_varlen",
+        "model.dtype=float32",
+        "model.lora={r: 8}",
+    )
+    evaluation = of_training_run(spec)
+    assert evaluation.output_dir == "/runs/sft/eval" and evaluation.overwrite_output_dir
+    assert list(evaluation.models) == ["before", "after"]
+    before, after = evaluation.models["before"], evaluation.models["after"]
+    # as they generate: torch_varlen takes no KV cache; the adapter's base as it was, the run's saved model
+    assert (before.name_or_path, before.lora, before.attn_implementation) == ("builtin:tiny-llama", None, None)
+    assert (after.name_or_path, after.dtype) == ("/runs/sft", "float32")
+    assert (evaluation.data, evaluation.rewards, evaluation.require) == (
+        spec.evaluate.data,
+        spec.evaluate.rewards,
+        ["after.regex_format - before.regex_format >= 0.3"],
+    )
+    # without before: the trained model alone
+    assert list(of_training_run(evaluated_sft("evaluate.before=false", "evaluate.require=[]")).models) == ["after"]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["evaluate.seed=1"], "evaluate.seed: unknown key here; it belongs at evaluate.generation.seed"),
+        (["evaluate.require=[sft.contains >= 0.5]"], "evaluate.require.0: no model 'sft' in this evaluation; it has "),
+        (["evaluate.before=false"], "evaluate.require.0: no model 'before' in this evaluation; it has after"),
+        (["evaluate.generation.top_p=0"], "evaluate.generation.top_p: expected a value in (0, 1]; got 0"),
+        (["evaluate.rewards=[]"], "evaluate.rewards: name at least one scorer"),
+        (["evaluate.pass_at_k=[8]"], "evaluate.pass_at_k: 8 needs at least 8 samples per prompt"),
+    ],
+)
+def test_a_malformed_evaluate_section_is_refused_in_one_line(overrides: List[str], message: str) -> None:
+    with pytest.raises(SpecError) as error:
+        evaluated_sft(*overrides)
+    assert any(problem.startswith(message) for problem in error.value.problems), error.value.problems
+
+
+def test_an_evaluate_sections_data_is_checked_by_the_client_as_the_runs_is() -> None:
+    wrong = evaluated_sft("evaluate.data.eval.path=templates/data/sft_chat.jsonl")
+    assert local_data_problems(wrong) == [
+        "evaluate.data.eval: found columns ['messages']; expected (prompt) (map names with evaluate.data.columns)"
+    ]
+    assert local_data_problems(evaluated_sft()) == []
+
+
+def test_an_evaluate_section_never_decides_whether_a_run_resumes() -> None:
+    assert not training_relevant("evaluate.generation.num_samples") and not training_relevant("evaluate")
+    assert training_relevant("training.max_steps") and training_relevant("evaluated")
