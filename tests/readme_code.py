@@ -46,6 +46,9 @@ LISTED: Dict[str, str] = {
     "torchx run -s local_cwd posttrain.eval --spec templates/eval/sft-tiny.yaml": (
         "tests/e2e/test_eval.py runs this evaluation (of the session's tiny SFT model) and reads its line"
     ),
+    "torchx run -s local_cwd posttrain.eval --spec templates/eval/benchmarks-tiny.yaml": (
+        "tests/e2e/test_eval.py runs this evaluation (of the session's tiny SFT model) and reads its line"
+    ),
     "torchx run -s local_cwd posttrain.chain --spec templates/chain/tools-tiny.yaml": (
         "tests/e2e/test_tools.py runs this chain (and its GRPO stage without the tool), tests/e2e/test_vllm.py "
         "with vLLM (.ci/run)"

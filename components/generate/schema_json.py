@@ -77,6 +77,15 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "require": "Conditions on the scores, on models after and before (e.g. after.contains - before.contains "
         ">= 0.05): the job fails in one line where one does not hold.",
         "before": "Evaluate the model the run started from too, as before (the trained one is after).",
+        "benchmarks": "Tasks of lm-evaluation-harness run on each model (pip install 'posttrain[lm-eval]').",
+    },
+    "BenchmarksSpec": {
+        "tasks": "lm-evaluation-harness task or group names (gsm8k, arc_easy, ...; or your own, from include_path).",
+        "include_path": "A folder of your own task YAMLs, in the harness's format.",
+        "num_fewshot": "Few-shot examples per question; default each task's own.",
+        "limit": "Run only each task's first examples.",
+        "batch_size": "Requests per forward pass.",
+        "apply_chat_template": "Give each question as the user's message in the model's chat template.",
     },
     "EvalData": {
         "train": "Not read: an evaluation reads data.eval.",

@@ -4,9 +4,11 @@
       - sft.regex_format >= 0.5                      # a model's mean score
       - sft.regex_format - base.regex_format >= 0.3  # against another model of the same evaluation
       - sft.contains.pass@4 > 0.2                    # its pass@k (a k of pass_at_k)
+      - sft.gsm8k.exact_match >= 0.3                 # a benchmark task's metric (lm-evaluation-harness)
 
-A metric is ``<model>.<scorer>`` (its mean) or ``<model>.<scorer>.pass@<k>``;
-a condition compares one metric, or the difference of two, with a number.
+A metric is ``<model>.<scorer>`` (its mean), ``<model>.<scorer>.pass@<k>``
+or ``<model>.<task>.<metric>``; a condition compares one metric, or the
+difference of two, with a number.
 """
 
 import dataclasses
@@ -14,7 +16,7 @@ import operator
 import re
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
-_METRIC = r"[a-z][a-z0-9_]*\.[A-Za-z0-9_]+(?:\.pass@\d+)?"
+_METRIC = r"[a-z][a-z0-9_]*\.[A-Za-z0-9_]+(?:\.(?:pass@\d+|[A-Za-z_]\w*))?"
 _CONDITION = re.compile(
     rf"\s*(?P<left>{_METRIC})\s*(?:-\s*(?P<right>{_METRIC})\s*)?(?P<op>>=|<=|>|<)\s*"
     r"(?P<number>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*"
@@ -31,20 +33,29 @@ EXAMPLE = "e.g. sft.contains >= 0.5, sft.contains - base.contains >= 0.05, or sf
 @dataclasses.dataclass(frozen=True)
 class Metric:
     model: str
+    # a scorer's name, or a benchmark task's
     scorer: str
     # pass@k; None: the mean
     k: Optional[int] = None
+    # a benchmark task's metric (its name in the summary)
+    measure: Optional[str] = None
 
     @classmethod
     def parse(cls, text: str) -> "Metric":
         model, scorer, *rest = text.split(".")
-        return cls(model, scorer, int(rest[0].removeprefix("pass@")) if rest else None)
+        if rest and re.fullmatch(r"pass@\d+", rest[0]):
+            return cls(model, scorer, k=int(rest[0].removeprefix("pass@")))
+        return cls(model, scorer, measure=rest[0] if rest else None)
 
     def __str__(self) -> str:
-        return f"{self.model}.{self.scorer}" + (f".pass@{self.k}" if self.k is not None else "")
+        suffix = f".pass@{self.k}" if self.k is not None else f".{self.measure}" if self.measure else ""
+        return f"{self.model}.{self.scorer}{suffix}"
 
     def value(self, summary: Mapping[str, Any]) -> Optional[float]:
-        """Its value in an evaluation's summary (None: nothing was scored)."""
+        """Its value in an evaluation's summary (None: nothing was scored, or the task has no such metric)."""
+        if self.measure is not None:
+            task = summary.get("benchmarks", {}).get(self.model, {}).get(self.scorer, {})
+            return task.get(self.measure, {}).get("value")
         result = summary["models"][self.model][self.scorer]
         return result.get("mean") if self.k is None else result.get("pass_at_k", {}).get(str(self.k))
 
@@ -78,8 +89,15 @@ class Condition:
         return {"condition": self.text, "values": values, "value": value, "held": held}
 
 
-def problems(conditions: Sequence[str], models: Sequence[str], scorers: Sequence[str], ks: Sequence[int]) -> List[str]:
-    """What is wrong with each condition, ``require.<i>: ...``: its form, and the models, scorers and k it names."""
+def problems(
+    conditions: Sequence[str],
+    models: Sequence[str],
+    scorers: Sequence[str],
+    ks: Sequence[int],
+    tasks: Sequence[str] = (),
+) -> List[str]:
+    """What is wrong with each condition, ``require.<i>: ...``: its form, and the models, scorers, k and benchmark
+    tasks it names (a task's metrics are known once it has run)."""
     found = []
     for index, text in enumerate(conditions):
         where = f"require.{index}"
@@ -92,10 +110,20 @@ def problems(conditions: Sequence[str], models: Sequence[str], scorers: Sequence
             found.append(f"{where}: {text!r} compares {condition.left} with itself; name another model's metric")
             continue
         for metric in condition.metrics():
+            named = [*scorers, *tasks]
             if metric.model not in models:
                 found.append(f"{where}: no model {metric.model!r} in this evaluation; it has {', '.join(models)}")
-            elif metric.scorer not in scorers:
-                found.append(f"{where}: no scorer {metric.scorer!r} in this evaluation; it has {', '.join(scorers)}")
+            elif metric.scorer not in named:
+                found.append(
+                    f"{where}: no scorer or benchmark task {metric.scorer!r} in this evaluation; it has "
+                    f"{', '.join(named)}"
+                )
+            elif metric.scorer in tasks and metric.measure is None:
+                found.append(f"{where}: name the task's metric: {metric}.<metric> (e.g. {metric}.exact_match)")
+            elif metric.scorer in scorers and metric.measure is not None:
+                found.append(
+                    f"{where}: a scorer has its mean and pass@k, not {metric.measure!r}: write {metric.model}.{metric.scorer}"
+                )
             elif metric.k is not None and metric.k not in ks:
                 found.append(f"{where}: pass@{metric.k} is not computed; add {metric.k} to pass_at_k")
     return found

@@ -231,6 +231,8 @@ def local_data_problems(spec: Any) -> List[str]:
     evaluate = getattr(spec, "evaluate", None)
     if evaluate is not None:
         readers.append(("evaluate.", evaluate.data, evaluate.data_formats))
+    # an evaluation of benchmarks alone has no held-out prompts
+    readers = [(prefix, data, formats) for prefix, data, formats in readers if data is not None]
     problems = []
     for prefix, data, formats in readers:
         problems += _data_problems(data, formats, prefix)

@@ -203,13 +203,46 @@ class GenerationSpec(_Strict):
         return found
 
 
+class BenchmarksSpec(_Strict):
+    """Standard benchmarks, run on each model by EleutherAI's lm-evaluation-harness (``pip install
+    'posttrain[lm-eval]'``) with the harness's own task definitions, or the user's (``include_path``)."""
+
+    tasks: List[str]
+    # a folder of the user's own task YAMLs (a task from a local file)
+    include_path: Optional[str] = None
+    num_fewshot: Optional[int] = None
+    # each task's first examples only
+    limit: Optional[int] = None
+    batch_size: int = 8
+    apply_chat_template: bool = False
+
+    def problems(self) -> List[str]:
+        found = [] if self.tasks else ["benchmarks.tasks: name at least one task (e.g. gsm8k, arc_easy)"]
+        found += [
+            f"benchmarks.tasks.{index}: expected a task name; got {cut(repr(task))}"
+            for index, task in enumerate(self.tasks)
+            if not re.fullmatch(r"[A-Za-z0-9_][\w.-]*", task)
+        ]
+        if self.include_path is not None and not self.include_path.strip():
+            found.append("benchmarks.include_path: expected a folder of task YAMLs; got an empty string")
+        if self.num_fewshot is not None and self.num_fewshot < 0:
+            found.append(f"benchmarks.num_fewshot: expected 0 or more; got {self.num_fewshot}")
+        if self.limit is not None and self.limit < 1:
+            found.append(f"benchmarks.limit: expected 1 or more; got {self.limit}")
+        if self.batch_size < 1:
+            found.append(f"benchmarks.batch_size: expected 1 or more; got {self.batch_size}")
+        return found
+
+
 class Evaluation(_Strict):
     """What an evaluation samples and scores: held-out prompts, the scorers (GRPO's rewards vocabulary), how
     each model samples, pass@k's k and the conditions the scores must meet. ``posttrain.eval``'s spec
     (evaluation.py) and a training spec's ``evaluate:`` section are each one."""
 
-    data: EvalData
-    rewards: List[RewardSource]
+    # held-out prompts the models complete and the scorers score; or only benchmarks, or both
+    data: Optional[EvalData] = None
+    rewards: List[RewardSource] = []
+    benchmarks: Optional[BenchmarksSpec] = None
     generation: GenerationSpec = GenerationSpec()
     # k of pass@k: the chance that at least one of k samples passes (scores 1), from the num_samples drawn
     pass_at_k: List[int] = [1]
@@ -231,8 +264,15 @@ class Evaluation(_Strict):
         """What is wrong with the scorers, the generation settings, pass@k and ``require`` (naming ``models``),
         and the data."""
         found = []
-        if not self.rewards:
+        if self.data is None and self.benchmarks is None:
+            found.append(
+                "data.eval: give held-out prompts (data.eval) and scorers (rewards), or benchmarks (tasks of "
+                "lm-evaluation-harness), or both"
+            )
+        elif self.data is not None and not self.rewards:
             found.append("rewards: name at least one scorer (e.g. - builtin: contains, args: {column: answer})")
+        elif self.data is None and self.rewards:
+            found.append("data.eval: the scorers (rewards) score completions of held-out prompts; give them there")
         names = self.scorer_names()
         for index, reward in enumerate(self.rewards):
             found += reward.problems(f"rewards.{index}")
@@ -255,8 +295,15 @@ class Evaluation(_Strict):
                     f"pass_at_k: {k} needs at least {k} samples per prompt; expected 1 to generation.num_samples "
                     f"({self.generation.num_samples})"
                 )
-        found += conditions.problems(self.require, models, names, self.pass_at_k)
-        return found + self.data.problems()
+        tasks = self.benchmarks.tasks if self.benchmarks is not None else []
+        found += [
+            f"benchmarks.tasks: {task} is also a scorer's name; a condition could not tell them apart"
+            for task in tasks
+            if task in names
+        ]
+        found += self.benchmarks.problems() if self.benchmarks is not None else []
+        found += conditions.problems(self.require, models, names, self.pass_at_k, tasks)
+        return found + (self.data.problems() if self.data is not None else [])
 
 
 class EvaluateSection(Evaluation):

@@ -16,16 +16,18 @@ import inspect
 import json
 import logging
 import shutil
+from datetime import timedelta
 from pathlib import Path
 from typing import IO, Any, Callable, Dict, List, Optional, Set, Tuple
 
 import torch
+import torch.distributed as dist
 
 from posttrain.components.spec import conditions
 from posttrain.components.spec.evaluation import EvalSpec
 from posttrain.components.spec.loading import spec_diff
 from posttrain.components.spec.messages import SpecError
-from posttrain.entrypoints.evaluation import scores
+from posttrain.entrypoints.evaluation import benchmarks, scores
 from posttrain.entrypoints.evaluation.files import PARTS_DIR, PLOT_FILE, SAMPLES_FILE, SPEC_FILE, SUMMARY_FILE
 from posttrain.entrypoints.evaluation.sampling import prompt_seed, sample
 from posttrain.entrypoints.inputs.data import load_split
@@ -42,6 +44,8 @@ log = logging.getLogger("posttrain")
 
 # spec keys the results do not depend on
 NOT_RESULTS = ("output_dir", "overwrite_output_dir", "require")
+# the other ranks wait this long at most while rank 0 runs the benchmarks (a few thousand questions per model)
+BENCHMARKS_TIMEOUT = timedelta(hours=12)
 
 
 @dataclasses.dataclass
@@ -63,16 +67,21 @@ def evaluate(spec: EvalSpec) -> Optional[Evaluated]:
         with distributed.all_ranks_agree():
             if distributed.is_rank0():
                 held.callback(lease.acquire(output_dir, "output_dir").release)
-            prompts = load_split(spec.data, spec.data_formats, "eval", spec.generation.seed)
-            check_reward_columns(spec.rewards, False, [("data.eval", prompts)])
+            prompts: Any = []
+            if spec.data is not None:
+                prompts = load_split(spec.data, spec.data_formats, "eval", spec.generation.seed)
+                check_reward_columns(spec.rewards, False, [("data.eval", prompts)])
             scorers = dict(zip(spec.scorer_names(), resolve_rewards(spec.rewards)))
             for where, name_or_path in spec.named_models():
                 check_model_path(name_or_path, where)
+            # rank 0 runs the benchmarks: the harness's index of tasks is its alone (and takes seconds)
+            tasks = benchmarks.task_manager(spec.benchmarks) if spec.benchmarks and distributed.is_rank0() else None
             record = {
                 # what the results depend on: not where they are written, nor whether they may replace others
                 "spec": {k: v for k, v in json.loads(spec.to_json()).items() if k not in NOT_RESULTS},
                 "models": model_fingerprints(spec.named_models(), None),
-                "data": split_fingerprint(spec.data, "eval", prompts),
+                "data": split_fingerprint(spec.data, "eval", prompts) if spec.data is not None else None,
+                "benchmark_tasks": benchmarks.tasks_fingerprint(spec.benchmarks) if spec.benchmarks else None,
             }
             finished = _finished(output_dir, record, spec.overwrite_output_dir)
         # nodes that do not share output_dir would not agree; check_shared_output says so below
@@ -89,15 +98,23 @@ def evaluate(spec: EvalSpec) -> Optional[Evaluated]:
         distributed.check_shared_output(output_dir, "output_dir")
 
         models = list(spec.models)
-        done = _done(output_dir / PARTS_DIR)
-        mine = [index for index in range(len(prompts)) if index % world == rank]
-        log.info("evaluating %d model(s) on %d prompts, %d process(es)", len(models), len(prompts), world)
-        with _part(output_dir / PARTS_DIR / f"rank-{rank}.jsonl") as part:
-            for name in models:
-                left = [index for index in mine if (name, index) not in done]
-                if left:
-                    _evaluate_model(spec, name, prompts, left, scorers, part)
+        if spec.data is not None:
+            done = _done(output_dir / PARTS_DIR)
+            mine = [index for index in range(len(prompts)) if index % world == rank]
+            log.info("evaluating %d model(s) on %d prompts, %d process(es)", len(models), len(prompts), world)
+            with _part(output_dir / PARTS_DIR / f"rank-{rank}.jsonl") as part:
+                for name in models:
+                    left = [index for index in mine if (name, index) not in done]
+                    if left:
+                        _evaluate_model(spec, name, prompts, left, scorers, part)
         distributed.barrier()
+        if spec.benchmarks is not None:
+            # every rank makes the group; rank 0 runs each model's tasks while the others wait in it
+            waiting = distributed.waiting_group(BENCHMARKS_TIMEOUT)
+            if distributed.is_rank0():
+                _run_benchmarks(spec, output_dir, tasks)
+            if waiting is not None:
+                dist.barrier(group=waiting)
         if not distributed.is_rank0():
             return None
         summary = _summarise(spec, output_dir, len(prompts), list(scorers), world)
@@ -216,16 +233,37 @@ def _done(parts_dir: Path) -> Set[Tuple[str, int]]:
     return {(result["model"], result["index"]) for result in _parts(parts_dir)}
 
 
-def _evaluate_model(
-    spec: EvalSpec, name: str, prompts: Any, indices: List[int], scorers: Dict[str, Callable[..., Any]], part: Any
-) -> None:
-    """One model's completions of this rank's ``indices``, scored, each prompt a line of ``part`` once done."""
+def _loaded(spec: EvalSpec, name: str) -> Tuple[Any, Any]:
+    """A model of the evaluation and its tokenizer (padding on the left, to generate), on this rank's GPU where it
+    has one."""
     model_spec = spec.models[name]
     tokenizer = load_tokenizer(model_spec.name_or_path, model_spec, "left")
     loading = ModelLoading(model_spec, attention=model_spec.attn_implementation)
     model = load_model(model_spec.name_or_path, loading, tokenizer, CAUSAL_LM).eval()
     if torch.cuda.is_available():
         model.to(torch.device("cuda", torch.cuda.current_device()))
+    return model, tokenizer
+
+
+def _run_benchmarks(spec: EvalSpec, output_dir: Path, manager: Any) -> None:
+    """Rank 0: each model's benchmark results not yet in ``eval_parts/`` (a rerun after a kill skips the models
+    done), one file per model."""
+    assert spec.benchmarks is not None
+    for name in spec.models:
+        path = output_dir / PARTS_DIR / f"benchmarks-{name}.json"
+        if path.is_file():
+            continue
+        log.info("benchmarks of %s: %s (lm-evaluation-harness)", name, ", ".join(spec.benchmarks.tasks))
+        model, tokenizer = _loaded(spec, name)
+        write_json_atomic(path, benchmarks.run(model, tokenizer, spec.benchmarks, manager, spec.generation.seed))
+        del model
+
+
+def _evaluate_model(
+    spec: EvalSpec, name: str, prompts: Any, indices: List[int], scorers: Dict[str, Callable[..., Any]], part: Any
+) -> None:
+    """One model's completions of this rank's ``indices``, scored, each prompt a line of ``part`` once done."""
+    model, tokenizer = _loaded(spec, name)
     for index in indices:
         row = prompts[index]
         prompt = row["prompt"]
@@ -282,8 +320,13 @@ def _summarise(spec: EvalSpec, output_dir: Path, prompts: int, scorer_list: List
     with open(output_dir / SAMPLES_FILE, "w") as out:
         out.writelines(json.dumps(sample) + "\n" for sample in samples)
     summary = scores.summarise(samples, models, scorer_list, spec.pass_at_k)
-    line = scores.closing_line(summary, models, scorer_list, prompts)
-    if len(models) > 1:
+    if spec.benchmarks is not None:
+        summary["benchmarks"] = {
+            model: json.loads((output_dir / PARTS_DIR / f"benchmarks-{model}.json").read_text()) for model in models
+        }
+    tasks = spec.benchmarks.tasks if spec.benchmarks is not None else []
+    line = scores.closing_line(summary, models, scorer_list, prompts if spec.data is not None else None, tasks)
+    if len(models) > 1 and scorer_list:
         _plot(summary, models, scorer_list, output_dir / PLOT_FILE)
     summary.update(
         prompts=prompts,

@@ -80,9 +80,16 @@ def summarise(
     return {"models": results, "comparisons": comparisons}
 
 
-def closing_line(summary: Mapping[str, Any], models: Sequence[str], scorers: Sequence[str], prompts: int) -> str:
+def closing_line(
+    summary: Mapping[str, Any],
+    models: Sequence[str],
+    scorers: Sequence[str],
+    prompts: Optional[int],
+    tasks: Sequence[str] = (),
+) -> str:
     """The job's last line: each scorer's mean per model, each later model's difference from the first with its
-    standard error (``contains 0.12 -> 0.81 (+0.69 ± 0.03)``)."""
+    standard error (``contains 0.12 -> 0.81 (+0.69 ± 0.03)``); then each benchmark task's first metric per model
+    (``gsm8k exact_match 0.10 -> 0.20``). ``prompts``: None where there were no held-out prompts."""
     results, comparisons = summary["models"], summary["comparisons"]
     parts = []
     for scorer in scorers:
@@ -94,9 +101,15 @@ def closing_line(summary: Mapping[str, Any], models: Sequence[str], scorers: Seq
         if len(models) == 1:
             shown = f"± {_number(results[models[0]][scorer].get('stderr'))}"
         parts.append(f"{scorer} {means} ({shown})")
+    for task in tasks:
+        measured = [summary["benchmarks"][model].get(task, {}) for model in models]
+        metric = next(iter(measured[0]), None)
+        if metric is not None:
+            means = " -> ".join(_number(m.get(metric, {}).get("value")) for m in measured)
+            parts.append(f"{task} {metric} {means}")
     named = f"{len(models)} models ({', '.join(models)})" if len(models) > 1 else models[0]
-    counted = f"{prompts} prompt" + ("s" if prompts != 1 else "")
-    return f"posttrain: eval of {named} on {counted}: " + "; ".join(parts)
+    counted = "" if prompts is None else f" on {prompts} prompt" + ("s" if prompts != 1 else "")
+    return f"posttrain: eval of {named}{counted}: " + "; ".join(parts)
 
 
 def _number(value: Optional[float]) -> str:

@@ -104,6 +104,15 @@ def barrier() -> None:
         dist.barrier()
 
 
+def waiting_group(timeout: timedelta) -> Optional[dist.ProcessGroup]:
+    """A gloo group of every rank whose collectives wait up to ``timeout``: for ranks that wait while rank 0 alone
+    works for longer than the job's own timeout allows (an evaluation's benchmarks); None in one process. Every
+    rank calls it."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return None
+    return dist.new_group(backend="gloo", timeout=timeout)
+
+
 def env_rank() -> int:
     """This process's global rank from the launcher's environment: known before, and without, a process group."""
     return int(os.environ.get("RANK", "0"))

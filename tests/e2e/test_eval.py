@@ -1,6 +1,7 @@
 """posttrain.eval through the real ``torchx run``: the tiny model before and after its tiny SFT on held-out
 questions, its ``require:`` gate holding and failing, the same samples on one process as on two, and a rerun that
-samples only the prompts left; and the same evaluation at the end of a training job (an ``evaluate:`` section)."""
+samples only the prompts left; the same evaluation at the end of a training job (an ``evaluate:`` section); and a
+benchmark of lm-evaluation-harness defined from a local file."""
 
 import collections
 import json
@@ -128,6 +129,31 @@ def test_a_training_run_ends_with_its_evaluation_before_and_after(two: Path, tmp
     assert result.returncode == 1 and "already holds this run, finished at step 40: nothing to train" in said
     assert re.search(r"posttrain: require: after.contains >= 0.9 does not hold: after.contains [\d.e-]+$", said, re.M)
     assert read_json(output_dir / "run_summary.json")["evaluation"]["num_samples"] == 2
+
+
+def test_a_benchmark_task_from_a_local_file_runs_offline_on_each_model(sft_1x2: Path, tmp_path: Path) -> None:
+    output_dir = tmp_path / "benchmarks"
+    args = ["run", "-s", "local_cwd", "posttrain.eval", "--spec", "templates/eval/benchmarks-tiny.yaml", "-j", "1x2"]
+    args += ["--rdzv_port", str(free_port()), f"output_dir={output_dir}", f"models.sft.name_or_path={sft_1x2}"]
+    result = torchx(args, tmp_path)
+    assert_succeeded(result)
+    summary = read_json(output_dir / "eval_summary.json")
+    # lm-evaluation-harness's accuracy: the SFT model prefers its data's full stop, the random base half the time
+    accuracy = {model: summary["benchmarks"][model]["answer_form"]["acc"] for model in ("base", "sft")}
+    assert accuracy["sft"]["value"] - accuracy["base"]["value"] >= 0.3, accuracy
+    assert 0.3 < accuracy["base"]["value"] < 0.7 and accuracy["base"]["stderr"] > 0
+    assert summary["require"][0]["held"] and summary["prompts"] == 0
+    line = f"posttrain: eval of 2 models (base, sft): answer_form acc {accuracy['base']['value']:.2f} -> "
+    assert summary["closing_line"].startswith(line) and summary["closing_line"] in result.stdout + result.stderr
+
+    # a task the harness does not know: one line, before any model loads
+    result = torchx(
+        args + [f"output_dir={tmp_path / 'unknown'}", "benchmarks.tasks=[answer_fom]", "require=[]"], tmp_path
+    )
+    said = result.stdout + result.stderr
+    assert result.returncode == 1
+    expected = "lm-evaluation-harness has no task 'answer_fom' (nor in include_path); did you mean answer_form?"
+    assert f"posttrain: benchmarks.tasks.0: {expected}" in said, said[-2000:]
 
 
 def finished(samples: List[str], prompts: int) -> List[dict]:

@@ -1,5 +1,6 @@
 """What an evaluation's scores say (entrypoints/evaluation/scores.py): pass@k, means and errors over prompts, the
-models against the first, and the closing line, on cases computed by hand."""
+models against the first, and the closing line, on cases computed by hand; a benchmark task's metrics as the
+harness names them (benchmarks.py)."""
 
 import doctest
 import math
@@ -7,11 +8,25 @@ from typing import Any, Dict, List
 
 import pytest
 
-from posttrain.entrypoints.evaluation import scores
+from posttrain.entrypoints.evaluation import benchmarks, scores
 
 
 def test_doctests() -> None:
-    assert doctest.testmod(scores).failed == 0
+    assert doctest.testmod(scores).failed == 0 and doctest.testmod(benchmarks).failed == 0
+
+
+def test_benchmark_tasks_follow_the_scorers_in_the_line_and_alone_count_no_prompts() -> None:
+    summary = {
+        "models": {"base": {}, "sft": {}},
+        "comparisons": {"sft": {}},
+        "benchmarks": {
+            "base": {"answer_form": {"acc": {"value": 0.5, "stderr": 0.06}}, "gsm8k": {}},
+            "sft": {"answer_form": {"acc": {"value": 1.0, "stderr": 0.0}}, "gsm8k": {}},
+        },
+    }
+    line = scores.closing_line(summary, ["base", "sft"], [], None, ["answer_form", "gsm8k"])
+    # a task without metrics (a group's own entry) says nothing
+    assert line == "posttrain: eval of 2 models (base, sft): answer_form acc 0.50 -> 1.00"
 
 
 @pytest.mark.parametrize(

@@ -65,7 +65,10 @@ def test_models_keep_their_order_the_first_is_the_baseline() -> None:
         ({"generation": {"max_new_tokens": 0}}, "generation.max_new_tokens: expected 1 or more; got 0"),
         ({"generation": {"temperature": 0.0, "top_p": 0.9}}, "generation.top_p: 0.9 does nothing when greedy"),
         ({"generation": {"seed": 2**40}}, "generation.seed: expected 0 to 2**32 - 1; got 1099511627776"),
-        ({"require": ["sft.regex >= 0.3"]}, "require.0: no scorer 'regex' in this evaluation; it has contains, regex"),
+        (
+            {"require": ["sft.regex >= 0.3"]},
+            "require.0: no scorer or benchmark task 'regex' in this evaluation; it has contains, regex_format",
+        ),
         ({"require": ["trained.contains > 0"]}, "require.0: no model 'trained' in this evaluation; it has base, sft"),
         ({"require": ["sft.contains.pass@2 > 0"]}, "require.0: pass@2 is not computed; add 2 to pass_at_k"),
         ({"require": ["sft.contains = 1"]}, "require.0: 'sft.contains = 1': expected <model>.<scorer> (or a differ"),
@@ -199,3 +202,56 @@ def test_an_evaluate_sections_data_is_checked_by_the_client_as_the_runs_is() -> 
 def test_an_evaluate_section_never_decides_whether_a_run_resumes() -> None:
     assert not training_relevant("evaluate.generation.num_samples") and not training_relevant("evaluate")
     assert training_relevant("training.max_steps") and training_relevant("evaluated")
+
+
+BENCHMARKED = {
+    "models": {"base": {}, "sft": {}},
+    "benchmarks": {
+        "base": {"answer_form": {"acc": {"value": 0.5, "stderr": 0.06}}},
+        "sft": {"answer_form": {"acc": {"value": 1.0, "stderr": 0.0}}},
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "text, held, value",
+    [
+        ("sft.answer_form.acc - base.answer_form.acc >= 0.3", True, 0.5),
+        ("base.answer_form.acc > 0.5", False, 0.5),
+        # a metric the task does not have: it cannot hold
+        ("sft.answer_form.exact_match >= 0", False, None),
+    ],
+)
+def test_a_condition_on_a_benchmark_task_is_judged_on_its_metric(text: str, held: bool, value: Any) -> None:
+    verdict = conditions.Condition.parse(text).verdict(BENCHMARKED)
+    assert (verdict["held"], verdict["value"]) == (held, value)
+
+
+def benchmarks_only(**changes: Any) -> Dict[str, Any]:
+    return {**load_template("eval/benchmarks-tiny.yaml"), **changes}
+
+
+def test_an_evaluation_of_benchmarks_alone_needs_no_prompts_nor_scorers() -> None:
+    spec = validate_eval(benchmarks_only())
+    assert spec.data is None and spec.rewards == [] and spec.benchmarks.tasks == ["answer_form"]
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"benchmarks": None}, "data.eval: give held-out prompts (data.eval) and scorers (rewards), or benchmarks"),
+        ({"rewards": [{"builtin": "contains", "args": {"column": "answer"}}]}, "data.eval: the scorers (rewards)"),
+        ({"benchmarks": {"tasks": []}}, "benchmarks.tasks: name at least one task"),
+        ({"benchmarks": {"tasks": ["gsm8k; rm"]}}, "benchmarks.tasks.0: expected a task name; got 'gsm8k; rm'"),
+        ({"benchmarks": {"tasks": ["gsm8k"], "limit": 0}}, "benchmarks.limit: expected 1 or more; got 0"),
+        ({"require": ["sft.answer_form >= 0.5"]}, "require.0: name the task's metric: sft.answer_form.<metric>"),
+        ({"require": ["sft.gsm8k.acc >= 0.5"]}, "require.0: no scorer or benchmark task 'gsm8k' in this evaluation"),
+    ],
+)
+def test_a_malformed_benchmarks_section_is_refused_in_one_line(changes: Dict[str, Any], message: str) -> None:
+    assert any(problem.startswith(message) for problem in problems(benchmarks_only(**changes)))
+
+
+def test_a_task_named_as_a_scorer_is_refused() -> None:
+    raw = sft_tiny(benchmarks={"tasks": ["contains"]})
+    assert "benchmarks.tasks: contains is also a scorer's name; a condition could not tell them apart" in problems(raw)
