@@ -54,6 +54,15 @@ LISTED: Dict[str, str] = {
         "with vLLM (.ci/run)"
     ),
 }
+# Commands not run where written whole, as a test runs them already (the same command with more arguments runs).
+LISTED_WHOLE: Dict[str, str] = {
+    "torchx run -s local_cwd posttrain.chain --spec templates/chain/rlhf-tiny.yaml": (
+        "tests/e2e/test_chain.py runs this chain (killed during its reward stage and run again) and reads every stage"
+    ),
+    "torchx run -s local_cwd posttrain.sft --spec templates/sft/tiny-zero2.yaml -j 2x1 --launcher deepspeed": (
+        "tests/e2e/test_distributed.py runs this command and reads both nodes' logs and the run"
+    ),
+}
 # Set-up steps a `&&` chain may begin with: not run (the environment running this test is what they
 # make); the rest of the chain is planned like any command.
 SET_UP: Dict[str, str] = {
@@ -298,6 +307,8 @@ def plan_one(command: Command, text: str, ci: str) -> Plan:
     for prefix, reason in LISTED.items():
         if text.startswith(prefix):
             return Plan(command, "listed", why=reason)
+    if text in LISTED_WHOLE:
+        return Plan(command, "listed", why=LISTED_WHOLE[text])
     parts = [part.strip() for part in text.split("&&")]
     if len(parts) > 1:
         unknown = [part for part in parts[:-1] if not part.startswith(tuple(SET_UP))]
