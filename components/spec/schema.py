@@ -254,9 +254,13 @@ class Evaluation(_Strict):
 
     def scorer_names(self) -> List[str]:
         """Each scorer's name in the summary: its built-in's or function's name, numbered where two share one."""
-        # a function's own name (my_scores:Judge.correct: correct), as require's conditions can write it
+        # a function's own name (my_scores:Judge.correct: correct), a reward model's folder's (outputs/reward-tiny:
+        # reward_tiny), as require's conditions can write them
         names = [
-            reward.builtin or str(reward.function).rpartition(":")[2].rpartition(".")[2] for reward in self.rewards
+            reward.builtin
+            or (reward.function or "").rpartition(":")[2].rpartition(".")[2]
+            or re.sub(r"\W", "_", str(reward.model).rstrip("/").rpartition("/")[2])
+            for reward in self.rewards
         ]
         return [f"{name}_{index}" if names.count(name) > 1 else name for index, name in enumerate(names)]
 
@@ -283,11 +287,6 @@ class Evaluation(_Strict):
                 )
             if reward.weight != 1.0:
                 found.append(f"rewards.{index}.weight: an evaluation reports each scorer apart, unweighted; drop it")
-            if reward.model is not None:
-                found.append(
-                    f"rewards.{index}.model: an evaluation scores with built-ins and functions; a reward model's "
-                    "scores are not yet read here: score with a function that calls it"
-                )
         found += self.generation.problems()
         for k in self.pass_at_k:
             if not 1 <= k <= self.generation.num_samples:

@@ -27,12 +27,18 @@ from posttrain.components.spec import conditions
 from posttrain.components.spec.evaluation import EvalSpec
 from posttrain.components.spec.loading import spec_diff
 from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.schema import ModelSpec
 from posttrain.entrypoints.evaluation import benchmarks, scores
 from posttrain.entrypoints.evaluation.files import PARTS_DIR, PLOT_FILE, SAMPLES_FILE, SPEC_FILE, SUMMARY_FILE
 from posttrain.entrypoints.evaluation.sampling import prompt_seed, sample
 from posttrain.entrypoints.inputs.data import load_split
 from posttrain.entrypoints.inputs.models import CAUSAL_LM, ModelLoading, check_model_path, load_model, load_tokenizer
-from posttrain.entrypoints.inputs.rewards import check_reward_columns, resolve_rewards
+from posttrain.entrypoints.inputs.rewards import (
+    check_reward_columns,
+    load_reward_models,
+    resolve_rewards,
+    reward_model_scores,
+)
 from posttrain.entrypoints.job import distributed, lease
 from posttrain.entrypoints.records import curves
 from posttrain.entrypoints.records.checkpoints import model_fingerprints, read_record, split_fingerprint
@@ -99,6 +105,7 @@ def evaluate(spec: EvalSpec) -> Optional[Evaluated]:
 
         models = list(spec.models)
         if spec.data is not None:
+            scorers = {name: _scorer(resolved) for name, resolved in scorers.items()}
             done = _done(output_dir / PARTS_DIR)
             mine = [index for index in range(len(prompts)) if index % world == rank]
             log.info("evaluating %d model(s) on %d prompts, %d process(es)", len(models), len(prompts), world)
@@ -243,6 +250,23 @@ def _loaded(spec: EvalSpec, name: str) -> Tuple[Any, Any]:
     if torch.cuda.is_available():
         model.to(torch.device("cuda", torch.cuda.current_device()))
     return model, tokenizer
+
+
+def _scorer(resolved: Any) -> Callable[..., Any]:
+    """A scorer as a function: a reward model (its path) loaded on this rank's GPU where it has one, scoring as
+    TRL's online trainers do."""
+    if not isinstance(resolved, str):
+        return resolved
+    [model], [tokenizer] = load_reward_models([resolved], ModelLoading(ModelSpec(name_or_path=resolved)))
+    model.eval().requires_grad_(False)
+    if torch.cuda.is_available():
+        model.to(torch.device("cuda", torch.cuda.current_device()))
+
+    def scored(prompts: List[Any], completions: List[Any], **columns: Any) -> List[float]:
+        with torch.inference_mode():
+            return reward_model_scores(model, tokenizer, prompts, completions).tolist()
+
+    return scored
 
 
 def _run_benchmarks(spec: EvalSpec, output_dir: Path, manager: Any) -> None:

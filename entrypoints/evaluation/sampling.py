@@ -6,7 +6,7 @@ from typing import Any, List
 import torch
 
 from posttrain.components.spec.schema import GenerationSpec
-from posttrain.entrypoints.trainers.ppo_rollout import sampling_from_the_logits
+from posttrain.entrypoints.generation.sampling import prompt_ids, sampling_from_the_logits
 
 # a prompt's seed: the spec's, then its place in the data (each model draws with the same seeds: paired samples)
 SEED_STRIDE = 1_000_003
@@ -14,14 +14,6 @@ SEED_STRIDE = 1_000_003
 
 def prompt_seed(generation: GenerationSpec, index: int) -> int:
     return generation.seed * SEED_STRIDE + index
-
-
-def prompt_ids(tokenizer: Any, prompt: Any) -> List[int]:
-    """A prompt's tokens: chat messages through the chat template, with the assistant's turn opened; text as the
-    tokenizer encodes it (with its BOS, as in training)."""
-    if isinstance(prompt, str):
-        return list(tokenizer(prompt)["input_ids"])
-    return list(tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_dict=True)["input_ids"])
 
 
 @torch.no_grad()

@@ -20,11 +20,12 @@ import math
 import numbers
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
+import torch
 from transformers import TrainerCallback
 from trl.trainer.utils import is_async_callable
 
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.rewards import BUILTIN_REWARDS, RewardFunction, builtin_reward
+from posttrain.components.spec.rewards import BUILTIN_REWARDS, RewardFunction, builtin_reward, completion_text
 from posttrain.components.spec.schema import RewardSource
 from posttrain.entrypoints.inputs.models import (
     SEQUENCE_CLASSIFICATION,
@@ -183,3 +184,15 @@ def load_reward_models(
         funcs.append(model)
         tokenizers.append(tokenizer)
     return funcs, tokenizers
+
+
+def reward_model_scores(model: Any, tokenizer: Any, prompts: Sequence[Any], completions: Sequence[Any]) -> torch.Tensor:
+    """A reward model's score of each prompt with its completion, as TRL's online trainers score them: the text
+    (a chat through the reward model's chat template), right-padded, read at the first logit; float32 on the CPU.
+    Under the caller's autocast, if any."""
+    if isinstance(prompts[0], str):
+        texts = [p + completion_text(c) for p, c in zip(prompts, completions)]
+    else:
+        texts = [tokenizer.apply_chat_template(p + c, tokenize=False) for p, c in zip(prompts, completions)]
+    encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(model.device)
+    return model(**encoded).logits[:, 0].float().cpu()

@@ -6,17 +6,17 @@ returns. Nothing here changes a weight.
 """
 
 import asyncio
-import contextlib
 import inspect
 import math
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn as nn
 from accelerate import Accelerator
-from transformers import GenerationConfig, PreTrainedModel
+from transformers import PreTrainedModel
 
-from posttrain.components.spec.rewards import completion_text
+from posttrain.entrypoints.generation.sampling import prompt_ids, sampling_from_the_logits
+from posttrain.entrypoints.inputs.rewards import reward_model_scores
 from posttrain.entrypoints.trainers.ppo_math import gae, kl_per_token, positions, response_logprobs, until_first, whiten
 
 
@@ -46,14 +46,9 @@ class Rollouts:
         self.ref_policy = ref_policy.to(self.device).eval().requires_grad_(False)
 
     def _encode_prompt(self, prompt: Any) -> List[int]:
-        if isinstance(prompt, str):
-            # with the tokenizer's BOS, as the model saw text in training
-            ids = self.tokenizer(prompt)["input_ids"]
-        else:
-            # the chat template writes the BOS itself
-            ids = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, return_dict=True)["input_ids"]
+        ids = prompt_ids(self.tokenizer, prompt)
         limit = self.args.max_prompt_length
-        return list(ids[-limit:]) if limit else list(ids)
+        return ids[-limit:] if limit else ids
 
     def _batch_indices(self, iteration: int) -> List[int]:
         """This rank's prompts for an iteration: a seeded shuffle per pass over the data."""
@@ -163,31 +158,5 @@ class Rollouts:
     def _model_scores(
         self, reward: Tuple[PreTrainedModel, Any], prompts: List[Any], completions: List[Any]
     ) -> torch.Tensor:
-        model, tokenizer = reward
-        if isinstance(prompts[0], str):
-            texts = [p + completion_text(c) for p, c in zip(prompts, completions)]
-        else:
-            texts = [tokenizer.apply_chat_template(p + c, tokenize=False) for p, c in zip(prompts, completions)]
-        encoded = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
         with self.accelerator.autocast():
-            return model(**encoded).logits[:, 0].float().cpu()
-
-
-@contextlib.contextmanager
-def sampling_from_the_logits(policy: PreTrainedModel) -> Iterator[None]:
-    """Generation samples from softmax(logits / temperature) alone, as the log-probs PPO trains on assume.
-
-    transformers fills every sampling setting ``generate`` is not given from
-    the model's ``generation_config.json`` (an instruct model's repetition
-    penalty, top-k, min-p, ...), which would make the sampling distribution
-    differ from the one the ratio and the KL are computed with. The model's
-    own generation config is back in place afterwards, so it is saved as it came.
-    """
-    saved = policy.generation_config
-    policy.generation_config = GenerationConfig(
-        bos_token_id=saved.bos_token_id, eos_token_id=saved.eos_token_id, pad_token_id=saved.pad_token_id
-    )
-    try:
-        yield
-    finally:
-        policy.generation_config = saved
+            return reward_model_scores(*reward, prompts, completions)

@@ -1,7 +1,7 @@
 """posttrain.eval through the real ``torchx run``: the tiny model before and after its tiny SFT on held-out
 questions, its ``require:`` gate holding and failing, the same samples on one process as on two, and a rerun that
 samples only the prompts left; the same evaluation at the end of a training job (an ``evaluate:`` section); and a
-benchmark of lm-evaluation-harness defined from a local file."""
+benchmark of lm-evaluation-harness defined from a local file; a reward model as a scorer."""
 
 import collections
 import json
@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import List
 
 import pytest
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from helpers import assert_succeeded, assert_valid_png, free_port, read_json, run_template, torchx
 
@@ -154,6 +156,30 @@ def test_a_benchmark_task_from_a_local_file_runs_offline_on_each_model(sft_1x2: 
     assert result.returncode == 1
     expected = "lm-evaluation-harness has no task 'answer_fom' (nor in include_path); did you mean answer_form?"
     assert f"posttrain: benchmarks.tasks.0: {expected}" in said, said[-2000:]
+
+
+def test_a_reward_model_scores_each_sample_as_it_scores_the_text_alone(
+    sft_1x2: Path, reward_model: Path, tmp_path: Path
+) -> None:
+    output_dir = tmp_path / "scored"
+    args = eval_args(output_dir, sft_1x2, "1x2") + [f"rewards=[{{model: {reward_model}}}]", "require=[]"]
+    args += ["pass_at_k=[1]", "generation.num_samples=2"]
+    result = torchx(args, tmp_path)
+    assert_succeeded(result)
+    summary = read_json(output_dir / "eval_summary.json")
+    assert summary["closing_line"].startswith("posttrain: eval of 2 models (base, sft) on 60 prompts: reward ")
+    samples = [json.loads(line) for line in (output_dir / "eval_samples.jsonl").read_text().splitlines()]
+    # scored in right-padded batches on two processes; here one text at a time, as the reward test scores pairs
+    model = AutoModelForSequenceClassification.from_pretrained(reward_model).eval()
+    tokenizer = AutoTokenizer.from_pretrained(reward_model)
+    for sample in samples[::15]:
+        answer = [{"role": "assistant", "content": sample["completion"]}]
+        text = tokenizer.apply_chat_template(sample["prompt"] + answer, tokenize=False)
+        with torch.no_grad():
+            alone = model(**tokenizer(text, return_tensors="pt", add_special_tokens=False)).logits[0, 0].item()
+        assert sample["scores"]["reward"] == pytest.approx(alone, abs=1e-4), sample
+    means = {model: summary["models"][model]["reward"]["mean"] for model in ("base", "sft")}
+    assert summary["comparisons"]["sft"]["reward"]["mean"] == pytest.approx(means["sft"] - means["base"])
 
 
 def finished(samples: List[str], prompts: int) -> List[dict]:

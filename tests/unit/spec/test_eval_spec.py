@@ -36,6 +36,17 @@ def test_every_eval_template_validates_and_round_trips(template: str) -> None:
     assert eval_from_json(spec.to_json()) == spec
 
 
+def test_a_scorer_is_named_by_its_builtin_its_function_or_its_reward_models_folder() -> None:
+    rewards = [{"builtin": "contains", "args": {"column": "answer"}}, {"function": "my_scores:Judge.correct"}]
+    rewards += [{"model": "outputs/reward-tiny/"}, {"model": "Org/RM-7B"}]
+    assert validate_eval(sft_tiny(rewards=rewards, require=[])).scorer_names() == [
+        "contains",
+        "correct",
+        "reward_tiny",
+        "RM_7B",
+    ]
+
+
 def test_models_keep_their_order_the_first_is_the_baseline() -> None:
     spec = load_eval(str(TEMPLATES / "eval/sft-tiny.yaml"), ["models.sft.name_or_path=/runs/sft", "pass_at_k=[2]"])
     assert list(spec.models) == ["base", "sft"] and spec.models["sft"].name_or_path == "/runs/sft"
@@ -56,7 +67,7 @@ def test_models_keep_their_order_the_first_is_the_baseline() -> None:
         ({"models": {"Base": {"name_or_path": "x"}}}, "models.Base: a model's name is lowercase letters"),
         ({"models": {"a": {"name_or_path": "x", "lora": {"r": 8}}}}, "models.a.lora: an evaluation loads models as"),
         ({"rewards": []}, "rewards: name at least one scorer"),
-        ({"rewards": [{"model": "outputs/reward-tiny"}]}, "rewards.0.model: an evaluation scores with built-ins"),
+        ({"rewards": [{"model": ""}]}, "rewards.0.model: expected a path or hub id of a reward model; got an empty"),
         ({"rewards": [{"builtin": "contains", "args": {"target": "a"}, "weight": 2.0}]}, "rewards.0.weight: an eval"),
         ({"rewards": [{"builtin": "containz"}]}, "rewards.0.builtin: unknown built-in reward 'containz'"),
         ({"pass_at_k": [8]}, "pass_at_k: 8 needs at least 8 samples per prompt; expected 1 to generation.num_samples"),
