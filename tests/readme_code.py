@@ -33,6 +33,10 @@ LISTED: Dict[str, str] = {
         "needs the id of a live Slurm job; tests/e2e/test_slurm.py runs torchx status and log on real ones"
     ),
     "docker build ": "needs a Docker daemon and a registry to push to",
+    "pip install -e '.[gpu]'": (
+        "installs GPU packages into the environment running the tests (CI has no GPU); "
+        "tests/unit/speed/test_fast_paths.py reads the gpu extra"
+    ),
     "python3 -m venv .venv-vllm": "builds the vLLM environment: .ci/run builds it and runs the vLLM tests there",
     "torchx run -s local_cwd posttrain.grpo --spec templates/grpo/tiny-vllm.yaml": (
         "needs the vLLM environment: tests/e2e/test_vllm.py runs this template there (.ci/run)"

@@ -9,6 +9,7 @@ the hardware, of ``training``) is said by the spec's ``distributed`` section
 hardware check here asks again. :func:`strategy_for` picks one from it.
 """
 
+import os
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Dict
@@ -32,6 +33,13 @@ class Strategy:
     def check_hardware(self) -> None:
         """Refuses, before anything starts, hardware this strategy cannot run on (as the spec's section says)."""
         problems = [] if torch.cuda.is_available() else self.spec.gpu_problems("this job sees no GPU")
+        # torchrun's processes on this node, each of which takes a GPU of its own
+        processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        if torch.cuda.is_available() and processes > torch.cuda.device_count():
+            problems.append(
+                f"-j: {processes} processes on this node, which has {torch.cuda.device_count()} GPU(s) it can see; "
+                "give each process a GPU (-j <nodes>x<GPUs per node>), or run on CPU (--gpu 0)"
+            )
         if problems:
             raise SpecError(problems)
 

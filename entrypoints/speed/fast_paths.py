@@ -79,6 +79,8 @@ CHECKPOINTING_KEYS = {*CHECKPOINTING_SWITCHES, *CHECKPOINTING_OPTIONS}
 # SFT's tokens per device and step on a GPU where the spec leaves the batch: 64 rows of TRL's default max_length.
 # There one H100 trained Qwen2.5-0.5B's shape at 33.5% MFU, against 9.2% with TRL's 8 rows (BENCHMARKS.md).
 GPU_TOKENS_PER_STEP = 65536
+# what installs the packages the GPU defaults need (setup.cfg's gpu extra)
+INSTALL_GPU = "pip install 'posttrain[gpu]'"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,9 +102,11 @@ def config_defaults(options: FastPathOptions, on_cuda: bool, training: Mapping[s
     """The fast paths set in the TRL config: keyword arguments the user left unset. ``training``: the
     keyword arguments so far (the batch)."""
     defaults: Dict[str, Any] = {}
-    if "use_liger_kernel" in options.offered and "use_liger_kernel" not in options.training:
-        if on_cuda and importlib.util.find_spec("liger_kernel") is not None:
+    if "use_liger_kernel" in options.offered and "use_liger_kernel" not in options.training and on_cuda:
+        if importlib.util.find_spec("liger_kernel") is not None:
             defaults["use_liger_kernel"] = True
+        else:
+            _say(f"Liger's kernels are off: liger-kernel is not installed ({INSTALL_GPU})")
     # its options too: the user wants it
     checkpointing_set = CHECKPOINTING_KEYS & set(options.training)
     if "no_activation_checkpointing" in options.offered and not checkpointing_set:
@@ -183,7 +187,10 @@ def attention_implementation(options: FastPathOptions) -> Optional[str]:
     chosen = options.model.attn_implementation
     if chosen is not None or "padding_free" not in options.offered or options.training.get("padding_free") is False:
         return chosen
-    if attention.varlen_available() is not None:
+    unavailable = attention.varlen_available()
+    if unavailable is not None:
+        if torch.cuda.is_available():
+            _say(f"torch_varlen attention is off: {unavailable} ({INSTALL_GPU}); padding-free rows stay off too")
         return None
     shape = gpu_memory.model_shape(options.model)
     if shape is None or shape.model_type not in VARLEN_MODEL_TYPES or shape.attention_dropout:
@@ -192,6 +199,12 @@ def attention_implementation(options: FastPathOptions) -> Optional[str]:
     if not computes_in_16_bits(options.training) and shape.weight_bytes != 2:
         return None
     return attention.NAME
+
+
+def _say(line: str) -> None:
+    """One of the job's first lines, on rank 0."""
+    if int(os.environ.get("RANK", "0")) == 0:
+        log.info(line)
 
 
 def padding_free_reason(model: Any) -> Optional[str]:

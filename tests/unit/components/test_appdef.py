@@ -148,6 +148,15 @@ def test_env_values_reach_the_job_byte_for_byte_through_torchx_macro_substitutio
     assert {key: role.env[key] for key in given} == given
 
 
+def test_a_job_without_gpus_asked_for_sees_none_unless_told() -> None:
+    # local_cwd runs on the host, whose GPUs the job would otherwise use
+    assert algorithms.sft(spec=TINY).roles[0].env["CUDA_VISIBLE_DEVICES"] == ""
+    assert "CUDA_VISIBLE_DEVICES" not in algorithms.sft(spec=TINY, gpu=2, j="1x2").roles[0].env
+    assert "CUDA_VISIBLE_DEVICES" not in algorithms.sft(spec=TINY, h="gpu.small").roles[0].env
+    told = algorithms.sft(spec=TINY, env={"CUDA_VISIBLE_DEVICES": "3"})
+    assert told.roles[0].env["CUDA_VISIBLE_DEVICES"] == "3"
+
+
 @pytest.mark.parametrize(
     "kwargs, expected",
     [

@@ -230,6 +230,20 @@ def test_on_gpus_the_group_has_gloo_beside_nccl_for_posttrain_flags(tmp_path: Pa
         assert distributed.backend_for(device) == named
 
 
+def test_more_processes_on_a_node_than_its_gpus_stop_in_one_line(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(SpecError) as error:
+        strategy_for(sft_spec(tmp_path).distributed).check_hardware()
+    assert str(error.value) == (
+        "-j: 2 processes on this node, which has 1 GPU(s) it can see; give each process a GPU (-j <nodes>x<GPUs per "
+        "node>), or run on CPU (--gpu 0)"
+    )
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    strategy_for(sft_spec(tmp_path).distributed).check_hardware()
+
+
 def test_online_batches_are_checked_not_shrunk() -> None:
     from types import SimpleNamespace
 

@@ -6,7 +6,9 @@ pad token of id 0 (the job pads with EOS), attention dropout (switched off by
 very different lengths, and a ``max_length`` that truncates some of them.
 """
 
+import configparser
 import dataclasses
+import logging
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional
@@ -17,7 +19,7 @@ from transformers import LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from trl import SFTConfig, SFTTrainer
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-from helpers import SHAPE
+from helpers import REPO, SHAPE
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints.inputs import tiny
@@ -209,7 +211,9 @@ def test_packing_with_an_attention_that_could_cross_rows_is_refused_before_the_j
     validate(spec("paged_attention", packing=False))
 
 
-def test_liger_is_a_default_on_cuda_only_where_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_liger_is_a_default_on_cuda_only_where_installed(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     spec = validate(
         {
             "algorithm": "sft",
@@ -225,7 +229,10 @@ def test_liger_is_a_default_on_cuda_only_where_installed(monkeypatch: pytest.Mon
     off = spec.model_copy(update={"training": {"output_dir": "out", "use_liger_kernel": False}})
     assert defaults_of(off, on_cuda=True) == {}
     installed.clear()
-    assert defaults_of(spec, on_cuda=True) == {}
+    with caplog.at_level(logging.INFO, logger="posttrain"):
+        assert defaults_of(spec, on_cuda=True) == {}
+    # the job's first lines say why, and what installs it
+    assert caplog.messages == ["Liger's kernels are off: liger-kernel is not installed (pip install 'posttrain[gpu]')"]
 
 
 def test_activation_checkpointing_is_off_by_default_for_sft_on_cpu() -> None:
@@ -353,3 +360,12 @@ def test_on_a_gpu_activation_checkpointing_is_off_where_the_step_fits(
     assert "activations of up to 9 GB, logits of 12 GB and a training state of 4 GB fit" in caplog.text
     fsdp = validate({**dict(trainer_spec(Path("out"))), "model": {"name_or_path": small}, "distributed": {"fsdp": {}}})
     assert "activation_checkpointing" not in defaults_of(fsdp, on_cuda=True, training=batch)
+
+
+def test_the_gpu_extra_installs_what_the_gpu_defaults_run() -> None:
+    setup = configparser.ConfigParser()
+    setup.read(REPO / "setup.cfg")
+    extra = [line for line in setup["options.extras_require"]["gpu"].splitlines() if line]
+    # Liger's kernels and fused loss; torch's varlen attention (attention.varlen_available: torch 2.11 or later)
+    assert extra == ["liger-kernel>=0.8.5", "torch>=2.11"]
+    assert fast_paths.INSTALL_GPU == "pip install 'posttrain[gpu]'"
