@@ -9,22 +9,26 @@ very different lengths, and a ``max_length`` that truncates some of them.
 import configparser
 import dataclasses
 import logging
+import re
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import pytest
 import torch
+import yaml
 from transformers import LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from trl import SFTConfig, SFTTrainer
 from trl.trainer.sft_trainer import DataCollatorForLanguageModeling
 
-from helpers import REPO, SHAPE
+from helpers import REPO, SHAPE, TEMPLATES
+from posttrain.components.spec.fields import config_value
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.registry import SPEC_CLASSES
 from posttrain.entrypoints.inputs import tiny
 from posttrain.entrypoints.job import runtime
-from posttrain.entrypoints.speed import fast_paths, gpu_memory
+from posttrain.entrypoints.speed import attention, fast_paths, gpu_memory
 
 ATTENTION = ["sdpa", "eager"]
 
@@ -369,3 +373,102 @@ def test_the_gpu_extra_installs_what_the_gpu_defaults_run() -> None:
     # Liger's kernels and fused loss; torch's varlen attention (attention.varlen_available: torch 2.11 or later)
     assert extra == ["liger-kernel>=0.8.5", "torch>=2.11"]
     assert fast_paths.INSTALL_GPU == "pip install 'posttrain[gpu]'"
+
+
+# what turns a fast path off where a spec sets it (fast_paths.py)
+OFF_SWITCHES = {
+    "padding_free": ["padding_free"],
+    "use_liger_kernel": ["use_liger_kernel"],
+    "gpu_batch": ["per_device_train_batch_size", "gradient_accumulation_steps"],
+    "no_activation_checkpointing": ["activation_checkpointing"],
+}
+
+
+def gpu_templates() -> List[str]:
+    """The templates whose command asks for GPUs, of the algorithms that take fast paths."""
+    found = []
+    for path in sorted(TEMPLATES.glob("*/*.yaml")):
+        command = path.read_text().splitlines()[1]
+        algorithm = yaml.safe_load(path.read_text()).get("algorithm")
+        asks = re.search(r"--gpu [1-9]|-h gpu\.", command)
+        if asks and algorithm in SPEC_CLASSES and SPEC_CLASSES[algorithm].fast_paths:
+            found.append(str(path.relative_to(TEMPLATES)))
+    return found
+
+
+def shaped(raw: Dict[str, Any], tmp_path: Path) -> Dict[str, Any]:
+    """The template with its hub model replaced by a local config of the same shape (the estimates read it)."""
+    name = raw["model"]["name_or_path"]
+    if name.startswith("builtin:"):
+        return raw
+    sizes = {
+        "0.5B": lambda: qwen_0_5b(tmp_path),
+        "1.5B": lambda: qwen_1_5b(tmp_path),
+        "7B": lambda: model_directory(
+            tmp_path, "7b", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, vocab_size=152064
+        ),
+    }
+    size = next(size for size in sizes if f"-{size}" in name)
+    return {**raw, "model": {**raw["model"], "name_or_path": sizes[size]()}}
+
+
+def chosen(raw: Dict[str, Any]) -> Dict[str, Any]:
+    """What the job runs on an H100 for ``raw``: the attention, and each fast path's key as the trainer gets it
+    (padding-free rows: the spec's value, else the job's choice, made by its collator)."""
+    spec = validate(raw)
+    options = options_of(spec)
+    training = {**fast_paths.gpu_batch(options, on_cuda=True), **spec.training}
+    training = {**fast_paths.config_defaults(options, True, training), **training}
+    # the old name of activation checkpointing's switch, as the trainer reads it
+    if "gradient_checkpointing" in training:
+        training.setdefault("activation_checkpointing", training.pop("gradient_checkpointing"))
+    settings = {}
+    for path in spec.fast_paths:
+        for key in OFF_SWITCHES[path]:
+            if key == "padding_free":
+                settings[key] = training.get(key, "the job's choice")
+            elif key == "activation_checkpointing":
+                # unset, TRL's gradient_checkpointing default (as a sharding strategy reads it)
+                settings[key] = training.get(key, config_value(spec.config_class, training, "gradient_checkpointing"))
+            else:
+                settings[key] = config_value(spec.config_class, training, key)
+    return {"model.attn_implementation": fast_paths.attention_implementation(options), **settings}
+
+
+def without_off_switches(raw: Dict[str, Any]) -> Dict[str, Any]:
+    switches = {key for keys in OFF_SWITCHES.values() for key in keys} | {"gradient_checkpointing"}
+    training = {k: v for k, v in raw["training"].items() if k not in switches}
+    model = {k: v for k, v in raw["model"].items() if k != "attn_implementation"}
+    return {**raw, "model": model, "training": training}
+
+
+@pytest.mark.parametrize("template", gpu_templates())
+def test_a_gpu_template_turns_off_no_fast_path_it_does_not_explain(
+    template: str, h100: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(attention, "varlen_available", lambda: None)
+    monkeypatch.setattr(fast_paths.importlib.util, "find_spec", lambda name: object())
+    raw = shaped(yaml.safe_load((TEMPLATES / template).read_text()), tmp_path)
+    header = "\n".join(line for line in (TEMPLATES / template).read_text().splitlines() if line.startswith("#"))
+    as_written, by_the_job = chosen(raw), chosen(without_off_switches(raw))
+    unexplained = [
+        key for key in as_written if as_written[key] != by_the_job[key] and key.rpartition(".")[2] not in header
+    ]
+    assert not unexplained, {key: (as_written[key], by_the_job[key]) for key in unexplained}
+
+
+def test_the_shipped_0_5b_sft_template_runs_every_gpu_default(
+    h100: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(attention, "varlen_available", lambda: None)
+    monkeypatch.setattr(fast_paths.importlib.util, "find_spec", lambda name: object())
+    raw = shaped(yaml.safe_load((TEMPLATES / "sft/qwen2.5-0.5b.yaml").read_text()), tmp_path)
+    # 65,536 tokens per step of max_length 2048, Liger, no activation checkpointing, torch_varlen (padding-free)
+    assert chosen(raw) == {
+        "model.attn_implementation": attention.NAME,
+        "padding_free": "the job's choice",
+        "use_liger_kernel": True,
+        "per_device_train_batch_size": 32,
+        "gradient_accumulation_steps": 1,
+        "activation_checkpointing": False,
+    }
