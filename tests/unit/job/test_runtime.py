@@ -13,6 +13,7 @@ from trl import SFTConfig
 
 from golden_messages import VLLM_MODE_WITHOUT_VLLM
 from helpers import TEMPLATES, build_trainer, load_template, sft_spec, tiny_job, trainer_with
+from posttrain.components.spec.evaluation import validate_eval
 from posttrain.components.spec.fields import config_fields
 from posttrain.components.spec.loading import SpecError, validate
 from posttrain.components.spec.registry import SPEC_CLASSES
@@ -155,6 +156,20 @@ def test_templates_point_at_shipped_data() -> None:
     for template in TEMPLATES.glob("*/tiny*.yaml"):
         path = load_template(str(template.relative_to(TEMPLATES)))["data"]["train"]["path"]
         assert (TEMPLATES.parent / path).is_file(), template
+
+
+def test_every_local_model_a_template_reads_is_another_templates_output() -> None:
+    """A template that starts from a trained model names one a shipped template writes (run that first)."""
+    templates = {path: load_template(str(path.relative_to(TEMPLATES))) for path in TEMPLATES.glob("*/*.yaml")}
+    written = {raw["training"]["output_dir"] for raw in templates.values() if "training" in raw}
+    for path, raw in templates.items():
+        if raw["algorithm"] == "chain":
+            # its stages hand their models on: components/spec/chain.py checks them
+            continue
+        spec = validate_eval(raw) if raw["algorithm"] == "eval" else validate(raw)
+        for where, name in spec.named_models():
+            if name.startswith(("outputs/", "./", "/")):
+                assert name in written, f"{path.name}: {where} {name} is no template's training.output_dir"
 
 
 def test_deepspeed_config_leaves_batch_and_precision_to_the_trainer(tmp_path: Path) -> None:
