@@ -19,6 +19,7 @@ from posttrain.components.spec.schema import (
     CHECKPOINTING_SWITCHES,
     OWNED_KEYS,
     PROMPT_FORMATS,
+    REFUSED_KEYS,
     EnvironmentSource,
     Spec,
     ToolSource,
@@ -45,6 +46,7 @@ class SFTSpec(Spec):
     )
     rows_hold_input_ids: ClassVar[bool] = True
     refused_keys: ClassVar[Dict[str, str]] = {
+        **REFUSED_KEYS,
         # TRL reads one key of it, skip_prepare_dataset, which only works on rows tokenized already (input_ids)
         "dataset_kwargs": "the data is text, messages or prompt and completion, which the trainer must tokenize",
     }
@@ -93,6 +95,7 @@ class DPOSpec(_ReferenceSpec):
     config_class: ClassVar[str] = "trl:DPOConfig"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PREFERENCE_FORMATS
     refused_keys: ClassVar[Dict[str, str]] = {
+        **REFUSED_KEYS,
         "padding_free": "TRL 1.16's DPOTrainer turns it off with a warning (temporarily unavailable there)",
     }
 
@@ -125,6 +128,7 @@ class ORPOSpec(Spec):
     # its collator needs the columns; else TRL sets it, and warns
     config_defaults: ClassVar[Dict[str, Any]] = {"remove_unused_columns": False}
     refused_keys: ClassVar[Dict[str, str]] = {
+        **REFUSED_KEYS,
         "remove_unused_columns": "ORPO's collator needs every column, so TRL's trainer sets it to false whatever it is",
     }
 
@@ -197,6 +201,7 @@ class DistillSpec(Spec):
         "teacher_model_init_kwargs": "posttrain loads the teacher with model's dtype and options",
     }
     refused_keys: ClassVar[Dict[str, str]] = {
+        **REFUSED_KEYS,
         "max_tool_calling_iterations": "posttrain's distillation gives the student no tools: it would bound nothing",
     }
 
@@ -246,6 +251,7 @@ class OnlineDPOSpec(_ReferenceSpec, _OnlineSpec):
         "reward_model_path": "use rewards: [{model: <path or hub id>}]",
     }
     refused_keys: ClassVar[Dict[str, str]] = {
+        **REFUSED_KEYS,
         "remove_unused_columns": "online DPO's rows are prompts, which the model's forward does not take: true "
         "removes every column and training fails as it starts (false is TRL's default)",
         **dict.fromkeys(evaluation_fields(config_class), NO_ONLINE_DPO_EVALUATION),

@@ -41,6 +41,13 @@ OWNED_KEYS: Dict[str, str] = {
 }
 
 
+# TrainingArguments' keys no algorithm takes through posttrain, with the reason
+REFUSED_KEYS: Dict[str, str] = {
+    "parallelism_config": "accelerate's ParallelismConfig (context and tensor parallelism) is not what posttrain's "
+    "sharding sets up, and it would pass unchecked: shard with distributed.fsdp or distributed.deepspeed",
+}
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
@@ -479,7 +486,7 @@ class Spec(_Strict):
     # owned: posttrain sets the key itself (the message says where to go instead);
     owned_keys: ClassVar[Dict[str, str]] = OWNED_KEYS
     # refused: a field of the config class the trainer does not honour, with the reason (never ignored);
-    refused_keys: ClassVar[Dict[str, str]] = {}
+    refused_keys: ClassVar[Dict[str, str]] = REFUSED_KEYS
     # and values of honoured keys refused, by key, with the reason
     refused_values: ClassVar[Dict[str, Dict[str, str]]] = {}
     # the job's fast paths this algorithm takes where the user leaves their keys unset (entrypoints/speed/fast_paths.py)

@@ -141,6 +141,13 @@ def test_unknown_keys_name_the_nearest_valid_key(path: tuple, value: Any, expect
     assert expected in problems_of(raw)
 
 
+@pytest.mark.parametrize("algorithm", sorted(SPEC_CLASSES))
+def test_parallelism_config_is_refused_by_every_algorithm_not_passed_on_unchecked(algorithm: str) -> None:
+    raw = {**tiny_sft(), "algorithm": algorithm}
+    raw["training"] = {"output_dir": "out", "parallelism_config": {"cp_size": 2}}
+    assert f"training.parallelism_config: not supported by posttrain.{algorithm}; " in problems_of(raw)
+
+
 @pytest.mark.parametrize(
     "key, hint",
     [
