@@ -13,6 +13,7 @@ import enum
 import importlib
 import json
 import os
+import re
 import typing
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
@@ -22,6 +23,17 @@ from posttrain.components.spec.registry import SPEC_CLASSES
 from posttrain.components.spec.values import rows_for
 
 _NO_DEFAULT = object()
+
+
+def help_text(text: str) -> str:
+    """A package's help text as the table keeps it: argparse's ``%%`` as ``%``, an HTML link as Markdown's (the
+    reference pages and the schemas' hover text show it).
+
+    >>> help_text("~20%% slower; see <a href='https://x.org/p'>the paper</a>")
+    '~20% slower; see [the paper](https://x.org/p)'
+    """
+    text = text.replace("%%", "%")
+    return re.sub(r"""<a href=['"]([^'"]+)['"]>(.*?)</a>""", r"[\2](\1)", text)
 
 
 def config_classes() -> List[str]:
@@ -46,7 +58,7 @@ def fields_of_class(cls: type) -> Dict[str, Dict[str, Any]]:
             entry["default"] = default
         # the package's own help text: the schemas' hover text and the spec reference
         if f.metadata.get("help"):
-            entry["help"] = " ".join(str(f.metadata["help"]).split())
+            entry["help"] = help_text(" ".join(str(f.metadata["help"]).split()))
         described[f.name] = entry
     return described
 

@@ -17,10 +17,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from posttrain.components.generate.schema_json import spec_schema, write_each_algorithm
-from posttrain.components.spec.descriptions import DESCRIPTIONS, facts
+from posttrain.components.spec.descriptions import DESCRIPTIONS, FAST_PATH_DEFAULTS, facts
 from posttrain.components.spec.fields import LORA_CONFIG, TABLE_PATH, config_fields
 from posttrain.components.spec.registry import SPEC_CLASSES
 from posttrain.components.spec.values import rows_for
@@ -83,8 +83,11 @@ def _section_table(properties: Dict[str, Any], required: Sequence[str], prefix: 
     return rows
 
 
-def _field_table(class_name: str, prefix: str, exclude: Sequence[str] = ()) -> List[str]:
-    """A config class's fields: type, default, what posttrain allows beyond the type, and the package's help."""
+def _field_table(
+    class_name: str, prefix: str, exclude: Sequence[str] = (), posttrain_defaults: Mapping[str, str] = {}
+) -> List[str]:
+    """A config class's fields: type, default (posttrain's where the job decides it, with the package's beside),
+    what posttrain allows beyond the type, and the package's help."""
     entries = json.loads(TABLE_PATH.read_text())[class_name]
     fields = config_fields(class_name)
     rules: Dict[str, List[str]] = {}
@@ -99,6 +102,8 @@ def _field_table(class_name: str, prefix: str, exclude: Sequence[str] = ()) -> L
             continue
         entry = entries[name]
         default = _shown(entry["default"]) if "default" in entry else ""
+        if name in posttrain_defaults:
+            default = f"posttrain: {posttrain_defaults[name]} (TRL: {default})"
         rows.append(
             f"| `{prefix}{name}` | {_cell(field.describe())} | {_cell(default)} | "
             f"{_cell('; '.join(rules.get(name, [])))} | {_cell(entry.get('help', ''))} |"
@@ -152,7 +157,9 @@ def render(algorithm: str) -> str:
         f"The fields of `{cls.config_class}`, as the installed TRL defines them; `training.output_dir` is required.",
         "",
     ]
-    lines += _field_table(cls.config_class, "training.", exclude=list(refused))
+    decided = {key: text for path in cls.fast_paths for key, text in FAST_PATH_DEFAULTS[path].items()}
+    decided.update({key: f"{_shown(value)}, set by posttrain" for key, value in cls.config_defaults.items()})
+    lines += _field_table(cls.config_class, "training.", exclude=list(refused), posttrain_defaults=decided)
     lines += ["", "### Keys posttrain refuses in `training`", "", "| key | why, and what to use |", "| --- | --- |"]
     lines += [f"| `training.{key}` | {_cell(why)} |" for key, why in sorted(refused.items())]
     lines += [

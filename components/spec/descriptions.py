@@ -71,6 +71,25 @@ _FAST_PATHS: Dict[str, str] = {
     "no_activation_checkpointing": "no activation checkpointing where the memory allows",
 }
 
+# what the job runs where the spec leaves a fast path's training keys unset (entrypoints/speed/fast_paths.py decides),
+# by fast path and key: the reference's default column shows it beside TRL's
+FAST_PATH_DEFAULTS: Dict[str, Dict[str, str]] = {
+    "padding_free": {
+        "padding_free": "true on CPU; on GPUs, true with varlen attention (torch_varlen, chosen where torch 2.11+ "
+        "runs it; flash attention)",
+    },
+    "use_liger_kernel": {"use_liger_kernel": "true on CUDA where liger-kernel is installed (the gpu extra)"},
+    "gpu_batch": {
+        "per_device_train_batch_size": "on GPUs, 65,536 tokens over max_length (64 rows of 1,024) where the step "
+        "fits with Liger's fused loss; else 8",
+    },
+    "no_activation_checkpointing": {
+        "activation_checkpointing": "false on CPU; on GPUs without FSDP or DeepSpeed, false where the step's "
+        "activations fit",
+        "gradient_checkpointing": "as activation_checkpointing (its old name)",
+    },
+}
+
 DESCRIPTIONS: Dict[str, Description] = {
     "sft": Description(
         summary="Supervised fine-tuning of a causal LM on chat or text data with ``trl.SFTTrainer``, as TRL's "

@@ -15,3 +15,17 @@ def test_the_reference_pages_match_the_code(algorithm: str) -> None:
         assert f"| `{key}` |" in page, key
     # a refused key, with its reason
     assert "| `training.ddp_timeout` | use distributed.timeout_s |" in page
+
+
+def test_the_sft_reference_gives_posttrains_defaults_of_the_fast_path_keys_beside_trls() -> None:
+    rows = {line.split(" | ")[0].strip("| `"): line for line in reference.render("sft").splitlines()}
+    for key, trl in (
+        ("padding_free", "`false`"),
+        ("per_device_train_batch_size", "`8`"),
+        ("activation_checkpointing", "`null`"),
+        ("use_liger_kernel", "`false`"),
+    ):
+        default = rows[f"training.{key}"].split(" | ")[2]
+        assert default.startswith("posttrain: ") and default.endswith(f"(TRL: {trl})"), default
+    # TRL's help as text: no argparse escapes, links as Markdown's
+    assert "%%" not in reference.render("sft") and "&lt;a href" not in reference.render("grpo")

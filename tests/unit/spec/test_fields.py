@@ -45,7 +45,7 @@ def test_override_conversion(field_type: FieldType, text: str, expected: object)
 
 
 def test_client_modules_doctests() -> None:
-    for name in ("spec.fields", "spec.loading", "appdef", "spec.messages", "spec.overrides"):
+    for name in ("spec.fields", "spec.loading", "appdef", "spec.messages", "spec.overrides", "generate.field_table"):
         module = importlib.import_module(f"posttrain.components.{name}")
         result = doctest.testmod(module)
         assert result.failed == 0, name
