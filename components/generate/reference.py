@@ -135,7 +135,12 @@ def render(algorithm: str) -> str:
         if ref is None:
             continue
         section = defs[ref.rsplit("/", 1)[1]]
-        inner = {key: value for key, value in section["properties"].items() if key != "lora"}
+        # model.lora has a section of its own below; a section the algorithm refuses has none
+        inner = {
+            key: value
+            for key, value in section["properties"].items()
+            if key != "lora" and f"{name}.{key}" not in cls.refused_sections
+        }
         # each item of a list: rewards[].weight
         name = f"{name}[]" if prop.get("type") == "array" else name
         lines += ["", f"## `{name}`", "", _cell(section.get("description", "")), ""]
@@ -162,14 +167,18 @@ def render(algorithm: str) -> str:
     lines += _field_table(cls.config_class, "training.", exclude=list(refused), posttrain_defaults=decided)
     lines += ["", "### Keys posttrain refuses in `training`", "", "| key | why, and what to use |", "| --- | --- |"]
     lines += [f"| `training.{key}` | {_cell(why)} |" for key, why in sorted(refused.items())]
-    lines += [
-        "",
-        "## `model.lora`",
-        "",
-        f"LoRA adapters: the fields of `{LORA_CONFIG}`; `task_type` defaults to `{cls.lora_task}`.",
-        "",
-    ]
-    lines += _field_table(LORA_CONFIG, "model.lora.")
+    if cls.refused_sections:
+        lines += ["", "### Sections posttrain refuses", "", "| section | why |", "| --- | --- |"]
+        lines += [f"| `{key}` | {_cell(why)} |" for key, why in sorted(cls.refused_sections.items())]
+    if "model.lora" not in cls.refused_sections:
+        lines += [
+            "",
+            "## `model.lora`",
+            "",
+            f"LoRA adapters: the fields of `{LORA_CONFIG}`; `task_type` defaults to `{cls.lora_task}`.",
+            "",
+        ]
+        lines += _field_table(LORA_CONFIG, "model.lora.")
     return "\n".join(lines) + "\n"
 
 

@@ -256,12 +256,7 @@ class OnlineDPOSpec(_ReferenceSpec, _OnlineSpec):
         "removes every column and training fails as it starts (false is TRL's default)",
         **dict.fromkeys(evaluation_fields(config_class), NO_ONLINE_DPO_EVALUATION),
     }
-
-    def problems(self, world_size: Optional[int]) -> List[str]:
-        found = super().problems(world_size)
-        if self.data.eval is not None:
-            found.append(f"data.eval: {NO_ONLINE_DPO_EVALUATION}; remove data.eval")
-        return found
+    refused_sections: ClassVar[Dict[str, str]] = {"data.eval": NO_ONLINE_DPO_EVALUATION}
 
 
 class PPOSpec(_OnlineSpec):
@@ -422,6 +417,12 @@ class PPOSpec(_OnlineSpec):
 
     refused_keys: ClassVar[Dict[str, str]] = _refusals(config_class, honoured_keys, refusal_reasons)
     del _refusals
+    refused_sections: ClassVar[Dict[str, str]] = {
+        "model.lora": "posttrain's PPO trains full weights",
+        "distributed.deepspeed": "posttrain's PPO runs on DDP",
+        "distributed.fsdp": "posttrain's PPO runs on DDP",
+        "data.eval": "PPO does not evaluate; its logs score every rollout",
+    }
 
     def extra_model_paths(self) -> Dict[str, Optional[str]]:
         """The critic starts from ``value_model``, else the one reward model, which knows what good looks like (the
@@ -433,13 +434,6 @@ class PPOSpec(_OnlineSpec):
     def problems(self, world_size: Optional[int]) -> List[str]:
         found = super().problems(world_size)
         training = self.training
-        if self.model.lora is not None:
-            found.append("model.lora: posttrain's PPO trains full weights; remove model.lora")
-        for sharding in ("deepspeed", "fsdp"):
-            if getattr(self.distributed, sharding) is not None:
-                found.append(f"distributed.{sharding}: posttrain's PPO runs on DDP; remove distributed.{sharding}")
-        if self.data.eval is not None:
-            found.append("data.eval: PPO does not evaluate; its logs score every rollout; remove data.eval")
         for key, refused in self.refused_values.items():
             value = training.get(key)
             if isinstance(value, str) and value in refused:

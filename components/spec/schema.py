@@ -487,6 +487,8 @@ class Spec(_Strict):
     owned_keys: ClassVar[Dict[str, str]] = OWNED_KEYS
     # refused: a field of the config class the trainer does not honour, with the reason (never ignored);
     refused_keys: ClassVar[Dict[str, str]] = REFUSED_KEYS
+    # sections of the spec the algorithm refuses (model.lora, data.eval, distributed.fsdp, ...), with the reason
+    refused_sections: ClassVar[Dict[str, str]] = {}
     # and values of honoured keys refused, by key, with the reason
     refused_values: ClassVar[Dict[str, Dict[str, str]]] = {}
     # the job's fast paths this algorithm takes where the user leaves their keys unset (entrypoints/speed/fast_paths.py)
@@ -569,6 +571,10 @@ class Spec(_Strict):
                 found.append(f"resume: {cut(repr(self.resume))} is neither auto nor never; did you mean {close[0]}?")
         found += self.distributed.problems()
         found += self.evaluate.problems() if self.evaluate is not None else []
+        for key, why in self.refused_sections.items():
+            section, _, name = key.partition(".")
+            if getattr(getattr(self, section), name) is not None:
+                found.append(f"{key}: {why}; remove {key}")
         if runs_vllm_server(training) and not self.vllm_role:
             found.append(
                 f"training.vllm_mode: server needs the job's vllm role beside the trainers, which posttrain.{self.name()} "

@@ -29,3 +29,12 @@ def test_the_sft_reference_gives_posttrains_defaults_of_the_fast_path_keys_besid
         assert default.startswith("posttrain: ") and default.endswith(f"(TRL: {trl})"), default
     # TRL's help as text: no argparse escapes, links as Markdown's
     assert "%%" not in reference.render("sft") and "&lt;a href" not in reference.render("grpo")
+
+
+@pytest.mark.parametrize("algorithm", sorted(SPEC_CLASSES))
+def test_a_page_lists_no_key_of_a_section_its_algorithm_refuses(algorithm: str) -> None:
+    page = reference.render(algorithm)
+    for section, why in SPEC_CLASSES[algorithm].refused_sections.items():
+        assert f"| `{section}` |" not in page.split("### Sections posttrain refuses")[0], section
+        assert f"| `{section}.` " not in page and f"## `{section}`" not in page, section
+        assert f"| `{section}` | {why} |" in page
