@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Type
 
+from posttrain.components.spec.chain import ALGORITHM
+from posttrain.components.spec.evaluation import EvalSpec
 from posttrain.components.spec.fields import LORA_CONFIG, TABLE_PATH, FieldType, config_fields
 from posttrain.components.spec.loading import BOOLEAN_WORDS, EXPONENT_NUMBER
 from posttrain.components.spec.registry import SPEC_CLASSES
@@ -67,6 +69,20 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "distributed": "How the job is sharded (DDP by default; DeepSpeed or FSDP) and its collectives' timeout.",
         "evaluate": "Evaluate the trained model in the same job once it is saved, as posttrain.eval would (docs: "
         "Evaluating): into <output_dir>/eval, the results in run_summary.json and the closing line.",
+    },
+    "EvalSpec": {
+        "algorithm": "eval: posttrain.eval's spec.",
+        "output_dir": "Where the results go: eval_summary.json, eval_samples.jsonl, eval.png.",
+        "models": "The models to evaluate, by name (lowercase letters, digits and _), the baseline first; each a "
+        "model section as in training.",
+        "data": "The held-out prompts: data.eval, one source or a list, rows with a prompt column.",
+        "rewards": "The scorers, each reported apart: built-ins, functions or reward models (no weights).",
+        "benchmarks": "Tasks of lm-evaluation-harness run on each model (pip install 'posttrain[lm-eval]').",
+        "generation": "How each model samples its completions.",
+        "pass_at_k": "The k of pass@k: the chance that one of k samples scores 1, from generation.num_samples.",
+        "require": "Conditions on the scores (e.g. sft.contains - base.contains >= 0.05): the job fails in one "
+        "line where one does not hold.",
+        "overwrite_output_dir": "Replace another evaluation's results in output_dir.",
     },
     "EvaluateSection": {
         "data": "The held-out prompts: data.eval, one source or a list, rows with a prompt column.",
@@ -328,9 +344,61 @@ def spec_schema(algorithm: str) -> Dict[str, Any]:
     }
 
 
+def eval_schema() -> Dict[str, Any]:
+    """The JSON Schema of ``posttrain.eval``'s spec."""
+    generated = _strip_titles(EvalSpec.model_json_schema())
+    # an evaluation loads models as they are (the validator refuses an adapter)
+    del generated["$defs"]["ModelSpec"]["properties"]["lora"]
+    _describe(generated["properties"], FIELD_NOTES["EvalSpec"])
+    for name, notes in FIELD_NOTES.items():
+        if name in generated.get("$defs", {}):
+            _describe(generated["$defs"][name]["properties"], notes)
+    return {"$schema": DRAFT, "title": "posttrain eval spec", **generated}
+
+
+def chain_schema() -> Dict[str, Any]:
+    """The JSON Schema of ``posttrain.chain``'s spec: each stage is checked as a spec of its own by the validator
+    (its file, or its inline sections), so the schema holds the chain's own keys."""
+    stage = {
+        "type": "object",
+        "description": "A stage: a spec written inline, or spec: <path> with sections of its own on top (a mapping "
+        "merges key by key); ${stages.<name>.output} is an earlier stage's output directory.",
+        "properties": {
+            "spec": {"type": "string", "description": "A spec file, relative to the chain's file."},
+        },
+    }
+    return {
+        "$schema": DRAFT,
+        "title": "posttrain chain spec",
+        "type": "object",
+        "properties": {
+            "algorithm": {"const": ALGORITHM, "description": "chain: stages run one after another in one job."},
+            "output_dir": {
+                "type": "string",
+                "description": "The chain's directory: stage <name> writes <output_dir>/<name>.",
+            },
+            "stages": {
+                "type": "object",
+                "description": "Named stages (lowercase letters, digits and _), in the order they run.",
+                "minProperties": 1,
+                "additionalProperties": stage,
+            },
+        },
+        "required": ["algorithm", "output_dir", "stages"],
+        "additionalProperties": False,
+    }
+
+
+# the schemas besides the algorithms': posttrain.eval's and posttrain.chain's specs
+OTHER_SCHEMAS: Dict[str, Callable[[], Dict[str, Any]]] = {"eval": eval_schema, "chain": chain_schema}
+# every schema, by the algorithm a spec names
+SCHEMA_NAMES = sorted([*SPEC_CLASSES, *OTHER_SCHEMAS])
+
+
 def render(algorithm: str) -> str:
-    """The canonical text of ``schemas/<algorithm>.schema.json``."""
-    return json.dumps(spec_schema(algorithm), indent=1) + "\n"
+    """The canonical text of ``schemas/<algorithm>.schema.json`` (``eval`` and ``chain`` too)."""
+    schema = OTHER_SCHEMAS[algorithm]() if algorithm in OTHER_SCHEMAS else spec_schema(algorithm)
+    return json.dumps(schema, indent=1) + "\n"
 
 
 def schema_path(algorithm: str, directory: Path = SCHEMA_DIR) -> Path:
@@ -349,15 +417,21 @@ def write_each_algorithm(render_one: Callable[[str], str], path_of: Callable[[st
 
 
 def write_all(directory: Path = SCHEMA_DIR) -> List[Path]:
-    """Writes every algorithm's schema into ``directory``; returns the paths written."""
-    return write_each_algorithm(render, lambda algorithm: schema_path(algorithm, directory))
+    """Writes every schema into ``directory`` (each algorithm's, the eval's and the chain's); returns the paths
+    written."""
+    written = write_each_algorithm(render, lambda algorithm: schema_path(algorithm, directory))
+    for name in OTHER_SCHEMAS:
+        path = schema_path(name, directory)
+        path.write_text(render(name))
+        written.append(path)
+    return written
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m posttrain.components.generate.schema_json", description="JSON Schemas of posttrain's specs."
     )
-    parser.add_argument("algorithm", nargs="?", choices=sorted(SPEC_CLASSES), help="print this algorithm's schema")
+    parser.add_argument("algorithm", nargs="?", choices=SCHEMA_NAMES, help="print this algorithm's schema")
     parser.add_argument(
         "--all",
         nargs="?",
