@@ -182,6 +182,8 @@ class ReadmeCode:
     snippets: List[Snippet] = field(default_factory=list)
     yaml_blocks: List[Block] = field(default_factory=list)
     output_blocks: List[Block] = field(default_factory=list)
+    # example rows of data: tests/unit/project/test_docs.py loads each through the job's data checks
+    data_blocks: List[Block] = field(default_factory=list)
 
 
 def parse_readme(text: str) -> ReadmeCode:
@@ -196,6 +198,8 @@ def parse_readme(text: str) -> ReadmeCode:
             code.yaml_blocks.append(block)
         elif block.language in ("", "text"):
             code.output_blocks.append(block)
+        elif block.language == "jsonl":
+            code.data_blocks.append(block)
         else:
             raise ValueError(f"{where(block.line)}: a ```{block.language} block this test neither runs nor reads")
     return code

@@ -1,10 +1,20 @@
 """The documentation site's reference pages match the code. (The site built and searched in headless Chromium:
 ``tests/integration/test_docs.py``.)"""
 
+import re
+from pathlib import Path
+
 import pytest
 
+from helpers import REPO
 from posttrain.components.generate import reference
+from posttrain.components.spec.evaluation import EvalSpec
 from posttrain.components.spec.registry import SPEC_CLASSES
+from posttrain.components.spec.schema import DataSource
+from posttrain.entrypoints.inputs.data import load_data
+
+# each algorithm's data shapes, and an evaluation's
+FORMATS = {**{name: cls.data_formats for name, cls in SPEC_CLASSES.items()}, "eval": EvalSpec.data_formats}
 
 
 @pytest.mark.parametrize("algorithm", sorted(SPEC_CLASSES))
@@ -38,3 +48,20 @@ def test_a_page_lists_no_key_of_a_section_its_algorithm_refuses(algorithm: str) 
         assert f"| `{section}` |" not in page.split("### Sections posttrain refuses")[0], section
         assert f"| `{section}.` " not in page and f"## `{section}`" not in page, section
         assert f"| `{section}` | {why} |" in page
+
+
+def test_each_example_row_of_your_data_passes_the_jobs_data_checks_for_its_algorithms(tmp_path: Path) -> None:
+    """docs/pages/your-data.md: every row of a section's block loads, alone, as each algorithm of its heading reads
+    its data (the job's own loader and checks)."""
+    page = (REPO / "docs/pages/your-data.md").read_text()
+    checked = set()
+    for heading, block in re.findall(r"^## (.*?)\n.*?```jsonl\n(.*?)```", page, re.S | re.M):
+        algorithms = [name for name in re.findall(r"`(\w+)`", heading) if name in FORMATS]
+        assert algorithms, heading
+        for number, row in enumerate(block.splitlines()):
+            path = tmp_path / f"{algorithms[0]}-{number}.jsonl"
+            path.write_text(row + "\n")
+            for algorithm in algorithms:
+                load_data(DataSource(path=str(path)), {}, "data.train", FORMATS[algorithm])
+                checked.add(algorithm)
+    assert checked == set(FORMATS)
