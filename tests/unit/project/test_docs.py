@@ -10,8 +10,9 @@ from helpers import REPO
 from posttrain.components.generate import reference
 from posttrain.components.spec.evaluation import EvalSpec
 from posttrain.components.spec.registry import SPEC_CLASSES
-from posttrain.components.spec.schema import DataSource
+from posttrain.components.spec.schema import DataSource, RewardSource
 from posttrain.entrypoints.inputs.data import load_data
+from posttrain.entrypoints.inputs.rewards import resolve_rewards
 
 # each algorithm's data shapes, and an evaluation's
 FORMATS = {**{name: cls.data_formats for name, cls in SPEC_CLASSES.items()}, "eval": EvalSpec.data_formats}
@@ -65,3 +66,22 @@ def test_each_example_row_of_your_data_passes_the_jobs_data_checks_for_its_algor
                 load_data(DataSource(path=str(path)), {}, "data.train", FORMATS[algorithm])
                 checked.add(algorithm)
     assert checked == set(FORMATS)
+
+
+def test_the_reward_module_of_the_docs_imports_and_scores_as_the_job_runs_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/pages/rewards-and-ppo.md's my_rewards.py, imported from the working directory as the job does."""
+    page = (REPO / "docs/pages/rewards-and-ppo.md").read_text()
+    module = re.search(r"^## Your own reward\n.*?```python\n(.*?)```", page, re.S | re.M).group(1)
+    (tmp_path / "my_rewards.py").write_text(module)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    [accuracy] = resolve_rewards([RewardSource(function="my_rewards:accuracy")])
+    completions = [
+        [{"role": "assistant", "content": "It has 2398 boxes left."}],
+        [{"role": "assistant", "content": "12"}],
+    ]
+    scores = accuracy(prompts=["p", "p"], completions=completions, answer=["2398", "2398"], completion_ids=[[], []])
+    assert scores == [1.0, 0.0]
+    assert accuracy(prompts=["p"], completions=["2398"], answer=["2398"]) == [1.0]
