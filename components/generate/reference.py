@@ -186,9 +186,36 @@ def page_path(algorithm: str, directory: Path = PAGES_DIR) -> Path:
     return directory / f"{algorithm}.md"
 
 
+def render_choosing() -> str:
+    """The page that sets the algorithms side by side: what each is, when to use it, and what it reads, from their
+    descriptions (the text of their ``--help`` and reference pages)."""
+    lines = [
+        "# Choosing an algorithm",
+        "",
+        "Generated (`python -m posttrain.components.generate`) from the algorithms' descriptions "
+        "(`components/spec/descriptions.py`), the text of each component's `--help` and reference page. The data "
+        "each reads: [Your own data](../your-data.md).",
+        "",
+        "| algorithm | what it is | when to use it | what it reads |",
+        "| --- | --- | --- | --- |",
+    ]
+    for algorithm in sorted(SPEC_CLASSES):
+        text = DESCRIPTIONS[algorithm]
+        lines.append(
+            f"| [`posttrain.{algorithm}`]({algorithm}.md) | {_cell(text.summary)} | {_cell(text.use)} | "
+            f"{_cell(text.data)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+CHOOSING_PATH = PAGES_DIR / "index.md"
+
+
 def write_all() -> List[Path]:
-    """Writes every algorithm's page into PAGES_DIR; returns the paths written."""
-    return write_each_algorithm(render, page_path)
+    """Writes every algorithm's page, and the page that sets them side by side, into PAGES_DIR; returns the paths
+    written."""
+    CHOOSING_PATH.write_text(render_choosing())
+    return [*write_each_algorithm(render, page_path), CHOOSING_PATH]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -28,6 +28,12 @@ def test_the_reference_pages_match_the_code(algorithm: str) -> None:
     assert "| `training.ddp_timeout` | use distributed.timeout_s |" in page
 
 
+def test_the_page_that_sets_the_algorithms_side_by_side_matches_their_descriptions() -> None:
+    page = reference.CHOOSING_PATH.read_text()
+    assert page == reference.render_choosing(), "stale: run python -m posttrain.components.generate"
+    assert all(f"[`posttrain.{algorithm}`]({algorithm}.md)" in page for algorithm in SPEC_CLASSES)
+
+
 def test_the_sft_reference_gives_posttrains_defaults_of_the_fast_path_keys_beside_trls() -> None:
     rows = {line.split(" | ")[0].strip("| `"): line for line in reference.render("sft").splitlines()}
     for key, trl in (
