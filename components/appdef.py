@@ -211,7 +211,7 @@ def build_appdef(
     cmd = _port_checked_first(cmd, topology, rdzv_port, at=1 if serve else 0)
 
     job_name = StructuredNameArgument.parse_from(name=name or "/", m=module)
-    role_env = _role_env(job_name, env, topology, debug, resource)
+    role_env = _role_env(job_name, env, topology, debug)
     roles = [
         _trainers_role(algorithm, image, topology, resource, cmd, role_env, rdzv_port, max_retries, mounts),
     ]
@@ -303,7 +303,7 @@ def build_chain_appdef(
     cmd = [_noquote("exec"), "python", "-m", CHAIN_MODULE, "--spec-json", chain_json]
     cmd += ["--node", macros.replica_id, "--rank0-host", host, "--", *launcher]
     job_name = StructuredNameArgument.parse_from(name=name or "/", m=CHAIN_MODULE)
-    role_env = _role_env(job_name, env, topology, debug, resource)
+    role_env = _role_env(job_name, env, topology, debug)
     roles = [_trainers_role("chain", image, topology, resource, cmd, role_env, rdzv_port, max_retries, mounts)]
     _check_request_size(j, roles)
     return specs.AppDef(name=_valid_name(job_name.run_name, "chain"), roles=roles)
@@ -390,18 +390,10 @@ def _spec_problems(
 
 
 def _role_env(
-    job_name: StructuredNameArgument,
-    env: Optional[Dict[str, str]],
-    topology: Topology,
-    debug: bool,
-    resource: specs.Resource,
+    job_name: StructuredNameArgument, env: Optional[Dict[str, str]], topology: Topology, debug: bool
 ) -> Dict[str, str]:
     # torchx substitutes macros in env values too: "$$" keeps every "$" the user wrote
     role_env = {key: value.replace("$", "$$") for key, value in (env or {}).items()}
-    if resource.gpu == 0:
-        # no GPU asked for: none used, also where the host has some that local_cwd (or a Slurm node without
-        # GPU cgroups) would show; --env CUDA_VISIBLE_DEVICES=... says otherwise
-        role_env.setdefault("CUDA_VISIBLE_DEVICES", "")
     role_env["TORCHX_TRACKING_EXPERIMENT_NAME"] = job_name.experiment_name
     role_env.setdefault("LOGLEVEL", os.getenv("LOGLEVEL", "WARNING"))
     role_env.setdefault("PYTHONUNBUFFERED", "1")
@@ -433,7 +425,9 @@ def _trainers_role(
         num_replicas=topology.max_nnodes,
         resource=resource,
         args=["-c", _args_join(cmd)],
-        env=role_env,
+        # no GPU asked for: none used, also where the host has some that local_cwd (or a Slurm node without GPU
+        # cgroups) would show; --env CUDA_VISIBLE_DEVICES=... says otherwise (the vllm role keeps its own GPUs)
+        env={"CUDA_VISIBLE_DEVICES": "", **role_env} if resource.gpu == 0 else role_env,
         port_map={"c10d": rdzv_port},
         max_retries=max_retries,
         mounts=_mounts(mounts),
@@ -601,7 +595,7 @@ def build_eval_appdef(
     cmd += ["-m", EVAL_MODULE, "--spec-json", validated.to_json().replace("$", "$$")]
     cmd = _port_checked_first(cmd, topology, rdzv_port)
     job_name = StructuredNameArgument.parse_from(name=name or "/", m=EVAL_MODULE)
-    role_env = _role_env(job_name, env, topology, debug, resource)
+    role_env = _role_env(job_name, env, topology, debug)
     roles = [_trainers_role("eval", image, topology, resource, cmd, role_env, rdzv_port, max_retries, mounts)]
     _check_request_size(j, roles)
     return specs.AppDef(name=_valid_name(job_name.run_name, "eval"), roles=roles)

@@ -47,6 +47,14 @@ JSON_TYPES = {
     "str": "string",
 }
 
+# what an evaluation's fields are, in posttrain.eval's spec and in a training spec's evaluate: section alike
+_EVALUATION_NOTES: Dict[str, str] = {
+    "data": "The held-out prompts: data.eval, one source or a list, rows with a prompt column.",
+    "rewards": "The scorers, each reported apart: built-ins, functions or reward models (no weights).",
+    "benchmarks": "Tasks of lm-evaluation-harness run on each model (pip install 'posttrain[lm-eval]').",
+    "generation": "How each model samples its completions.",
+    "pass_at_k": "The k of pass@k: the chance that one of k samples scores 1, from generation.num_samples.",
+}
 # Hover text for fields that have no docstring of their own (pydantic fields here carry none).
 FIELD_NOTES: Dict[str, Dict[str, str]] = {
     "": {
@@ -71,29 +79,20 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "Evaluating): into <output_dir>/eval, the results in run_summary.json and the closing line.",
     },
     "EvalSpec": {
+        **_EVALUATION_NOTES,
         "algorithm": "eval: posttrain.eval's spec.",
         "output_dir": "Where the results go: eval_summary.json, eval_samples.jsonl, eval.png.",
         "models": "The models to evaluate, by name (lowercase letters, digits and _), the baseline first; each a "
         "model section as in training.",
-        "data": "The held-out prompts: data.eval, one source or a list, rows with a prompt column.",
-        "rewards": "The scorers, each reported apart: built-ins, functions or reward models (no weights).",
-        "benchmarks": "Tasks of lm-evaluation-harness run on each model (pip install 'posttrain[lm-eval]').",
-        "generation": "How each model samples its completions.",
-        "pass_at_k": "The k of pass@k: the chance that one of k samples scores 1, from generation.num_samples.",
         "require": "Conditions on the scores (e.g. sft.contains - base.contains >= 0.05): the job fails in one "
         "line where one does not hold.",
         "overwrite_output_dir": "Replace another evaluation's results in output_dir.",
     },
     "EvaluateSection": {
-        "data": "The held-out prompts: data.eval, one source or a list, rows with a prompt column.",
-        "rewards": "The scorers, each reported apart: built-ins or functions, as GRPO's rewards (no weights, no "
-        "reward models).",
-        "generation": "How each model samples its completions.",
-        "pass_at_k": "The k of pass@k: the chance that one of k samples scores 1, from generation.num_samples.",
+        **_EVALUATION_NOTES,
         "require": "Conditions on the scores, on models after and before (e.g. after.contains - before.contains "
         ">= 0.05): the job fails in one line where one does not hold.",
         "before": "Evaluate the model the run started from too, as before (the trained one is after).",
-        "benchmarks": "Tasks of lm-evaluation-harness run on each model (pip install 'posttrain[lm-eval]').",
     },
     "BenchmarksSpec": {
         "tasks": "lm-evaluation-harness task or group names (gsm8k, arc_easy, ...; or your own, from include_path).",

@@ -570,7 +570,13 @@ class Spec(_Strict):
             if close:
                 found.append(f"resume: {cut(repr(self.resume))} is neither auto nor never; did you mean {close[0]}?")
         found += self.distributed.problems()
-        found += self.evaluate.problems() if self.evaluate is not None else []
+        if self.evaluate is not None and self.model_class != "AutoModelForCausalLM":
+            found.append(
+                f"evaluate: posttrain.{self.name()} trains a {self.model_class.removeprefix('AutoModelFor')} model, "
+                "which an evaluation cannot sample from; evaluate a policy it scores (rewards: [{model: ...}])"
+            )
+        elif self.evaluate is not None:
+            found += self.evaluate.problems()
         for key, why in self.refused_sections.items():
             section, _, name = key.partition(".")
             if getattr(getattr(self, section), name) is not None:

@@ -33,8 +33,8 @@ class Strategy:
     def check_hardware(self) -> None:
         """Refuses, before anything starts, hardware this strategy cannot run on (as the spec's section says)."""
         problems = [] if torch.cuda.is_available() else self.spec.gpu_problems("this job sees no GPU")
-        # torchrun's processes on this node, each of which takes a GPU of its own
-        processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+        # the launcher's processes on this node, each of which takes a GPU of its own (DeepSpeed's says LOCAL_SIZE)
+        processes = int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("LOCAL_SIZE") or "1")
         if torch.cuda.is_available() and processes > torch.cuda.device_count():
             problems.append(
                 f"-j: {processes} processes on this node, which has {torch.cuda.device_count()} GPU(s) it can see; "

@@ -155,6 +155,10 @@ def test_a_job_without_gpus_asked_for_sees_none_unless_told() -> None:
     assert "CUDA_VISIBLE_DEVICES" not in algorithms.sft(spec=TINY, h="gpu.small").roles[0].env
     told = algorithms.sft(spec=TINY, env={"CUDA_VISIBLE_DEVICES": "3"})
     assert told.roles[0].env["CUDA_VISIBLE_DEVICES"] == "3"
+    # the vllm role has GPUs of its own
+    server = str(TEMPLATES / "grpo" / "tiny-vllm-server.yaml")
+    trainers, vllm = algorithms.grpo(spec=server, vllm_gpu=1).roles
+    assert trainers.env["CUDA_VISIBLE_DEVICES"] == "" and "CUDA_VISIBLE_DEVICES" not in vllm.env
 
 
 @pytest.mark.parametrize(

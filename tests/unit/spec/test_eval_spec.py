@@ -13,7 +13,7 @@ from kubernetes_checks import check
 from posttrain.components import algorithms
 from posttrain.components.spec import conditions
 from posttrain.components.spec.evaluation import eval_from_json, load_eval, of_training_run, validate_eval
-from posttrain.components.spec.loading import load_spec, training_relevant
+from posttrain.components.spec.loading import load_spec, training_relevant, validate
 from posttrain.components.spec.local_files import local_data_problems
 from posttrain.components.spec.messages import SpecError
 
@@ -266,3 +266,13 @@ def test_a_malformed_benchmarks_section_is_refused_in_one_line(changes: Dict[str
 def test_a_task_named_as_a_scorer_is_refused() -> None:
     raw = sft_tiny(benchmarks={"tasks": ["contains"]})
     assert "benchmarks.tasks: contains is also a scorer's name; a condition could not tell them apart" in problems(raw)
+
+
+def test_an_evaluate_section_on_a_reward_model_is_refused() -> None:
+    raw = {**load_template("reward/tiny.yaml"), "evaluate": load_template("sft/tiny-evaluated.yaml")["evaluate"]}
+    with pytest.raises(SpecError) as error:
+        validate(raw)
+    assert error.value.problems == [
+        "evaluate: posttrain.reward trains a SequenceClassification model, which an evaluation cannot sample from; "
+        "evaluate a policy it scores (rewards: [{model: ...}])"
+    ]
