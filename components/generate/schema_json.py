@@ -115,6 +115,9 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "temperature": "Sampling temperature; 0 is greedy (then num_samples 1).",
         "top_p": "Nucleus sampling: sample from the smallest set of tokens whose probability reaches top_p.",
         "seed": "The seed each prompt's own seed is drawn from (with the prompt's place in the data).",
+        "engine": "What samples: auto (vLLM where the job's environment has it, else transformers' generate), "
+        "transformers or vllm.",
+        "vllm_gpu_memory_utilization": "vLLM's share of the device's memory (on CPU, of the machine's).",
     },
     "ModelSpec": {
         "name_or_path": "A local path, a hub id, or builtin:tiny-llama.",

@@ -187,9 +187,18 @@ class GenerationSpec(_Strict):
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int = 0
+    # auto: vLLM where the job's environment has it (a process of its own per model), else transformers' generate
+    engine: Literal["auto", "transformers", "vllm"] = "auto"
+    # vLLM's share of the device's memory (on CPU, of the machine's)
+    vllm_gpu_memory_utilization: float = 0.3
 
     def problems(self) -> List[str]:
         found = []
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            found.append(
+                f"generation.vllm_gpu_memory_utilization: expected a share in (0, 1]; got "
+                f"{self.vllm_gpu_memory_utilization}"
+            )
         if self.num_samples < 1:
             found.append(f"generation.num_samples: expected 1 or more; got {self.num_samples}")
         if self.max_new_tokens < 1:

@@ -28,9 +28,10 @@ from posttrain.components.spec.evaluation import EvalSpec
 from posttrain.components.spec.loading import spec_diff
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import ModelSpec
-from posttrain.entrypoints.evaluation import benchmarks, scores
+from posttrain.entrypoints.evaluation import benchmarks, sampling, scores
 from posttrain.entrypoints.evaluation.files import PARTS_DIR, PLOT_FILE, SAMPLES_FILE, SPEC_FILE, SUMMARY_FILE
-from posttrain.entrypoints.evaluation.sampling import prompt_seed, sample
+from posttrain.entrypoints.evaluation.sampling import prompt_seed, sample, sample_with_vllm
+from posttrain.entrypoints.generation.sampling import prompt_ids
 from posttrain.entrypoints.inputs.data import load_split
 from posttrain.entrypoints.inputs.models import CAUSAL_LM, ModelLoading, check_model_path, load_model, load_tokenizer
 from posttrain.entrypoints.inputs.rewards import (
@@ -78,6 +79,7 @@ def evaluate(spec: EvalSpec) -> Optional[Evaluated]:
                 prompts = load_split(spec.data, spec.data_formats, "eval", spec.generation.seed)
                 check_reward_columns(spec.rewards, False, [("data.eval", prompts)])
             scorers = dict(zip(spec.scorer_names(), resolve_rewards(spec.rewards)))
+            engine = sampling.engine(spec.generation)
             for where, name_or_path in spec.named_models():
                 check_model_path(name_or_path, where)
             # rank 0 runs the benchmarks: the harness's index of tasks is its alone (and takes seconds)
@@ -88,6 +90,8 @@ def evaluate(spec: EvalSpec) -> Optional[Evaluated]:
                 "models": model_fingerprints(spec.named_models(), None),
                 "data": split_fingerprint(spec.data, "eval", prompts) if spec.data is not None else None,
                 "benchmark_tasks": benchmarks.tasks_fingerprint(spec.benchmarks) if spec.benchmarks else None,
+                # what sampled: its samples are its own
+                "engine": engine,
             }
             finished = _finished(output_dir, record, spec.overwrite_output_dir)
         # nodes that do not share output_dir would not agree; check_shared_output says so below
@@ -113,7 +117,7 @@ def evaluate(spec: EvalSpec) -> Optional[Evaluated]:
                 for name in models:
                     left = [index for index in mine if (name, index) not in done]
                     if left:
-                        _evaluate_model(spec, name, prompts, left, scorers, part)
+                        _evaluate_model(spec, name, prompts, left, scorers, part, engine)
         distributed.barrier()
         if spec.benchmarks is not None:
             # every rank makes the group; rank 0 runs each model's tasks while the others wait in it
@@ -124,7 +128,7 @@ def evaluate(spec: EvalSpec) -> Optional[Evaluated]:
                 dist.barrier(group=waiting)
         if not distributed.is_rank0():
             return None
-        summary = _summarise(spec, output_dir, len(prompts), list(scorers), world)
+        summary = _summarise(spec, output_dir, len(prompts), list(scorers), world, engine)
         return Evaluated(summary, summary["closing_line"])
 
 
@@ -284,24 +288,45 @@ def _run_benchmarks(spec: EvalSpec, output_dir: Path, manager: Any) -> None:
 
 
 def _evaluate_model(
-    spec: EvalSpec, name: str, prompts: Any, indices: List[int], scorers: Dict[str, Callable[..., Any]], part: Any
+    spec: EvalSpec,
+    name: str,
+    prompts: Any,
+    indices: List[int],
+    scorers: Dict[str, Callable[..., Any]],
+    part: Any,
+    engine: str,
 ) -> None:
-    """One model's completions of this rank's ``indices``, scored, each prompt a line of ``part`` once done."""
+    """One model's completions of this rank's ``indices``, scored, each prompt a line of ``part`` once done
+    (with vLLM, once all this rank's prompts are sampled)."""
+    generation = spec.generation
+    if engine == "vllm":
+        model_spec = spec.models[name]
+        tokenizer = load_tokenizer(model_spec.name_or_path, model_spec, "left")
+        tokens = [prompt_ids(tokenizer, prompts[index]["prompt"]) for index in indices]
+        seeds = [prompt_seed(generation, index) for index in indices]
+        for index, texts in zip(indices, sample_with_vllm(model_spec, tokens, seeds, generation)):
+            _write_result(name, index, prompts[index], texts, scorers, part)
+        return
     model, tokenizer = _loaded(spec, name)
     for index in indices:
-        row = prompts[index]
-        prompt = row["prompt"]
-        texts = sample(model, tokenizer, prompt, spec.generation, prompt_seed(spec.generation, index))
-        # as TRL's trainers give them: a chat prompt's completion is the assistant's message
-        completions = [[{"role": "assistant", "content": t}] for t in texts] if not isinstance(prompt, str) else texts
-        columns = {key: [value] * len(texts) for key, value in row.items() if key != "prompt"}
-        scored = {
-            scorer: _scores(function, [prompt] * len(texts), completions, columns)
-            for scorer, function in scorers.items()
-        }
-        result = {"model": name, "index": index, "prompt": prompt, "completions": texts, "scores": scored}
-        part.write(json.dumps(result) + "\n")
-        part.flush()
+        texts = sample(model, tokenizer, prompts[index]["prompt"], generation, prompt_seed(generation, index))
+        _write_result(name, index, prompts[index], texts, scorers, part)
+
+
+def _write_result(
+    name: str, index: int, row: Dict[str, Any], texts: List[str], scorers: Dict[str, Callable[..., Any]], part: Any
+) -> None:
+    """A prompt's completions, scored, as a line of ``part``."""
+    prompt = row["prompt"]
+    # as TRL's trainers give them: a chat prompt's completion is the assistant's message
+    completions = [[{"role": "assistant", "content": t}] for t in texts] if not isinstance(prompt, str) else texts
+    columns = {key: [value] * len(texts) for key, value in row.items() if key != "prompt"}
+    scored = {
+        scorer: _scores(function, [prompt] * len(texts), completions, columns) for scorer, function in scorers.items()
+    }
+    result = {"model": name, "index": index, "prompt": prompt, "completions": texts, "scores": scored}
+    part.write(json.dumps(result) + "\n")
+    part.flush()
 
 
 def _scores(
@@ -319,7 +344,9 @@ def _scores(
     return [None if score is None else float(score) for score in scored]
 
 
-def _summarise(spec: EvalSpec, output_dir: Path, prompts: int, scorer_list: List[str], world: int) -> Dict[str, Any]:
+def _summarise(
+    spec: EvalSpec, output_dir: Path, prompts: int, scorer_list: List[str], world: int, engine: str
+) -> Dict[str, Any]:
     """Rank 0, once every rank has finished: the samples in order, the plot, and the summary last."""
     models = list(spec.models)
     results = {(r["model"], r["index"]): r for r in _parts(output_dir / PARTS_DIR)}
@@ -355,7 +382,7 @@ def _summarise(spec: EvalSpec, output_dir: Path, prompts: int, scorer_list: List
     summary.update(
         prompts=prompts,
         num_samples=spec.generation.num_samples,
-        generation={"engine": "transformers", "processes": world, **spec.generation.model_dump()},
+        generation={**spec.generation.model_dump(), "engine": engine, "processes": world},
         closing_line=line,
     )
     summary["require"] = verdicts(spec, summary)

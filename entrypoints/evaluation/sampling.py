@@ -1,19 +1,81 @@
-"""Sampling a prompt's completions the same way on any number of processes: one prompt at a time (no padding),
-from a seed of the prompt's own, with the spec's settings only."""
+"""Sampling a prompt's completions the same way on any number of processes: from a seed of the prompt's own, with
+the spec's settings only; in transformers one prompt at a time (no padding), or in vLLM, a process of its own per
+model (entrypoints/vllm_sampler.py), where the job's environment has it."""
 
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 from typing import Any, List
 
 import torch
 
-from posttrain.components.spec.schema import GenerationSpec
+from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.schema import GenerationSpec, ModelSpec
 from posttrain.entrypoints.generation.sampling import prompt_ids, sampling_from_the_logits
 
 # a prompt's seed: the spec's, then its place in the data (each model draws with the same seeds: paired samples)
 SEED_STRIDE = 1_000_003
 
 
+# torchrun's variables, which the vLLM process must not see: it is a world of its own
+TORCHRUN_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE")
+TORCHRUN_VARIABLES += ("ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT")
+
+
 def prompt_seed(generation: GenerationSpec, index: int) -> int:
     return generation.seed * SEED_STRIDE + index
+
+
+def engine(generation: GenerationSpec) -> str:
+    """What samples: the spec's engine, auto being vLLM where the job's environment has it."""
+    installed = importlib.util.find_spec("vllm") is not None
+    if generation.engine == "vllm" and not installed:
+        raise SpecError(
+            [
+                "generation.engine: vllm is not installed in the job's environment (README: Generating with vLLM); "
+                "use engine: transformers, or auto"
+            ]
+        )
+    if generation.engine == "auto":
+        return "vllm" if installed else "transformers"
+    return generation.engine
+
+
+def sample_with_vllm(
+    model: ModelSpec, prompts: List[List[int]], seeds: List[int], generation: GenerationSpec
+) -> List[List[str]]:
+    """Each prompt's completions (its tokens, its seed) from vLLM, in a process of its own on this rank's GPU."""
+    env = {key: value for key, value in os.environ.items() if key not in TORCHRUN_VARIABLES}
+    env = {key: value for key, value in env.items() if not key.startswith("TORCHELASTIC_")}
+    if torch.cuda.is_available():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        device = torch.cuda.current_device()
+        env["CUDA_VISIBLE_DEVICES"] = visible.split(",")[device] if visible else str(device)
+    with tempfile.TemporaryDirectory(prefix="posttrain-vllm-sampling-") as scratch:
+        request, out = Path(scratch) / "request.json", Path(scratch) / "completions.json"
+        request.write_text(
+            json.dumps(
+                {
+                    "model": model.model_dump(mode="json"),
+                    "generation": generation.model_dump(mode="json"),
+                    "prompts": prompts,
+                    "seeds": seeds,
+                }
+            )
+        )
+        command = [sys.executable, "-m", "posttrain.entrypoints.vllm_sampler", "--request", str(request)]
+        finished = subprocess.run([*command, "--out", str(out)], env=env, stderr=subprocess.PIPE, text=True)
+        if finished.returncode != 0:
+            said = [line for line in finished.stderr.splitlines() if line.startswith("posttrain: ")]
+            if said:
+                raise SpecError([said[-1].removeprefix("posttrain: ")], this_rank_only=True)
+            tail = finished.stderr.strip().splitlines()[-20:]
+            raise RuntimeError(f"vLLM's sampling process exited {finished.returncode}:\n" + "\n".join(tail))
+        return json.loads(out.read_text())
 
 
 @torch.no_grad()

@@ -177,7 +177,7 @@ def _llm_factory(
 
         # a built-in model: TRL passes its empty name_or_path
         if not kwargs.get("model"):
-            kwargs["model"] = _builtin_directory(model)
+            kwargs["model"] = builtin_directory(model)
         config = AutoConfig.from_pretrained(kwargs["model"], trust_remote_code=kwargs.get("trust_remote_code", False))
         problem = head_size_problem(config, on_cpu)
         if problem:
@@ -189,7 +189,7 @@ def _llm_factory(
     return make
 
 
-def _builtin_directory(model: ModelSpec) -> str:
+def builtin_directory(model: ModelSpec) -> str:
     """The built-in model and tokenizer, written where vLLM can load them (removed when the process ends).
 
     Every rank writes its own: ``save_pretrained`` writes on rank 0 only, so the
@@ -408,7 +408,7 @@ def server_model(model: ModelSpec, training: Mapping[str, Any]) -> Tuple[str, st
     import torch
     from transformers import AutoConfig
 
-    directory = _builtin_directory(model) if model.name_or_path.startswith("builtin:") else model.name_or_path
+    directory = builtin_directory(model) if model.name_or_path.startswith("builtin:") else model.name_or_path
     config = AutoConfig.from_pretrained(directory, trust_remote_code=model.trust_remote_code)
     on_cpu = not torch.cuda.is_available()
     problem = head_size_problem(config, on_cpu)

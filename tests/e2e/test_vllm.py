@@ -184,6 +184,35 @@ def test_tools_with_vllm_colocated_and_as_the_server_role(tmp_path: Path) -> Non
     assert (generation["engine"], generation["mode"]) == ("vllm", "server")
 
 
+def run_eval(tmp_path: Path, name: str, j: str, *overrides: str) -> dict:
+    """templates/eval/sft-tiny.yaml on the first 20 questions, of models vLLM takes on CPU; its summary."""
+    output_dir = tmp_path / name
+    args = ["run", "-s", "local_cwd", "posttrain.eval", "--spec", "templates/eval/sft-tiny.yaml", "-j", j]
+    args += ["--rdzv_port", str(free_port()), f"output_dir={output_dir}", "require=[]", "pass_at_k=[1]"]
+    args += ["data.eval.max_rows=20", "generation.max_new_tokens=8", "generation.vllm_gpu_memory_utilization=0.15"]
+    assert_succeeded(torchx([*args, *overrides], tmp_path, timeout=900))
+    samples = [json.loads(line) for line in (output_dir / "eval_samples.jsonl").read_text().splitlines()]
+    return {"summary": read_json(output_dir / "eval_summary.json"), "samples": samples}
+
+
+def completions(run: dict, model: str) -> list:
+    return [sample["completion"] for sample in run["samples"] if sample["model"] == model]
+
+
+def test_an_evaluation_samples_in_vllm_where_it_is_installed_as_transformers_would(tmp_path: Path) -> None:
+    """Two processes, each model in a vLLM of its own: each prompt's seed gives the same samples to the same model
+    in another engine; greedy, vLLM writes what transformers' generate writes."""
+    tiny = "{name_or_path: 'builtin:tiny-llama3-vllm'}"
+    sampled = run_eval(tmp_path, "sampled", "1x2", f"models={{a: {tiny}, b: {tiny}}}", "generation.num_samples=2")
+    assert sampled["summary"]["generation"]["engine"] == "vllm" and sampled["summary"]["generation"]["processes"] == 2
+    assert len(completions(sampled, "a")) == 40 and completions(sampled, "a") == completions(sampled, "b")
+    greedy = [f"models={{base: {tiny}}}", "generation.temperature=0"]
+    by_vllm = run_eval(tmp_path, "greedy-vllm", "1x1", *greedy)
+    by_transformers = run_eval(tmp_path, "greedy-transformers", "1x1", *greedy, "generation.engine=transformers")
+    assert by_transformers["summary"]["generation"]["engine"] == "transformers"
+    assert completions(by_vllm, "base") == completions(by_transformers, "base")
+
+
 def test_a_head_size_vllm_cannot_run_on_cpu_is_one_line_before_vllm_starts(tmp_path: Path) -> None:
     result = run_template(
         "grpo/tiny-vllm.yaml", tmp_path, tmp_path / "out", j="1x1", overrides=["model.name_or_path=builtin:tiny-llama3"]

@@ -8,8 +8,10 @@ from typing import Any, List
 import pytest
 
 from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.schema import GenerationSpec
 from posttrain.entrypoints import launcher
 from posttrain.entrypoints.evaluation import run as eval_job
+from posttrain.entrypoints.evaluation import sampling
 from posttrain.entrypoints.inputs.rewards import RewardCheck
 
 
@@ -72,3 +74,17 @@ def test_another_evaluation_or_a_training_run_in_output_dir_is_one_line_naming_t
     assert eval_job._finished(other, record, overwrite=True) is None
     (other / "eval_spec.json").write_text(json.dumps(record))
     assert eval_job._finished(other, record, overwrite=False) is None
+
+
+def test_the_engine_is_vllm_where_installed_unless_the_spec_names_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    installed = {"vllm": object()}
+    monkeypatch.setattr(sampling.importlib.util, "find_spec", lambda name: installed.get(name))
+    assert [sampling.engine(GenerationSpec(engine=name)) for name in ("auto", "transformers", "vllm")] == [
+        "vllm",
+        "transformers",
+        "vllm",
+    ]
+    installed.clear()
+    assert sampling.engine(GenerationSpec()) == "transformers"
+    with pytest.raises(SpecError, match="generation.engine: vllm is not installed in the job's environment"):
+        sampling.engine(GenerationSpec(engine="vllm"))
