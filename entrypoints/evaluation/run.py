@@ -18,7 +18,7 @@ import logging
 import shutil
 from datetime import timedelta
 from pathlib import Path
-from typing import IO, Any, Callable, Dict, List, Optional, Set, Tuple
+from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
 
 import torch
 import torch.distributed as dist
@@ -51,8 +51,9 @@ log = logging.getLogger("posttrain")
 
 # spec keys the results do not depend on
 NOT_RESULTS = ("output_dir", "overwrite_output_dir", "require")
-# the other ranks wait this long at most while rank 0 runs the benchmarks (a few thousand questions per model)
-BENCHMARKS_TIMEOUT = timedelta(hours=12)
+# the ranks wait this long at most for each other's sampling, or for rank 0's benchmarks (thousands of questions
+# per model)
+WAIT = timedelta(hours=12)
 
 
 @dataclasses.dataclass
@@ -63,27 +64,53 @@ class Evaluated:
     line: str
 
 
+@dataclasses.dataclass
+class Inputs:
+    """What an evaluation's checks produce, before any model loads."""
+
+    # the held-out prompts (none for benchmarks alone)
+    prompts: Any
+    # each scorer by its name: a function, or a reward model's path
+    scorers: Dict[str, Any]
+    # what samples: transformers or vllm
+    engine: str
+    # rank 0's index of the benchmarks' tasks, or None
+    tasks: Any
+
+
+def check(spec: EvalSpec, made_later: Sequence[str] = ()) -> Inputs:
+    """Everything an evaluation can check before a model loads, cheapest first, on every rank; no collective call
+    and nothing written. ``made_later``: models not made yet (a training run's own, checked once saved)."""
+    prompts: Any = []
+    if spec.data is not None:
+        prompts = load_split(spec.data, spec.data_formats, "eval", spec.generation.seed)
+        check_reward_columns(spec.rewards, False, [("data.eval", prompts)])
+    scorers = dict(zip(spec.scorer_names(), resolve_rewards(spec.rewards)))
+    engine = sampling.engine(spec.generation)
+    for where, name_or_path in spec.named_models():
+        if name_or_path not in made_later:
+            check_model_path(name_or_path, where)
+    # rank 0 runs the benchmarks: the harness's index of tasks is its alone (and takes seconds)
+    tasks = benchmarks.task_manager(spec.benchmarks) if spec.benchmarks and distributed.is_rank0() else None
+    return Inputs(prompts, scorers, engine, tasks)
+
+
 def evaluate(spec: EvalSpec) -> Optional[Evaluated]:
     """Runs the evaluation, or finds it finished (its conditions judged again), on every rank of the process
     group; rank 0's outcome (None on the others). ``require:``'s verdicts are in the summary:
     :func:`check_required` fails the job on them."""
     output_dir = Path(spec.output_dir)
     world, rank = distributed.world_size(), distributed.env_rank()
+    # every rank makes it: where the ranks wait for each other's sampling, or for rank 0's benchmarks, longer than
+    # a training job's timeout allows
+    waiting = distributed.waiting_group(WAIT)
     # rank 0 holds output_dir until the job ends: another run into it stops at its first check
     with contextlib.ExitStack() as held:
         with distributed.all_ranks_agree():
             if distributed.is_rank0():
                 held.callback(lease.acquire(output_dir, "output_dir").release)
-            prompts: Any = []
-            if spec.data is not None:
-                prompts = load_split(spec.data, spec.data_formats, "eval", spec.generation.seed)
-                check_reward_columns(spec.rewards, False, [("data.eval", prompts)])
-            scorers = dict(zip(spec.scorer_names(), resolve_rewards(spec.rewards)))
-            engine = sampling.engine(spec.generation)
-            for where, name_or_path in spec.named_models():
-                check_model_path(name_or_path, where)
-            # rank 0 runs the benchmarks: the harness's index of tasks is its alone (and takes seconds)
-            tasks = benchmarks.task_manager(spec.benchmarks) if spec.benchmarks and distributed.is_rank0() else None
+            inputs = check(spec)
+            prompts, scorers, engine = inputs.prompts, inputs.scorers, inputs.engine
             record = {
                 # what the results depend on: not where they are written, nor whether they may replace others
                 "spec": {k: v for k, v in json.loads(spec.to_json()).items() if k not in NOT_RESULTS},
@@ -118,18 +145,22 @@ def evaluate(spec: EvalSpec) -> Optional[Evaluated]:
                     left = [index for index in mine if (name, index) not in done]
                     if left:
                         _evaluate_model(spec, name, prompts, left, scorers, part, engine)
-        distributed.barrier()
+        _wait(waiting)
         if spec.benchmarks is not None:
-            # every rank makes the group; rank 0 runs each model's tasks while the others wait in it
-            waiting = distributed.waiting_group(BENCHMARKS_TIMEOUT)
+            # rank 0 runs each model's tasks while the others wait
             if distributed.is_rank0():
-                _run_benchmarks(spec, output_dir, tasks)
-            if waiting is not None:
-                dist.barrier(group=waiting)
+                _run_benchmarks(spec, output_dir, inputs.tasks)
+            _wait(waiting)
         if not distributed.is_rank0():
             return None
         summary = _summarise(spec, output_dir, len(prompts), list(scorers), world, engine)
         return Evaluated(summary, summary["closing_line"])
+
+
+def _wait(group: Any) -> None:
+    """Every rank: a barrier of ``group`` (distributed.waiting_group), where there is one."""
+    if group is not None:
+        dist.barrier(group=group)
 
 
 def check_required(evaluated: Optional[Evaluated]) -> None:

@@ -71,7 +71,11 @@ class Preemption(TrainerCallback):
     def __init__(self) -> None:
         self.requested = False
         self.stopped = False
-        signal.signal(signal.SIGTERM, self._request)
+        self._previous = signal.signal(signal.SIGTERM, self._request)
+
+    def release(self) -> None:
+        """SIGTERM as it was before training: what follows it (an evaluation) has no step end to stop at."""
+        signal.signal(signal.SIGTERM, self._previous)
 
     def _request(self, signum: int, frame: Any) -> None:
         self.requested = True

@@ -60,6 +60,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import torch
 from transformers import PrinterCallback, Trainer
+from transformers.integrations.deepspeed import unset_hf_deepspeed_config
 from transformers.utils import logging as transformers_logging
 
 from posttrain.components.spec.evaluation import EvalSpec, of_training_run
@@ -67,6 +68,7 @@ from posttrain.components.spec.fields import config_fields, config_value
 from posttrain.components.spec.loading import spec_from_json
 from posttrain.components.spec.messages import SpecError, first_line
 from posttrain.components.spec.schema import CHECKPOINTING_OPTIONS, EnvironmentSource, RewardSource, Spec, ToolSource
+from posttrain.entrypoints.evaluation.run import check as check_evaluation
 from posttrain.entrypoints.evaluation.run import evaluate_run
 from posttrain.entrypoints.generation import role_lease, vllm_generation, vllm_token
 from posttrain.entrypoints.inputs.chat_templates import check_chat_template, check_reward_templates
@@ -410,8 +412,11 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
         # the run's last line: the details are in run_summary.json
         line = closing_line(summary, str(output_dir))
         if split.evaluation is not None:
-            # the trained model is read back as saved: the trainer's copies go first
+            preemption.release()
+            # the trained model is read back as saved: the trainer's copies go first, and with them ZeRO-3's hold
+            # on from_pretrained (it would partition the models the evaluation loads)
             del trainer, job
+            unset_hf_deepspeed_config()
             gc.collect()
             torch.cuda.empty_cache()
             evaluate_run(split.evaluation, output_dir, line)
@@ -467,6 +472,12 @@ def _check_inputs(spec: Spec, split: Parts, world_size: int, reward_check: Rewar
     if isinstance(environment_factory, dict):
         check_environment_column(environment_factory, datasets)
     check_reward_columns(split.rewards, spec.keeps_only_prompts, datasets)
+    if split.evaluation is not None:
+        # its data, scorers and tasks now, not after training (the model it evaluates is this run's to make)
+        try:
+            check_evaluation(split.evaluation, made_later=[split.evaluation.models["after"].name_or_path])
+        except SpecError as error:
+            raise SpecError([f"evaluate.{problem}" for problem in error.problems]) from None
     check_weight_shapes(split.models)
     args = build_config(spec.config_class, training_arguments(spec, training))
     check_online_data(type(spec), args, len(train_dataset), world_size)

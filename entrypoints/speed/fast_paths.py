@@ -190,7 +190,9 @@ def attention_implementation(options: FastPathOptions) -> Optional[str]:
     unavailable = attention.varlen_available()
     if unavailable is not None:
         if torch.cuda.is_available():
-            _say(f"torch_varlen attention is off: {unavailable} ({INSTALL_GPU}); padding-free rows stay off too")
+            # a torch too old is the gpu extra's to fix; an older GPU or ROCm is not
+            hint = f" ({INSTALL_GPU})" if "torch >= 2.11" in unavailable else ""
+            _say(f"torch_varlen attention is off: {unavailable}{hint}; padding-free rows stay off too")
         return None
     shape = gpu_memory.model_shape(options.model)
     if shape is None or shape.model_type not in VARLEN_MODEL_TYPES or shape.attention_dropout:

@@ -21,7 +21,7 @@ from posttrain.entrypoints import deepspeed_launcher
 from posttrain.entrypoints.inputs import tiny
 from posttrain.entrypoints.inputs.data import check_online_data, fit_batch, load_data
 from posttrain.entrypoints.inputs.models import EXTRA_MODEL_CLASSES, import_object, load_tokenizer
-from posttrain.entrypoints.inputs.rewards import resolve_rewards
+from posttrain.entrypoints.inputs.rewards import RewardCheck, resolve_rewards
 from posttrain.entrypoints.job import distributed, runtime
 from posttrain.entrypoints.job.sharding import deepspeed_config, strategy_for
 from posttrain.entrypoints.records import summary
@@ -523,3 +523,16 @@ def test_whether_ddp_searches_is_in_the_trainers_arguments_before_any_model_load
     # the user's choice stands
     said = {**moe.training, "ddp_find_unused_parameters": False}
     assert runtime.training_arguments(moe, said)["ddp_find_unused_parameters"] is False
+
+
+def test_an_evaluate_sections_inputs_are_checked_before_training(tmp_path: Path) -> None:
+    """What the evaluation after training reads is checked with the run's own inputs, its keys under evaluate."""
+    evaluate = load_template("sft/tiny-evaluated.yaml")["evaluate"]
+    missing = {**evaluate, "data": {"eval": {"path": str(tmp_path / "gone.jsonl")}}}
+    spec = sft_spec(tmp_path, evaluate=missing)
+    with pytest.raises(SpecError) as error:
+        runtime._check_inputs(spec, runtime.parts(spec), 1, RewardCheck())
+    assert error.value.problems[0].startswith(f"evaluate.data.eval.path: no such file: {tmp_path / 'gone.jsonl'}")
+    # the model it evaluates is the run's to make: not a missing model yet
+    spec = sft_spec(tmp_path, evaluate=evaluate)
+    assert runtime._check_inputs(spec, runtime.parts(spec), 1, RewardCheck()) is not None

@@ -83,8 +83,7 @@ def test_the_command_line_prints_and_writes(tmp_path: Path, capsys: pytest.Captu
     assert (tmp_path / "ppo.schema.json").read_text() == render("ppo")
 
 
-# one spec each
-# an evaluation has no schema of its own yet: tests/unit/spec/test_eval_spec.py validates its templates
+# one spec each: the algorithms', the eval's and the chain's
 @pytest.mark.parametrize("template", ALL_TEMPLATES)
 def test_every_template_points_at_its_schema_and_validates(template: str) -> None:
     raw = load_template(template)
