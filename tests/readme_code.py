@@ -63,6 +63,14 @@ LISTED_WHOLE: Dict[str, str] = {
     "torchx run -s local_cwd posttrain.chain --spec templates/chain/rlhf-tiny.yaml": (
         "tests/e2e/test_chain.py runs this chain (killed during its reward stage and run again) and reads every stage"
     ),
+    # the three commands of docs/pages/rewards-and-ppo.md's RLHF, the chain's stages: the chain runs these templates
+    "torchx run -s local_cwd posttrain.reward --spec templates/reward/tiny.yaml": (
+        "tests/e2e/test_chain.py's RLHF chain runs this template as its reward stage (and tests/conftest.py's "
+        "reward_model for the reward tests)"
+    ),
+    "torchx run -s local_cwd posttrain.ppo    --spec templates/ppo/rlhf-tiny.yaml": (
+        "tests/e2e/test_chain.py's RLHF chain runs this template as its ppo stage, from its sft and reward stages"
+    ),
     "torchx run -s local_cwd posttrain.sft --spec templates/sft/tiny-zero2.yaml -j 2x1 --launcher deepspeed": (
         "tests/e2e/test_distributed.py runs this command and reads both nodes' logs and the run"
     ),

@@ -134,7 +134,9 @@ def test_a_stage_trained_from_a_model_that_was_trained_again_trains_again_and_sa
     output_dir = tmp_path / "sft-dpo"
     args = ["run", "-s", "local_cwd", "posttrain.chain", "--spec", "templates/chain/sft-dpo-tiny.yaml", "-j", "1x1"]
     args += ["--rdzv_port", str(free_port(CHAIN_PORTS)), f"output_dir={output_dir}"]
-    assert_succeeded(torchx(args, tmp_path, timeout=900))
+    # what is trained from what, not how well: a few steps each
+    args += ["stages.dpo.training.max_steps=4", "stages.dpo.training.save_steps=4"]
+    assert_succeeded(torchx([*args, "stages.sft.training.max_steps=10"], tmp_path, timeout=900))
     first_sft = read_json(output_dir / "sft" / "run_summary.json")
     dpo = read_json(output_dir / "dpo" / "run_summary.json")
     assert dpo["inputs"]["models"]["model.name_or_path"] == {

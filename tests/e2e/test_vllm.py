@@ -199,18 +199,18 @@ def completions(run: dict, model: str) -> list:
     return [sample["completion"] for sample in run["samples"] if sample["model"] == model]
 
 
-def test_an_evaluation_samples_in_vllm_where_it_is_installed_as_transformers_would(tmp_path: Path) -> None:
+def test_an_evaluation_samples_in_vllm_where_it_is_installed(tmp_path: Path) -> None:
     """Two processes, each model in a vLLM of its own: each prompt's seed gives the same samples to the same model
-    in another engine; greedy, vLLM writes what transformers' generate writes."""
+    in another engine, and they are what the scorers scored."""
     tiny = "{name_or_path: 'builtin:tiny-llama3-vllm'}"
     sampled = run_eval(tmp_path, "sampled", "1x2", f"models={{a: {tiny}, b: {tiny}}}", "generation.num_samples=2")
     assert sampled["summary"]["generation"]["engine"] == "vllm" and sampled["summary"]["generation"]["processes"] == 2
     assert len(completions(sampled, "a")) == 40 and completions(sampled, "a") == completions(sampled, "b")
-    greedy = [f"models={{base: {tiny}}}", "generation.temperature=0"]
-    by_vllm = run_eval(tmp_path, "greedy-vllm", "1x1", *greedy)
-    by_transformers = run_eval(tmp_path, "greedy-transformers", "1x1", *greedy, "generation.engine=transformers")
-    assert by_transformers["summary"]["generation"]["engine"] == "transformers"
-    assert completions(by_vllm, "base") == completions(by_transformers, "base")
+    # sampled, not one answer repeated
+    assert len(set(completions(sampled, "a"))) > 20
+    for sample in sampled["samples"]:
+        ends = sample["completion"].rstrip().endswith(".")
+        assert sample["scores"]["regex_format"] == float(ends), sample
 
 
 def test_a_head_size_vllm_cannot_run_on_cpu_is_one_line_before_vllm_starts(tmp_path: Path) -> None:
