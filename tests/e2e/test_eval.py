@@ -163,16 +163,16 @@ def test_a_reward_model_scores_each_sample_as_it_scores_the_text_alone(
 ) -> None:
     output_dir = tmp_path / "scored"
     args = eval_args(output_dir, sft_1x2, "1x2") + [f"rewards=[{{model: {reward_model}}}]", "require=[]"]
-    args += ["pass_at_k=[1]", "generation.num_samples=2"]
+    args += ["pass_at_k=[1]", "generation.num_samples=2", "data.eval.max_rows=20"]
     result = torchx(args, tmp_path)
     assert_succeeded(result)
     summary = read_json(output_dir / "eval_summary.json")
-    assert summary["closing_line"].startswith("posttrain: eval of 2 models (base, sft) on 60 prompts: reward ")
+    assert summary["closing_line"].startswith("posttrain: eval of 2 models (base, sft) on 20 prompts: reward ")
     samples = [json.loads(line) for line in (output_dir / "eval_samples.jsonl").read_text().splitlines()]
     # scored in right-padded batches on two processes; here one text at a time, as the reward test scores pairs
     model = AutoModelForSequenceClassification.from_pretrained(reward_model).eval()
     tokenizer = AutoTokenizer.from_pretrained(reward_model)
-    for sample in samples[::15]:
+    for sample in samples[::5]:
         answer = [{"role": "assistant", "content": sample["completion"]}]
         text = tokenizer.apply_chat_template(sample["prompt"] + answer, tokenize=False)
         with torch.no_grad():
