@@ -203,8 +203,9 @@ def test_an_evaluation_samples_in_vllm_where_it_is_installed(tmp_path: Path) -> 
     """Each model in a vLLM of its own: each prompt's seed gives the same samples to the same model in another
     engine, and they are what the scorers scored."""
     tiny = "{name_or_path: 'builtin:tiny-llama3-vllm'}"
-    sampled = run_eval(tmp_path, "sampled", "1x1", f"models={{a: {tiny}, b: {tiny}}}", "generation.num_samples=2")
-    assert sampled["summary"]["generation"]["engine"] == "vllm"
+    # two processes: each starts its engines beside the other's
+    sampled = run_eval(tmp_path, "sampled", "1x2", f"models={{a: {tiny}, b: {tiny}}}", "generation.num_samples=2")
+    assert sampled["summary"]["generation"]["engine"] == "vllm" and sampled["summary"]["generation"]["processes"] == 2
     assert len(completions(sampled, "a")) == 40 and completions(sampled, "a") == completions(sampled, "b")
     # sampled, not one answer repeated
     assert len(set(completions(sampled, "a"))) > 20
