@@ -95,10 +95,11 @@ def check(spec: EvalSpec, made_later: Sequence[str] = ()) -> Inputs:
     return Inputs(prompts, scorers, engine, tasks)
 
 
-def evaluate(spec: EvalSpec) -> Optional[Evaluated]:
+def evaluate(spec: EvalSpec, checked: Optional[Inputs] = None) -> Optional[Evaluated]:
     """Runs the evaluation, or finds it finished (its conditions judged again), on every rank of the process
     group; rank 0's outcome (None on the others). ``require:``'s verdicts are in the summary:
-    :func:`check_required` fails the job on them."""
+    :func:`check_required` fails the job on them. ``checked``: what :func:`check` gave already (a training job
+    checks its evaluation before training)."""
     output_dir = Path(spec.output_dir)
     world, rank = distributed.world_size(), distributed.env_rank()
     # every rank makes it: where the ranks wait for each other's sampling, or for rank 0's benchmarks, longer than
@@ -109,7 +110,7 @@ def evaluate(spec: EvalSpec) -> Optional[Evaluated]:
         with distributed.all_ranks_agree():
             if distributed.is_rank0():
                 held.callback(lease.acquire(output_dir, "output_dir").release)
-            inputs = check(spec)
+            inputs = checked if checked is not None else check(spec)
             prompts, scorers, engine = inputs.prompts, inputs.scorers, inputs.engine
             record = {
                 # what the results depend on: not where they are written, nor whether they may replace others
@@ -172,11 +173,14 @@ def check_required(evaluated: Optional[Evaluated]) -> None:
         raise SpecError(failed)
 
 
-def evaluate_run(evaluation: EvalSpec, run_dir: Path, run_line: Optional[str]) -> None:
+def evaluate_run(
+    evaluation: EvalSpec, run_dir: Path, run_line: Optional[str], checked: Optional[Inputs] = None
+) -> None:
     """A training spec's ``evaluate:`` (evaluation.of_training_run), once the run's model is saved (``run_line``:
-    its closing line) or found finished (None): the evaluation, its summary put into the run's
-    ``run_summary.json``, one closing line for both, and the job failed where a condition does not hold."""
-    evaluated = evaluate(evaluation)
+    its closing line; ``checked``: its inputs, checked before training) or found finished (None): the evaluation,
+    its summary put into the run's ``run_summary.json``, one closing line for both, and the job failed where a
+    condition does not hold."""
+    evaluated = evaluate(evaluation, checked)
     if evaluated is not None:
         path = run_dir / RUN_SUMMARY_FILE
         run = read_record(path, "train the run again (overwrite_output_dir: true)", keys=("algorithm",))

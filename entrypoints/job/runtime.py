@@ -68,6 +68,7 @@ from posttrain.components.spec.fields import config_fields, config_value
 from posttrain.components.spec.loading import spec_from_json
 from posttrain.components.spec.messages import SpecError, first_line
 from posttrain.components.spec.schema import CHECKPOINTING_OPTIONS, EnvironmentSource, RewardSource, Spec, ToolSource
+from posttrain.entrypoints.evaluation.run import Inputs as EvaluationInputs
 from posttrain.entrypoints.evaluation.run import check as check_evaluation
 from posttrain.entrypoints.evaluation.run import evaluate_run
 from posttrain.entrypoints.generation import role_lease, vllm_generation, vllm_token
@@ -309,6 +310,8 @@ class _Inputs:
     tokenizer: Any
     # what each checkpoint records it was trained on (checkpoints.job_inputs)
     record: Dict[str, Any]
+    # the evaluate: section's inputs, checked with the run's, or None
+    evaluation: Optional[EvaluationInputs]
 
 
 def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
@@ -419,7 +422,7 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
             unset_hf_deepspeed_config()
             gc.collect()
             torch.cuda.empty_cache()
-            evaluate_run(split.evaluation, output_dir, line)
+            evaluate_run(split.evaluation, output_dir, line, inputs.evaluation)
         elif distributed.is_rank0():
             say_closing(line)
 
@@ -472,10 +475,11 @@ def _check_inputs(spec: Spec, split: Parts, world_size: int, reward_check: Rewar
     if isinstance(environment_factory, dict):
         check_environment_column(environment_factory, datasets)
     check_reward_columns(split.rewards, spec.keeps_only_prompts, datasets)
+    evaluation = None
     if split.evaluation is not None:
         # its data, scorers and tasks now, not after training (the model it evaluates is this run's to make)
         try:
-            check_evaluation(split.evaluation, made_later=[split.evaluation.models["after"].name_or_path])
+            evaluation = check_evaluation(split.evaluation, made_later=[split.evaluation.models["after"].name_or_path])
         except SpecError as error:
             raise SpecError([f"evaluate.{problem}" for problem in error.problems]) from None
     check_weight_shapes(split.models)
@@ -494,7 +498,16 @@ def _check_inputs(spec: Spec, split: Parts, world_size: int, reward_check: Rewar
         check_tool_template(tokenizer, spec.model.name_or_path)
     eval_dataset = datasets[1][1] if len(datasets) > 1 else None
     return _Inputs(
-        train_dataset, eval_dataset, resume_from, rewards, tools, environment_factory, args, tokenizer, inputs_record
+        train_dataset,
+        eval_dataset,
+        resume_from,
+        rewards,
+        tools,
+        environment_factory,
+        args,
+        tokenizer,
+        inputs_record,
+        evaluation,
     )
 
 
