@@ -112,6 +112,8 @@ SlurmctldHost=$H1
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+# a requeued job may start again cred_expire seconds later (default 120)
+AuthInfo=cred_expire=10
 CredType=cred/munge
 SlurmctldPort=6817
 StateSaveLocation=$SLURM_ROOT/state
@@ -126,7 +128,11 @@ JobAcctGatherType=jobacct_gather/none
 $ACCT_LINES
 JobCompType=jobcomp/none
 SchedulerType=sched/backfill
-SchedulerParameters=bf_interval=1
+# torchx submits heterogeneous jobs, which only backfill starts, and backfill runs again only when a job or node
+# changes: a requeued job, once eligible, waits for the next node ping (every SlurmdTimeout/3 s, default 100)
+# and for the main loop (sched_interval, default 60) to clear its BeginTime; these start it within about 10 s
+SchedulerParameters=bf_interval=1,sched_interval=5
+SlurmdTimeout=30
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU_Memory
 MpiDefault=none

@@ -18,7 +18,7 @@ from helpers import CHAIN_PORTS, REPO, assert_succeeded, ends, free_port, read_j
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slurm]
 
-# a job here takes 10 s (GRPO) to about 200 s (the requeued one: a failed run, then Slurm requeues it)
+# a job here takes 10 s (GRPO) to about 50 s (the requeued one: a failed run, then Slurm runs it again)
 JOB_TIMEOUT_S = 600
 
 
