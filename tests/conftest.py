@@ -15,6 +15,8 @@ os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="posttrain-tests-hf-")
 
 import pytest
 
+# the job side's logging set-up (bitsandbytes' import-time warning quieted) before any test imports PEFT
+import posttrain.entrypoints  # noqa: F401
 from helpers import HEARTBEAT_S, JOB_TOKEN, MISTRAL_FORMATS, REPO, STALE_S, assert_succeeded, run_template
 
 

@@ -140,6 +140,15 @@ BAD_INPUTS = [
     ),
     ("ppo", ["model.lora={r: 8}"], PPO_WITH_LORA),
     ("dpo", ["reference_model=org/ref", "model.lora={r: 8}"], REFERENCE_WITH_LORA),
+    # QLoRA: an adapter on 4-bit weights, with data parallelism
+    ("sft", ["model.quantization=4bit"], "model.quantization: 4bit weights are frozen; add model.lora"),
+    (
+        "sft",
+        ["model.quantization=4bit", "model.lora={r: 8}", "distributed.deepspeed={zero_stage: 2}"],
+        "model.quantization: posttrain does not shard quantized weights with distributed.deepspeed",
+    ),
+    ("sft", ["model.quantization=8bit"], "model.quantization: input should be '4bit'; got '8bit'"),
+    ("ppo", ["model.quantization=4bit"], "model.quantization: posttrain's PPO trains full weights"),
     # malformed overrides
     ("sft", ["training.max_steps"], "override 'training.max_steps': expected key.path=value"),
     ("sft", ["training.max_steps.x=3"], "training.max_steps is a value, not a section"),

@@ -127,6 +127,8 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "attn_implementation": "The attention implementation transformers uses (eager, sdpa, flash_attention_2, ..., "
         "or torch_varlen: torch's varlen kernels, for training); default the model's own (SFT on a GPU may pick "
         "torch_varlen: docs, Speed).",
+        "quantization": "4bit: the trained model's weights load frozen in 4 bits (bitsandbytes' NF4, QLoRA) and "
+        "model.lora trains an adapter on them; with data parallelism, on GPUs or CPUs.",
     },
     "DataSpec": {
         "train": "The training data: one source (a local file, a glob of files or a saved data set as path, or a hub "
@@ -349,8 +351,9 @@ def spec_schema(algorithm: str) -> Dict[str, Any]:
 def eval_schema() -> Dict[str, Any]:
     """The JSON Schema of ``posttrain.eval``'s spec."""
     generated = _strip_titles(EvalSpec.model_json_schema())
-    # an evaluation loads models as they are (the validator refuses an adapter)
-    del generated["$defs"]["ModelSpec"]["properties"]["lora"]
+    # an evaluation loads models as they are (the validator refuses an adapter and quantization)
+    for refused in ("lora", "quantization"):
+        del generated["$defs"]["ModelSpec"]["properties"][refused]
     _describe(generated["properties"], FIELD_NOTES["EvalSpec"])
     for name, notes in FIELD_NOTES.items():
         if name in generated.get("$defs", {}):

@@ -73,6 +73,11 @@ class EvalSpec(Evaluation):
                 found.append(
                     f"models.{name}.lora: an evaluation loads models as they are, never adds an adapter; drop lora"
                 )
+            if model.quantization is not None:
+                found.append(
+                    f"models.{name}.quantization: an evaluation loads models in their dtype, never quantized; "
+                    "drop quantization"
+                )
         return found + self.evaluation_problems(list(self.models))
 
 
@@ -82,10 +87,14 @@ def of_training_run(spec: Spec) -> EvalSpec:
     the run (another ``evaluate:`` replaces what is there)."""
     assert spec.evaluate is not None
     output_dir = str(spec.training["output_dir"]).rstrip("/")
-    # as the models generate: torch_varlen trains only (it takes no KV cache); an adapter's base as it was
+    # as the models generate: torch_varlen trains only (it takes no KV cache); an adapter's base as it was, in its dtype
     attention = spec.model.attn_implementation
     start = spec.model.model_copy(
-        update={"lora": None, "attn_implementation": None if attention == TORCH_VARLEN else attention}
+        update={
+            "lora": None,
+            "quantization": None,
+            "attn_implementation": None if attention == TORCH_VARLEN else attention,
+        }
     )
     models = {"before": start} if spec.evaluate.before else {}
     models["after"] = start.model_copy(update={"name_or_path": output_dir, "revision": None})

@@ -419,6 +419,7 @@ class PPOSpec(_OnlineSpec):
     del _refusals
     refused_sections: ClassVar[Dict[str, str]] = {
         "model.lora": "posttrain's PPO trains full weights",
+        "model.quantization": "posttrain's PPO trains full weights",
         "distributed.deepspeed": "posttrain's PPO runs on DDP",
         "distributed.fsdp": "posttrain's PPO runs on DDP",
         "data.eval": "PPO does not evaluate; its logs score every rollout",

@@ -96,6 +96,8 @@ class ModelSpec(_Strict):
     trust_remote_code: bool = False
     revision: Optional[str] = None
     lora: Optional[Dict[str, Any]] = None
+    # the trained model's frozen weights in 4 bits as they load (QLoRA), its LoRA adapter in 16 or 32
+    quantization: Optional[Literal["4bit"]] = None
 
 
 class DataSource(_Strict):
@@ -579,6 +581,7 @@ class Spec(_Strict):
             if close:
                 found.append(f"resume: {cut(repr(self.resume))} is neither auto nor never; did you mean {close[0]}?")
         found += self.distributed.problems()
+        found += self._quantization_problems()
         if self.evaluate is not None and self.model_class != "AutoModelForCausalLM":
             found.append(
                 f"evaluate: posttrain.{self.name()} trains a {self.model_class.removeprefix('AutoModelFor')} model, "
@@ -622,6 +625,24 @@ class Spec(_Strict):
         if isinstance(max_steps, int) and (max_steps == 0 or max_steps < -1):
             found.append(f"training.max_steps: must be positive, or -1 to train by epochs; got {max_steps}")
         found += self._trainer_problems()
+        return found
+
+    def _quantization_problems(self) -> List[str]:
+        """What ``model.quantization`` needs of the other sections (an algorithm that refuses it says so itself)."""
+        if self.model.quantization is None or "model.quantization" in self.refused_sections:
+            return []
+        found = []
+        if self.model.lora is None:
+            found.append(
+                f"model.quantization: {self.model.quantization} weights are frozen; add model.lora to train an "
+                "adapter on them (QLoRA), or drop model.quantization to train every weight"
+            )
+        if self.distributed.sharding is not None:
+            strategy = self.distributed.strategy
+            found.append(
+                f"model.quantization: posttrain does not shard quantized weights with distributed.{strategy}; train "
+                f"QLoRA with data parallelism (drop distributed.{strategy}), or drop model.quantization"
+            )
         return found
 
     def _trainer_problems(self) -> List[str]:

@@ -121,22 +121,38 @@ def model_attention(loading: ModelLoading) -> Optional[str]:
     return implementation
 
 
-def load_model(name_or_path: str, loading: ModelLoading, tokenizer: Any, model_class: str) -> Any:
+def load_model(
+    name_or_path: str, loading: ModelLoading, tokenizer: Any, model_class: str, trained: bool = False
+) -> Any:
     """Loads a model with a transformers auto class (``AutoModelForCausalLM``, ...) named by ``model_class``.
 
-    ``loading`` gives the dtype, revision, loading options and attention. A
-    sequence classifier (reward or value model) gets one label: one score per
-    sequence.
+    ``loading`` gives the dtype, revision, loading options and attention; the
+    ``trained`` model alone loads quantized where ``model.quantization`` says
+    (the models beside it score or teach, in their dtype). A sequence
+    classifier (reward or value model) gets one label: one score per sequence.
     """
     import transformers
 
     model, implementation = loading.model, model_attention(loading)
+    quantization = quantization_config(model) if trained else None
     scores = "SequenceClassification" in model_class
     if name_or_path in tiny.BUILTINS:
         head = transformers.LlamaForSequenceClassification if scores else transformers.LlamaForCausalLM
         built = tiny.BUILTINS[name_or_path][1](tokenizer, head)
         if implementation is not None:
             built.set_attn_implementation(implementation)
+        if quantization is not None:
+            # bitsandbytes quantizes weights as they load
+            quantized = head.from_pretrained(
+                None,
+                config=built.config,
+                state_dict=built.state_dict(),
+                dtype=model.dtype,
+                quantization_config=quantization,
+            )
+            # loaded from no path, it is named "None", which PEFT looks up on the Hub when it saves the adapter
+            quantized.name_or_path = quantized.config.name_or_path = built.name_or_path
+            return quantized
         return built.to(getattr(torch, model.dtype)) if model.dtype != "auto" else built
     kwargs: Dict[str, Any] = {
         "revision": model.revision,
@@ -147,10 +163,28 @@ def load_model(name_or_path: str, loading: ModelLoading, tokenizer: Any, model_c
         kwargs["attn_implementation"] = implementation
     if scores:
         kwargs["num_labels"] = 1
+    if quantization is not None:
+        kwargs["quantization_config"] = quantization
     loaded = _from_pretrained(getattr(transformers, model_class), name_or_path, **kwargs)
     if getattr(loaded.config, "pad_token_id", None) is None:
         loaded.config.pad_token_id = tokenizer.pad_token_id
     return loaded
+
+
+def quantization_config(model: ModelSpec) -> Optional[Any]:
+    """bitsandbytes' config for ``model.quantization``, or None: QLoRA's 4-bit NormalFloat with double quantization
+    (Dettmers et al., 2023), computing in the model's dtype; ``auto``, in bfloat16 where the GPU has it, else float32."""
+    if model.quantization is None:
+        return None
+    from transformers import BitsAndBytesConfig
+
+    if model.dtype != "auto":
+        compute = getattr(torch, model.dtype)
+    else:
+        compute = torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float32
+    return BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=compute
+    )
 
 
 def lora_config(loading: ModelLoading) -> Any:
@@ -205,8 +239,8 @@ def _from_pretrained(auto_class: Any, name_or_path: str, **kwargs: Any) -> Any:
 
 
 def check_model_options(loading: ModelLoading) -> None:
-    """``model.attn_implementation``, ``model.lora`` and ``training.router_aux_loss_coef``, checked as
-    transformers, PEFT and TRL check them.
+    """``model.attn_implementation``, ``model.lora``, ``model.quantization`` and ``training.router_aux_loss_coef``,
+    checked as transformers, PEFT and TRL check them.
 
     The model is built on the meta device, without weights (0.2 s for a 70B
     shape), and given its adapter there: a missing package (flash-attn,
@@ -217,6 +251,13 @@ def check_model_options(loading: ModelLoading) -> None:
     import transformers
 
     model, implementation = loading.model, model_attention(loading)
+    if model.quantization is not None and importlib.util.find_spec("bitsandbytes") is None:
+        raise SpecError(
+            [
+                f"model.quantization: {model.quantization} loads weights with bitsandbytes, which is not installed "
+                "(pip install 'posttrain[gpu]', or pip install bitsandbytes)"
+            ]
+        )
     router_loss = loading.router_aux_loss_coef
     # else the config alone answers
     builds = implementation is not None or model.lora is not None

@@ -198,8 +198,9 @@ class Job:
     environment_factory: Union[None, Callable[[], Any], Dict[str, Callable[[], Any]]]
 
     def load_model(self) -> Any:
-        """The model to train: ``model.name_or_path`` with the algorithm's ``model_class``."""
-        return load_model(self.models.name_or_path, self.models, self.tokenizer, self.models.model_class)
+        """The model to train: ``model.name_or_path`` with the algorithm's ``model_class``, quantized where
+        ``model.quantization`` says."""
+        return load_model(self.models.name_or_path, self.models, self.tokenizer, self.models.model_class, trained=True)
 
     def load_extra_model(self, field: str) -> Any:
         """The model the spec field ``field`` names (``reference_model``, ``teacher_model``, ``value_model``), loaded

@@ -47,6 +47,7 @@ def run_summary(
         "world_size": world,
         "nnodes": world // local_world_size,
         "engine": engine(trainer),
+        "weights": weights(trainer),
         "fast_paths": fast_paths,
         "global_steps": trainer.state.global_step,
         "train_runtime_s": runtime,
@@ -81,6 +82,18 @@ def engine(trainer: Any) -> Dict[str, Any]:
         "backend": backend_for(accelerator.device.type),
         "strategy": strategy,
         "zero_stage": plugin.zero_stage if plugin is not None else None,
+    }
+
+
+def weights(trainer: Any) -> Dict[str, Any]:
+    """The trained model's weights as the run held them: quantized (``4bit``) or not, their bytes in rank 0's memory
+    (its shard under ZeRO-3), and how many parameters trained (an adapter's, under LoRA)."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    trainable = (getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
+    return {
+        "quantization": "4bit" if getattr(model, "is_loaded_in_4bit", False) else None,
+        "bytes": model.get_memory_footprint(),
+        "trainable_parameters": sum(trainable),
     }
 
 

@@ -8,6 +8,7 @@ from typing import Any, List
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
 from helpers import REPO, assert_succeeded, ends, job_env, read_json, run_template
@@ -22,6 +23,7 @@ SUMMARY_KEYS = {
     "world_size",
     "nnodes",
     "engine",
+    "weights",
     "global_steps",
     "train_runtime_s",
     "train_tokens",
@@ -50,6 +52,7 @@ def assert_learned(output_dir: Path, world_size: int, nnodes: int) -> None:
     assert summary["algorithm"] == "sft" and summary["global_steps"] == 40
     assert (summary["world_size"], summary["nnodes"]) == (world_size, nnodes)
     assert summary["engine"] == {"backend": "gloo", "strategy": "ddp", "zero_stage": None}
+    assert summary["weights"]["quantization"] is None
     # padding-free: on by default for SFT (entrypoints/speed/fast_paths.py); no checkpointing: the template's choice
     assert summary["fast_paths"] == ["padding_free", "no_activation_checkpointing"]
     assert summary["train_tokens"] > 0 and summary["tokens_per_s"] > 0 and summary["train_runtime_s"] > 0
@@ -94,6 +97,24 @@ def test_sft_2x2_four_ranks_over_two_replicas_learns(tmp_path: Path) -> None:
     output_dir = tmp_path / "sft-2x2"
     assert_succeeded(run_template("sft/tiny.yaml", tmp_path, output_dir, j="2x2"))
     assert_learned(output_dir, world_size=4, nnodes=2)
+
+
+def test_qlora_trains_an_adapter_on_weights_loaded_in_4_bits(tmp_path: Path) -> None:
+    """``model.quantization: 4bit`` with ``model.lora`` (bitsandbytes runs on CPUs too): the frozen weights take
+    about half the tiny model's bytes (its embedding stays whole), and the adapter learns and is what is saved."""
+    output_dir = tmp_path / "qlora"
+    lora = "model.lora={r: 16, lora_alpha: 32, target_modules: all-linear}"
+    overrides = ["model.quantization=4bit", lora, "training.learning_rate=5e-3"]
+    assert_succeeded(run_template("sft/tiny.yaml", tmp_path, output_dir, overrides=overrides))
+    first, last = ends(output_dir, "loss")
+    assert last <= 0.9 * first, (first, last)
+    weights = read_json(output_dir / "run_summary.json")["weights"]
+    tokenizer = tiny.BUILTINS["builtin:tiny-llama"][0]()
+    whole = tiny.BUILTINS["builtin:tiny-llama"][1](tokenizer, LlamaForCausalLM).get_memory_footprint()
+    assert weights["quantization"] == "4bit" and weights["bytes"] < 0.6 * whole, (weights, whole)
+    adapter = load_file(output_dir / "adapter_model.safetensors")
+    assert weights["trainable_parameters"] == sum(tensor.numel() for tensor in adapter.values())
+    assert not (output_dir / "model.safetensors").exists()
 
 
 def test_saved_model_reloads_and_generates(sft_1x2: Path) -> None:

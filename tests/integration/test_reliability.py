@@ -15,7 +15,7 @@ SFT = "templates/sft/tiny.yaml"
 
 
 # one bad input of each kind through the real CLI: exit 1, the message alone, nothing launched
-CLI_SAMPLE = [BAD_INPUTS[i] for i in (0, 15, 18, 20, 22, 29, 35, 47, 55, 62)]
+CLI_SAMPLE = [BAD_INPUTS[i] for i in (0, 15, 18, 20, 22, 29, 35, 47, 55, 66)]
 
 
 @pytest.mark.parametrize("component, args, message", CLI_SAMPLE, ids=[" ".join(a) for c, a, _ in CLI_SAMPLE])

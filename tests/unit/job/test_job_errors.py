@@ -190,9 +190,10 @@ def test_the_trl_configs_own_checks_become_one_training_line(tmp_path: Path) -> 
 # what the job's environment lacks (the test says so first: it is about a package that is not installed)
 MISSING_PACKAGES = [
     (
-        {"optim": "adamw_bnb_8bit"},
-        "bitsandbytes",
-        "training.optim: adamw_bnb_8bit: You need to install `bitsandbytes` in order to use bitsandbytes optimizers",
+        {"optim": "schedule_free_adamw"},
+        "schedulefree",
+        "training.optim: schedule_free_adamw: You need to install `schedulefree` in order to use schedulefree "
+        "optimizers",
     ),
     ({"report_to": "wandb"}, "wandb", "training.report_to: wandb: WandbCallback requires wandb to be installed"),
 ]

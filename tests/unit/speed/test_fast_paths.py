@@ -370,8 +370,9 @@ def test_the_gpu_extra_installs_what_the_gpu_defaults_run() -> None:
     setup = configparser.ConfigParser()
     setup.read(REPO / "setup.cfg")
     extra = [line for line in setup["options.extras_require"]["gpu"].splitlines() if line]
-    # Liger's kernels and fused loss; torch's varlen attention (attention.varlen_available: torch 2.11 or later)
-    assert extra == ["liger-kernel>=0.8.5", "torch>=2.11"]
+    # Liger's kernels and fused loss; torch's varlen attention (attention.varlen_available: torch 2.11 or later);
+    # QLoRA's 4-bit weights (model.quantization)
+    assert extra == ["liger-kernel>=0.8.5", "torch>=2.11", "bitsandbytes>=0.50"]
     assert fast_paths.INSTALL_GPU == "pip install 'posttrain[gpu]'"
 
 
