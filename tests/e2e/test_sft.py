@@ -1,7 +1,10 @@
 """SFT, and distillation from the SFT model, end to end through the real ``torchx run -s local_cwd``: they learn, and say so."""
 
+import configparser
 import json
 import re
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any, List
@@ -99,13 +102,27 @@ def test_sft_2x2_four_ranks_over_two_replicas_learns(tmp_path: Path) -> None:
     assert_learned(output_dir, world_size=4, nnodes=2)
 
 
-def test_qlora_trains_an_adapter_on_weights_loaded_in_4_bits(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def bitsandbytes_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """bitsandbytes as the gpu extra names it, installed aside for the jobs that quantize: the test extra leaves it
+    out, as it adds a second to every job's start (PEFT imports it, and it compiles its kernels on import)."""
+    setup = configparser.ConfigParser()
+    setup.read(REPO / "setup.cfg")
+    requirement = next(line for line in setup["options.extras_require"]["gpu"].split() if "bitsandbytes" in line)
+    target = tmp_path_factory.mktemp("bitsandbytes")
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), requirement]
+    subprocess.run(pip, check=True)
+    return target
+
+
+def test_qlora_trains_an_adapter_on_weights_loaded_in_4_bits(tmp_path: Path, bitsandbytes_path: Path) -> None:
     """``model.quantization: 4bit`` with ``model.lora`` (bitsandbytes runs on CPUs too): the frozen weights take
     about half the tiny model's bytes (its embedding stays whole), and the adapter learns and is what is saved."""
     output_dir = tmp_path / "qlora"
     lora = "model.lora={r: 16, lora_alpha: 32, target_modules: all-linear}"
     overrides = ["model.quantization=4bit", lora, "training.learning_rate=5e-3"]
-    assert_succeeded(run_template("sft/tiny.yaml", tmp_path, output_dir, overrides=overrides))
+    run = run_template("sft/tiny.yaml", tmp_path, output_dir, overrides=overrides, PYTHONPATH=str(bitsandbytes_path))
+    assert_succeeded(run)
     first, last = ends(output_dir, "loss")
     assert last <= 0.9 * first, (first, last)
     weights = read_json(output_dir / "run_summary.json")["weights"]

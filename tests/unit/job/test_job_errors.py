@@ -326,6 +326,16 @@ def test_a_lora_target_the_model_lacks_is_named_before_any_model_loads() -> None
     check_model_options(runtime.parts(validate(raw)).models)
 
 
+def test_quantization_without_bitsandbytes_is_named_before_any_model_loads() -> None:
+    # the test extra leaves bitsandbytes out (tests/e2e/test_sft.py installs it aside for QLoRA's run)
+    assert importlib.util.find_spec("bitsandbytes") is None
+    raw = load_template("sft/tiny.yaml")
+    raw["model"].update(quantization="4bit", lora={"r": 8})
+    missing = "model.quantization: 4bit loads weights with bitsandbytes, which is not installed (pip install"
+    with pytest.raises(SpecError, match=re.escape(missing)):
+        check_model_options(runtime.parts(validate(raw)).models)
+
+
 @pytest.mark.parametrize("algorithm", ["sft", "dpo"])
 def test_a_router_loss_without_experts_is_named_before_any_model_loads(tmp_path: Path, algorithm: str) -> None:
     import transformers
