@@ -89,11 +89,13 @@ def weights(trainer: Any) -> Dict[str, Any]:
     """The trained model's weights as the run held them: quantized (``4bit``) or not, their bytes in rank 0's memory
     (its shard under ZeRO-3), and how many parameters trained (an adapter's, under LoRA)."""
     model = trainer.accelerator.unwrap_model(trainer.model)
-    trainable = (getattr(p, "ds_numel", p.numel()) for p in model.parameters() if p.requires_grad)
+    parameters = list(model.parameters())
+    # a ZeRO-3 parameter holds its shard aside, and its whole size as ds_numel
+    held = [getattr(p, "ds_tensor", p) for p in [*parameters, *model.buffers()]]
     return {
         "quantization": "4bit" if getattr(model, "is_loaded_in_4bit", False) else None,
-        "bytes": model.get_memory_footprint(),
-        "trainable_parameters": sum(trainable),
+        "bytes": sum(tensor.nelement() * tensor.element_size() for tensor in held),
+        "trainable_parameters": sum(getattr(p, "ds_numel", p.numel()) for p in parameters if p.requires_grad),
     }
 
 
