@@ -6,7 +6,7 @@ shown by ``torchx run posttrain.distill --help`` and on docs/pages/reference/dis
 
 from trl import DistillationTrainer
 
-from posttrain.entrypoints.job.runtime import Job, run
+from posttrain.entrypoints.job.runtime import Job, main
 
 
 def build_trainer(job: Job) -> DistillationTrainer:
@@ -23,4 +23,4 @@ def build_trainer(job: Job) -> DistillationTrainer:
 
 
 if __name__ == "__main__":
-    run("distill", build_trainer)
+    main("distill", build_trainer)

@@ -6,7 +6,7 @@ shown by ``torchx run posttrain.dpo --help`` and on docs/pages/reference/dpo.md.
 
 from trl import DPOTrainer
 
-from posttrain.entrypoints.job.runtime import Job, run
+from posttrain.entrypoints.job.runtime import Job, main
 
 
 def build_trainer(job: Job) -> DPOTrainer:
@@ -23,4 +23,4 @@ def build_trainer(job: Job) -> DPOTrainer:
 
 
 if __name__ == "__main__":
-    run("dpo", build_trainer)
+    main("dpo", build_trainer)

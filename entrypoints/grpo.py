@@ -6,7 +6,7 @@ shown by ``torchx run posttrain.grpo --help`` and on docs/pages/reference/grpo.m
 
 from trl import GRPOTrainer
 
-from posttrain.entrypoints.job.runtime import Job, run
+from posttrain.entrypoints.job.runtime import Job, main
 
 
 def build_trainer(job: Job) -> GRPOTrainer:
@@ -28,4 +28,4 @@ def build_trainer(job: Job) -> GRPOTrainer:
 
 
 if __name__ == "__main__":
-    run("grpo", build_trainer)
+    main("grpo", build_trainer)

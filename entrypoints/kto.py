@@ -6,7 +6,7 @@ shown by ``torchx run posttrain.kto --help`` and on docs/pages/reference/kto.md.
 
 from trl import KTOTrainer
 
-from posttrain.entrypoints.job.runtime import Job, run
+from posttrain.entrypoints.job.runtime import Job, main
 
 
 def build_trainer(job: Job) -> KTOTrainer:
@@ -23,4 +23,4 @@ def build_trainer(job: Job) -> KTOTrainer:
 
 
 if __name__ == "__main__":
-    run("kto", build_trainer)
+    main("kto", build_trainer)

@@ -6,7 +6,7 @@ shown by ``torchx run posttrain.online_dpo --help`` and on docs/pages/reference/
 
 from trl.experimental.online_dpo import OnlineDPOTrainer
 
-from posttrain.entrypoints.job.runtime import Job, run
+from posttrain.entrypoints.job.runtime import Job, main
 
 
 def build_trainer(job: Job) -> OnlineDPOTrainer:
@@ -28,4 +28,4 @@ def build_trainer(job: Job) -> OnlineDPOTrainer:
 
 
 if __name__ == "__main__":
-    run("online_dpo", build_trainer)
+    main("online_dpo", build_trainer)

@@ -6,7 +6,7 @@ shown by ``torchx run posttrain.orpo --help`` and on docs/pages/reference/orpo.m
 
 from trl.experimental.orpo import ORPOTrainer
 
-from posttrain.entrypoints.job.runtime import Job, run
+from posttrain.entrypoints.job.runtime import Job, main
 
 
 def build_trainer(job: Job) -> ORPOTrainer:
@@ -22,4 +22,4 @@ def build_trainer(job: Job) -> ORPOTrainer:
 
 
 if __name__ == "__main__":
-    run("orpo", build_trainer)
+    main("orpo", build_trainer)

@@ -4,7 +4,7 @@ What it reads, loads, logs, saves and refuses, and how to run it: its descriptio
 shown by ``torchx run posttrain.ppo --help`` and on docs/pages/reference/ppo.md.
 """
 
-from posttrain.entrypoints.job.runtime import Job, run
+from posttrain.entrypoints.job.runtime import Job, main
 from posttrain.entrypoints.trainers.ppo_trainer import PPOTrainer
 
 
@@ -28,4 +28,4 @@ def build_trainer(job: Job) -> PPOTrainer:
 
 
 if __name__ == "__main__":
-    run("ppo", build_trainer)
+    main("ppo", build_trainer)

@@ -6,7 +6,7 @@ shown by ``torchx run posttrain.reward --help`` and on docs/pages/reference/rewa
 
 from trl import RewardTrainer
 
-from posttrain.entrypoints.job.runtime import Job, run
+from posttrain.entrypoints.job.runtime import Job, main
 
 
 def build_trainer(job: Job) -> RewardTrainer:
@@ -22,4 +22,4 @@ def build_trainer(job: Job) -> RewardTrainer:
 
 
 if __name__ == "__main__":
-    run("reward", build_trainer)
+    main("reward", build_trainer)

@@ -6,7 +6,7 @@ shown by ``torchx run posttrain.rloo --help`` and on docs/pages/reference/rloo.m
 
 from trl import RLOOTrainer
 
-from posttrain.entrypoints.job.runtime import Job, run
+from posttrain.entrypoints.job.runtime import Job, main
 
 
 def build_trainer(job: Job) -> RLOOTrainer:
@@ -26,4 +26,4 @@ def build_trainer(job: Job) -> RLOOTrainer:
 
 
 if __name__ == "__main__":
-    run("rloo", build_trainer)
+    main("rloo", build_trainer)

@@ -6,7 +6,7 @@ shown by ``torchx run posttrain.sft --help`` and on docs/pages/reference/sft.md.
 
 from trl import SFTTrainer
 
-from posttrain.entrypoints.job.runtime import Job, run
+from posttrain.entrypoints.job.runtime import Job, main
 
 
 def build_trainer(job: Job) -> SFTTrainer:
@@ -24,4 +24,4 @@ def build_trainer(job: Job) -> SFTTrainer:
 
 
 if __name__ == "__main__":
-    run("sft", build_trainer)
+    main("sft", build_trainer)

@@ -5,6 +5,7 @@ the sharding strategy's business (``sharding.py``): this module creates a
 group with the backend it is given.
 """
 
+import atexit
 import contextlib
 import faulthandler
 import logging
@@ -15,7 +16,7 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Iterator, List, Optional, Sequence, TypeVar
+from typing import Iterator, List, NoReturn, Optional, Sequence, TypeVar, Union
 
 import torch
 import torch.distributed as dist
@@ -232,6 +233,28 @@ def destroy_process_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
         time.sleep(GLOO_DRAIN_S)
+
+
+def end_process(code: Union[int, str, None]) -> NoReturn:
+    """Ends this process as the interpreter would, less its teardown of every module.
+
+    Non-daemon threads are waited for, atexit handlers run (trackers finish
+    their uploads, vLLM stops its engine), logs and the standard streams are
+    flushed, then ``os._exit``. Tearing torch, transformers and TRL down took
+    a second of each rank's end, and of the job's: the tiny SFT through
+    ``torchx run`` took 11.6 s with it, 10.6 s without (three runs each).
+    """
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    if isinstance(code, str):
+        # SystemExit's own way with a message
+        print(code, file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code if isinstance(code, int) else 0 if code is None else 1)
 
 
 def check_shared_output(output_dir: Path, key: str = "training.output_dir") -> None:

@@ -56,7 +56,7 @@ import signal
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple, Union
 
 import torch
 from transformers import PrinterCallback, Trainer
@@ -242,6 +242,16 @@ def run(algorithm: str, build_trainer: Callable[[Job], Any], argv: Optional[Sequ
         with role_lease.lease(spec.training):
             _train(algorithm, spec, build_trainer)
     distributed.report_done()
+
+
+def main(algorithm: str, build_trainer: Callable[[Job], Any]) -> NoReturn:
+    """An entrypoint's process: :func:`run`, then the process ends as soon as its work is done
+    (``distributed.end_process``)."""
+    try:
+        run(algorithm, build_trainer)
+    except SystemExit as stop:
+        distributed.end_process(stop.code)
+    distributed.end_process(0)
 
 
 @dataclasses.dataclass
