@@ -48,6 +48,7 @@ from posttrain.components.spec.loading import spec_diff, training_relevant
 from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints import rendezvous_port
 from posttrain.entrypoints.evaluation import files as evaluation_files
+from posttrain.entrypoints.job import distributed
 from posttrain.entrypoints.job.error_file import STOPPED, record_error
 from posttrain.entrypoints.records import curves
 from posttrain.entrypoints.records.checkpoints import read_record, stale_runs
@@ -309,4 +310,4 @@ EXAMPLE = json.dumps(
 )
 
 if __name__ == "__main__":
-    sys.exit(main())
+    distributed.exit_after(main)

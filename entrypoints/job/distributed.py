@@ -16,7 +16,7 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
-from typing import Iterator, List, NoReturn, Optional, Sequence, TypeVar, Union
+from typing import Callable, Iterator, List, NoReturn, Optional, Sequence, TypeVar, Union
 
 import torch
 import torch.distributed as dist
@@ -255,6 +255,16 @@ def end_process(code: Union[int, str, None]) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code if isinstance(code, int) else 0 if code is None else 1)
+
+
+def exit_after(work: Callable[[], Union[int, str, None]]) -> NoReturn:
+    """Runs ``work``, a process's whole life, and ends the process with its exit code (what it returns, or the
+    code of the SystemExit it raises) through :func:`end_process`."""
+    try:
+        code = work()
+    except SystemExit as stop:
+        code = stop.code
+    end_process(code)
 
 
 def check_shared_output(output_dir: Path, key: str = "training.output_dir") -> None:

@@ -247,11 +247,7 @@ def run(algorithm: str, build_trainer: Callable[[Job], Any], argv: Optional[Sequ
 def main(algorithm: str, build_trainer: Callable[[Job], Any]) -> NoReturn:
     """An entrypoint's process: :func:`run`, then the process ends as soon as its work is done
     (``distributed.end_process``)."""
-    try:
-        run(algorithm, build_trainer)
-    except SystemExit as stop:
-        distributed.end_process(stop.code)
-    distributed.end_process(0)
+    distributed.exit_after(lambda: run(algorithm, build_trainer))
 
 
 @dataclasses.dataclass
