@@ -33,6 +33,8 @@ LISTED: Dict[str, str] = {
         "needs the id of a live Slurm job; tests/e2e/test_slurm.py runs torchx status and log on real ones"
     ),
     "docker build ": "needs a Docker daemon and a registry to push to",
+    "tensorboard --logdir": "starts a server; docs/pages/logging.md's snippet reads the same events",
+    "export WANDB_API_KEY=": "sets a secret in the submitting shell: there is no W&B account here",
     "pip install -e '.[gpu]'": (
         "installs GPU packages into the environment running the tests (CI has no GPU); "
         "tests/unit/speed/test_fast_paths.py reads the gpu extra"
