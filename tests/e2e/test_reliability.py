@@ -86,7 +86,7 @@ def test_a_crashing_rank_ends_the_job_within_30_s_in_one_line_its_traceback_kept
 
 @pytest.mark.e2e
 def test_a_hanging_rank_ends_the_job_within_the_timeout(tmp_path: Path) -> None:
-    timeout_s = 20
+    timeout_s = 10
     result = run_template(
         "sft/tiny.yaml",
         tmp_path,
