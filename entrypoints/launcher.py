@@ -39,7 +39,7 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.run import main as torchrun
 
-from posttrain.entrypoints.job import distributed, lease
+from posttrain.entrypoints.job import lease
 from posttrain.entrypoints.job.error_file import (
     CRASHED,
     KEPT_LOGS,
@@ -166,4 +166,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    distributed.exit_after(main)
+    sys.exit(main())

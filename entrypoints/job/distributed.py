@@ -238,15 +238,16 @@ def destroy_process_group() -> None:
 def end_process(code: Union[int, str, None]) -> NoReturn:
     """Ends this process as the interpreter would, less its teardown of every module.
 
-    Non-daemon threads are waited for, atexit handlers run (trackers finish
-    their uploads, vLLM stops its engine), logs and the standard streams are
-    flushed, then ``os._exit``. Tearing torch, transformers and TRL down took
-    a second of each rank's end, and of the job's: the tiny SFT through
-    ``torchx run`` took 11.6 s with it, 10.6 s without (three runs each).
+    As the interpreter does first: idle executor workers are told to stop
+    and non-daemon threads are waited for (``threading._shutdown``; joining
+    them alone waits forever on an executor's idle worker); then atexit
+    handlers run (trackers finish their uploads, vLLM stops its engine), logs
+    and the standard streams are flushed, and ``os._exit``. Tearing torch,
+    transformers and TRL down took a second of each rank's end, and of the
+    job's: the tiny SFT through ``torchx run`` took 11.6 s with it, 10.6 s
+    without (three runs each).
     """
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
     logging.shutdown()
     if isinstance(code, str):
