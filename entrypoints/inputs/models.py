@@ -27,6 +27,7 @@ from posttrain.components.spec.schema import ModelSpec
 from posttrain.entrypoints.inputs import tiny
 from posttrain.entrypoints.records.files import file_problem
 from posttrain.entrypoints.speed import attention
+from posttrain.entrypoints.speed.fast_paths import INSTALL_GPU
 
 CAUSAL_LM = "AutoModelForCausalLM"
 SEQUENCE_CLASSIFICATION = "AutoModelForSequenceClassification"
@@ -255,7 +256,7 @@ def check_model_options(loading: ModelLoading) -> None:
         raise SpecError(
             [
                 f"model.quantization: {model.quantization} loads weights with bitsandbytes, which is not installed "
-                "(pip install 'posttrain[gpu]', or pip install bitsandbytes)"
+                f"({INSTALL_GPU}, or pip install bitsandbytes)"
             ]
         )
     router_loss = loading.router_aux_loss_coef
