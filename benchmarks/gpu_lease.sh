@@ -18,7 +18,8 @@ set -uo pipefail
 out=${OUT:-/tmp/gpu-lease}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade .whl/*.whl || exit 1
+# --force-reinstall: a warm machine keeps the last call's posttrain, whose version a rebuilt wheel shares
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --force-reinstall .whl/*.whl || exit 1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/machine.txt"
 python3 -c "import torch, transformers, trl, liger_kernel, torchx.cli.main; print('torch', torch.__version__, 'transformers',
   transformers.__version__, 'trl', trl.__version__)" | tee -a "$out/machine.txt" || exit 1
@@ -63,6 +64,9 @@ for case in ${cases[@]}; do
     # RL_SIDES=posttrain runs one side (where the other's figures are on this card already)
     grpo | rloo) BENCH_TIMEOUT=${BENCH_TIMEOUT:-400} bench "$case" "$case" --steps "${RL_STEPS:-4}" \
       --sides ${RL_SIDES:-posttrain trl} ;;
+    # posttrain's GRPO with Liger's layer kernels (not its default since they slowed its steps on an H200)
+    grpo-liger) BENCH_TIMEOUT=${BENCH_TIMEOUT:-400} bench "$case" grpo --steps "${RL_STEPS:-4}" --sides posttrain \
+      --override training.use_liger_kernel=true ;;
     e2e) gpu_tests pytest-gpu tests/e2e/test_distributed.py tests/e2e/test_online.py ;;
     *) echo "unknown case $case" && exit 2 ;;
   esac
