@@ -780,7 +780,8 @@ class _GroupSpec(_OnlineSpec):
     )
     # GRPO and RLOO count their tokens themselves
     batches_hold_input_ids: ClassVar[bool] = False
-    fast_paths: ClassVar[Tuple[str, ...]] = ("padding_free", "use_liger_kernel")
+    # not Liger's layer kernels: they slowed GRPO's `generate` by a third on an H200 (BENCHMARKS.md)
+    fast_paths: ClassVar[Tuple[str, ...]] = ("padding_free",)
     generates_with_sdpa: ClassVar[bool] = True
 
     @property

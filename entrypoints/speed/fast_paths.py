@@ -26,10 +26,12 @@ Measured gains: BENCHMARKS.md.
   row, so padding-free pays on GPUs too. Off-switch:
   ``model.attn_implementation`` (e.g. ``sdpa``) or ``training.padding_free:
   false``.
-- ``use_liger_kernel`` (SFT, GRPO, RLOO, on CUDA, when ``liger-kernel`` is
-  installed): Liger's fused kernels (RMSNorm, RoPE, SwiGLU, and for SFT a
-  cross-entropy that never materialises the logits; GRPO and RLOO have TRL's
-  own fused LM head). Off-switch: ``training.use_liger_kernel: false``.
+- ``use_liger_kernel`` (SFT, on CUDA, when ``liger-kernel`` is installed):
+  Liger's fused kernels (RMSNorm, RoPE, SwiGLU, and a cross-entropy that
+  never materialises the logits). Not GRPO's or RLOO's: they have TRL's own
+  fused LM head, and the layer kernels made their steps slower on an H200,
+  mostly in ``generate`` (BENCHMARKS.md). Off-switch:
+  ``training.use_liger_kernel: false``.
 - ``gpu_batch`` (SFT, on CUDA, with Liger's fused loss): rows of
   ``max_length`` per device and step up to ``GPU_TOKENS_PER_STEP`` (64 rows
   of TRL's default 1024) instead of TRL's 8, where they fit

@@ -261,8 +261,8 @@ BAD_VALUES = [
     ),
     (
         "grpo",
-        {"liger_kernel_config": {"fused_linear_cross_entropy": True}},
-        "training.liger_kernel_config: fused_linear_cross_entropy: true cannot go with Liger kernels (on by default on GPUs) in trl:GRPOTrainer",
+        {"liger_kernel_config": {"fused_linear_cross_entropy": True}, "use_liger_kernel": True},
+        "training.liger_kernel_config: fused_linear_cross_entropy: true cannot go with Liger kernels in trl:GRPOTrainer",
     ),
     (
         "dpo",

@@ -230,6 +230,16 @@ def test_liger_is_a_default_on_cuda_only_where_installed(
     monkeypatch.setattr(fast_paths.importlib.util, "find_spec", lambda name: installed.get(name))
     assert defaults_of(spec, on_cuda=True) == {"use_liger_kernel": True}
     assert defaults_of(spec, on_cuda=False) == {"activation_checkpointing": False}
+    # not for online RL, whose steps its layer kernels slowed (BENCHMARKS.md)
+    for algorithm in ("grpo", "rloo"):
+        rl = validate(
+            {
+                **spec.model_dump(exclude_unset=True),
+                "algorithm": algorithm,
+                "rewards": [{"function": "my_rewards:accuracy"}],
+            }
+        )
+        assert defaults_of(rl, on_cuda=True) == {}
     off = spec.model_copy(update={"training": {"output_dir": "out", "use_liger_kernel": False}})
     assert defaults_of(off, on_cuda=True) == {}
     installed.clear()
