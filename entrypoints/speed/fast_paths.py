@@ -134,10 +134,16 @@ def gpu_batch(options: FastPathOptions, on_cuda: bool) -> Dict[str, Any]:
     if not max_length or shape is None or not fused_loss(training, shape):
         return {}
     rows = max(1, GPU_TOKENS_PER_STEP // max_length)
-    step = shape.state_bytes() + shape.activation_bytes(
+    step = state_bytes(options, shape) + shape.activation_bytes(
         rows * max_length, checkpointing=True, half=computes_in_16_bits(training)
     )
     return {"per_device_train_batch_size": rows} if gpu_memory.fits(step) else {}
+
+
+def state_bytes(options: FastPathOptions, shape: gpu_memory.ModelShape) -> int:
+    """The training state of an unsharded job's model: whole, LoRA's frozen weights, or QLoRA's 4-bit ones."""
+    trained = "4bit" if options.model.quantization else "full" if options.model.lora is None else "lora"
+    return shape.state_bytes(trained)
 
 
 def computes_in_16_bits(training: Mapping[str, Any]) -> bool:
@@ -164,7 +170,8 @@ def activations_fit(options: FastPathOptions, training: Mapping[str, Any]) -> bo
     tokens = rows * max_length
     activations = shape.activation_bytes(tokens, checkpointing=False, half=computes_in_16_bits(training))
     logits = 0 if fused_loss(training, shape) else shape.logit_bytes(tokens)
-    fits = gpu_memory.fits(activations + logits + shape.state_bytes())
+    state = state_bytes(options, shape)
+    fits = gpu_memory.fits(activations + logits + state)
     if int(os.environ.get("RANK", "0")) == 0:
         log.info(
             "on a GPU of %.0f GB: %d rows of up to %d tokens per device and step (training."
@@ -175,7 +182,7 @@ def activations_fit(options: FastPathOptions, training: Mapping[str, Any]) -> bo
             max_length,
             activations / 1e9,
             f", logits of {logits / 1e9:.0f} GB" if logits else "",
-            shape.state_bytes() / 1e9,
+            state / 1e9,
             "fit" if fits else "would not fit",
             "off" if fits else "on",
         )

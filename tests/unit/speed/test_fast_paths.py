@@ -288,20 +288,26 @@ def h100(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def model_directory(tmp_path: Path, name: str, **shape: object) -> str:
     """A model's config alone (Qwen2's, bfloat16 unless given): what the estimates read."""
-    config = {"num_attention_heads": shape["hidden_size"] // 64, "dtype": "bfloat16", **shape}
+    heads = shape["hidden_size"] // 64
+    config = {"num_attention_heads": heads, "num_key_value_heads": heads, "dtype": "bfloat16", **shape}
     Qwen2Config(**config).save_pretrained(tmp_path / name)
     return str(tmp_path / name)
 
 
 def qwen_0_5b(tmp_path: Path, **changes: object) -> str:
-    shape = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, vocab_size=151936, **changes)
+    shape = dict(
+        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_key_value_heads=2, vocab_size=151936
+    )
+    shape.update(changes)
     # as Qwen2.5-0.5B's
     shape.setdefault("tie_word_embeddings", True)
     return model_directory(tmp_path, "0.5b", **shape)
 
 
 def qwen_1_5b(tmp_path: Path) -> str:
-    shape = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, vocab_size=151936)
+    shape = dict(
+        hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_key_value_heads=2, vocab_size=151936
+    )
     shape["tie_word_embeddings"] = True
     return model_directory(tmp_path, "1.5b", **shape)
 
@@ -374,6 +380,12 @@ def test_on_a_gpu_activation_checkpointing_is_off_where_the_step_fits(
     assert "activations of up to 9 GB, logits of 12 GB and a training state of 4 GB fit" in caplog.text
     fsdp = validate({**dict(trainer_spec(Path("out"))), "model": {"name_or_path": small}, "distributed": {"fsdp": {}}})
     assert "activation_checkpointing" not in defaults_of(fsdp, on_cuda=True, training=batch)
+    # 7B's shape, 8 rows: 39 GB of activations beside 61 GB of full training state, or 15 GB of LoRA's frozen weights
+    huge = model_directory(tmp_path, "7b", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28)
+    eight = {"per_device_train_batch_size": 8}
+    assert "activation_checkpointing" not in defaults_of(sft_spec(huge), on_cuda=True, training=eight)
+    lora = validate({**sft_spec(huge).model_dump(exclude_unset=True), "model": {"name_or_path": huge, "lora": {}}})
+    assert defaults_of(lora, on_cuda=True, training=eight) == {"activation_checkpointing": False}
 
 
 def test_the_gpu_extra_installs_what_the_gpu_defaults_run() -> None:
