@@ -61,10 +61,13 @@ def short_intervals(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def job_token(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every process of the job has its token (the component made it in the environment the job inherits)."""
+    """Every process of the job has its token (the component made it in the environment the job inherits), and
+    this one has taken none yet (a job run in process before takes its own out of the environment)."""
     from posttrain.components.spec.schema import VLLM_TOKEN_VARIABLE
+    from posttrain.entrypoints.generation import vllm_token
 
     monkeypatch.setenv(VLLM_TOKEN_VARIABLE, JOB_TOKEN)
+    monkeypatch.setattr(vllm_token, "_TAKEN", {})
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ import dataclasses
 import functools
 import importlib
 import json
+import logging
 import os
 import re
 import socket
@@ -297,11 +298,19 @@ def build_trainer(job: Any) -> Any:
 
 
 def run_entrypoint(algorithm: str, spec_json: str) -> None:
-    """Runs the algorithm's entrypoint in this process, as ``python -m posttrain.entrypoints.<algorithm>``."""
+    """Runs the algorithm's entrypoint in this process, as ``python -m posttrain.entrypoints.<algorithm>``; the
+    ``posttrain`` logger as it was after (run() gives it a handler on this moment's stderr, which a test's capture
+    closes)."""
     from posttrain.entrypoints.job import runtime
 
     entrypoint = importlib.import_module(f"posttrain.entrypoints.{algorithm}")
-    runtime.run(algorithm, entrypoint.build_trainer, argv=["--spec-json", spec_json])
+    logger = logging.getLogger("posttrain")
+    kept = list(logger.handlers), logger.propagate, logger.level
+    try:
+        runtime.run(algorithm, entrypoint.build_trainer, argv=["--spec-json", spec_json])
+    finally:
+        logger.handlers, logger.propagate = kept[0], kept[1]
+        logger.setLevel(kept[2])
 
 
 def stopped_in_process(algorithm: str, spec_json: str, capsys: pytest.CaptureFixture) -> str:
