@@ -276,6 +276,9 @@ class PPOSpec(_OnlineSpec):
     reference_model: Optional[str] = None
     value_model: Optional[str] = None
     config_class: ClassVar[str] = "posttrain.entrypoints.trainers.ppo_trainer:PPOConfig"
+    # its passes over prompt + response rows, as GRPO's (entrypoints/trainers/ppo_models.py)
+    fast_paths: ClassVar[Tuple[str, ...]] = ("padding_free",)
+    generates_with_sdpa: ClassVar[bool] = True
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PROMPT_FORMATS
     extra_models: ClassVar[Tuple[str, ...]] = ("reference_model", "value_model")
 

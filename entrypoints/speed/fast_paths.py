@@ -5,7 +5,7 @@ registry). A key the user set is never changed: setting it, to either value,
 is the off-switch. ``run_summary.json`` lists what ran (``fast_paths``).
 Measured gains: BENCHMARKS.md.
 
-- ``padding_free`` (SFT, GRPO, RLOO): each batch is one row, its sequences one after
+- ``padding_free`` (SFT, GRPO, RLOO, PPO): each batch is one row, its sequences one after
   another with positions restarting at 0, and no padding at all; TRL's
   default pads every row to the batch's longest. Per-sequence losses are
   those of the padded batch (tests/unit/speed/test_fast_paths.py) because the mask
@@ -18,9 +18,10 @@ Measured gains: BENCHMARKS.md.
   default: it changes how many sequences a step trains on.) GRPO's and RLOO's forward passes over prompts and
   completions (the policy's, the old policy's, the reference's) are padding-free where the model's attention is
   varlen (on GPUs: ``torch_varlen``, flash attention; entrypoints/speed/rl_padding_free.py): the same log-probabilities,
-  without the padding of each prompt to the longest and each completion to the longest. Off-switch:
+  without the padding of each prompt to the longest and each completion to the longest. PPO's passes (the
+  policy's, the value model's, the reference's: entrypoints/trainers/ppo_models.py) too. Off-switch:
   ``model.attn_implementation: sdpa``.
-- ``torch_varlen`` attention (SFT, GRPO, RLOO, on GPUs that run torch's varlen kernels,
+- ``torch_varlen`` attention (SFT, GRPO, RLOO, PPO, on GPUs that run torch's varlen kernels,
   for the model types it is checked for, in half precision): the kernels
   (entrypoints/speed/attention.py) attend within each sequence of a padding-free
   row, so padding-free pays on GPUs too. Off-switch:
@@ -89,8 +90,9 @@ INSTALL_GPU = "pip install 'posttrain[gpu]'"
 class FastPathOptions:
     """What the fast paths are chosen from, read from the spec once: the ones the algorithm takes (its spec
     class's ``fast_paths``), its TRL config class, the model, the ``training`` keys the user set (never changed),
-    whether the job is sharded, and whether its passes over generated completions are the padding-free ones
-    (GRPO's, RLOO's: rl_padding_free.py) rather than a collator's."""
+    whether the job is sharded, and whether its passes over generated completions are TRL's GRPO or RLOO
+    trainer's, made padding-free by ``switch_passes_to_padding_free`` rather than by a collator (PPO's trainer
+    packs its own: entrypoints/trainers/ppo_models.py)."""
 
     offered: Tuple[str, ...]
     config_class: str
@@ -310,7 +312,10 @@ def applied(trainer: Any, options: FastPathOptions) -> List[str]:
         found.append("padding_free")
     if getattr(trainer, "padding_free_passes", False):
         found.append("padding_free")
-    if getattr(getattr(trainer.model, "config", None), "_attn_implementation", None) == attention.NAME:
+    # PPO's model: its policy and value model in one module, under DDP where it runs in several processes
+    model = getattr(trainer.model, "module", trainer.model)
+    model = getattr(model, "policy", model)
+    if getattr(getattr(model, "config", None), "_attn_implementation", None) == attention.NAME:
         found.append(attention.NAME)
     if getattr(trainer.args, "use_liger_kernel", False):
         found.append("use_liger_kernel")

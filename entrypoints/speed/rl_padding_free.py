@@ -23,12 +23,28 @@ fails every request (TRL casts the model to the training dtype for it).
 """
 
 import contextlib
-from typing import Any, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
 from posttrain.entrypoints.speed import attention
+
+
+def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Tuple[Dict[str, torch.Tensor], torch.Tensor]:
+    """The rows' real tokens as one row, each sequence's positions from 0 wherever its padding ends
+    (``input_ids`` and ``position_ids``, ``[1, tokens]``), and the mask that puts outputs back (:func:`unpack`).
+    transformers keeps the sequences apart by their positions only without a KV cache: ``use_cache`` is off."""
+    mask = attention_mask.bool()
+    positions = mask.cumsum(-1) - 1
+    return {"input_ids": input_ids[mask][None], "position_ids": positions[mask][None], "use_cache": False}, mask
+
+
+def unpack(packed: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A packed row's per-token outputs (``[1, tokens, ...]``) in the padded rows' places, 0 at padding."""
+    rows = packed.new_zeros(*mask.shape, *packed.shape[2:])
+    rows[mask] = packed[0]
+    return rows
 
 
 def packed_log_probs(
@@ -43,29 +59,22 @@ def packed_log_probs(
     ``logits_to_keep`` tokens of each row (the completions), computed over the rows' real tokens packed into one
     row: per-token log-probabilities, entropies (or None) and the MoE aux loss (or None), each of the padded
     shape, 0 at padding."""
-    mask = attention_mask.bool()
+    inputs, mask = pack(input_ids, attention_mask)
     labels = input_ids.masked_fill(~mask, -100)
     # only the completions are scored
     labels[:, :-logits_to_keep] = -100
-    # each sequence from 0, wherever its padding ends
-    positions = mask.cumsum(-1) - 1
-    inputs = {
-        "input_ids": input_ids[mask][None],
-        "position_ids": positions[mask][None],
-        # a row's first token is a prompt's: nothing scores across two sequences
-        "labels": labels[mask][None],
-    }
+    # a row's first token is a prompt's: nothing scores across two sequences
+    inputs["labels"] = labels[mask][None]
     if compute_aux_loss:
         inputs["output_router_logits"] = True
     outputs = model(**inputs, fused_lm_head=True)
 
-    def unpack(per_token: torch.Tensor) -> torch.Tensor:
+    def unpacked(per_token: torch.Tensor) -> torch.Tensor:
         # the head's position j predicts packed token j + 1: the first token has no score
-        scores = F.pad(per_token[0], (1, 0))
-        return scores.new_zeros(mask.shape).masked_scatter(mask, scores)[:, -logits_to_keep:]
+        return unpack(F.pad(per_token, (1, 0)), mask)[:, -logits_to_keep:]
 
-    entropies = unpack(outputs.entropy) if compute_entropy else None
-    return unpack(outputs.log_probs), entropies, outputs.aux_loss if compute_aux_loss else None
+    entropies = unpacked(outputs.entropy) if compute_entropy else None
+    return unpacked(outputs.log_probs), entropies, outputs.aux_loss if compute_aux_loss else None
 
 
 @contextlib.contextmanager

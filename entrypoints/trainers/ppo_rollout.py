@@ -17,7 +17,9 @@ from transformers import PreTrainedModel
 
 from posttrain.entrypoints.generation.sampling import prompt_ids, sampling_from_the_logits
 from posttrain.entrypoints.inputs.rewards import reward_model_scores
-from posttrain.entrypoints.trainers.ppo_math import gae, kl_per_token, positions, response_logprobs, until_first, whiten
+from posttrain.entrypoints.speed.rl_padding_free import generation_attention
+from posttrain.entrypoints.trainers.ppo_math import gae, kl_per_token, response_logprobs, until_first, whiten
+from posttrain.entrypoints.trainers.ppo_models import causal_lm_logits
 
 
 class Rollouts:
@@ -77,7 +79,7 @@ class Rollouts:
         prompts, prompt_mask = prompts.to(self.device), prompt_mask.to(self.device)
 
         torch.manual_seed(args.seed * 1_000_003 + iteration * 7919 + self.accelerator.process_index)
-        with sampling_from_the_logits(model.policy):
+        with sampling_from_the_logits(model.policy), generation_attention(model.policy):
             generated = model.policy.generate(
                 input_ids=prompts,
                 attention_mask=prompt_mask,
@@ -101,9 +103,7 @@ class Rollouts:
         logprobs, _ = response_logprobs(logits, tokens, prompt_length, args.temperature)
         # the same precision as the policy's, so KL starts at 0 under bf16
         with self.accelerator.autocast():
-            ref_logits = self.ref_policy(
-                input_ids=tokens, attention_mask=attention_mask, position_ids=positions(attention_mask)
-            ).logits
+            ref_logits = causal_lm_logits(self.ref_policy, tokens, attention_mask, model.padding_free)
         ref_logprobs, _ = response_logprobs(ref_logits, tokens, prompt_length, args.temperature)
         values = values[:, prompt_length - 1 : -1]
 

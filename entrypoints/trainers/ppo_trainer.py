@@ -78,7 +78,7 @@ import math
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Dict, Literal, Optional, Sequence, Tuple
+from typing import Any, Dict, Literal, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -95,10 +95,10 @@ from posttrain.entrypoints.trainers.ppo_math import (
     adapted_kl_coef,
     masked_mean,
     policy_loss,
-    positions,
     response_logprobs,
     value_loss,
 )
+from posttrain.entrypoints.trainers.ppo_models import PolicyAndValue, packs
 from posttrain.entrypoints.trainers.ppo_rollout import Rollouts
 
 
@@ -201,32 +201,6 @@ def every(steps: float, max_steps: int) -> int:
     return max(1, math.ceil(max_steps * steps)) if steps < 1 else int(steps)
 
 
-# ---------------------------------------------------------------- models
-
-
-class PolicyAndValue(nn.Module):
-    """One module for the policy and the value model, so one DDP wrapper and optimizer serve both."""
-
-    def __init__(self, policy: PreTrainedModel, value_model: PreTrainedModel) -> None:
-        super().__init__()
-        self.policy = policy
-        self.value_model = value_model
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        position_ids = positions(attention_mask)
-        logits = self.policy(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
-        return logits, token_values(self.value_model, input_ids, attention_mask, position_ids)
-
-
-def token_values(
-    value_model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor
-) -> torch.Tensor:
-    """A sequence-classification model's score head applied at every position: ``[batch, time]``."""
-    backbone = getattr(value_model, value_model.base_model_prefix)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
-    return value_model.score(hidden).squeeze(-1).float()
-
-
 # ---------------------------------------------------------------- the trainer
 
 
@@ -280,8 +254,10 @@ class PPOTrainer:
             model.config.use_cache = False
             if args.activation_checkpointing:
                 enable_activation_checkpointing(model, args.activation_checkpointing_kwargs)
+        # padding-free passes where every model keeps the packed sequences apart with varlen kernels
+        self.padding_free_passes = all(packs(model) for model in (policy, value_model, ref_policy))
         # eval mode for good: dropout would make the old log-probs, values and KL noisy (KL != 0 at step 1)
-        model = PolicyAndValue(policy, value_model).eval()
+        model = PolicyAndValue(policy, value_model, self.padding_free_passes).eval()
         optimizer = create_optimizer(args, model)
         updates = args.max_steps * args.num_ppo_epochs * args.num_mini_batches
         # not through accelerator.prepare: its wrapper steps a scheduler once per process at every call,

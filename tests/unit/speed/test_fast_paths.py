@@ -431,7 +431,10 @@ def shaped(raw: Dict[str, Any], tmp_path: Path) -> Dict[str, Any]:
             tmp_path, "7b", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, vocab_size=152064
         ),
     }
-    size = next(size for size in sizes if f"-{size}" in name)
+    size = next((size for size in sizes if f"-{size}" in name), None)
+    if size is None:
+        # a model of a type the GPU defaults are not made for (Pythia: GPT-NeoX): its config decides nothing here
+        return raw
     return {**raw, "model": {**raw["model"], "name_or_path": sizes[size]()}}
 
 
