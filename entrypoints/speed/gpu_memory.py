@@ -73,11 +73,12 @@ class ModelShape:
 
     def state_bytes(self, trained: str = "full", strategy: str = "ddp", gpus: int = 1) -> int:
         """Per GPU, for ``trained`` "full", "lora" (model.lora) or "4bit" (model.quantization) and ``strategy``
-        "ddp" (a copy per GPU), "zero2", "zero3" or "fsdp" (distributed.*). Full training keeps the weights, their gradients and AdamW's two moments: with one copy per
-        GPU (``ddp``) all four in the weights' dtype, as torch's AdamW keeps them; DeepSpeed's weights and
-        gradients in 16 bits and its float32 optimizer state, ZeRO-2 sharding all but the weights and ZeRO-3
-        everything; FSDP everything in float32, sharded. LoRA keeps the frozen weights (its adapter's state is
-        negligible), sharded under ZeRO-3 and FSDP; 4-bit LoRA its linear layers in 4 bits."""
+        "ddp" (a copy per GPU), "zero2", "zero3" or "fsdp" (distributed.*). Full training keeps the weights,
+        their gradients and AdamW's two moments: with a copy per GPU all four in the weights' dtype, as torch's
+        AdamW keeps them; DeepSpeed's weights and gradients in 16 bits and its float32 optimizer state, ZeRO-2
+        sharding all but the weights and ZeRO-3 everything; FSDP everything in float32, sharded. LoRA keeps the
+        frozen weights (its adapter's state is negligible), sharded under ZeRO-3 and FSDP; 4-bit LoRA its linear
+        layers in 4 bits."""
         sharded = gpus if strategy in ("zero3", "fsdp") else 1
         if trained == "4bit":
             return int(

@@ -59,11 +59,8 @@ class PolicyAndValue(nn.Module):
         self.padding_free = padding_free
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        logits = causal_lm_logits(self.policy, input_ids, attention_mask, self.padding_free)
         if not self.padding_free:
-            position_ids = positions(attention_mask)
-            logits = causal_lm_logits(self.policy, input_ids, attention_mask, padding_free=False)
-            return logits, token_values(self.value_model, input_ids, attention_mask, position_ids)
+            return logits, token_values(self.value_model, input_ids, attention_mask, positions(attention_mask))
         inputs, mask = pack(input_ids, attention_mask)
-        logits = self.policy(**inputs).logits
-        values = token_values(self.value_model, inputs["input_ids"], None, inputs["position_ids"])
-        return unpack(logits, mask), unpack(values, mask)
+        return logits, unpack(token_values(self.value_model, inputs["input_ids"], None, inputs["position_ids"]), mask)
