@@ -172,7 +172,8 @@ def _fast_path_options(spec: Spec) -> FastPathOptions:
         model=spec.model,
         training=dict(spec.training),
         sharded=spec.distributed.sharding is not None,
-        rl_passes=spec.groups and spec.generates_with_sdpa,
+        # TRL's GRPO and RLOO trainers' passes (PPO's trainer packs its own)
+        rl_passes=spec.groups,
     )
 
 

@@ -277,15 +277,22 @@ def data_collator(options: FastPathOptions, model: Any, tokenizer: Any, args: An
     )
 
 
+def packs_passes(model: Any) -> bool:
+    """Whether ``model``'s passes over packed rows keep each sequence alone, with kernels that pay for it (varlen):
+    GRPO's, RLOO's and PPO's passes are padding-free where they do."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return base.config._attn_implementation in VARLEN_KERNELS and padding_free_reason(base) is None
+
+
 def switch_passes_to_padding_free(trainer: Any) -> None:
     """GRPO's and RLOO's forward passes padding-free (rl_padding_free.py) where the model's attention is varlen,
     their generation with a KV cache; on a GPU, rank 0 says what generates and whether the passes are padding-free."""
     rl_padding_free.generate_with_a_kv_cache(trainer)
     model = trainer.accelerator.unwrap_model(trainer.model)
+    if packs_passes(model):
+        rl_padding_free.pack_passes(trainer)
     model = model.get_base_model() if hasattr(model, "get_base_model") else model
     implementation = model.config._attn_implementation
-    if implementation in VARLEN_KERNELS and padding_free_reason(model) is None:
-        rl_padding_free.pack_passes(trainer)
     if not torch.cuda.is_available() or int(os.environ.get("RANK", "0")) != 0:
         return
     if getattr(trainer, "padding_free_passes", False):

@@ -14,15 +14,8 @@ import torch
 import torch.nn as nn
 from transformers import PreTrainedModel
 
-from posttrain.entrypoints.speed import fast_paths
 from posttrain.entrypoints.speed.rl_padding_free import pack, unpack
 from posttrain.entrypoints.trainers.ppo_math import positions
-
-
-def packs(model: PreTrainedModel) -> bool:
-    """Whether ``model``'s passes over packed rows keep each sequence alone, with a kernel that pays for it."""
-    implementation = model.config._attn_implementation
-    return implementation in fast_paths.VARLEN_KERNELS and fast_paths.padding_free_reason(model) is None
 
 
 def causal_lm_logits(

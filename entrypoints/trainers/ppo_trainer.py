@@ -91,6 +91,7 @@ from transformers.utils import logging as hf_logging
 
 from posttrain.components.spec.registry import PPOSpec
 from posttrain.entrypoints.records.checkpoints import checkpoint_steps, complete_checkpoints
+from posttrain.entrypoints.speed.fast_paths import packs_passes
 from posttrain.entrypoints.trainers.ppo_math import (
     adapted_kl_coef,
     masked_mean,
@@ -98,7 +99,7 @@ from posttrain.entrypoints.trainers.ppo_math import (
     response_logprobs,
     value_loss,
 )
-from posttrain.entrypoints.trainers.ppo_models import PolicyAndValue, packs
+from posttrain.entrypoints.trainers.ppo_models import PolicyAndValue
 from posttrain.entrypoints.trainers.ppo_rollout import Rollouts
 
 
@@ -255,7 +256,7 @@ class PPOTrainer:
             if args.activation_checkpointing:
                 enable_activation_checkpointing(model, args.activation_checkpointing_kwargs)
         # padding-free passes where every model keeps the packed sequences apart with varlen kernels
-        self.padding_free_passes = all(packs(model) for model in (policy, value_model, ref_policy))
+        self.padding_free_passes = all(packs_passes(model) for model in (policy, value_model, ref_policy))
         # eval mode for good: dropout would make the old log-probs, values and KL noisy (KL != 0 at step 1)
         model = PolicyAndValue(policy, value_model, self.padding_free_passes).eval()
         optimizer = create_optimizer(args, model)
