@@ -1,4 +1,4 @@
-"""A calculator the model may call (``tools: [{function: templates.tools.calculator:calculate}]``).
+"""A calculator the model may call (``tools: [{function: posttrain.templates.tools.calculator:calculate}]``).
 
 Arithmetic on numbers and nothing else: the expression is parsed, never
 evaluated as Python, and a mistake in it (a name, a power, a division by

@@ -1,4 +1,4 @@
-"""A room that hides a value (``environment: {factory: templates.tools.hidden_value:Room}``).
+"""A room that hides a value (``environment: {factory: posttrain.templates.tools.hidden_value:Room}``).
 
 Each rollout gets its own room holding its row's ``answer``, drawn at random
 per row: a model can only know it by calling ``peek``.

@@ -1,4 +1,4 @@
-"""A lamp the model can switch on (``environment: {factory: templates.tools.lamp:Lamp}``).
+"""A lamp the model can switch on (``environment: {factory: posttrain.templates.tools.lamp:Lamp}``).
 
 Each rollout gets its own lamp, off; ``get_reward`` is 1 where the rollout
 left it on, which only a call to ``switch_on`` does: a task no answer

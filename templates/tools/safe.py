@@ -1,4 +1,4 @@
-"""A safe the model opens in two calls (``environment: {factory: templates.tools.safe:Safe}``).
+"""A safe the model opens in two calls (``environment: {factory: posttrain.templates.tools.safe:Safe}``).
 
 Each rollout gets its own safe, locked; ``open_door`` works only once
 ``unlock`` has been called, and ``get_reward`` is 1 where the rollout left

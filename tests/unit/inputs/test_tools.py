@@ -329,7 +329,7 @@ def test_several_environments_need_a_column_naming_each_rows() -> None:
 def test_the_calculator_template_gives_a_tool_the_model_can_read_and_answers_it_can_reach(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """templates/grpo/qwen2.5-0.5b-calculator.yaml: its tool imports from the checkout as the job imports it, and
+    """templates/grpo/qwen2.5-0.5b-calculator.yaml: its tool imports as the job imports it (posttrain.templates.tools), and
     each problem's answer is what the calculator computes from the problem's numbers, which math_verify accepts."""
     import re
 
@@ -337,7 +337,6 @@ def test_the_calculator_template_gives_a_tool_the_model_can_read_and_answers_it_
     from posttrain.components.spec.rewards import builtin_reward
 
     monkeypatch.chdir(REPO)
-    monkeypatch.syspath_prepend(str(REPO))
     spec = validate(load_template("grpo/qwen2.5-0.5b-calculator.yaml"))
     [calculate] = resolve_tools(spec.tools)
     assert calculate("12 * (3 + 4) - 5 / 2") == "81.5"
@@ -361,7 +360,6 @@ def test_the_tiny_tools_chain_demonstrates_the_tool_its_grpo_stage_gives(monkeyp
     from helpers import REPO
 
     monkeypatch.chdir(REPO)
-    monkeypatch.syspath_prepend(str(REPO))
     grpo = validate(load_template("grpo/tiny-tools.yaml"))
     room = resolve_environment(grpo.environment, scored=True)()
     sft = validate(load_template("sft/tiny-tools.yaml"))
@@ -389,7 +387,6 @@ def test_the_tool_use_chain_demonstrates_the_tools_its_grpo_stages_give(monkeypa
     from helpers import REPO
 
     monkeypatch.chdir(REPO)
-    monkeypatch.syspath_prepend(str(REPO))
     chain = load_template("chain/tool-use-tiny.yaml")["stages"]
     demos = [json.loads(line) for line in (REPO / chain["sft"]["data"]["train"]["path"]).read_text().splitlines()]
     assert 0.2 < sum(len(demo["completion"]) > 1 for demo in demos) / len(demos) < 0.4
