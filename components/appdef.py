@@ -28,6 +28,7 @@ from posttrain.components.spec.loading import load_spec
 from posttrain.components.spec.local_files import local_data_problems, local_model_problems
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import Spec, runs_vllm_server
+from posttrain.components.spec.shipped import spec_file
 from posttrain.components.vllm_role import VllmServer
 
 # The entry point torchx's CLI sets; a component called from it exits with the
@@ -182,7 +183,7 @@ def build_appdef(
     if problems:
         raise SpecError(problems)
     topology = _topology(j, resource, launcher)
-    validated = load_spec(spec, overrides, algorithm=algorithm, world_size=topology.world_size)
+    validated = load_spec(_spec_file(spec), overrides, algorithm=algorithm, world_size=topology.world_size)
     problems += _spec_problems(validated, topology, j, h, resource, max_retries, max_restarts)
     serve = runs_vllm_server(validated.training)
     if serve:
@@ -275,7 +276,7 @@ def build_chain_appdef(
                 "the others have left); use -j NxP"
             ]
         )
-    chain = load_chain(spec, overrides, world_size=topology.world_size)
+    chain = load_chain(_spec_file(spec), overrides, world_size=topology.world_size)
     # several nodes: each stage rendezvouses on a port of its own
     last_port = rdzv_port + len(chain.stages) - 1
     if topology.max_nnodes > 1 and rdzv_backend in ("c10d", "static") and last_port > 65535:
@@ -343,6 +344,15 @@ def _argument_problems(
                 "scheduler's secrets (docs: Schedulers, Secrets)"
             )
     return problems
+
+
+def _spec_file(spec: str) -> str:
+    """The file ``--spec`` names (``shipped.spec_file``); a template taken by its name is said, so that
+    ``--dryrun`` shows which file ran."""
+    path = spec_file(spec)
+    if path != spec:
+        print(f"posttrain: --spec {spec}: the shipped template {path}", file=sys.stderr)
+    return path
 
 
 def _topology(j: str, resource: specs.Resource, launcher: str) -> Topology:
@@ -586,7 +596,7 @@ def build_eval_appdef(
     if problems:
         raise SpecError(problems)
     topology = _topology(j, resource, "torchrun")
-    validated = load_eval(spec, overrides)
+    validated = load_eval(_spec_file(spec), overrides)
     problems += local_model_problems(validated) + local_data_problems(validated)
     if problems:
         raise SpecError(problems)

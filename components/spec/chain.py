@@ -11,7 +11,7 @@
         rewards: [{model: "${stages.reward.output}"}]
 
 A stage is a spec written inline, or ``spec: <path>`` (relative to the
-chain's file) with sections of its own on top: a mapping merges into the
+chain's file, or a shipped template's name: ``spec: sft/tiny``) with sections of its own on top: a mapping merges into the
 file's key by key, anything else replaces it. ``${stages.<name>.output}`` is
 an earlier stage's output directory; the chain sets each stage's
 ``training.output_dir``. Overrides address a stage as
@@ -41,6 +41,7 @@ from posttrain.components.spec.loading import as_written_by_yaml_1_1, read_yaml,
 from posttrain.components.spec.messages import SpecError, cut
 from posttrain.components.spec.overrides import apply_overrides
 from posttrain.components.spec.schema import Spec, runs_vllm_server
+from posttrain.components.spec.shipped import spec_file
 
 ALGORITHM = "chain"
 # set in each stage's processes: the stage's name (its closing line is the chain's; fault injection can aim at it)
@@ -79,7 +80,9 @@ class Chain:
 
 
 def load_chain(path: str, overrides: Sequence[str] = (), *, world_size: Optional[int] = None) -> Chain:
-    """Reads a chain's YAML, applies ``stages.<name>.<key.path>=value`` overrides and validates every stage."""
+    """Reads a chain's YAML (a path, or a shipped template's name: ``chain/rlhf-tiny``), applies
+    ``stages.<name>.<key.path>=value`` overrides and validates every stage."""
+    path = spec_file(path)
     raw = read_yaml(path)
     return validate_chain(raw, overrides, base=Path(path).parent, world_size=world_size)
 
@@ -216,7 +219,13 @@ def _stage_raw(written: Any, base: Path, where: str) -> Dict[str, Any]:
         return written
     if not isinstance(path, str):
         raise SpecError([f"{where}.spec: expected the path of a spec file; got {cut(repr(path))}"])
-    return _merged(read_yaml(str(base / path), where=f"{where}.spec"), written)
+    return _merged(read_yaml(_stage_file(base, path), where=f"{where}.spec"), written)
+
+
+def _stage_file(base: Path, path: str) -> str:
+    """A stage's spec file: relative to the chain's file, else a shipped template by its name (``sft/tiny``)."""
+    beside, named = base / path, spec_file(path)
+    return named if not beside.exists() and named != path else str(beside)
 
 
 def _merged(file: Dict[str, Any], changes: Mapping[str, Any]) -> Dict[str, Any]:

@@ -29,6 +29,7 @@ from posttrain.components.spec.loading import as_written_by_yaml_1_1, read_yaml
 from posttrain.components.spec.messages import SpecError, cut, known_paths, translate, unknown_in
 from posttrain.components.spec.overrides import apply_overrides
 from posttrain.components.spec.schema import TORCH_VARLEN, Evaluation, ModelSpec, Spec
+from posttrain.components.spec.shipped import spec_file
 
 ALGORITHM = "eval"
 # how a model is named in ``models`` (and in ``require:``'s conditions)
@@ -111,8 +112,9 @@ def of_training_run(spec: Spec) -> EvalSpec:
 
 
 def load_eval(path: str, overrides: Sequence[str] = ()) -> EvalSpec:
-    """Reads an evaluation's YAML, applies ``key.path=value`` overrides and validates it."""
-    raw = read_yaml(path)
+    """Reads an evaluation's YAML (a path, or a shipped template's name: ``eval/sft-tiny``), applies
+    ``key.path=value`` overrides and validates it."""
+    raw = read_yaml(spec_file(path))
     as_written_by_yaml_1_1(raw, EvalSpec)
     return validate_eval(apply_overrides(raw, overrides, ALGORITHM))
 

@@ -28,6 +28,7 @@ from posttrain.components.spec.messages import (
 from posttrain.components.spec.overrides import apply_overrides
 from posttrain.components.spec.registry import SPEC_CLASSES
 from posttrain.components.spec.schema import Spec
+from posttrain.components.spec.shipped import is_shipped, shipped_paths, spec_file
 from posttrain.components.spec.values import (
     combination_problems,
     finite_problems,
@@ -46,18 +47,23 @@ def load_spec(
     algorithm: Optional[str] = None,
     world_size: Optional[int] = None,
 ) -> Spec:
-    """Reads a YAML spec, applies ``key.path=value`` overrides and validates it."""
-    raw = read_yaml(path)
+    """Reads a YAML spec (a path, or a shipped template's name: ``sft/tiny``), applies ``key.path=value``
+    overrides and validates it."""
+    raw = read_yaml(spec_file(path))
     as_written_by_yaml_1_1(raw)
     return validate(apply_overrides(raw, overrides, algorithm), algorithm=algorithm, world_size=world_size)
 
 
 def read_yaml(path: str, where: str = "--spec") -> Dict[str, Any]:
-    """A spec file's mapping, as written; ``where`` names what pointed at it in the one-line errors."""
+    """A spec file's mapping, as written but for a shipped template's paths to its shipped files, which name the
+    installed ones (``shipped.py``); ``where`` names what pointed at it in the one-line errors."""
     try:
         text = Path(path).read_text()
     except FileNotFoundError:
-        raise SpecError([f"{where}: no such file: {path}"]) from None
+        # --spec takes a template's name too (sft/tiny)
+        named = where == "--spec" and not path.endswith((".yaml", ".yml"))
+        nor = ", nor a template's name (python -m posttrain.components.tools.templates lists them)" if named else ""
+        raise SpecError([f"{where}: no such file: {path}{nor}"]) from None
     except OSError as e:
         raise SpecError([f"{where}: cannot read {path}: {e.strerror}"]) from None
     try:
@@ -71,7 +77,7 @@ def read_yaml(path: str, where: str = "--spec") -> Dict[str, Any]:
         raise SpecError([f"{where}: {path} is not valid YAML: {e}"]) from None
     if not isinstance(raw, dict):
         raise SpecError([f"{where}: {path} must hold a mapping of sections (model, data, training, ...)"])
-    return raw
+    return shipped_paths(raw) if is_shipped(path) else raw
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -1,34 +1,38 @@
-"""The shipped templates: what each one trains, and the command that runs it.
+"""The shipped templates: list them, and copy one to edit (the ``tune ls`` / ``tune cp`` habit).
 
 ::
 
-    python -m posttrain.components.tools.templates
+    python -m posttrain.components.tools.templates                        # list
+    python -m posttrain.components.tools.templates cp sft/tiny my-sft.yaml  # copy one
 
-prints one row per ``templates/<algorithm>/<name>.yaml``: its path, its
-command (the ``# torchx run ...`` line it opens with) and its summary (the
-first sentence of the comment after the command).
+The list has a row per template ``<algorithm>/<name>``: its name (what ``--spec`` takes), its command
+(the ``# torchx run ...`` line it opens with, run by name) and its summary (the first sentence of the comment
+after the command). They are found where posttrain is installed (``posttrain.templates``: a checkout's
+``templates/`` in an editable install), so the list and the copies work from any directory.
 
-The templates are not installed as package data: they are found relative to
-the checkout, ``Path(__file__).parents[2] / "templates"`` (the repository
-root, as in an editable install), and their commands run from there.
+A copy names the shipped files the template uses (its data, a chain's stage specs, the schema editors check
+it against) where they are installed, and its command runs the copy.
 """
 
+import argparse
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
-TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
+import yaml
+
+from posttrain.components.spec.shipped import TEMPLATES_DIR, path_from, shipped_file, spec_file
 
 COMMAND_PREFIX = "# torchx run"
 
 
 @dataclass(frozen=True)
 class Template:
-    """One template: its path relative to the repository root, its commands and its summary."""
+    """One template: its name (``sft/tiny``), its commands (run by name) and its summary."""
 
-    path: str
+    name: str
     algorithm: str
     commands: Tuple[str, ...]
     description: str
@@ -88,13 +92,19 @@ def _first_sentence(text: str) -> str:
 
 
 def templates(root: Path = TEMPLATES_DIR) -> List[Template]:
-    """Every ``<algorithm>/<name>.yaml`` under ``root``, sorted by path."""
+    """Every ``<algorithm>/<name>.yaml`` under ``root``, sorted by name."""
     found = []
     for path in sorted(root.glob("*/*.yaml")):
+        name = path.relative_to(root).with_suffix("").as_posix()
         commands, description = parse_header(path.read_text())
-        relative = f"{root.name}/{path.relative_to(root).as_posix()}"
-        found.append(Template(relative, path.parent.name, commands, description))
+        by_name = tuple(_spec_option(root, path).sub(f"--spec {name}", command) for command in commands)
+        found.append(Template(name, path.parent.name, by_name, description))
     return found
+
+
+def _spec_option(root: Path, path: Path) -> "re.Pattern[str]":
+    """A command's ``--spec`` naming the template by its path in the checkout (``templates/sft/tiny.yaml``)."""
+    return re.compile(rf"--spec {re.escape(root.name)}/{re.escape(path.relative_to(root).as_posix())}\b")
 
 
 def render_table(rows: Sequence[Template]) -> str:
@@ -102,7 +112,7 @@ def render_table(rows: Sequence[Template]) -> str:
     lines = [("TEMPLATE", "COMMAND", "DESCRIPTION")]
     for row in rows:
         commands = row.commands or ("",)
-        lines.append((row.path, commands[0], row.description))
+        lines.append((row.name, commands[0], row.description))
         # more than one command: one line each
         lines += [("", command, "") for command in commands[1:]]
     widths = [max(len(line[column]) for line in lines) for column in (0, 1)]
@@ -112,15 +122,82 @@ def render_table(rows: Sequence[Template]) -> str:
     )
 
 
-def main() -> int:
-    if not TEMPLATES_DIR.is_dir():
-        print(
-            f"no templates at {TEMPLATES_DIR}: they ship with the repository, not the package; "
-            "run this from a checkout (pip install -e .)",
-            file=sys.stderr,
-        )
-        return 1
-    sys.stdout.write(render_table(templates()))
+def copy(name: str, destination: str) -> Tuple[Path, List[str]]:
+    """Writes template ``name`` to ``destination`` (a file, or a folder to hold ``<name>.yaml``), naming the shipped
+    files it uses where they are installed (a chain's stage specs by their names); returns the copy's path and
+    those files, as the copy names them. Raises ValueError with one line where there is no such template or the
+    copy would replace a file."""
+    source = Path(spec_file(name))
+    if not source.resolve().is_relative_to(TEMPLATES_DIR) or source.suffix != ".yaml":
+        raise ValueError(f"no template {name!r}; the list (run with no arguments) names them: sft/tiny, dpo/tiny, ...")
+    target = Path(destination)
+    if target.is_dir():
+        target = target / source.name
+    if target.exists():
+        raise ValueError(f"{target} exists; name another file, or remove it first")
+    text = source.read_text()
+    named = []
+    for written, shipped in _shipped_files(source, yaml.safe_load(text)):
+        there = _name(shipped) or path_from(target.parent, shipped)
+        # as a whole value (or a comment's mention of it), never inside a longer path
+        text = re.sub(rf"(?<![\w./-]){re.escape(written)}(?![\w./-])", there, text)
+        named.append(there)
+    text = _spec_option(TEMPLATES_DIR, source).sub(f"--spec {target}", text)
+    text = re.sub(
+        r"\$schema=(\S+)", lambda m: f"$schema={path_from(target.parent, source.parent / m[1])}", text, count=1
+    )
+    target.write_text(text)
+    return target, list(dict.fromkeys(named))
+
+
+def _shipped_files(source: Path, raw: Any) -> Iterator[Tuple[str, Path]]:
+    """Each path the template writes to a shipped file, and that file: its data (``templates/data/...``), and a
+    chain's stage specs (relative to the chain's file)."""
+    if isinstance(raw, dict):
+        for key, value in raw.items():
+            # a chain's stage
+            if key == "spec" and isinstance(value, str):
+                yield value, source.parent / value
+            else:
+                yield from _shipped_files(source, value)
+    elif isinstance(raw, list):
+        for value in raw:
+            yield from _shipped_files(source, value)
+    elif shipped_file(raw) is not None:
+        yield raw, shipped_file(raw)
+
+
+def _name(path: Path) -> Optional[str]:
+    """A shipped template's name (``sft/tiny``), which a chain's stage takes as ``spec:``; None for other files."""
+    path = path.resolve()
+    if path.suffix != ".yaml" or path.parent.parent != TEMPLATES_DIR:
+        return None
+    return path.relative_to(TEMPLATES_DIR).with_suffix("").as_posix()
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m posttrain.components.tools.templates",
+        description="List the shipped templates, or copy one to edit.",
+    )
+    commands = parser.add_subparsers(dest="command")
+    commands.add_parser("ls", help="list the templates (the default)")
+    cp = commands.add_parser("cp", help="copy a template to edit, naming the shipped files it uses where installed")
+    cp.add_argument("name", help="a template's name, as the list shows it: sft/tiny")
+    cp.add_argument("destination", help="the copy's file, or a folder to hold it")
+    args = parser.parse_args(argv)
+    if args.command != "cp":
+        sys.stdout.write(render_table(templates()))
+        return 0
+    try:
+        target, named = copy(args.name, args.destination)
+    except ValueError as error:
+        print(f"templates cp: {error}", file=sys.stderr)
+        return 2
+    print(f"copied {args.name} to {target}")
+    if named:
+        print("it uses these shipped files of posttrain's; name your own in their place to change them:")
+        print("".join(f"  {path}\n" for path in named), end="")
     return 0
 
 

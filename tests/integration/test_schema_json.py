@@ -1,5 +1,5 @@
 """The template listing and the light client: ``python -m posttrain.components.tools.templates`` lists every
-template with its command, the listing's and the schemas' doctests pass, and the two modules import no torch, TRL
+template by name with its command, the listing's and the schemas' doctests pass, and the two modules import no torch, TRL
 or transformers in a process of their own."""
 
 import doctest
@@ -10,10 +10,10 @@ from helpers import REPO, TEMPLATES
 from posttrain.components.generate import schema_json
 from posttrain.components.tools import templates
 
-ALL_TEMPLATES = sorted(str(p.relative_to(TEMPLATES)) for p in TEMPLATES.glob("*/*.yaml"))
+ALL_TEMPLATES = sorted(p.relative_to(TEMPLATES).with_suffix("").as_posix() for p in TEMPLATES.glob("*/*.yaml"))
 
 
-def test_every_template_is_listed_with_its_command() -> None:
+def test_every_template_is_listed_by_name_with_its_command_run_by_name() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "posttrain.components.tools.templates"],
         capture_output=True,
@@ -21,15 +21,18 @@ def test_every_template_is_listed_with_its_command() -> None:
         cwd=REPO,
         check=True,
     )
-    rows = {line.split()[0]: line for line in result.stdout.splitlines()[1:]}
-    assert sorted(rows) == [f"templates/{t}" for t in ALL_TEMPLATES]
+    rows = {line.split()[0]: line for line in result.stdout.splitlines()[1:] if not line.startswith(" ")}
+    assert sorted(rows) == ALL_TEMPLATES
     for template in ALL_TEMPLATES:
         command = next(
-            line[2:] for line in (TEMPLATES / template).read_text().splitlines() if line.startswith("# torchx run")
+            line[2:]
+            for line in (TEMPLATES / f"{template}.yaml").read_text().splitlines()
+            if line.startswith("# torchx run")
         )
-        assert f"  {command}  " in rows[f"templates/{template}"], template
-    listed = {t.path: t for t in templates.templates()}
-    assert listed["templates/sft/tiny.yaml"].description.startswith("SFT of the built-in tiny Llama")
+        by_name = command.replace(f"--spec templates/{template}.yaml", f"--spec {template}")
+        assert f"--spec {template}" in by_name and f"  {by_name}  " in rows[template], template
+    listed = {t.name: t for t in templates.templates()}
+    assert listed["sft/tiny"].description.startswith("SFT of the built-in tiny Llama")
     assert all(t.description and t.commands for t in listed.values())
 
 
