@@ -76,6 +76,21 @@ LISTED_WHOLE: Dict[str, str] = {
     "torchx run -s local_cwd posttrain.sft --spec templates/sft/tiny-zero2.yaml -j 2x1 --launcher deepspeed": (
         "tests/e2e/test_distributed.py runs this command and reads both nodes' logs and the run"
     ),
+    # README's "From an installed package"
+    "python3 -m venv .venv && . .venv/bin/activate && pip install torch==2.13.0 && pip install <a posttrain "
+    "checkout or wheel>": (
+        "installs posttrain (not editable): tests/e2e/test_installed.py builds its wheel and installs it in a fresh "
+        "environment"
+    ),
+    **dict.fromkeys(
+        (
+            "torchx run -s local_cwd posttrain.sft --spec sft/tiny",
+            "torchx run -s local_cwd posttrain.dpo --spec dpo/tiny model.name_or_path=outputs/sft-tiny",
+            "python -m posttrain.components.tools.templates cp sft/tiny my-sft.yaml",
+            "torchx run -s local_cwd posttrain.sft --spec my-sft.yaml",
+        ),
+        "tests/e2e/test_installed.py runs this from a wheel installed in a fresh environment, in an empty directory",
+    ),
 }
 # Set-up steps a `&&` chain may begin with: not run (the environment running this test is what they
 # make); the rest of the chain is planned like any command.
