@@ -11,8 +11,9 @@
         rewards: [{model: "${stages.reward.output}"}]
 
 A stage is a spec written inline, or ``spec: <path>`` (relative to the
-chain's file, or a shipped template's name: ``spec: sft/tiny``) with sections of its own on top: a mapping merges into the
-file's key by key, anything else replaces it. ``${stages.<name>.output}`` is
+chain's file, or a shipped template's name: ``spec: sft/tiny``) with
+sections of its own on top: a mapping merges into the file's key by key,
+anything else replaces it. ``${stages.<name>.output}`` is
 an earlier stage's output directory; the chain sets each stage's
 ``training.output_dir``. Overrides address a stage as
 ``stages.<name>.<key.path>=value``, the chain's own directory as
