@@ -9,8 +9,9 @@ checkpointing each layer's input and one layer's worth recomputed; the worst
 case is every row ``max_length`` tokens long), and, without Liger's fused
 loss, the logits (bf16, their float32 copy for the loss, and its gradient).
 It fits where that total is within ``MEMORY_SHARE`` of the GPU's memory.
-Generation's KV cache (GRPO, RLOO, online DPO) and allocator fragmentation
-are not counted.
+Generation's KV cache (GRPO, RLOO, online DPO: ``kv_cache_bytes``) is held
+while generating, not in the backward, so the step's estimate leaves it out;
+the page's table gives it. Allocator fragmentation is not counted.
 """
 
 import dataclasses
@@ -107,6 +108,11 @@ class ModelShape:
     def logit_bytes(self, tokens: int) -> int:
         return LOGIT_BYTES * self.vocabulary * tokens
 
+    def kv_cache_bytes(self, tokens: int) -> int:
+        """What ``generate`` caches for ``tokens`` (prompts and completions of every row generated at once): each
+        layer's keys and values, in the weights' dtype."""
+        return 2 * self.layers * (self.kv_hidden or self.hidden) * self.weight_bytes * tokens
+
 
 def model_shape(model: ModelSpec) -> Optional[ModelShape]:
     """The shape of the model from its config; None where there is none to read (a hub id out of reach, a
@@ -177,10 +183,10 @@ DOCUMENTED_ROW = 1024
 
 def tables() -> str:
     """docs/pages/gpu-memory.md's two tables, in GB (1e9 bytes): the training state per GPU by model and
-    setup, and what a row of ``DOCUMENTED_ROW`` tokens adds."""
+    setup, and what a row of ``DOCUMENTED_ROW`` tokens adds (in training, and while generating)."""
 
-    def gb(size: float) -> str:
-        return f"{size / 1e9:.1f}"
+    def gb(size: float, digits: int = 1) -> str:
+        return f"{size / 1e9:.{digits}f}"
 
     lines: List[str] = [
         "| model | setup | weights, gradients, optimizer per GPU | + DPO's reference |",
@@ -195,14 +201,16 @@ def tables() -> str:
     lines += [
         "",
         f"| model | activations per row of {DOCUMENTED_ROW:,} tokens, checkpointing | without checkpointing "
-        "| logits without Liger's fused loss |",
-        "| --- | ---: | ---: | ---: |",
+        "| logits without Liger's fused loss | KV cache while generating |",
+        "| --- | ---: | ---: | ---: | ---: |",
     ]
     for name, shape in DOCUMENTED_SHAPES.items():
         kept, whole = (
             shape.activation_bytes(DOCUMENTED_ROW, checkpointing, half=True) for checkpointing in (True, False)
         )
-        lines.append(f"| {name} | {gb(kept)} | {gb(whole)} | {gb(shape.logit_bytes(DOCUMENTED_ROW))} |")
+        logits, cache = shape.logit_bytes(DOCUMENTED_ROW), shape.kv_cache_bytes(DOCUMENTED_ROW)
+        # a row's cache is small; a step generates hundreds of rows at once
+        lines.append(f"| {name} | {gb(kept)} | {gb(whole)} | {gb(logits)} | {gb(cache, digits=3)} |")
     return "\n".join(lines)
 
 

@@ -77,3 +77,19 @@ def test_sharding_divides_what_each_strategy_shards() -> None:
 def test_the_page_shows_the_estimators_tables() -> None:
     page = (REPO / "docs/pages/gpu-memory.md").read_text()
     assert gpu_memory.tables() in page
+
+
+def test_the_kv_cache_is_what_generate_holds() -> None:
+    model = qwen2(SMALL).eval()
+    rows, prompt, new = 3, 7, 5
+    out = model.generate(
+        input_ids=torch.ones(rows, prompt, dtype=torch.long),
+        max_new_tokens=new,
+        min_new_tokens=new,
+        do_sample=False,
+        return_dict_in_generate=True,
+        pad_token_id=0,
+    )
+    held = sum(held_bytes((layer.keys, layer.values)) for layer in out.cache.layers)
+    # the last token generated is never fed back
+    assert held == SMALL.kv_cache_bytes(rows * (prompt + new - 1))
