@@ -42,7 +42,7 @@ from posttrain.components.spec.loading import as_written_by_yaml_1_1, read_yaml,
 from posttrain.components.spec.messages import SpecError, cut
 from posttrain.components.spec.overrides import apply_overrides
 from posttrain.components.spec.schema import Spec, runs_vllm_server
-from posttrain.components.spec.shipped import spec_file
+from posttrain.components.spec.shipped import spec_file, template_file
 
 ALGORITHM = "chain"
 # set in each stage's processes: the stage's name (its closing line is the chain's; fault injection can aim at it)
@@ -220,13 +220,15 @@ def _stage_raw(written: Any, base: Path, where: str) -> Dict[str, Any]:
         return written
     if not isinstance(path, str):
         raise SpecError([f"{where}.spec: expected the path of a spec file; got {cut(repr(path))}"])
-    return _merged(read_yaml(_stage_file(base, path), where=f"{where}.spec"), written)
+    return _merged(read_yaml(stage_file(base, path), where=f"{where}.spec"), written)
 
 
-def _stage_file(base: Path, path: str) -> str:
-    """A stage's spec file: relative to the chain's file, else a shipped template by its name (``sft/tiny``)."""
-    beside, named = base / path, spec_file(path)
-    return named if not beside.exists() and named != path else str(beside)
+def stage_file(base: Path, path: str) -> str:
+    """A stage's spec file: relative to the chain's file (in ``base``), else a shipped template by its name
+    (``sft/tiny``)."""
+    beside = base / path
+    template = None if beside.is_file() else template_file(path)
+    return str(beside) if template is None else str(template)
 
 
 def _merged(file: Dict[str, Any], changes: Mapping[str, Any]) -> Dict[str, Any]:

@@ -28,7 +28,7 @@ from posttrain.components.spec.messages import (
 from posttrain.components.spec.overrides import apply_overrides
 from posttrain.components.spec.registry import SPEC_CLASSES
 from posttrain.components.spec.schema import Spec
-from posttrain.components.spec.shipped import is_shipped, shipped_paths, spec_file
+from posttrain.components.spec.shipped import SHIPPED_PREFIX, is_shipped, shipped_paths, spec_file, template_file
 from posttrain.components.spec.values import (
     combination_problems,
     finite_problems,
@@ -60,10 +60,7 @@ def read_yaml(path: str, where: str = "--spec") -> Dict[str, Any]:
     try:
         text = Path(path).read_text()
     except FileNotFoundError:
-        # --spec takes a template's name too (sft/tiny)
-        named = where == "--spec" and not path.endswith((".yaml", ".yml"))
-        nor = ", nor a template's name (python -m posttrain.components.tools.templates lists them)" if named else ""
-        raise SpecError([f"{where}: no such file: {path}{nor}"]) from None
+        raise SpecError([f"{where}: no such file: {path}{_template_hint(path) if where == '--spec' else ''}"]) from None
     except OSError as e:
         raise SpecError([f"{where}: cannot read {path}: {e.strerror}"]) from None
     try:
@@ -78,6 +75,17 @@ def read_yaml(path: str, where: str = "--spec") -> Dict[str, Any]:
     if not isinstance(raw, dict):
         raise SpecError([f"{where}: {path} must hold a mapping of sections (model, data, training, ...)"])
     return shipped_paths(raw) if is_shipped(path) else raw
+
+
+def _template_hint(path: str) -> str:
+    """--spec takes a template's name too: the name of the template a checkout's path names (an installed
+    posttrain has no templates/ where the user runs), or where the names are listed."""
+    name = path.removeprefix(SHIPPED_PREFIX).removesuffix(".yaml")
+    if name != path and template_file(name) is not None:
+        return f"; the shipped template of that path is --spec {name}"
+    if path.endswith((".yaml", ".yml")):
+        return ""
+    return ", nor a template's name (python -m posttrain.components.tools.templates lists them)"
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

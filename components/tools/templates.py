@@ -23,7 +23,8 @@ from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 import yaml
 
-from posttrain.components.spec.shipped import TEMPLATES_DIR, path_from, shipped_file, spec_file
+from posttrain.components.spec.chain import stage_file
+from posttrain.components.spec.shipped import TEMPLATES_DIR, installed, shipped_file, template_file
 
 COMMAND_PREFIX = "# torchx run"
 
@@ -127,52 +128,45 @@ def copy(name: str, destination: str) -> Tuple[Path, List[str]]:
     files it uses where they are installed (a chain's stage specs by their names); returns the copy's path and
     those files, as the copy names them. Raises ValueError with one line where there is no such template or the
     copy would replace a file."""
-    source = Path(spec_file(name))
-    if not source.resolve().is_relative_to(TEMPLATES_DIR) or source.suffix != ".yaml":
+    source = template_file(name)
+    if source is None:
         raise ValueError(f"no template {name!r}; the list (run with no arguments) names them: sft/tiny, dpo/tiny, ...")
     target = Path(destination)
     if target.is_dir():
         target = target / source.name
     if target.exists():
         raise ValueError(f"{target} exists; name another file, or remove it first")
+    if not target.parent.is_dir():
+        raise ValueError(f"{target}: no folder {target.parent}; make it first")
     text = source.read_text()
     named = []
-    for written, shipped in _shipped_files(source, yaml.safe_load(text)):
-        there = _name(shipped) or path_from(target.parent, shipped)
+    for written, there in _shipped_files(source, yaml.safe_load(text)):
         # as a whole value (or a comment's mention of it), never inside a longer path
-        text = re.sub(rf"(?<![\w./-]){re.escape(written)}(?![\w./-])", there, text)
+        text = re.sub(rf"(?<![\w./-]){re.escape(written)}(?![\w./-])", lambda _: there, text)
         named.append(there)
-    text = _spec_option(TEMPLATES_DIR, source).sub(f"--spec {target}", text)
-    text = re.sub(
-        r"\$schema=(\S+)", lambda m: f"$schema={path_from(target.parent, source.parent / m[1])}", text, count=1
-    )
+    text = _spec_option(TEMPLATES_DIR, source).sub(lambda _: f"--spec {target}", text)
+    text = re.sub(r"\$schema=(\S+)", lambda m: f"$schema={(source.parent / m[1]).resolve()}", text, count=1)
     target.write_text(text)
     return target, list(dict.fromkeys(named))
 
 
-def _shipped_files(source: Path, raw: Any) -> Iterator[Tuple[str, Path]]:
-    """Each path the template writes to a shipped file, and that file: its data (``templates/data/...``), and a
-    chain's stage specs (relative to the chain's file)."""
+def _shipped_files(source: Path, raw: Any) -> Iterator[Tuple[str, str]]:
+    """Each path the template writes to a shipped file, and how the copy names that file: its data
+    (``templates/data/...``: ``installed``) and a chain's stage specs (relative to the chain's file: by name)."""
     if isinstance(raw, dict):
         for key, value in raw.items():
             # a chain's stage
             if key == "spec" and isinstance(value, str):
-                yield value, source.parent / value
+                stage = Path(stage_file(source.parent, value)).resolve()
+                shipped = stage.is_relative_to(TEMPLATES_DIR) and stage.parent.parent == TEMPLATES_DIR
+                yield value, stage.relative_to(TEMPLATES_DIR).with_suffix("").as_posix() if shipped else str(stage)
             else:
                 yield from _shipped_files(source, value)
     elif isinstance(raw, list):
         for value in raw:
             yield from _shipped_files(source, value)
     elif shipped_file(raw) is not None:
-        yield raw, shipped_file(raw)
-
-
-def _name(path: Path) -> Optional[str]:
-    """A shipped template's name (``sft/tiny``), which a chain's stage takes as ``spec:``; None for other files."""
-    path = path.resolve()
-    if path.suffix != ".yaml" or path.parent.parent != TEMPLATES_DIR:
-        return None
-    return path.relative_to(TEMPLATES_DIR).with_suffix("").as_posix()
+        yield raw, installed(raw)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

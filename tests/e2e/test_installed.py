@@ -119,16 +119,16 @@ def test_an_installed_posttrain_runs_lists_and_copies_its_templates(python: Path
     assert "torchx run -s local_cwd posttrain.sft --spec sft/tiny  " in rows["sft/tiny"]
 
     copied = in_empty_directory(
-        python, ["-m", "posttrain.components.tools.templates", "cp", "sft/tiny", "mine.yaml"], work
+        python, ["-m", "posttrain.components.tools.templates", "cp", "sft/tiny", "my-sft.yaml"], work
     )
     assert copied.returncode == 0, copied.stderr
-    assert copied.stdout.splitlines()[0] == "copied sft/tiny to mine.yaml"
-    text = (work / "mine.yaml").read_text()
-    assert "# torchx run -s local_cwd posttrain.sft --spec mine.yaml\n" in text
-    edited = text.replace("outputs/sft-tiny", "outputs/mine").replace("max_steps: 40", "max_steps: 12")
-    (work / "mine.yaml").write_text(edited)
-    mine = torchx_run(python, "sft", "mine.yaml", work)
+    assert copied.stdout.splitlines()[0] == "copied sft/tiny to my-sft.yaml"
+    text = (work / "my-sft.yaml").read_text()
+    assert "# torchx run -s local_cwd posttrain.sft --spec my-sft.yaml\n" in text
+    edited = text.replace("outputs/sft-tiny", "outputs/my-sft").replace("max_steps: 40", "max_steps: 12")
+    (work / "my-sft.yaml").write_text(edited)
+    mine = torchx_run(python, "sft", "my-sft.yaml", work)
     assert_succeeded(mine)
     assert "shipped template" not in mine.stderr
-    first, last = ends(work / "outputs/mine", "loss")
-    assert last < first and len(read_json(work / "outputs/mine/trainer_state.json")["log_history"]) >= 12
+    first, last = ends(work / "outputs/my-sft", "loss")
+    assert last < first and len(read_json(work / "outputs/my-sft/trainer_state.json")["log_history"]) >= 12

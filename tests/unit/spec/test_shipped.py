@@ -40,12 +40,20 @@ def test_a_name_is_a_shipped_template_where_no_such_path_is_here(
     (tmp_path / "sft/tiny").write_text("algorithm: sft\n")
     assert spec_file("sft/tiny") == "sft/tiny"
     assert spec_file("dpo/tiny.yaml") == "dpo/tiny.yaml"
+    # a folder is no spec (a run's output_dir of that name), nor is anything but <algorithm>/<name>
+    (tmp_path / "dpo/tiny").mkdir(parents=True)
+    assert spec_file("dpo/tiny") == str(TEMPLATES / "dpo/tiny.yaml")
+    for other in (str(TEMPLATES / "sft/tiny"), "eval/tasks/answer_form", "../templates/sft/tiny", "sft"):
+        assert spec_file(other) == other
     with pytest.raises(SpecError) as error:
         load_spec("sft/tny")
     assert str(error.value) == (
         "--spec: no such file: sft/tny, nor a template's name (python -m posttrain.components.tools.templates lists "
         "them)"
     )
+    # a checkout's path to a template, where there is no checkout
+    with pytest.raises(SpecError, match=r"^--spec: no such file: templates/sft/tiny.yaml; the shipped template of "):
+        load_spec("templates/sft/tiny.yaml")
 
 
 def test_a_shipped_template_names_the_installed_files_from_anywhere(
@@ -69,6 +77,9 @@ def test_a_shipped_template_names_the_installed_files_from_anywhere(
     assert stages["lamp"].data.train.path == str(TEMPLATES / "data/lamp_requests.jsonl")
     assert load_chain("chain/rlhf-tiny").stages[0].spec.data.train.path == str(TEMPLATES / "data/sft_chat.jsonl")
     assert load_eval("eval/benchmarks-tiny").benchmarks.include_path == str(TEMPLATES / "eval/tasks")
+    # from the folder that holds the checkout (a project with its .venv, say): full paths, never ones through it
+    monkeypatch.chdir(REPO.parent)
+    assert load_spec("sft/tiny").data.train.path == str(TEMPLATES / "data/sft_chat.jsonl")
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -99,11 +110,14 @@ def test_a_chain_copied_names_its_stages_templates(tmp_path: Path, monkeypatch: 
         (TEMPLATES / "sft/tiny.yaml").read_text().replace("max_steps: 40", "max_steps: 3")
     )
     assert load_chain("chain.yaml").stages[0].spec.training["max_steps"] == 3
-    with pytest.raises(SpecError, match=r"^stages.sft.spec: no such file: sft/tny$"):
-        (tmp_path / "typo.yaml").write_text(
-            "algorithm: chain\noutput_dir: outputs/typo\nstages: {sft: {spec: sft/tny}}\n"
-        )
-        load_chain("typo.yaml")
+    # beside the chain's file, wherever the command runs
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert load_chain("../chain.yaml").stages[0].spec.training["max_steps"] == 3
+    assert load_chain("../chain.yaml").stages[2].spec.data.train.path == str(TEMPLATES / "data/preference.jsonl")
+    (tmp_path / "typo.yaml").write_text("algorithm: chain\noutput_dir: outputs/typo\nstages: {sft: {spec: sft/tny}}\n")
+    with pytest.raises(SpecError, match=r"^stages.sft.spec: no such file: ../sft/tny$"):
+        load_chain("../typo.yaml")
 
 
 def test_a_copy_goes_in_a_folder_and_replaces_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -120,7 +134,12 @@ def test_a_copy_goes_in_a_folder_and_replaces_nothing(tmp_path: Path, monkeypatc
     (tmp_path / "mine/tiny.yaml").rename(tmp_path / "own.yaml")
     with pytest.raises(ValueError, match=r"^no template 'own.yaml'"):
         templates.copy("own.yaml", "x.yaml")
-    # the copy names them from its own folder, not from where the command ran
+    with pytest.raises(ValueError, match=r"^nowhere/x.yaml: no folder nowhere; make it first$"):
+        templates.copy("sft/tiny", "nowhere/x.yaml")
+    # a task file beside the templates is none
+    with pytest.raises(ValueError, match=r"^no template 'eval/tasks/answer_form'"):
+        templates.copy("eval/tasks/answer_form", "x.yaml")
+    # the copy names them as a job run from where it was made finds them: from a checkout's root, as written
     monkeypatch.chdir(REPO)
     target, named = templates.copy("sft/tiny", str(tmp_path / "there.yaml"))
-    assert named == [str(TEMPLATES / "data/sft_chat.jsonl")]
+    assert named == ["templates/data/sft_chat.jsonl"]
