@@ -158,7 +158,7 @@ def _shipped_files(source: Path, raw: Any) -> Iterator[Tuple[str, str]]:
             # a chain's stage
             if key == "spec" and isinstance(value, str):
                 stage = Path(stage_file(source.parent, value)).resolve()
-                shipped = stage.is_relative_to(TEMPLATES_DIR) and stage.parent.parent == TEMPLATES_DIR
+                shipped = stage.parent.parent == TEMPLATES_DIR
                 yield value, stage.relative_to(TEMPLATES_DIR).with_suffix("").as_posix() if shipped else str(stage)
             else:
                 yield from _shipped_files(source, value)
