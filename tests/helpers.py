@@ -83,9 +83,11 @@ def torchx(args: Sequence[str], tmp_root: Path, timeout: float = 600, **env: str
     )
 
 
-def start_training(args: Sequence[str], tmp_root: Path, log_path: Path, steps: int) -> subprocess.Popen:
+def start_training(
+    args: Sequence[str], tmp_root: Path, log_path: Path, steps: int, within: float = 120
+) -> subprocess.Popen:
     """Starts ``torchx ARGS`` in a session of its own, its output in ``log_path``; returns once rank 0 has logged
-    ``steps`` steps (or two minutes passed)."""
+    ``steps`` steps (or ``within`` seconds passed)."""
     with log_path.open("w") as log:
         client = subprocess.Popen(
             [str(Path(sys.executable).parent / "torchx"), *args],
@@ -95,7 +97,7 @@ def start_training(args: Sequence[str], tmp_root: Path, log_path: Path, steps: i
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    deadline = time.time() + 120
+    deadline = time.time() + within
     while log_path.read_text().count("posttrain[0] INFO step ") < steps and time.time() < deadline:
         time.sleep(0.5)
     return client

@@ -77,6 +77,16 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "distributed": "How the job is sharded (DDP by default; DeepSpeed or FSDP) and its collectives' timeout.",
         "evaluate": "Evaluate the trained model in the same job once it is saved, as posttrain.eval would (docs: "
         "Evaluating): into <output_dir>/eval, the results in run_summary.json and the closing line.",
+        "generation": "How the trainers and the job's vllm role take turns (training.vllm_mode: server): in "
+        "lockstep, or the role generating ahead of training (docs: Generating with vLLM).",
+    },
+    "TrainingGeneration": {
+        "max_lag": "How many policy versions (optimizer steps) the samples trained on may lag: the role generates "
+        "that far ahead of training (GRPO on CPU, for now); 0 is lockstep.",
+        "weight_sync_steps": "With max_lag above 0: optimizer steps between two pushes of the weights to the role, "
+        "at most max_lag + 1.",
+        "weight_sync_timeout_s": "How long a push of the weights to the role, or its silence on /health while the "
+        "trainers wait for samples, may last before the job ends in one line.",
     },
     "EvalSpec": {
         **_EVALUATION_NOTES,

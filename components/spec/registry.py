@@ -144,9 +144,19 @@ class GRPOSpec(_GroupSpec):
     environment: Union[EnvironmentSource, Dict[str, EnvironmentSource], None] = None
     config_class: ClassVar[str] = "trl:GRPOConfig"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PROMPT_FORMATS
+    corrects_stale_samples: ClassVar[bool] = True
 
     def scored_elsewhere(self) -> bool:
         return self.environment is not None
+
+    def run_ahead_problems(self) -> List[str]:
+        found = super().run_ahead_problems()
+        if self.tools or self.environment is not None:
+            found.append(
+                f"generation.max_lag: {self.generation.max_lag}: tool calls and environments run between the "
+                "role's turns, in lockstep; use max_lag: 0 with tools or an environment"
+            )
+        return found
 
     def problems(self, world_size: Optional[int]) -> List[str]:
         found = super().problems(world_size)

@@ -221,6 +221,45 @@ class GenerationSpec(_Strict):
         return found
 
 
+class TrainingGeneration(_Strict):
+    """How the trainers and the ``vllm`` role take turns: lockstep (``max_lag: 0``, TRL's own: the trainers push
+    their weights, then wait for the samples), or the role generating the next batches while the trainers train,
+    its samples at most ``max_lag`` policy versions (optimizer steps) old (entrypoints/generation/run_ahead.py)."""
+
+    max_lag: int = 0
+    # with max_lag above 0: optimizer steps between two pushes of the weights to the role
+    weight_sync_steps: int = 1
+    # how long one push of the weights may take before the job ends, in one line
+    weight_sync_timeout_s: float = 600.0
+
+    @property
+    def runs_ahead(self) -> bool:
+        return self.max_lag > 0
+
+    def problems(self) -> List[str]:
+        found = []
+        if self.max_lag < 0:
+            found.append(f"generation.max_lag: expected 0 (lockstep) or more; got {self.max_lag}")
+        if self.weight_sync_timeout_s <= 0:
+            found.append(
+                f"generation.weight_sync_timeout_s: expected seconds above 0; got {self.weight_sync_timeout_s:g}"
+            )
+        if self.weight_sync_steps < 1:
+            found.append(f"generation.weight_sync_steps: expected 1 or more; got {self.weight_sync_steps}")
+        elif self.max_lag == 0 and self.weight_sync_steps != 1:
+            found.append(
+                f"generation.weight_sync_steps: {self.weight_sync_steps} with max_lag: 0 (lockstep), which pushes "
+                "the weights before every generation; drop it, or let samples lag (max_lag: "
+                f"{self.weight_sync_steps - 1} or more)"
+            )
+        elif self.max_lag > 0 and self.weight_sync_steps > self.max_lag + 1:
+            found.append(
+                f"generation.weight_sync_steps: {self.weight_sync_steps} steps between pushes would leave samples "
+                f"older than max_lag: {self.max_lag} allows; use at most {self.max_lag + 1}, or raise max_lag"
+            )
+        return found
+
+
 class BenchmarksSpec(_Strict):
     """Standard benchmarks, run on each model by EleutherAI's lm-evaluation-harness (``pip install
     'posttrain[lm-eval]'``) with the harness's own task definitions, or the user's (``include_path``)."""
@@ -784,10 +823,46 @@ class _GroupSpec(_OnlineSpec):
     fast_paths: ClassVar[Tuple[str, ...]] = ("padding_free",)
     generates_with_sdpa: ClassVar[bool] = True
 
+    generation: TrainingGeneration = TrainingGeneration()
+    # its trainer keeps vLLM's log-probs, which correct samples of an older policy (generation.max_lag)
+    corrects_stale_samples: ClassVar[bool] = False
+
     @property
     def keeps_only_prompts(self) -> bool:
         return config_value(self.config_class, self.training, "remove_unused_columns") is True
 
     def problems(self, world_size: Optional[int]) -> List[str]:
-        found = super().problems(world_size)
+        found = super().problems(world_size) + self.generation.problems()
+        if self.generation.runs_ahead:
+            found += self.run_ahead_problems()
         return found + generation_batch_problems(self.training, self.config_class, world_size or 1)
+
+    def run_ahead_problems(self) -> List[str]:
+        """What keeps the vllm role from generating ahead of training (``generation.max_lag`` above 0)."""
+        lag = f"generation.max_lag: {self.generation.max_lag}"
+        if not self.corrects_stale_samples:
+            return [
+                f"{lag}: {self.name()}'s trainer drops vLLM's log-probs, so samples of an older policy cannot be "
+                "corrected; use max_lag: 0, or posttrain.grpo"
+            ]
+        if not self.training.get("use_vllm") or self.training.get("vllm_mode", "colocate") != "server":
+            return [
+                f"{lag}: the role that generates ahead is a vLLM server: set training.use_vllm: true and vllm_mode: server"
+            ]
+        found = []
+        if config_value(self.config_class, self.training, "vllm_importance_sampling_correction") is False:
+            found.append(
+                "training.vllm_importance_sampling_correction: false leaves samples of an older policy uncorrected; "
+                f"drop it with {lag}"
+            )
+        iterations = config_value(self.config_class, self.training, "num_iterations")
+        if iterations != 1:
+            found.append(
+                f"training.num_iterations: {iterations} passes over each batch; with {lag} a batch is trained on once"
+            )
+        if self.data.eval is not None:
+            found.append(
+                f"data.eval: evaluation during training generates in lockstep; with {lag} drop it, or evaluate the "
+                "trained model (evaluate:)"
+            )
+        return found

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Type
 
 from posttrain.components.spec.messages import SpecError, first_line
-from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, ModelSpec, Spec
+from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, ModelSpec, Spec, TrainingGeneration
 from posttrain.entrypoints.generation import role_lease, vllm_token
 from posttrain.entrypoints.inputs.models import CAUSAL_LM, ModelLoading, load_model, load_tokenizer
 
@@ -111,12 +111,25 @@ def training_dtype(training: Mapping[str, Any], model: ModelSpec, checkpoint_dty
     return str(checkpoint_dtype or "float32").removeprefix("torch.")
 
 
-def prepare(algorithm: Type[Spec], model: ModelSpec, training: Mapping[str, Any], on_cpu: bool) -> Dict[str, Any]:
-    """Checks the vLLM settings against the hardware, then adapts TRL's vLLM set-up for this job (see above).
+def prepare(
+    algorithm: Type[Spec],
+    model: ModelSpec,
+    training: Mapping[str, Any],
+    on_cpu: bool,
+    generation: Optional[TrainingGeneration] = None,
+) -> Dict[str, Any]:
+    """Checks the vLLM settings against the hardware, then adapts TRL's vLLM set-up for this job (see above);
+    ``generation`` is the spec's (GRPO's and RLOO's): the weight sync's timeout, and whether the role runs ahead.
 
     Returns the TRL config's keyword arguments the job sets: the ``vllm`` role's host, if it has one.
     """
+    generation = generation or TrainingGeneration()
     problems = config_problems(algorithm, training, on_cpu)
+    if generation.runs_ahead and not on_cpu:
+        problems.append(
+            f"generation.max_lag: {generation.max_lag}: generating ahead of training pushes the weights through the "
+            "role's reload, on CPU; on GPUs posttrain syncs in lockstep for now (max_lag: 0)"
+        )
     if problems:
         raise SpecError(problems)
     import importlib
@@ -137,7 +150,7 @@ def prepare(algorithm: Type[Spec], model: ModelSpec, training: Mapping[str, Any]
     client = vllm_client.VLLMClient
     client.check_server = _role_health_check(_unwrapped(client.check_server))
     if on_cpu:
-        _write_and_reload(client, Path(training["output_dir"]))
+        _write_and_reload(client, Path(training["output_dir"]), generation.weight_sync_timeout_s)
     host = os.environ.get(VLLM_HOST_VARIABLE)
     # an earlier prepare's, in this process
     if isinstance(vars(client).get("session"), TokenSession):
@@ -353,7 +366,7 @@ class TokenSession:
         return request
 
 
-def _write_and_reload(client_class: Any, output_dir: Path) -> None:
+def _write_and_reload(client_class: Any, output_dir: Path, timeout_s: float) -> None:
     """On CPU, TRL's ``VLLMClient`` hands the weights over as a safetensors file the server reloads from.
 
     TRL calls ``update_named_params`` inside ``weight_update()`` (start, tensors, finish) or alone; the
@@ -377,30 +390,63 @@ def _write_and_reload(client_class: Any, output_dir: Path) -> None:
             finish(self)
 
     def finish(self: Any) -> None:
-        from safetensors.torch import save_file
-
-        folder = tempfile.mkdtemp(prefix=".vllm-weights-", dir=output_dir)
         try:
-            save_file(self._tensors, f"{folder}/model.safetensors", metadata={"format": "pt"})
-            request = {"method": "reload_checkpoint", "kwargs": {"weights_path": folder}}
-            try:
-                self._post(f"{self.base_url}/collective_rpc", json=request)
-            except Exception as error:  # noqa: BLE001 -- TRL's client raises a bare Exception for a failed request
-                raise SpecError(
-                    [
-                        f"vllm role: the server at {self.base_url} could not reload the weights from "
-                        f"{folder} ({first_line(error)}); it reads them from training.output_dir, which it "
-                        "must see (shared storage), and its log says more"
-                    ]
-                ) from None
+            reload_weights(self.session.auth, self.base_url, write_weights(self._tensors, output_dir), timeout_s)
         finally:
-            shutil.rmtree(folder, ignore_errors=True)
             self._tensors = {}
 
     client_class.init_communicator = init_communicator
     client_class._start_weight_update = start
     client_class.update_named_params = update_named_params
     client_class._finish_weight_update = finish
+
+
+def write_weights(tensors: Mapping[str, Any], output_dir: Path) -> str:
+    """``tensors`` as one safetensors file in a new directory under ``output_dir`` (which the server must see)."""
+    from safetensors.torch import save_file
+
+    folder = tempfile.mkdtemp(prefix=".vllm-weights-", dir=output_dir)
+    save_file(dict(tensors), f"{folder}/model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+def sync_overdue(base_url: str, what: str, timeout_s: float) -> SpecError:
+    """The one line of a weight sync the server did not finish in time."""
+    return SpecError(
+        [
+            f"vllm role: the server at {base_url} did not take {what} within {timeout_s:.0f} s "
+            "(generation.weight_sync_timeout_s); see its log"
+        ]
+    )
+
+
+def reload_weights(auth: Any, base_url: str, folder: str, timeout_s: float, what: str = "the weights") -> None:
+    """The server's workers reload ``what`` from ``folder`` (``vllm_server.CheckpointReload``), which is removed
+    after; one ``vllm role:`` line if they fail, or do not answer within ``timeout_s``. Asked once: TRL's session
+    would retry a reload that timed out, five times."""
+    import requests
+
+    request = {"method": "reload_checkpoint", "kwargs": {"weights_path": folder}}
+    try:
+        answer = requests.post(f"{base_url}/collective_rpc", json=request, auth=auth, timeout=timeout_s)
+        if answer.status_code != 200:
+            raise SpecError(
+                [
+                    f"vllm role: the server at {base_url} could not reload {what} from {folder} (HTTP "
+                    f"{answer.status_code}: {first_line(answer.text)}); it reads them from training.output_dir, "
+                    "which it must see (shared storage), and its log says more"
+                ]
+            )
+    except requests.Timeout:
+        raise sync_overdue(base_url, what, timeout_s) from None
+    except requests.RequestException as error:
+        raise SpecError(
+            [
+                f"vllm role: the server at {base_url} did not answer the reload of {what} ({first_line(error)}); see its log"
+            ]
+        ) from None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def server_model(model: ModelSpec, training: Mapping[str, Any]) -> Tuple[str, str]:

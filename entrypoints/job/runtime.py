@@ -67,11 +67,18 @@ from posttrain.components.spec.evaluation import EvalSpec, of_training_run
 from posttrain.components.spec.fields import config_fields, config_value
 from posttrain.components.spec.loading import spec_from_json
 from posttrain.components.spec.messages import SpecError, first_line
-from posttrain.components.spec.schema import CHECKPOINTING_OPTIONS, EnvironmentSource, RewardSource, Spec, ToolSource
+from posttrain.components.spec.schema import (
+    CHECKPOINTING_OPTIONS,
+    EnvironmentSource,
+    RewardSource,
+    Spec,
+    ToolSource,
+    TrainingGeneration,
+)
 from posttrain.entrypoints.evaluation.run import Inputs as EvaluationInputs
 from posttrain.entrypoints.evaluation.run import check as check_evaluation
 from posttrain.entrypoints.evaluation.run import evaluate_run
-from posttrain.entrypoints.generation import role_lease, vllm_generation, vllm_token
+from posttrain.entrypoints.generation import role_lease, run_ahead, vllm_generation, vllm_token
 from posttrain.entrypoints.inputs.chat_templates import check_chat_template, check_reward_templates
 from posttrain.entrypoints.inputs.data import (
     check_kept_rows,
@@ -132,6 +139,8 @@ class Parts:
     environment: Union[EnvironmentSource, Dict[str, EnvironmentSource], None]
     # the evaluation of the saved model (evaluate:), or None
     evaluation: Optional[EvalSpec]
+    # how the trainers and the vllm role take turns (GRPO's and RLOO's generation:), or None
+    generation: Optional[TrainingGeneration]
 
 
 def parts(spec: Spec) -> Parts:
@@ -162,6 +171,7 @@ def parts(spec: Spec) -> Parts:
         tools=tuple(getattr(spec, "tools", ())),
         environment=getattr(spec, "environment", None),
         evaluation=of_training_run(spec) if spec.evaluate is not None else None,
+        generation=getattr(spec, "generation", None),
     )
 
 
@@ -197,6 +207,8 @@ class Job:
     tools: List[Callable[..., Any]]
     # what builds each rollout's environment (one factory, or several by name), or None
     environment_factory: Union[None, Callable[[], Any], Dict[str, Callable[[], Any]]]
+    # how the trainers and the vllm role take turns, or None (Parts.generation)
+    generation: Optional[TrainingGeneration] = None
 
     def load_model(self) -> Any:
         """The model to train: ``model.name_or_path`` with the algorithm's ``model_class``, quantized where
@@ -289,6 +301,9 @@ def built_trainer(job: Job, build_trainer: Callable[[Job], Any]) -> Any:
     trainer = build_trainer(job)
     if job.fast_paths.rl_passes:
         fast_paths.switch_passes_to_padding_free(trainer)
+    args = getattr(trainer, "args", None)
+    if job.generation is not None and getattr(args, "use_vllm", False) and args.vllm_mode == "server":
+        run_ahead.install(trainer, job.generation)
     return trainer
 
 
@@ -371,6 +386,7 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
             reward_weights=[reward.weight for reward in split.rewards],
             tools=inputs.tools,
             environment_factory=inputs.environment_factory,
+            generation=split.generation,
         )
         trainer = built_trainer(job, build)
         # a generating trainer's prompts are not prepared
@@ -387,7 +403,12 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
         # launcher.py
         kept = f"; logs kept in {os.environ[KEPT_LOGS]}" if os.environ.get(KEPT_LOGS) else ""
         log.info(
-            "training %s on %d process(es); resume from %s%s", algorithm, world_size, resume_from or "scratch", kept
+            "training %s on %d process(es); resume from %s%s%s",
+            algorithm,
+            world_size,
+            resume_from or "scratch",
+            _turns(args, split.generation),
+            kept,
         )
         result = trainer.train(resume_from_checkpoint=resume_from)
         if preemption.stopped:
@@ -433,6 +454,17 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
             evaluate_run(split.evaluation, output_dir, line, inputs.evaluation)
         elif distributed.is_rank0():
             say_closing(line)
+
+
+def _turns(args: Any, generation: Optional[TrainingGeneration]) -> str:
+    """How generation takes turns with training, for the job's first line: where vLLM generates."""
+    if not getattr(args, "use_vllm", False):
+        return ""
+    if generation is not None and generation.runs_ahead:
+        return (
+            f"; vLLM ({args.vllm_mode}) generates ahead of training, samples at most {generation.max_lag} step(s) old"
+        )
+    return f"; vLLM ({args.vllm_mode}) generates in lockstep with training"
 
 
 def _check_inputs(spec: Spec, split: Parts, world_size: int, reward_check: RewardCheck) -> Optional[_Inputs]:
@@ -638,5 +670,7 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
         if importlib.util.find_spec("vllm") is None:
             raise SpecError(["training.use_vllm: vLLM is not installed in the job's environment (pip install vllm)"])
         # checks, then adapts TRL's
-        kwargs.update(vllm_generation.prepare(type(spec), spec.model, kwargs, on_cpu))
+        kwargs.update(
+            vllm_generation.prepare(type(spec), spec.model, kwargs, on_cpu, getattr(spec, "generation", None))
+        )
     return kwargs

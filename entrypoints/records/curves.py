@@ -35,6 +35,9 @@ PLOTTED = (
     # GRPO with tools: how often the model calls them, and how often a call fails
     "tools/call_frequency",
     "tools/failure_frequency",
+    # with the vllm role: how old the samples trained on were, and how long the trainers waited for them
+    "generation/staleness_max",
+    "generation/trainer_wait_s",
     "learning_rate",
 )
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from posttrain.components.spec.chain import STAGE_ENV
-from posttrain.entrypoints.generation import vllm_generation
+from posttrain.entrypoints.generation import run_ahead, vllm_generation
 from posttrain.entrypoints.job.callbacks import TokenCounter
 from posttrain.entrypoints.job.distributed import backend_for, world_size
 
@@ -108,11 +108,14 @@ def generation(trainer: Any) -> Dict[str, Any]:
     # GRPO's and RLOO's; online DPO generates in its own way
     counted = getattr(trainer, "vllm_generation", None)
     seconds = getattr(counted, vllm_generation.SECONDS, 0.0)
+    turns = run_ahead.of(trainer)
     return {
         "engine": "vllm",
         "mode": args.vllm_mode,
         "weight_sync": vllm_generation.weight_sync(args.vllm_mode, on_cpu=args.use_cpu),
         "tokens_per_s": getattr(counted, vllm_generation.TOKENS, 0) / seconds if seconds > 0 else None,
+        # how the trainers and the vllm role took turns (server mode)
+        "turns": turns.summary() if turns is not None else None,
     }
 
 

@@ -32,8 +32,10 @@ from helpers import (
     job_env,
     job_of,
     load_template,
+    log_history,
     read_json,
     run_template,
+    start_training,
     torchx,
 )
 from posttrain.components.spec.loading import validate
@@ -305,7 +307,8 @@ def server_logprobs(port: int, model: str, ids) -> torch.Tensor:
 def test_grpo_with_a_vllm_server_role_raises_the_reward_and_ends_with_training_while_strangers_knock(
     tmp_path: Path,
 ) -> None:
-    """The tiny server template through ``torchx run``, a stranger on the same host probing the role all along.
+    """The tiny server template through ``torchx run`` in lockstep (``generation.max_lag: 0``, the default, spelled
+    out), a stranger on the same host probing the role all along.
 
     Its ``done`` on the lease before the trainers come and its requests without the job's token change nothing
     (docs: Generating with vLLM, Security, shows these answers); on the host's network address nothing listens.
@@ -319,12 +322,16 @@ def test_grpo_with_a_vllm_server_role_raises_the_reward_and_ends_with_training_w
         output_dir,
         j="1x2",
         timeout=900,
-        overrides=[f"training.vllm_server_port={port}"],
+        overrides=[f"training.vllm_server_port={port}", "generation.max_lag=0"],
     )
     stranger.join(timeout=120)
     assert_succeeded(result)
     assert_learned_with_vllm(output_dir, "server", "safetensors_reload")
     logs = result.stdout + result.stderr
+    # max_lag: 0 is TRL's own lockstep, only timed
+    assert "vLLM (server) generates in lockstep with training" in logs
+    turns = read_json(output_dir / "run_summary.json")["generation"]["turns"]
+    assert turns["max_lag"] == 0 and turns["staleness_max"] == 0 and turns["trainer_wait_s"] > 0, turns
     assert "stopping vLLM's server: training ended" in logs
     assert not list(output_dir.glob(".vllm-weights-*"))
     assert stranger.answers.pop("the host's network address") in ("refused", "none")
@@ -340,6 +347,67 @@ def test_grpo_with_a_vllm_server_role_raises_the_reward_and_ends_with_training_w
     }, stranger.answers
     # each knock dropped at once where it came before the trainers (as here, usually), else when the role ended
     assert "posttrain vllm: a connection from 127.0.0.1 without the job's token: dropped" in logs
+
+
+def test_the_role_generating_ahead_learns_within_its_bound_stops_in_one_line_and_resumes(tmp_path: Path) -> None:
+    """The async tiny template through ``torchx run``: samples one step old are trained on, never older, and the
+    role generates while the trainers train. Its server stopped (SIGSTOP) after checkpoint-15, the push of the next
+    weights (or the wait for samples) ends the job with one line naming the role and the step within
+    generation.weight_sync_timeout_s, and the role, still stopped, is torn down without help. Run again, the job
+    resumes from checkpoint-15, generates again what was asked ahead of it (and counts it), and its reward rises by
+    the bar the lockstep template's does (the test before)."""
+    output_dir, port, log_path = tmp_path / "out", free_port(), tmp_path / "stopped.log"
+    overrides = [f"training.vllm_server_port={port}", "generation.weight_sync_timeout_s=15"]
+    args = ["run", "-s", "local_cwd", "posttrain.grpo", "--spec", "templates/grpo/tiny-vllm-async.yaml", "-j", "1x2"]
+    args += ["--rdzv_port", str(free_port()), f"training.output_dir={output_dir}", *overrides]
+    client = start_training(args, tmp_path, log_path, steps=16, within=600)
+    server = int(subprocess.check_output(["pgrep", "-f", f"vllm.entrypoints.openai.api_server .*--port {port}"]))
+    os.kill(server, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        while "posttrain: " not in log_path.read_text() and time.monotonic() - stopped < 120:
+            time.sleep(0.2)
+        said = time.monotonic() - stopped
+        client.wait(timeout=300)
+        ended = time.monotonic() - stopped
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server, signal.SIGCONT)
+    logs = log_path.read_text()
+    assert client.returncode != 0
+    assert "vLLM (server) generates ahead of training, samples at most 1 step(s) old" in logs
+    job, _, status = logs.partition("AppStatus:")
+    assert job.count("posttrain: ") == 1 and "posttrain: vllm role:" in status, logs[-4000:]
+    assert re.search(
+        rf"posttrain: vllm role: the server at http://127.0.0.1:{port} (did not take the weights of step \d+ within "
+        r"15 s|has not answered /health for 15 s while the trainers waited for the samples of step \d+) "
+        r"\(generation.weight_sync_timeout_s\); see its log",
+        job,
+    ), logs[-4000:]
+    assert not re.search(r"\[\d+\]:(\[rank\d+\]: )?Traceback", logs), logs[-4000:]
+    assert said < 15 + 10, said
+    # the role's teardown kills the server its SIGTERM cannot stop
+    assert ended < said + 90, ended
+    logged = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    staleness = [entry["generation/staleness_max"] for entry in logged if "generation/staleness_max" in entry]
+    assert len(staleness) >= 16 and set(staleness) <= {0.0, 1.0} and staleness.count(1.0) >= 10, staleness
+
+    resumed = run_template("grpo/tiny-vllm-async.yaml", tmp_path, output_dir, j="1x2", timeout=900, overrides=overrides)
+    assert_succeeded(resumed)
+    assert (
+        "resumed at step 15: the 1 batch(es) the vllm role had been asked for ahead of it are generated again, from "
+        "its weights" in resumed.stderr
+    )
+    assert_learned_with_vllm(output_dir, "server", "safetensors_reload")
+    turns = read_json(output_dir / "run_summary.json")["generation"]["turns"]
+    assert turns["max_lag"] == 1 and turns["staleness_max"] == 1 and turns["regenerated_on_resume"] == 1, turns
+    # the checkpoint's weights, then after every step but the last
+    assert turns["weight_syncs"] == 15, turns
+    # the role generated while the trainers trained (with max_lag 1 it waits for the weights of the step they train:
+    # 45% of its generating overlapped in a run on 2 cores)
+    assert turns["overlap_s"] > 0.2 * turns["generate_s"] > 0, turns
+    assert all(entry["generation/staleness_max"] <= 1 for entry in log_history(output_dir))
+    assert not list(output_dir.glob(".vllm-weights-*"))
 
 
 class Stranger:

@@ -1,7 +1,11 @@
 """vLLM's settings and the checks before vLLM starts: fast, without vLLM (the runs are in test_vllm.py, -m vllm)."""
 
+import http.server
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Optional
 
 import pytest
 import torch
@@ -115,20 +119,71 @@ def test_the_summary_says_how_completions_were_generated_without_vllm() -> None:
     }
 
 
+class Server(http.server.ThreadingHTTPServer):
+    """A server on a free port of this host that answers every POST as ``answer`` says (a status, or None: never)."""
+
+    def __init__(self, answer: Optional[int]) -> None:
+        answered = threading.Event()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                if answer is None:
+                    # a role that stopped answering: holds the request until the test ends
+                    answered.wait(30)
+                    return
+                body = b"reload_checkpoint: no such file"
+                self.send_response(answer)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+        self.daemon_threads = True
+        self.released = answered
+        self.url = f"http://127.0.0.1:{self.server_port}"
+        threading.Thread(target=self.serve_forever, daemon=True).start()
+
+    def __enter__(self) -> "Server":
+        return self
+
+    def __exit__(self, *args: object) -> None:
+        self.released.set()
+        self.shutdown()
+
+
 def test_a_weight_reload_the_server_cannot_do_is_one_line(tmp_path: Path) -> None:
     # on CPU the trainers write the weights under output_dir and the server reloads them: a server that does not
-    # see output_dir fails there, and TRL's client raises a bare Exception after its retries
-    class Client:
-        base_url, _updating_weights = "http://host:8000", False
+    # see output_dir fails there
+    with Server(500) as server:
 
-        def _post(self, url: str, json: dict) -> None:
-            raise Exception("Request failed: 500, reload_checkpoint: no such file")
+        class Client:
+            base_url, _updating_weights, session = server.url, False, SimpleNamespace(auth=None)
 
-    vllm_generation._write_and_reload(Client, tmp_path)
-    with pytest.raises(SpecError) as error:
-        Client().update_named_params(None, iter([("w", torch.zeros(2))]))
+        vllm_generation._write_and_reload(Client, tmp_path, timeout_s=10)
+        with pytest.raises(SpecError) as error:
+            Client().update_named_params(None, iter([("w", torch.zeros(2))]))
     message = str(error.value)
-    assert message.startswith(f"vllm role: the server at http://host:8000 could not reload the weights from {tmp_path}")
-    assert "(Request failed: 500, reload_checkpoint: no such file); it reads them from training.output_dir" in message
+    assert message.startswith(f"vllm role: the server at {server.url} could not reload the weights from {tmp_path}")
+    assert "(HTTP 500: reload_checkpoint: no such file); it reads them from training.output_dir" in message
     # the file written for it is gone
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_server_that_does_not_answer_a_reload_ends_it_in_one_line_within_its_timeout(tmp_path: Path) -> None:
+    with Server(None) as server:
+        folder = vllm_generation.write_weights({"w": torch.zeros(2)}, tmp_path)
+        started = time.monotonic()
+        with pytest.raises(SpecError) as error:
+            vllm_generation.reload_weights(None, server.url, folder, timeout_s=1.5, what="the weights of step 3")
+        waited = time.monotonic() - started
+    assert str(error.value) == (
+        f"vllm role: the server at {server.url} did not take the weights of step 3 within 2 s "
+        "(generation.weight_sync_timeout_s); see its log"
+    )
+    # asked once, not again as TRL's session would
+    assert waited < 5
     assert not list(tmp_path.iterdir())

@@ -111,7 +111,8 @@ def test_every_readme_command_is_run_or_listed() -> None:
 
 def test_readme_yaml_blocks_are_valid_spec_fragments() -> None:
     """A full spec validates (one of distributed.deepspeed/fsdp at a time: they exclude each other);
-    a ``rewards:`` block validates in every algorithm that takes rewards."""
+    a ``rewards:`` block validates in every algorithm that takes rewards, a ``generation:`` one in GRPO with its
+    vllm role."""
     from posttrain.components.spec.chain import validate_chain
     from posttrain.components.spec.evaluation import validate_eval
     from posttrain.components.spec.loading import validate
@@ -134,6 +135,10 @@ def test_readme_yaml_blocks_are_valid_spec_fragments() -> None:
         elif set(fragment) == {"data"}:
             # a data section: in the algorithm whose columns it holds
             spec = yaml.safe_load((REPO / "templates/sft/tiny.yaml").read_text())
+            validate({**spec, **fragment})
+        elif set(fragment) == {"generation"}:
+            # GRPO's turns with its vllm role
+            spec = yaml.safe_load((REPO / "templates/grpo/tiny-vllm-async.yaml").read_text())
             validate({**spec, **fragment})
         elif set(fragment) == {"rewards"}:
             for template in ("grpo/tiny.yaml", "rloo/tiny.yaml", "ppo/tiny.yaml"):

@@ -1,0 +1,504 @@
+"""How the trainers and the ``vllm`` role take turns: the role generating ahead of training (``generation.max_lag``
+above 0, TRL's ``GRPOTrainer``), or in lockstep, timed.
+
+In lockstep (TRL's own, ``max_lag: 0``) the trainers push their weights to the role, then wait while it
+generates; the role waits while they train. Here rank 0 keeps two threads beside training:
+
+- the *generator* sends the role, in order, the prompts of the next ``max_lag`` optimizer steps as soon as the
+  trainers' data loader hands them out (:meth:`RunAhead.get_batch_samples` reads it ahead). It starts the batch of
+  step ``s`` only once the role holds the weights of step ``s - max_lag`` or later: no sample is staler than the
+  bound. Nothing is asked for past ``max_steps``: the trainers, not the role, decide when training ends;
+- the *pusher* puts the weights into the role every ``weight_sync_steps`` steps, in flight: vLLM's
+  ``/pause?mode=keep`` freezes the requests it is running (none is aborted, none dropped), the role reloads
+  (``vllm_generation.reload_weights``), ``/resume`` lets them go on. A completion may so span two policies; its
+  version is the one its batch started with, the older.
+
+The trainers only copy their weights to host memory when they push. Every batch carries its version; TRL's
+importance-sampling correction (``vllm_importance_sampling_*``) weighs each sample by the trainer's and the
+sampler's log-probabilities. A push that does not finish within ``weight_sync_timeout_s``, a role that leaves
+``/health`` unanswered as long while the trainers wait, or a role that exits, ends the job in one line naming the
+role and the step. What was generated ahead is not saved with a checkpoint (its count is, in
+``trainer_state.json``): a resumed run pushes the checkpoint's weights first, generates those batches again from
+them, and its summary says how many.
+
+In lockstep, :class:`Lockstep` only times the trainers' wait, so that ``metrics.jsonl`` compares the two.
+CPU only for now: GPUs' pushes are TRL's NCCL ones, which ``prepare`` keeps in lockstep.
+"""
+
+import collections
+import copy
+import dataclasses
+import logging
+import threading
+import time
+import types
+from pathlib import Path
+from typing import Any, Deque, Dict, List, Optional, Tuple
+
+import requests
+from accelerate.utils import broadcast_object_list, gather_object
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
+
+from posttrain.components.spec.messages import SpecError, first_line
+from posttrain.components.spec.schema import TrainingGeneration
+from posttrain.entrypoints.generation import role_lease
+from posttrain.entrypoints.generation.vllm_generation import (
+    SECONDS,
+    TOKENS,
+    reload_weights,
+    sync_overdue,
+    write_weights,
+)
+
+log = logging.getLogger("posttrain")
+
+# how often the trainer, waiting for samples, looks at the threads
+WAIT_POLL_S = 0.05
+
+
+@dataclasses.dataclass
+class _Batch:
+    """One generation batch on its way: the unique prompts of optimizer step ``step``, and what the role made."""
+
+    step: int
+    prompts: List[List[int]]
+    output: Optional[Dict[str, Any]] = None
+    # the policy version (optimizer step) of the weights the role held when it started the batch
+    version: int = -1
+    # when the role started and ended it (time.monotonic)
+    started: float = 0.0
+    ended: float = 0.0
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+
+@dataclasses.dataclass
+class Counts:
+    """What ``metrics.jsonl`` logs per logging step and ``run_summary.json`` totals (rank 0's)."""
+
+    staleness: List[int] = dataclasses.field(default_factory=list)
+    trainer_wait_s: float = 0.0
+    role_wait_s: float = 0.0
+    weight_sync_s: float = 0.0
+    weight_syncs: int = 0
+    # the role's generation, and how much of it ran while the trainers trained, not waiting for it
+    generate_s: float = 0.0
+    overlap_s: float = 0.0
+
+    def add(self, **amounts: float) -> None:
+        for name, amount in amounts.items():
+            setattr(self, name, getattr(self, name) + amount)
+
+
+class Turns(TrainerCallback):
+    """How the trainers and the role took turns: what both modes log and summarise."""
+
+    def __init__(self, trainer: Any, schedule: TrainingGeneration) -> None:
+        self.trainer = trainer
+        self.schedule = schedule
+        self.main = trainer.accelerator.is_main_process
+        self.changed = threading.Condition()
+        self.interval, self.total = Counts(), Counts()
+
+    def count(self, staleness: Optional[int] = None, **amounts: float) -> None:
+        with self.changed:
+            for counts in (self.interval, self.total):
+                counts.add(**amounts)
+                if staleness is not None:
+                    counts.staleness.append(staleness)
+
+    def log(self, logs: Dict[str, float]) -> Dict[str, float]:
+        """The metrics since the last log, added to a training log: per generation, and per push of the weights."""
+        with self.changed:
+            counts, self.interval = self.interval, Counts()
+        if not counts.staleness:
+            return logs
+        generations = len(counts.staleness)
+        logs = {
+            **logs,
+            "generation/staleness_mean": sum(counts.staleness) / generations,
+            "generation/staleness_max": float(max(counts.staleness)),
+            "generation/trainer_wait_s": counts.trainer_wait_s / generations,
+        }
+        if not self.schedule.runs_ahead:
+            return logs
+        return {
+            **logs,
+            "generation/role_wait_s": counts.role_wait_s / generations,
+            "generation/overlap_s": counts.overlap_s / generations,
+            "generation/weight_sync_s": counts.weight_sync_s / max(counts.weight_syncs, 1),
+        }
+
+    def summary(self) -> Dict[str, Any]:
+        """``run_summary.json``'s account of the turns (rank 0's)."""
+        total = self.total
+        return {
+            "max_lag": self.schedule.max_lag,
+            "staleness_mean": sum(total.staleness) / len(total.staleness) if total.staleness else None,
+            "staleness_max": max(total.staleness, default=None),
+            "trainer_wait_s": round(total.trainer_wait_s, 3),
+        }
+
+
+class Lockstep(Turns):
+    """TRL's own turns (``max_lag: 0``), timed: the trainers wait while the role takes the weights and generates."""
+
+    def generate_single_turn(self, generate: Any, *args: Any, **kwargs: Any) -> Any:
+        started = time.monotonic()
+        generated = generate(*args, **kwargs)
+        self.count(staleness=0, trainer_wait_s=time.monotonic() - started)
+        return generated
+
+
+class RunAhead(Turns, ExportableState):
+    """The trainer's generation, run ahead on the role (see the module's docstring); :func:`install` wires it."""
+
+    def __init__(self, trainer: Any, schedule: TrainingGeneration) -> None:
+        super().__init__(trainer, schedule)
+        # micro-batches read from the data loader but not yet handed to the training loop
+        self.ahead: Deque[Any] = collections.deque()
+        # micro-batches read in all (TRL's _step counts them alike), and in this epoch, from its first step
+        self.read = 0
+        self.epoch: Tuple[Any, int, int] = (None, 0, 0)
+        self.first_step = 0
+        # rank 0: batches asked for, in order, and the next one the trainer takes
+        self.batches: Deque[_Batch] = collections.deque()
+        self.taken: Deque[_Batch] = collections.deque()
+        self.role_version = -1
+        # batches asked for ahead of the checkpoint resumed from, generated again
+        self.regenerated = 0
+        # the newest weights not yet pushed: (version, tensors)
+        self.pending: Optional[Tuple[int, Dict[str, Any]]] = None
+        # the push under way: (version, monotonic start)
+        self.pushing: Optional[Tuple[int, float]] = None
+        self.failure: Optional[SpecError] = None
+        self.stopping = False
+        self.threads: List[threading.Thread] = []
+
+    # the training loop's side, every rank
+
+    def get_batch_samples(self, epoch_iterator: Any, num_batches: int, device: Any) -> Tuple[List[Any], Any]:
+        """Transformers' ``Trainer.get_batch_samples``, reading ``max_lag`` optimizer steps ahead: the prompts of
+        each generation batch read go to the role at once (every rank reads in step: the prompts are gathered)."""
+        trainer = self.trainer
+        accumulation = trainer.args.gradient_accumulation_steps
+        iterator, epoch_start, read_in_epoch = self.epoch
+        if iterator is not epoch_iterator:
+            # a new epoch starts a step (what was read ahead of the last was all handed out: it ended it)
+            iterator, epoch_start, read_in_epoch = epoch_iterator, trainer.state.global_step, 0
+        while len(self.ahead) < num_batches + self.schedule.max_lag * accumulation:
+            step = epoch_start + read_in_epoch // accumulation
+            if step >= trainer.state.max_steps:
+                break
+            try:
+                batch = next(epoch_iterator)
+            except StopIteration:
+                break
+            # TRL generates for every steps_per_generation-th micro-batch (num_iterations is 1: run_ahead_problems)
+            if self.read % trainer.args.steps_per_generation == 0:
+                self._ask(batch, step)
+            self.read += 1
+            read_in_epoch += 1
+            self.ahead.append(batch)
+        self.epoch = (iterator, epoch_start, read_in_epoch)
+        batches = [self.ahead.popleft() for _ in range(min(num_batches, len(self.ahead)))]
+        return batches, trainer._get_num_items_in_batch(batches, device)
+
+    def _ask(self, batch: List[Dict[str, Any]], step: int) -> None:
+        prompt_ids, images, _ = self.trainer._tokenize_prompts(copy.deepcopy([row["prompt"] for row in batch]))
+        if images is not None:
+            raise SpecError([f"generation.max_lag: {self.schedule.max_lag}: prompts with images generate in lockstep"])
+        everyone = gather_object(prompt_ids)
+        if self.main:
+            asked = _Batch(step, everyone[:: self.trainer.num_generations])
+            with self.changed:
+                self.batches.append(asked)
+                self.taken.append(asked)
+                self.changed.notify_all()
+
+    def generate_single_turn(
+        self, prompt_ids: Any, images: Any, multimodal_fields: Any, num_generations: int, **_: Any
+    ) -> Any:
+        """TRL's ``_generate_single_turn`` in training: the batch the role generated ahead, as TRL's own would be."""
+        trainer = self.trainer
+        everyone = gather_object(prompt_ids)
+        payload = None
+        if self.main:
+            batch = self._take(everyone[::num_generations])
+            output = batch.output
+            payload = (output["completion_ids"], output["logprobs"], batch.version)
+        payload = [payload]
+        broadcast_object_list(payload, from_process=0)
+        completion_ids, logprobs, version = payload[0]
+        staleness = trainer.state.global_step - version
+        if not 0 <= staleness <= self.schedule.max_lag:
+            raise RuntimeError(f"run-ahead: samples of version {version} at step {trainer.state.global_step}")
+        self.count(staleness=staleness)
+        rank = slice(
+            trainer.accelerator.process_index * len(prompt_ids),
+            (trainer.accelerator.process_index + 1) * len(prompt_ids),
+        )
+        # TRL keeps the sampled token's log-prob (the first of vLLM's top ones)
+        return completion_ids[rank], [[top[0] for top in sequence] for sequence in logprobs[rank]]
+
+    def _take(self, prompts: List[List[int]]) -> _Batch:
+        """Rank 0: the next batch asked for, once the role made it; the job ends in one line if it cannot."""
+        with self.changed:
+            batch = self.taken.popleft()
+        if batch.prompts != prompts:
+            raise RuntimeError(f"run-ahead: the batch of step {batch.step} is not the one generated for it")
+        started = answered = asked = time.monotonic()
+        silent_s = self.schedule.weight_sync_timeout_s
+        while not batch.done.wait(WAIT_POLL_S):
+            self._check()
+            if time.monotonic() - asked > role_lease.POLL_S:
+                asked = time.monotonic()
+                if self._healthy():
+                    answered = asked
+                elif asked - answered > silent_s:
+                    raise SpecError(
+                        [
+                            f"vllm role: the server at {self._base_url} has not answered /health for "
+                            f"{silent_s:.0f} s while the trainers waited for the samples of step {batch.step} "
+                            "(generation.weight_sync_timeout_s); see its log"
+                        ]
+                    )
+        self._check()
+        # what the role generated before the trainer came for it, it generated while they trained
+        self.count(
+            trainer_wait_s=time.monotonic() - started,
+            generate_s=batch.ended - batch.started,
+            overlap_s=max(0.0, min(batch.ended, started) - batch.started),
+        )
+        return batch
+
+    def _check(self) -> None:
+        """Raises what ended a thread, a push past its timeout, or the role's exit."""
+        if self.failure is not None:
+            raise self.failure
+        pushing = self.pushing
+        if pushing is not None and time.monotonic() - pushing[1] > self.schedule.weight_sync_timeout_s:
+            raise self._overdue(pushing[0])
+        if role_lease.role_exited():
+            raise SpecError([f"vllm role: the server at {self._base_url} exited while it generated; see its log"])
+
+    def _overdue(self, version: int) -> SpecError:
+        return sync_overdue(self._base_url, f"the weights of step {version}", self.schedule.weight_sync_timeout_s)
+
+    def _healthy(self) -> bool:
+        try:
+            return self.session.get(f"{self._base_url}/health", timeout=role_lease.POLL_S).status_code == 200
+        except requests.RequestException:
+            return False
+
+    @property
+    def _base_url(self) -> str:
+        return self.trainer.vllm_generation.vllm_client.base_url
+
+    def push(self, version: int) -> None:
+        """Every rank walks the weights (sharded ones gather); rank 0 copies them to host memory for the pusher."""
+        tensors = {}
+        for name, parameter in self.trainer.vllm_generation._iter_named_params():
+            if self.main:
+                tensors[name] = parameter.detach().to("cpu", copy=True).contiguous()
+        if self.main:
+            with self.changed:
+                self.pending = (version, tensors)
+                self.changed.notify_all()
+
+    def summary(self) -> Dict[str, Any]:
+        total = self.total
+        return {
+            **super().summary(),
+            "weight_sync_steps": self.schedule.weight_sync_steps,
+            "generate_s": round(total.generate_s, 3),
+            "overlap_s": round(total.overlap_s, 3),
+            "role_wait_s": round(total.role_wait_s, 3),
+            "weight_sync_s": round(total.weight_sync_s, 3),
+            "weight_syncs": total.weight_syncs,
+            "regenerated_on_resume": self.regenerated,
+        }
+
+    def state(self) -> Dict[str, Any]:
+        """Saved in each checkpoint's ``trainer_state.json``: the batches asked for ahead of it, which a run resumed
+        from it generates again."""
+        with self.changed:
+            return {"args": {}, "attributes": {"asked_ahead": len(self.taken)}}
+
+    # callbacks
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.first_step = state.global_step
+        if self.first_step > 0:
+            # the resumed checkpoint's state
+            saved = state.stateful_callbacks.get(type(self).__name__, {}).get("attributes", {})
+            self.regenerated = saved.get("asked_ahead", 0)
+            if self.main and self.regenerated:
+                log.info(
+                    "resumed at step %d: the %d batch(es) the vllm role had been asked for ahead of it are generated "
+                    "again, from its weights",
+                    self.first_step,
+                    self.regenerated,
+                )
+        if self.main:
+            client = self.trainer.vllm_generation.vllm_client
+            # requests of its own, asked once: TRL's session retries, and is the generator's
+            self.session = requests.Session()
+            self.session.auth = client.session.auth
+            for target in (self._generate, self._push):
+                self.threads.append(threading.Thread(target=self._guarded, args=(target,), daemon=True))
+                self.threads[-1].start()
+        # what the role holds until then is the model's files: a resumed run's weights differ, and the role is
+        # TRL's, whose weights are pushed before it generates
+        self.push(state.global_step)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if state.global_step % self.schedule.weight_sync_steps == 0 and state.global_step < state.max_steps:
+            self.push(state.global_step)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Ends the threads (a request in flight ends with the role, which the lease stops)."""
+        with self.changed:
+            self.stopping = True
+            self.changed.notify_all()
+        for thread in self.threads:
+            thread.join(timeout=1.0)
+
+    # rank 0's threads
+
+    def _guarded(self, target: Any) -> None:
+        try:
+            target()
+        except SpecError as error:
+            self.failure = error
+        except Exception as error:  # noqa: BLE001 -- said by the trainer, in one line
+            pushing = self.pushing
+            doing = f"took the weights of step {pushing[0]}" if target == self._push and pushing else "generated ahead"
+            self.failure = SpecError(
+                [
+                    f"vllm role: the server at {self._base_url} failed while it {doing} ({first_line(error)}); see its log"
+                ]
+            )
+
+    def _generate(self) -> None:
+        client = self.trainer.vllm_generation.vllm_client
+        while True:
+            with self.changed:
+                while not self.stopping and not self.batches:
+                    self.changed.wait()
+                if self.stopping:
+                    return
+                batch = self.batches.popleft()
+                asked = time.monotonic()
+                # never older than the bound, nor than the weights this run started from
+                needed = max(batch.step - self.schedule.max_lag, self.first_step)
+                while not self.stopping and self.role_version < needed:
+                    self.changed.wait()
+                if self.stopping:
+                    return
+                batch.version = self.role_version
+            batch.started = time.monotonic()
+            self.count(role_wait_s=batch.started - asked)
+            batch.output = client.generate(prompts=batch.prompts, **self._sampling())
+            batch.ended = time.monotonic()
+            # what lockstep's generate counts (vllm_generation._timed_generate), for run_summary.json
+            generation = self.trainer.vllm_generation
+            setattr(generation, SECONDS, getattr(generation, SECONDS, 0.0) + batch.ended - batch.started)
+            tokens = sum(len(ids) for ids in batch.output["completion_ids"])
+            setattr(generation, TOKENS, getattr(generation, TOKENS, 0) + tokens)
+            batch.done.set()
+
+    def _sampling(self) -> Dict[str, Any]:
+        """What TRL's ``VLLMGeneration.generate`` asks the server for, from the same settings."""
+        generation = self.trainer.vllm_generation
+        return {
+            "n": self.trainer.num_generations,
+            "repetition_penalty": generation.repetition_penalty,
+            "temperature": generation.temperature,
+            "top_p": generation.top_p,
+            "top_k": generation.top_k,
+            "min_p": 0.0 if generation.min_p is None else generation.min_p,
+            "max_tokens": generation.max_completion_length,
+            "logprobs": generation.logprobs,
+            "structured_outputs_regex": generation.structured_outputs_regex,
+            "generation_kwargs": generation.generation_kwargs,
+        }
+
+    def _push(self) -> None:
+        output_dir = Path(self.trainer.args.output_dir)
+        while True:
+            with self.changed:
+                while not self.stopping and self.pending is None:
+                    self.changed.wait()
+                if self.stopping:
+                    return
+                (version, tensors), self.pending = self.pending, None
+                self.pushing = (version, time.monotonic())
+            # written while the role generates; it stops only for the reload
+            folder = write_weights(tensors, output_dir)
+            del tensors
+            timeout_s = self.schedule.weight_sync_timeout_s
+            paused = time.monotonic()
+            try:
+                self._post("/pause", params={"mode": "keep"}, timeout=timeout_s)
+                try:
+                    reload_weights(
+                        self.session.auth, self._base_url, folder, timeout_s, f"the weights of step {version}"
+                    )
+                    # what the old weights left in the prefix cache (none while a frozen request holds it)
+                    self._post("/reset_prefix_cache", timeout=timeout_s, required=False)
+                finally:
+                    self._post("/resume", timeout=timeout_s)
+            except requests.Timeout:
+                raise self._overdue(version) from None
+            self.count(weight_sync_s=time.monotonic() - paused, weight_syncs=1)
+            with self.changed:
+                self.role_version, self.pushing = version, None
+                self.changed.notify_all()
+
+    def _post(self, path: str, timeout: float, required: bool = True, **kwargs: Any) -> None:
+        answer = self.session.post(f"{self._base_url}{path}", timeout=timeout, **kwargs)
+        if required and answer.status_code != 200:
+            raise SpecError(
+                [
+                    f"vllm role: the server at {self._base_url} refused {path} (HTTP {answer.status_code}: "
+                    f"{first_line(answer.text)}); see its log"
+                ]
+            )
+
+
+def install(trainer: Any, schedule: TrainingGeneration) -> Turns:
+    """Makes ``trainer`` (TRL's ``GRPOTrainer`` or ``RLOOTrainer``, vLLM in server mode) generate as ``schedule``
+    says: ahead of its training (``max_lag`` above 0, GRPO), else in lockstep, timed."""
+    turns = RunAhead(trainer, schedule) if schedule.runs_ahead else Lockstep(trainer, schedule)
+    generate_single_turn, log = trainer._generate_single_turn, trainer.log
+
+    def single_turn(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not self.model.training:
+            # evaluation, lockstep only (run_ahead_problems)
+            return generate_single_turn(*args, **kwargs)
+        if isinstance(turns, RunAhead):
+            return turns.generate_single_turn(*args, **kwargs)
+        return turns.generate_single_turn(generate_single_turn, *args, **kwargs)
+
+    def logged(self: Any, logs: Dict[str, float], start_time: Optional[float] = None) -> None:
+        log(turns.log(logs) if self.model.training else logs, start_time)
+
+    trainer._generate_single_turn = types.MethodType(single_turn, trainer)
+    trainer.log = types.MethodType(logged, trainer)
+    if isinstance(turns, RunAhead):
+        trainer.get_batch_samples = turns.get_batch_samples
+    trainer.add_callback(turns)
+    setattr(trainer, _ATTRIBUTE, turns)
+    return turns
+
+
+def of(trainer: Any) -> Optional[Turns]:
+    """The trainer's :class:`Turns`, if :func:`install` gave it some."""
+    return getattr(trainer, _ATTRIBUTE, None)
+
+
+_ATTRIBUTE = "posttrain_run_ahead"
