@@ -1,14 +1,17 @@
-"""GRPO with transformers' ``generate``, vLLM colocated, and vLLM as the job's ``vllm`` server role.
+"""GRPO with transformers' ``generate``, vLLM colocated, and vLLM as the job's ``vllm`` server role, in lockstep
+and generating ahead of training.
 
 ``python -m benchmarks.grpo_generation`` (in the vLLM environment, docs/pages/vllm.md) runs
-``torchx run -s local_cwd posttrain.grpo`` of ``templates/grpo/tiny-vllm-server.yaml`` three ways,
-interleaved (generate, colocate, server, generate, ...), each with a fresh output directory and ``HF_HOME``,
+``torchx run -s local_cwd posttrain.grpo`` of ``templates/grpo/tiny-vllm-server.yaml`` four ways,
+interleaved (generate, colocate, server, async, generate, ...), each with a fresh output directory and ``HF_HOME``,
 on the benchmarks' CPU model (``workload.py``: 5.1M parameters, head size 32 as vLLM's CPU attention needs)
 with 128-token completions; ``--tiny`` keeps the template's 0.1M model and 16 tokens. Per run:
 
 - ``steps_per_s``: logged steps after the first, over the wall time since the first (start-up excluded);
 - ``first_step_s``: launch to the first optimizer step (vLLM's start-up included);
 - ``gen_tokens_per_s``: run_summary.json's generation tokens/s (vLLM only: the time in its generate);
+- ``trainer_wait_s``: the trainers' wait for samples per step (the role only: ``generation/trainer_wait_s``,
+  weights pushed and samples generated in lockstep, only what is not ready yet with ``generation.max_lag: 1``);
 - ``reward``: the mean of the last three logged rewards.
 
 Medians per mode, and each mode's steps/s over ``generate``'s.
@@ -35,8 +38,9 @@ MODES: Dict[str, List[str]] = {
     "generate": ["training.use_vllm=false", *VLLM_OPTIONS],
     "colocate": ["training.vllm_mode=colocate"],
     "server": ["training.vllm_mode=server", "training.vllm_server_port={server_port}"],
+    "async": ["training.vllm_mode=server", "training.vllm_server_port={server_port}", "generation.max_lag=1"],
 }
-FIGURES = ("steps_per_s", "first_step_s", "gen_tokens_per_s", "reward")
+FIGURES = ("steps_per_s", "first_step_s", "gen_tokens_per_s", "trainer_wait_s", "reward")
 
 
 def run(mode: str, work: Path, nproc: int, port: int, overrides: List[str]) -> Dict[str, float]:
@@ -69,6 +73,7 @@ def run(mode: str, work: Path, nproc: int, port: int, overrides: List[str]) -> D
         "steps_per_s": (logged[-1]["step"] - logged[0]["step"]) / (logged[-1]["time"] - logged[0]["time"]),
         "first_step_s": logged[0]["time"] - started,
         "gen_tokens_per_s": generation.get("tokens_per_s") or float("nan"),
+        "trainer_wait_s": statistics.mean(r.get("generation/trainer_wait_s", float("nan")) for r in logged[1:]),
         "reward": statistics.mean(r["reward"] for r in logged[-3:]),
     }
 
@@ -114,13 +119,17 @@ def main(argv=None) -> None:
     }
     model = "the template's 0.1M model, 16 tokens" if options.tiny else "5.1M model, 128 tokens"
     print(f"\n**GRPO generation, CPU, -j 1x{options.nproc}, {model}** (medians of {options.repeats} runs each)\n")
-    print("| mode | steps/s | vs generate | launch to first step (s) | generation tokens/s | final reward |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    print(
+        "| mode | steps/s | vs generate | launch to first step (s) | generation tokens/s | trainers' wait per step (s) "
+        "| final reward |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     base = medians["generate"]["steps_per_s"]
     for mode, figures in medians.items():
         print(
             f"| {mode} | {figures['steps_per_s']:.3f} | {figures['steps_per_s'] / base:.2f} | "
-            f"{figures['first_step_s']:.1f} | {figures['gen_tokens_per_s']:.0f} | {figures['reward']:.2f} |"
+            f"{figures['first_step_s']:.1f} | {figures['gen_tokens_per_s']:.0f} | {figures['trainer_wait_s']:.3f} | "
+            f"{figures['reward']:.2f} |"
         )
 
 
