@@ -865,4 +865,22 @@ class _GroupSpec(_OnlineSpec):
                 f"data.eval: evaluation during training generates in lockstep; with {lag} drop it, or evaluate the "
                 "trained model (evaluate:)"
             )
+        accumulation = config_value(self.config_class, self.training, "gradient_accumulation_steps")
+        steps = config_value(self.config_class, self.training, "steps_per_generation")
+        if config_value(self.config_class, self.training, "generation_batch_size") is not None:
+            found.append(
+                f"training.generation_batch_size: with {lag} a generation batch must stay within one optimizer step; "
+                f"set steps_per_generation instead (a divisor of gradient_accumulation_steps, {accumulation})"
+            )
+        elif steps is not None and accumulation % steps:
+            found.append(
+                f"training.steps_per_generation: {steps} micro-batches per generation would train one generation "
+                f"over two optimizer steps, older than {lag} allows; use a divisor of gradient_accumulation_steps "
+                f"({accumulation})"
+            )
+        if config_value(self.config_class, self.training, "restore_callback_states_from_checkpoint"):
+            found.append(
+                f"training.restore_callback_states_from_checkpoint: with {lag} the run-ahead's state comes back on "
+                "resume by itself; drop it"
+            )
         return found

@@ -10,8 +10,8 @@ generates; the role waits while they train. Here rank 0 keeps two threads beside
   bound. Nothing is asked for past ``max_steps``: the trainers, not the role, decide when training ends;
 - the *pusher* puts the weights into the role every ``weight_sync_steps`` steps, in flight: vLLM's
   ``/pause?mode=keep`` freezes the requests it is running (none is aborted, none dropped), the role reloads
-  (``vllm_generation.reload_weights``), ``/resume`` lets them go on. A completion may so span two policies; its
-  version is the one its batch started with, the older.
+  (``vllm_generation.reload_weights``), ``/resume`` lets them go on, their tokens so far recomputed with the new
+  weights. A completion may so span two policies; its version is the one its batch started with, the older.
 
 The trainers only copy their weights to host memory when they push. Every batch carries its version; TRL's
 importance-sampling correction (``vllm_importance_sampling_*``) weighs each sample by the trainer's and the
@@ -29,6 +29,7 @@ import collections
 import copy
 import dataclasses
 import logging
+import shutil
 import threading
 import time
 import types
@@ -206,7 +207,8 @@ class RunAhead(Turns, ExportableState):
 
     def _ask(self, batch: List[Dict[str, Any]], step: int) -> None:
         prompt_ids, images, _ = self.trainer._tokenize_prompts(copy.deepcopy([row["prompt"] for row in batch]))
-        if images is not None:
+        # every rank, before the collective: a data set's images are the same on all
+        if images is not None or any("image" in row or "images" in row for row in batch):
             raise SpecError([f"generation.max_lag: {self.schedule.max_lag}: prompts with images generate in lockstep"])
         everyone = gather_object(prompt_ids)
         if self.main:
@@ -222,13 +224,18 @@ class RunAhead(Turns, ExportableState):
         """TRL's ``_generate_single_turn`` in training: the batch the role generated ahead, as TRL's own would be."""
         trainer = self.trainer
         everyone = gather_object(prompt_ids)
-        payload = None
+        payload: Any = None
         if self.main:
-            batch = self._take(everyone[::num_generations])
-            output = batch.output
-            payload = (output["completion_ids"], output["logprobs"], batch.version)
+            try:
+                batch = self._take(everyone[::num_generations])
+                payload = (batch.output["completion_ids"], batch.output["logprobs"], batch.version)
+            except SpecError as error:
+                # every rank ends with it, none waits in the collective
+                payload = error
         payload = [payload]
         broadcast_object_list(payload, from_process=0)
+        if isinstance(payload[0], SpecError):
+            raise payload[0]
         completion_ids, logprobs, version = payload[0]
         staleness = trainer.state.global_step - version
         if not 0 <= staleness <= self.schedule.max_lag:
@@ -329,10 +336,10 @@ class RunAhead(Turns, ExportableState):
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.first_step = state.global_step
+        # the checkpoint resumed from (a lockstep run's has none, which the Trainer's next save expects)
+        saved = state.stateful_callbacks.setdefault(type(self).__name__, self.state())
         if self.first_step > 0:
-            # the resumed checkpoint's state
-            saved = state.stateful_callbacks.get(type(self).__name__, {}).get("attributes", {})
-            self.regenerated = saved.get("asked_ahead", 0)
+            self.regenerated = saved["attributes"].get("asked_ahead", 0)
             if self.main and self.regenerated:
                 log.info(
                     "resumed at step %d: the %d batch(es) the vllm role had been asked for ahead of it are generated "
@@ -443,25 +450,27 @@ class RunAhead(Turns, ExportableState):
             timeout_s = self.schedule.weight_sync_timeout_s
             paused = time.monotonic()
             try:
-                self._post("/pause", params={"mode": "keep"}, timeout=timeout_s)
+                # the requests running are frozen and their caches cleared: on /resume they go on from their tokens
+                # so far, recomputed with the new weights, and nothing cached of the old weights is reused
+                self._post("/pause", params={"mode": "keep", "clear_cache": "true"}, timeout=timeout_s)
                 try:
                     reload_weights(
                         self.session.auth, self._base_url, folder, timeout_s, f"the weights of step {version}"
                     )
-                    # what the old weights left in the prefix cache (none while a frozen request holds it)
-                    self._post("/reset_prefix_cache", timeout=timeout_s, required=False)
                 finally:
                     self._post("/resume", timeout=timeout_s)
             except requests.Timeout:
                 raise self._overdue(version) from None
+            finally:
+                shutil.rmtree(folder, ignore_errors=True)
             self.count(weight_sync_s=time.monotonic() - paused, weight_syncs=1)
             with self.changed:
                 self.role_version, self.pushing = version, None
                 self.changed.notify_all()
 
-    def _post(self, path: str, timeout: float, required: bool = True, **kwargs: Any) -> None:
+    def _post(self, path: str, timeout: float, **kwargs: Any) -> None:
         answer = self.session.post(f"{self._base_url}{path}", timeout=timeout, **kwargs)
-        if required and answer.status_code != 200:
+        if answer.status_code != 200:
             raise SpecError(
                 [
                     f"vllm role: the server at {self._base_url} refused {path} (HTTP {answer.status_code}: "

@@ -58,6 +58,22 @@ def test_the_async_template_validates_and_lockstep_stays_the_default() -> None:
             {"num_iterations": 2},
             "training.num_iterations: 2 passes over each batch; with generation.max_lag: 1 a batch is trained on once",
         ),
+        (
+            {"gradient_accumulation_steps": 3, "steps_per_generation": 2},
+            "training.steps_per_generation: 2 micro-batches per generation would train one generation over two "
+            "optimizer steps, older than generation.max_lag: 1 allows; use a divisor of gradient_accumulation_steps "
+            "(3)",
+        ),
+        (
+            {"generation_batch_size": 16},
+            "training.generation_batch_size: with generation.max_lag: 1 a generation batch must stay within one "
+            "optimizer step; set steps_per_generation instead (a divisor of gradient_accumulation_steps, 1)",
+        ),
+        (
+            {"restore_callback_states_from_checkpoint": True},
+            "training.restore_callback_states_from_checkpoint: with generation.max_lag: 1 the run-ahead's state comes "
+            "back on resume by itself; drop it",
+        ),
     ],
 )
 def test_what_keeps_the_role_from_running_ahead_is_one_line_each(change: dict, message: str) -> None:
