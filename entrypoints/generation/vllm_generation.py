@@ -406,7 +406,11 @@ def write_weights(tensors: Mapping[str, Any], output_dir: Path) -> str:
     from safetensors.torch import save_file
 
     folder = tempfile.mkdtemp(prefix=".vllm-weights-", dir=output_dir)
-    save_file(dict(tensors), f"{folder}/model.safetensors", metadata={"format": "pt"})
+    try:
+        save_file(dict(tensors), f"{folder}/model.safetensors", metadata={"format": "pt"})
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
     return folder
 
 
