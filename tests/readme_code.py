@@ -46,6 +46,9 @@ LISTED: Dict[str, str] = {
     "torchx run -s local_cwd posttrain.grpo --spec templates/grpo/tiny-vllm-server.yaml": (
         "needs the vLLM environment: tests/e2e/test_vllm.py runs this template there (.ci/run)"
     ),
+    "torchx run -s local_cwd posttrain.grpo --spec templates/grpo/tiny-vllm-async.yaml": (
+        "needs the vLLM environment: tests/e2e/test_vllm.py runs this template there (.ci/run)"
+    ),
     "torchx run -s local_cwd posttrain.sft --spec templates/sft/tiny-evaluated.yaml": (
         "tests/e2e/test_eval.py runs this template and reads its closing line and its evaluation"
     ),

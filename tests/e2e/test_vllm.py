@@ -353,11 +353,11 @@ def test_the_role_generating_ahead_learns_within_its_bound_stops_in_one_line_and
     """The async tiny template through ``torchx run``: samples one step old are trained on, never older, and the
     role generates while the trainers train. Its server stopped (SIGSTOP) after checkpoint-15, the push of the next
     weights (or the wait for samples) ends the job with one line naming the role and the step within
-    generation.weight_sync_timeout_s, and the role, still stopped, is torn down without help. Run again, the job
+    generation.weight_sync_timeout_s. Run again, the job
     resumes from checkpoint-15, generates again what was asked ahead of it (and counts it), and its reward rises by
     the bar the lockstep template's does (the test before)."""
     output_dir, port, log_path = tmp_path / "out", free_port(), tmp_path / "stopped.log"
-    overrides = [f"training.vllm_server_port={port}", "generation.weight_sync_timeout_s=15"]
+    overrides = [f"training.vllm_server_port={port}", "generation.weight_sync_timeout_s=10"]
     args = ["run", "-s", "local_cwd", "posttrain.grpo", "--spec", "templates/grpo/tiny-vllm-async.yaml", "-j", "1x2"]
     args += ["--rdzv_port", str(free_port()), f"training.output_dir={output_dir}", *overrides]
     client = start_training(args, tmp_path, log_path, steps=16, within=600)
@@ -368,11 +368,11 @@ def test_the_role_generating_ahead_learns_within_its_bound_stops_in_one_line_and
         while "posttrain: " not in log_path.read_text() and time.monotonic() - stopped < 120:
             time.sleep(0.2)
         said = time.monotonic() - stopped
-        client.wait(timeout=300)
-        ended = time.monotonic() - stopped
     finally:
+        # the role's SIGTERM then stops it at once (else its teardown kills it after 30 s)
         with contextlib.suppress(ProcessLookupError):
             os.kill(server, signal.SIGCONT)
+    client.wait(timeout=300)
     logs = log_path.read_text()
     assert client.returncode != 0
     assert "vLLM (server) generates ahead of training, samples at most 1 step(s) old" in logs
@@ -380,14 +380,12 @@ def test_the_role_generating_ahead_learns_within_its_bound_stops_in_one_line_and
     assert job.count("posttrain: ") == 1 and "posttrain: vllm role:" in status, logs[-4000:]
     assert re.search(
         rf"posttrain: vllm role: the server at http://127.0.0.1:{port} (did not take the weights of step \d+ within "
-        r"15 s|has not answered /health for 15 s while the trainers waited for the samples of step \d+) "
+        r"10 s|has not answered /health for 10 s while the trainers waited for the samples of step \d+) "
         r"\(generation.weight_sync_timeout_s\); see its log",
         job,
     ), logs[-4000:]
     assert not re.search(r"\[\d+\]:(\[rank\d+\]: )?Traceback", logs), logs[-4000:]
-    assert said < 15 + 10, said
-    # the role's teardown kills the server its SIGTERM cannot stop
-    assert ended < said + 90, ended
+    assert said < 10 + 10, said
     logged = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
     staleness = [entry["generation/staleness_max"] for entry in logged if "generation/staleness_max" in entry]
     assert len(staleness) >= 16 and set(staleness) <= {0.0, 1.0} and staleness.count(1.0) >= 10, staleness
