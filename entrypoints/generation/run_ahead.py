@@ -45,8 +45,7 @@ from posttrain.components.spec.messages import SpecError, first_line
 from posttrain.components.spec.schema import TrainingGeneration
 from posttrain.entrypoints.generation import role_lease
 from posttrain.entrypoints.generation.vllm_generation import (
-    SECONDS,
-    TOKENS,
+    count_generated,
     reload_weights,
     sync_overdue,
     write_weights,
@@ -411,11 +410,8 @@ class RunAhead(Turns, ExportableState):
             self.count(role_wait_s=batch.started - asked)
             batch.output = client.generate(prompts=batch.prompts, **self._sampling())
             batch.ended = time.monotonic()
-            # what lockstep's generate counts (vllm_generation._timed_generate), for run_summary.json
-            generation = self.trainer.vllm_generation
-            setattr(generation, SECONDS, getattr(generation, SECONDS, 0.0) + batch.ended - batch.started)
-            tokens = sum(len(ids) for ids in batch.output["completion_ids"])
-            setattr(generation, TOKENS, getattr(generation, TOKENS, 0) + tokens)
+            # as lockstep's generate counts, for run_summary.json
+            count_generated(self.trainer.vllm_generation, batch.ended - batch.started, batch.output["completion_ids"])
             batch.done.set()
 
     def _sampling(self) -> Dict[str, Any]:

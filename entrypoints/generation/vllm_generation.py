@@ -271,12 +271,17 @@ def _timed_generate(generate: Callable[..., Any]) -> Callable[..., Any]:
     def timed(self: Any, *args: Any, **kwargs: Any) -> Any:
         started = time.perf_counter()
         result = generate(self, *args, **kwargs)
-        setattr(self, SECONDS, getattr(self, SECONDS, 0.0) + time.perf_counter() - started)
         # (prompt_ids, completion_ids, logprobs, extra)
-        setattr(self, TOKENS, getattr(self, TOKENS, 0) + sum(len(ids) for ids in result[1]))
+        count_generated(self, time.perf_counter() - started, result[1])
         return result
 
     return timed
+
+
+def count_generated(owner: Any, seconds: float, completion_ids: List[List[int]]) -> None:
+    """Adds a generate call's time and completion tokens to what ``owner`` (TRL's generator) counted."""
+    setattr(owner, SECONDS, getattr(owner, SECONDS, 0.0) + seconds)
+    setattr(owner, TOKENS, getattr(owner, TOKENS, 0) + sum(len(ids) for ids in completion_ids))
 
 
 def _check_proof(base_url: str) -> None:
