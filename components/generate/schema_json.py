@@ -82,11 +82,11 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
     },
     "TrainingGeneration": {
         "max_lag": "How many policy versions (optimizer steps) the samples trained on may lag: the role generates "
-        "that far ahead of training (GRPO on CPU, for now); 0 is lockstep.",
+        "that far ahead of training (GRPO; on GPUs not yet run here); 0 is lockstep.",
         "weight_sync_steps": "With max_lag above 0: optimizer steps between two pushes of the weights to the role, "
         "at most max_lag + 1.",
-        "weight_sync_timeout_s": "How long a push of the weights to the role, or its silence on /health while the "
-        "trainers wait for samples, may last before the job ends in one line.",
+        "weight_sync_timeout_s": "How long a push of the weights to the role (in lockstep too), or its silence on "
+        "/health while the trainers wait for samples, may last before the job ends in one line.",
     },
     "EvalSpec": {
         **_EVALUATION_NOTES,

@@ -2,39 +2,37 @@
 above 0, TRL's ``GRPOTrainer``), or in lockstep, timed.
 
 In lockstep (TRL's own, ``max_lag: 0``) the trainers push their weights to the role, then wait while it
-generates; the role waits while they train. Here rank 0 keeps two threads beside training:
+generates; the role waits while they train. Here, beside training:
 
-- the *generator* sends the role, in order, the prompts of the next ``max_lag`` optimizer steps as soon as the
-  trainers' data loader hands them out (:meth:`RunAhead.get_batch_samples` reads it ahead). It starts the batch of
-  step ``s`` only once the role holds the weights of step ``s - max_lag`` or later: no sample is staler than the
-  bound. Nothing is asked for past ``max_steps``: the trainers, not the role, decide when training ends;
-- the *pusher* puts the weights into the role every ``weight_sync_steps`` steps, in flight: vLLM's
-  ``/pause?mode=keep`` freezes the requests it is running (none is aborted, none dropped), the role reloads
-  (``vllm_generation.reload_weights``), ``/resume`` lets them go on, their tokens so far recomputed with the new
-  weights. A completion may so span two policies; its version is the one its batch started with, the older.
+- rank 0's *generator* thread sends the role, in order, the prompts of the next ``max_lag`` optimizer steps as soon
+  as the trainers' data loader hands them out (:meth:`RunAhead.get_batch_samples` reads it ahead). It starts the
+  batch of step ``s`` only once the role holds the weights of step ``s - max_lag`` or later: no sample is staler
+  than the bound. Nothing is asked for past ``max_steps``: the trainers, not the role, decide when training ends;
+- every ``weight_sync_steps`` steps the trainers push their weights into the role, in flight: vLLM's
+  ``/pause?mode=keep`` freezes the requests it is running (none is aborted, none dropped), TRL's own weight sync
+  runs (sharded weights gathered; on CPU a file the role reloads, on GPUs TRL's NCCL group: see
+  ``vllm_generation``), ``/resume`` lets the requests go on, their tokens so far recomputed with the new weights.
+  A completion may so span two policies; its version is the one its batch started with, the older.
 
-The trainers only copy their weights to host memory when they push. Every batch carries its version; TRL's
-importance-sampling correction (``vllm_importance_sampling_*``) weighs each sample by the trainer's and the
-sampler's log-probabilities. A push that does not finish within ``weight_sync_timeout_s``, a role that leaves
-``/health`` unanswered as long while the trainers wait, or a role that exits, ends the job in one line naming the
-role and the step. What was generated ahead is not saved with a checkpoint (its count is, in
-``trainer_state.json``): a resumed run pushes the checkpoint's weights first, generates those batches again from
-them, and its summary says how many.
+Every batch carries its version; TRL's importance-sampling correction (``vllm_importance_sampling_*``) weighs each
+sample by the trainer's and the sampler's log-probabilities. A role that leaves ``/health`` unanswered for
+``weight_sync_timeout_s`` while the trainers wait, or that exits, ends the job in one line naming the role and the
+step. What was generated ahead is not saved with a checkpoint (its count is, in ``trainer_state.json``): a resumed
+run pushes the checkpoint's weights first, generates those batches again from them, and its summary says how many.
 
-In lockstep, :class:`Lockstep` only times the trainers' wait, so that ``metrics.jsonl`` compares the two.
-CPU only for now: GPUs' pushes are TRL's NCCL ones, which ``prepare`` keeps in lockstep.
+In lockstep, :class:`Lockstep` only times the trainers' wait, so that ``metrics.jsonl`` compares the two. In both,
+a push that does not end within ``weight_sync_timeout_s`` ends the job in one line (:meth:`Turns.deadline`).
 """
 
 import collections
+import contextlib
 import copy
 import dataclasses
 import logging
-import shutil
 import threading
 import time
 import types
-from pathlib import Path
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
 
 import requests
 from accelerate.utils import broadcast_object_list, gather_object
@@ -44,16 +42,12 @@ from transformers.trainer_callback import ExportableState
 from posttrain.components.spec.messages import SpecError, first_line
 from posttrain.components.spec.schema import TrainingGeneration
 from posttrain.entrypoints.generation import role_lease
-from posttrain.entrypoints.generation.vllm_generation import (
-    count_generated,
-    reload_weights,
-    sync_overdue,
-    write_weights,
-)
+from posttrain.entrypoints.generation.vllm_generation import count_generated, sync_overdue
+from posttrain.entrypoints.job.error_file import stop_now
 
 log = logging.getLogger("posttrain")
 
-# how often the trainer, waiting for samples, looks at the threads
+# how often the trainer, waiting for samples, looks at the generator and the role
 WAIT_POLL_S = 0.05
 
 
@@ -129,6 +123,33 @@ class Turns(TrainerCallback):
             "generation/weight_sync_s": counts.weight_sync_s / max(counts.weight_syncs, 1),
         }
 
+    @contextlib.contextmanager
+    def deadline(self, step: int) -> Iterator[None]:
+        """The role takes the weights of ``step`` within ``weight_sync_timeout_s``, or the job ends in one line.
+
+        Rank 0's timer ends the process itself: a push can block where nothing raises (NCCL has no timeout, TRL's
+        requests none). One of the two speaks: an error the push raises, or the timer."""
+        if not self.main:
+            yield
+            return
+        said = threading.Lock()
+
+        def overdue() -> None:
+            if said.acquire(blocking=False):
+                what = f"the weights of step {step}"
+                base_url = self.trainer.vllm_generation.vllm_client.base_url
+                stop_now(f"posttrain: {sync_overdue(base_url, what, self.schedule.weight_sync_timeout_s)}")
+
+        timer = threading.Timer(self.schedule.weight_sync_timeout_s, overdue)
+        timer.daemon = True
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+            # blocks only while the timer ends the process
+            said.acquire()
+
     def summary(self) -> Dict[str, Any]:
         """``run_summary.json``'s account of the turns (rank 0's)."""
         total = self.total
@@ -167,13 +188,9 @@ class RunAhead(Turns, ExportableState):
         self.role_version = -1
         # batches asked for ahead of the checkpoint resumed from, generated again
         self.regenerated = 0
-        # the newest weights not yet pushed: (version, tensors)
-        self.pending: Optional[Tuple[int, Dict[str, Any]]] = None
-        # the push under way: (version, monotonic start)
-        self.pushing: Optional[Tuple[int, float]] = None
         self.failure: Optional[SpecError] = None
         self.stopping = False
-        self.threads: List[threading.Thread] = []
+        self.generator: Optional[threading.Thread] = None
 
     # the training loop's side, every rank
 
@@ -279,17 +296,11 @@ class RunAhead(Turns, ExportableState):
         return batch
 
     def _check(self) -> None:
-        """Raises what ended a thread, a push past its timeout, or the role's exit."""
+        """Raises what ended the generator, or the role's exit."""
         if self.failure is not None:
             raise self.failure
-        pushing = self.pushing
-        if pushing is not None and time.monotonic() - pushing[1] > self.schedule.weight_sync_timeout_s:
-            raise self._overdue(pushing[0])
         if role_lease.role_exited():
             raise SpecError([f"vllm role: the server at {self._base_url} exited while it generated; see its log"])
-
-    def _overdue(self, version: int) -> SpecError:
-        return sync_overdue(self._base_url, f"the weights of step {version}", self.schedule.weight_sync_timeout_s)
 
     def _healthy(self) -> bool:
         try:
@@ -302,15 +313,22 @@ class RunAhead(Turns, ExportableState):
         return self.trainer.vllm_generation.vllm_client.base_url
 
     def push(self, version: int) -> None:
-        """Every rank walks the weights (sharded ones gather); rank 0 copies them to host memory for the pusher."""
-        tensors = {}
-        for name, parameter in self.trainer.vllm_generation._iter_named_params():
+        """The weights of step ``version`` into the role, its requests frozen meanwhile: every rank takes part in TRL's
+        weight sync (sharded weights gather), rank 0 pauses and resumes the role around it."""
+        with self.deadline(version):
+            started = time.monotonic()
             if self.main:
-                tensors[name] = parameter.detach().to("cpu", copy=True).contiguous()
-        if self.main:
-            with self.changed:
-                self.pending = (version, tensors)
-                self.changed.notify_all()
+                # the requests running are frozen and their caches cleared: on /resume they go on from their tokens
+                # so far, recomputed with the new weights, and nothing cached of the old weights is reused
+                self._post("/pause", params={"mode": "keep", "clear_cache": "true"})
+            self.trainer.vllm_generation.sync_weights()
+            if not self.main:
+                return
+            self._post("/resume")
+        self.count(weight_sync_s=time.monotonic() - started, weight_syncs=1)
+        with self.changed:
+            self.role_version = version
+            self.changed.notify_all()
 
     def summary(self) -> Dict[str, Any]:
         total = self.total
@@ -351,9 +369,8 @@ class RunAhead(Turns, ExportableState):
             # requests of its own, asked once: TRL's session retries, and is the generator's
             self.session = requests.Session()
             self.session.auth = client.session.auth
-            for target in (self._generate, self._push):
-                self.threads.append(threading.Thread(target=self._guarded, args=(target,), daemon=True))
-                self.threads[-1].start()
+            self.generator = threading.Thread(target=self._generate_guarded, daemon=True)
+            self.generator.start()
         # what the role holds until then is the model's files: a resumed run's weights differ, and the role is
         # TRL's, whose weights are pushed before it generates
         self.push(state.global_step)
@@ -366,26 +383,25 @@ class RunAhead(Turns, ExportableState):
         self.stop()
 
     def stop(self) -> None:
-        """Ends the threads (a request in flight ends with the role, which the lease stops)."""
+        """Ends the generator (a request in flight ends with the role, which the lease stops)."""
         with self.changed:
             self.stopping = True
             self.changed.notify_all()
-        for thread in self.threads:
-            thread.join(timeout=1.0)
+        if self.generator is not None:
+            self.generator.join(timeout=1.0)
 
-    # rank 0's threads
+    # rank 0's generator
 
-    def _guarded(self, target: Any) -> None:
+    def _generate_guarded(self) -> None:
         try:
-            target()
+            self._generate()
         except SpecError as error:
             self.failure = error
         except Exception as error:  # noqa: BLE001 -- said by the trainer, in one line
-            pushing = self.pushing
-            doing = f"took the weights of step {pushing[0]}" if target == self._push and pushing else "generated ahead"
             self.failure = SpecError(
                 [
-                    f"vllm role: the server at {self._base_url} failed while it {doing} ({first_line(error)}); see its log"
+                    f"vllm role: the server at {self._base_url} failed while it generated ahead ({first_line(error)}); "
+                    "see its log"
                 ]
             )
 
@@ -430,42 +446,9 @@ class RunAhead(Turns, ExportableState):
             "generation_kwargs": generation.generation_kwargs,
         }
 
-    def _push(self) -> None:
-        output_dir = Path(self.trainer.args.output_dir)
-        while True:
-            with self.changed:
-                while not self.stopping and self.pending is None:
-                    self.changed.wait()
-                if self.stopping:
-                    return
-                (version, tensors), self.pending = self.pending, None
-                self.pushing = (version, time.monotonic())
-            # written while the role generates; it stops only for the reload
-            folder = write_weights(tensors, output_dir)
-            del tensors
-            timeout_s = self.schedule.weight_sync_timeout_s
-            paused = time.monotonic()
-            try:
-                # the requests running are frozen and their caches cleared: on /resume they go on from their tokens
-                # so far, recomputed with the new weights, and nothing cached of the old weights is reused
-                self._post("/pause", params={"mode": "keep", "clear_cache": "true"}, timeout=timeout_s)
-                try:
-                    reload_weights(
-                        self.session.auth, self._base_url, folder, timeout_s, f"the weights of step {version}"
-                    )
-                finally:
-                    self._post("/resume", timeout=timeout_s)
-            except requests.Timeout:
-                raise self._overdue(version) from None
-            finally:
-                shutil.rmtree(folder, ignore_errors=True)
-            self.count(weight_sync_s=time.monotonic() - paused, weight_syncs=1)
-            with self.changed:
-                self.role_version, self.pushing = version, None
-                self.changed.notify_all()
-
-    def _post(self, path: str, timeout: float, **kwargs: Any) -> None:
-        answer = self.session.post(f"{self._base_url}{path}", timeout=timeout, **kwargs)
+    def _post(self, path: str, **kwargs: Any) -> None:
+        # no timeout of its own: the push's deadline bounds it
+        answer = self.session.post(f"{self._base_url}{path}", **kwargs)
         if answer.status_code != 200:
             raise SpecError(
                 [
@@ -477,7 +460,7 @@ class RunAhead(Turns, ExportableState):
 
 def install(trainer: Any, schedule: TrainingGeneration) -> Turns:
     """Makes ``trainer`` (TRL's ``GRPOTrainer`` or ``RLOOTrainer``, vLLM in server mode) generate as ``schedule``
-    says: ahead of its training (``max_lag`` above 0, GRPO), else in lockstep, timed."""
+    says: ahead of its training (``max_lag`` above 0, GRPO), else in lockstep, timed; its pushes bounded in time."""
     turns = RunAhead(trainer, schedule) if schedule.runs_ahead else Lockstep(trainer, schedule)
     generate_single_turn, log = trainer._generate_single_turn, trainer.log
 
@@ -492,6 +475,14 @@ def install(trainer: Any, schedule: TrainingGeneration) -> Turns:
     def logged(self: Any, logs: Dict[str, float], start_time: Optional[float] = None) -> None:
         log(turns.log(logs) if self.model.training else logs, start_time)
 
+    if isinstance(turns, Lockstep):
+        sync_weights = trainer.vllm_generation.sync_weights
+
+        def bounded_sync() -> None:
+            with turns.deadline(trainer.state.global_step):
+                sync_weights()
+
+        trainer.vllm_generation.sync_weights = bounded_sync
     trainer._generate_single_turn = types.MethodType(single_turn, trainer)
     trainer.log = types.MethodType(logged, trainer)
     if isinstance(turns, RunAhead):

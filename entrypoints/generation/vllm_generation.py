@@ -119,17 +119,12 @@ def prepare(
     generation: Optional[TrainingGeneration] = None,
 ) -> Dict[str, Any]:
     """Checks the vLLM settings against the hardware, then adapts TRL's vLLM set-up for this job (see above);
-    ``generation`` is the spec's (GRPO's and RLOO's): the weight sync's timeout, and whether the role runs ahead.
+    ``generation`` is the spec's (GRPO's and RLOO's): the weight sync's timeout.
 
     Returns the TRL config's keyword arguments the job sets: the ``vllm`` role's host, if it has one.
     """
     generation = generation or TrainingGeneration()
     problems = config_problems(algorithm, training, on_cpu)
-    if generation.runs_ahead and not on_cpu:
-        problems.append(
-            f"generation.max_lag: {generation.max_lag}: generating ahead of training pushes the weights through the "
-            "role's reload, on CPU; on GPUs posttrain syncs in lockstep for now (max_lag: 0)"
-        )
     if problems:
         raise SpecError(problems)
     import importlib

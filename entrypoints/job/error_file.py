@@ -13,7 +13,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NoReturn, Optional
 
 # A rank's exit codes: a check stopped it, and it said why (see runtime.run); it crashed (Python's own code)
 STOPPED, CRASHED = 2, 1
@@ -30,6 +30,15 @@ def record_error(message: str) -> None:
         # no traceback: the line says it all
         extra = {"py_callstack": "", "timestamp": str(int(time.time()))}
         Path(path).write_text(json.dumps({"message": {"message": message, "extraInfo": extra}}))
+
+
+def stop_now(line: str) -> NoReturn:
+    """Ends this process at once, saying ``line`` (a ``posttrain:`` line) and leaving it in the error file (exit 2):
+    for a thread that finds the job cannot go on while the main thread is where nothing interrupts it (a blocked
+    collective, another run's directory)."""
+    print(line, file=sys.stderr, flush=True)
+    record_error(line)
+    os._exit(STOPPED)
 
 
 def posttrain_line(error_file_data: Any) -> Optional[str]:

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import IO, Optional, Tuple
 
 from posttrain.components.spec.messages import SpecError
-from posttrain.entrypoints.job.error_file import STOPPED, record_error
+from posttrain.entrypoints.job.error_file import stop_now
 
 log = logging.getLogger("posttrain")
 
@@ -226,10 +226,9 @@ class Lease:
             found = read_holder(self.output_dir)
             if found is not None and found.token != self.holder.token:
                 # another run took the directory (it judged this job gone): stop writing into it, now
-                line = f"{self.key}: {self.output_dir} was taken over by {found.describe()}; this job stops"
-                log.error(line)
-                record_error(f"posttrain: {line}")
-                os._exit(STOPPED)
+                stop_now(
+                    f"posttrain: {self.key}: {self.output_dir} was taken over by {found.describe()}; this job stops"
+                )
             self.holder = dataclasses.replace(self.holder, beat=self.holder.beat + 1)
             try:
                 _write(self.path, self.holder)

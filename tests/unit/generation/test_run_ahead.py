@@ -7,9 +7,7 @@ import pytest
 
 from helpers import load_template
 from posttrain.components.spec.loading import SpecError, validate
-from posttrain.components.spec.registry import SPEC_CLASSES
 from posttrain.components.spec.schema import TrainingGeneration
-from posttrain.entrypoints.generation import vllm_generation
 from posttrain.entrypoints.generation.run_ahead import RunAhead
 
 
@@ -99,18 +97,6 @@ def test_rloo_tools_and_evaluation_during_training_stay_in_lockstep() -> None:
     evaluated["training"].update(eval_strategy="steps", eval_steps=10)
     with pytest.raises(SpecError, match=r"^data.eval: evaluation during training generates in lockstep"):
         validate(evaluated)
-
-
-def test_on_gpus_the_role_does_not_run_ahead_yet() -> None:
-    spec = async_spec()
-    with pytest.raises(SpecError) as error:
-        vllm_generation.prepare(
-            SPEC_CLASSES["grpo"], spec.model, spec.training, on_cpu=False, generation=spec.generation
-        )
-    assert str(error.value) == (
-        "generation.max_lag: 1: generating ahead of training pushes the weights through the role's reload, on CPU; "
-        "on GPUs posttrain syncs in lockstep for now (max_lag: 0)"
-    )
 
 
 def reading_ahead(max_lag: int, max_steps: int, accumulation: int = 1) -> RunAhead:
