@@ -10,8 +10,9 @@ with 128-token completions; ``--tiny`` keeps the template's 0.1M model and 16 to
 - ``steps_per_s``: logged steps after the first, over the wall time since the first (start-up excluded);
 - ``first_step_s``: launch to the first optimizer step (vLLM's start-up included);
 - ``gen_tokens_per_s``: run_summary.json's generation tokens/s (vLLM only: the time in its generate);
-- ``trainer_wait_s``: the trainers' wait for samples per step (the role only: ``generation/trainer_wait_s``,
-  weights pushed and samples generated in lockstep, only what is not ready yet with ``generation.max_lag: 1``);
+- ``trainer_wait_s``: the trainers' wait for the role per step, the push of the weights included (the role only:
+  ``generation/trainer_wait_s``, the push and the generation in lockstep; with ``generation.max_lag: 1`` the
+  samples not ready yet, plus ``generation/weight_sync_s``, the push);
 - ``reward``: the mean of the last three logged rewards.
 
 Medians per mode, and each mode's steps/s over ``generate``'s.
@@ -73,7 +74,10 @@ def run(mode: str, work: Path, nproc: int, port: int, overrides: List[str]) -> D
         "steps_per_s": (logged[-1]["step"] - logged[0]["step"]) / (logged[-1]["time"] - logged[0]["time"]),
         "first_step_s": logged[0]["time"] - started,
         "gen_tokens_per_s": generation.get("tokens_per_s") or float("nan"),
-        "trainer_wait_s": statistics.mean(r.get("generation/trainer_wait_s", float("nan")) for r in logged[1:]),
+        "trainer_wait_s": statistics.mean(
+            r.get("generation/trainer_wait_s", float("nan")) + r.get("generation/weight_sync_s", 0.0)
+            for r in logged[1:]
+        ),
         "reward": statistics.mean(r["reward"] for r in logged[-3:]),
     }
 
