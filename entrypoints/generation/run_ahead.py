@@ -132,15 +132,15 @@ class Turns(TrainerCallback):
         if not self.main:
             yield
             return
+        base_url, timeout_s = self.trainer.vllm_generation.vllm_client.base_url, self.schedule.weight_sync_timeout_s
+        line = f"posttrain: {sync_overdue(base_url, f'the weights of step {step}', timeout_s)}"
         said = threading.Lock()
 
         def overdue() -> None:
             if said.acquire(blocking=False):
-                what = f"the weights of step {step}"
-                base_url = self.trainer.vllm_generation.vllm_client.base_url
-                stop_now(f"posttrain: {sync_overdue(base_url, what, self.schedule.weight_sync_timeout_s)}")
+                stop_now(line)
 
-        timer = threading.Timer(self.schedule.weight_sync_timeout_s, overdue)
+        timer = threading.Timer(timeout_s, overdue)
         timer.daemon = True
         timer.start()
         try:
@@ -317,18 +317,40 @@ class RunAhead(Turns, ExportableState):
         weight sync (sharded weights gather), rank 0 pauses and resumes the role around it."""
         with self.deadline(version):
             started = time.monotonic()
-            if self.main:
-                # the requests running are frozen and their caches cleared: on /resume they go on from their tokens
-                # so far, recomputed with the new weights, and nothing cached of the old weights is reused
-                self._post("/pause", params={"mode": "keep", "clear_cache": "true"})
-            self.trainer.vllm_generation.sync_weights()
+            try:
+                self._push_weights()
+            except Exception as error:
+                # the role's refusal or silence in one line; a bug, or a peer lost, stays what it is
+                if not self.main or not _from_the_role(error):
+                    raise
+                doing = "exited" if role_lease.role_exited() else f"failed ({first_line(error)})"
+                raise SpecError(
+                    [
+                        f"vllm role: the server at {self._base_url} {doing} while it took the weights of step "
+                        f"{version}; see its log"
+                    ]
+                ) from None
             if not self.main:
                 return
-            self._post("/resume")
         self.count(weight_sync_s=time.monotonic() - started, weight_syncs=1)
         with self.changed:
             self.role_version = version
             self.changed.notify_all()
+
+    def _push_weights(self) -> None:
+        if self.main:
+            # the requests running are frozen; nothing happens to them until /resume
+            self._post("/pause", params={"mode": "keep"})
+        self.trainer.vllm_generation.sync_weights()
+        if not self.main:
+            return
+        # what they cached of the old weights is dropped: on /resume they go on from their tokens so far, recomputed
+        # with the new weights
+        if not self._post("/reset_prefix_cache", params={"reset_running_requests": "true"}).get("success", False):
+            raise SpecError(
+                [f"vllm role: the server at {self._base_url} kept its cache of the old weights; see its log"]
+            )
+        self._post("/resume")
 
     def summary(self) -> Dict[str, Any]:
         total = self.total
@@ -366,7 +388,7 @@ class RunAhead(Turns, ExportableState):
                 )
         if self.main:
             client = self.trainer.vllm_generation.vllm_client
-            # requests of its own, asked once: TRL's session retries, and is the generator's
+            # requests of its own, asked once (TRL's session retries): /health, and the push's pause and resume
             self.session = requests.Session()
             self.session.auth = client.session.auth
             self.generator = threading.Thread(target=self._generate_guarded, daemon=True)
@@ -446,7 +468,7 @@ class RunAhead(Turns, ExportableState):
             "generation_kwargs": generation.generation_kwargs,
         }
 
-    def _post(self, path: str, **kwargs: Any) -> None:
+    def _post(self, path: str, **kwargs: Any) -> Dict[str, Any]:
         # no timeout of its own: the push's deadline bounds it
         answer = self.session.post(f"{self._base_url}{path}", **kwargs)
         if answer.status_code != 200:
@@ -456,6 +478,13 @@ class RunAhead(Turns, ExportableState):
                     f"{first_line(answer.text)}); see its log"
                 ]
             )
+        return answer.json()
+
+
+def _from_the_role(error: Exception) -> bool:
+    """Whether ``error`` is the role's answer, or its silence: what a request raised, or TRL's client's plain
+    ``Exception("Request failed: <status>, <text>")``."""
+    return isinstance(error, requests.RequestException) or type(error) is Exception
 
 
 def install(trainer: Any, schedule: TrainingGeneration) -> Turns:

@@ -424,8 +424,8 @@ def sync_overdue(base_url: str, what: str, timeout_s: float) -> SpecError:
     )
 
 
-def reload_weights(auth: Any, base_url: str, folder: str, timeout_s: float, what: str = "the weights") -> None:
-    """The server's workers reload ``what`` from ``folder`` (``vllm_server.CheckpointReload``), which is removed
+def reload_weights(auth: Any, base_url: str, folder: str, timeout_s: float) -> None:
+    """The server's workers reload the weights from ``folder`` (``vllm_server.CheckpointReload``), which is removed
     after; one ``vllm role:`` line if they fail, or do not answer within ``timeout_s``. Asked once: TRL's session
     would retry a reload that timed out, five times."""
     import requests
@@ -436,17 +436,18 @@ def reload_weights(auth: Any, base_url: str, folder: str, timeout_s: float, what
         if answer.status_code != 200:
             raise SpecError(
                 [
-                    f"vllm role: the server at {base_url} could not reload {what} from {folder} (HTTP "
+                    f"vllm role: the server at {base_url} could not reload the weights from {folder} (HTTP "
                     f"{answer.status_code}: {first_line(answer.text)}); it reads them from training.output_dir, "
                     "which it must see (shared storage), and its log says more"
                 ]
             )
     except requests.Timeout:
-        raise sync_overdue(base_url, what, timeout_s) from None
+        raise sync_overdue(base_url, "the weights", timeout_s) from None
     except requests.RequestException as error:
         raise SpecError(
             [
-                f"vllm role: the server at {base_url} did not answer the reload of {what} ({first_line(error)}); see its log"
+                f"vllm role: the server at {base_url} did not answer the reload of the weights "
+                f"({first_line(error)}); see its log"
             ]
         ) from None
     finally:

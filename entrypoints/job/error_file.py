@@ -36,9 +36,12 @@ def stop_now(line: str) -> NoReturn:
     """Ends this process at once, saying ``line`` (a ``posttrain:`` line) and leaving it in the error file (exit 2):
     for a thread that finds the job cannot go on while the main thread is where nothing interrupts it (a blocked
     collective, another run's directory)."""
-    print(line, file=sys.stderr, flush=True)
-    record_error(line)
-    os._exit(STOPPED)
+    try:
+        print(line, file=sys.stderr, flush=True)
+        record_error(line)
+    finally:
+        # a closed stream or an unwritable file must not leave the process running
+        os._exit(STOPPED)
 
 
 def posttrain_line(error_file_data: Any) -> Optional[str]:

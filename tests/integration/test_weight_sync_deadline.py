@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from posttrain.components.spec.schema import TrainingGeneration
-from posttrain.entrypoints.generation.run_ahead import Lockstep
+from posttrain.entrypoints.generation import run_ahead
 
 PUSH = """
 import sys
@@ -61,16 +61,18 @@ def test_a_push_that_never_ends_ends_the_process_in_one_line_within_its_timeout(
     assert took < 60, took
 
 
-def deadline_of(timeout_s: float) -> Lockstep:
-    trainer = SimpleNamespace(accelerator=SimpleNamespace(is_main_process=True))
-    return Lockstep(trainer, TrainingGeneration(weight_sync_timeout_s=timeout_s))
-
-
-def test_a_push_in_time_or_one_that_raises_leaves_the_process_to_go_on() -> None:
-    turns = deadline_of(0.2)
+def test_a_push_in_time_or_one_that_raises_leaves_the_process_to_go_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    stopped = []
+    monkeypatch.setattr(run_ahead, "stop_now", stopped.append)
+    trainer = SimpleNamespace(
+        accelerator=SimpleNamespace(is_main_process=True),
+        vllm_generation=SimpleNamespace(vllm_client=SimpleNamespace(base_url="http://127.0.0.1:1")),
+    )
+    turns = run_ahead.Lockstep(trainer, TrainingGeneration(weight_sync_timeout_s=0.2))
     with turns.deadline(3):
         pass
     with pytest.raises(ConnectionError), turns.deadline(4):
         raise ConnectionError("refused")
-    # past both deadlines, this process still runs: their timers were stopped
+    # past both deadlines, neither timer ended the process: they were stopped
     time.sleep(0.5)
+    assert stopped == []

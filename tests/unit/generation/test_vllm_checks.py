@@ -178,10 +178,10 @@ def test_a_server_that_does_not_answer_a_reload_ends_it_in_one_line_within_its_t
         folder = vllm_generation.write_weights({"w": torch.zeros(2)}, tmp_path)
         started = time.monotonic()
         with pytest.raises(SpecError) as error:
-            vllm_generation.reload_weights(None, server.url, folder, timeout_s=1.5, what="the weights of step 3")
+            vllm_generation.reload_weights(None, server.url, folder, timeout_s=1.5)
         waited = time.monotonic() - started
     assert str(error.value) == (
-        f"vllm role: the server at {server.url} did not take the weights of step 3 within 2 s "
+        f"vllm role: the server at {server.url} did not take the weights within 2 s "
         "(generation.weight_sync_timeout_s); see its log"
     )
     # asked once, not again as TRL's session would
