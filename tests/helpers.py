@@ -6,6 +6,7 @@ import importlib
 import json
 import logging
 import os
+import random
 import re
 import socket
 import subprocess
@@ -53,13 +54,18 @@ def two_gloo_ranks(code: str, **env: str) -> List[subprocess.Popen]:
 
 
 def free_port(span: int = 1) -> int:
-    """A port free now, with the ``span - 1`` after it: a chain's stage i rendezvouses on the port plus i."""
+    """A port free now, with the ``span - 1`` after it (a chain's stage i rendezvouses on the port plus i, minutes
+    later), below the kernel's ephemeral range: a port there may go to any outgoing connection meanwhile, and a
+    listener cannot bind it then (a Slurm chain's third stage once found its port so taken)."""
+    ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     while True:
-        with socket.socket() as s:
-            s.bind(("localhost", 0))
-            base = s.getsockname()[1]
-        if base + span <= 65536 and all(_bindable(base + offset) for offset in range(1, span)):
+        base = _PORTS.randrange(10000, ephemeral - span)
+        if all(_bindable(base + offset) for offset in range(span)):
             return base
+
+
+# not the random module's: a test's seed would give every test the same ports
+_PORTS = random.SystemRandom()
 
 
 def _bindable(port: int) -> bool:
