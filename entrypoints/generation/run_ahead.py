@@ -11,7 +11,8 @@ generates; the role waits while they train. Here, beside training:
 - every ``weight_sync_steps`` steps the trainers push their weights into the role, in flight: vLLM's
   ``/pause?mode=keep`` freezes the requests it is running (none is aborted, none dropped), TRL's own weight sync
   runs (sharded weights gathered; on CPU a file the role reloads, on GPUs TRL's NCCL group: see
-  ``vllm_generation``), ``/resume`` lets the requests go on, their tokens so far recomputed with the new weights.
+  ``vllm_generation``), the role drops its cache of the old weights, and ``/resume`` lets the requests go on,
+  their tokens so far recomputed with the new weights.
   A completion may so span two policies; its version is the one its batch started with, the older.
 
 Every batch carries its version; TRL's importance-sampling correction (``vllm_importance_sampling_*``) weighs each
