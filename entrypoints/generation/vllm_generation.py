@@ -47,12 +47,16 @@ from posttrain.components.spec.messages import SpecError, first_line
 from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, ModelSpec, Spec, TrainingGeneration
 from posttrain.entrypoints.generation import role_lease, vllm_token
 from posttrain.entrypoints.inputs.models import CAUSAL_LM, ModelLoading, load_model, load_tokenizer
+from posttrain.entrypoints.job.distributed import env_rank
 
 # how long the server has to answer the trainers' nonce
 PROOF_S = 10.0
 
 # vLLM 0.32's CPU attention (CPUAttentionBackend.get_supported_head_sizes); tests/e2e/test_vllm.py checks it
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+# the directories the weights go to the server through, on CPU, in output_dir
+WEIGHTS_PREFIX = ".vllm-weights-"
 
 # what TRL's VLLMGeneration counts, for run_summary.json: completion tokens and seconds in vLLM's generate
 TOKENS, SECONDS = "posttrain_completion_tokens", "posttrain_generate_seconds"
@@ -145,7 +149,12 @@ def prepare(
     client = vllm_client.VLLMClient
     client.check_server = _role_health_check(_unwrapped(client.check_server))
     if on_cpu:
-        _write_and_reload(client, Path(training["output_dir"]), generation.weight_sync_timeout_s)
+        output_dir = Path(training["output_dir"])
+        if env_rank() == 0:
+            # a killed run's (its reload never finished); rank 0 holds output_dir's lease by now
+            for folder in output_dir.glob(WEIGHTS_PREFIX + "*"):
+                shutil.rmtree(folder, ignore_errors=True)
+        _write_and_reload(client, output_dir, generation.weight_sync_timeout_s)
     host = os.environ.get(VLLM_HOST_VARIABLE)
     # an earlier prepare's, in this process
     if isinstance(vars(client).get("session"), TokenSession):
@@ -405,7 +414,7 @@ def write_weights(tensors: Mapping[str, Any], output_dir: Path) -> str:
     """``tensors`` as one safetensors file in a new directory under ``output_dir`` (which the server must see)."""
     from safetensors.torch import save_file
 
-    folder = tempfile.mkdtemp(prefix=".vllm-weights-", dir=output_dir)
+    folder = tempfile.mkdtemp(prefix=WEIGHTS_PREFIX, dir=output_dir)
     try:
         save_file(dict(tensors), f"{folder}/model.safetensors", metadata={"format": "pt"})
     except BaseException:

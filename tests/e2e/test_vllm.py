@@ -390,6 +390,10 @@ def test_the_role_generating_ahead_learns_within_its_bound_stops_in_one_line_and
     staleness = [entry["generation/staleness_max"] for entry in logged if "generation/staleness_max" in entry]
     assert len(staleness) >= 16 and set(staleness) <= {0.0, 1.0} and staleness.count(1.0) >= 10, staleness
 
+    # what a run killed during a reload leaves (the timer's exit runs no cleanup): the next run removes it
+    killed = output_dir / ".vllm-weights-killed"
+    killed.mkdir(exist_ok=True)
+    (killed / "model.safetensors").write_bytes(b"cut short")
     resumed = run_template("grpo/tiny-vllm-async.yaml", tmp_path, output_dir, j="1x2", timeout=900, overrides=overrides)
     assert_succeeded(resumed)
     assert (
