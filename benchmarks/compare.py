@@ -39,6 +39,12 @@ def main(
     parser.add_argument("--model", choices=sorted(workload.GPU_SHAPES), default="0.5b", help="the shape on GPUs")
     parser.add_argument("--peak-tflops", type=float, default=PEAK_TFLOPS, help="per-GPU peak, for MFU")
     parser.add_argument("--override", nargs="*", default=[], help="posttrain spec overrides, key.path=value")
+    parser.add_argument(
+        "--template",
+        type=Path,
+        help="posttrain runs this template as shipped, given only the workload's model and data and the run's "
+        f"length and logging ({', '.join(harness.MEASURING)})",
+    )
     parser.add_argument("--plain", nargs="*", default=[], help="plain TRL settings, key=value (YAML values)")
     parser.add_argument("--work", type=Path, help="where the model and data go (default: a temp dir)")
     parser.add_argument("--keep", type=Path, help="copy every run's directory here")
@@ -93,6 +99,7 @@ def main(
             rewards=rewards,
             per_step=per_step,
             tokens=tokens,
+            template=options.template and options.template.resolve(),
         )
         print(f"{device}, {nproc} process(es):", flush=True)
         keep = options.keep / f"{nproc}proc" if options.keep else None

@@ -1,17 +1,22 @@
 #!/usr/bin/env bash
 # What a lent GPU machine runs, in one go (it is lent for minutes): the GPU tests of torch_varlen attention, the SFT
 # benchmark of posttrain's GPU defaults against the plain TRL script's (and against the plain script given posttrain's
-# batch and Liger), with Qwen2.5-0.5B's shape and 1.5B's, GRPO's and RLOO's at a GSM8K-like step, and the GPU
-# end-to-end tests. Logs go to $OUT. On an H100: attention, defaults and 1.5b-defaults about 4 minutes, e2e 1.5; all
-# of it does not fit one 560 s call: name the cases (first the ones not yet measured) and run the rest in a second.
+# batch and Liger), with Qwen2.5-0.5B's shape and 1.5B's, the shipped 0.5B template, QLoRA against bf16 LoRA,
+# GRPO's and RLOO's at a GSM8K-like step, and the GPU end-to-end tests. Logs go to $OUT. On an H100: attention,
+# defaults and 1.5b-defaults about 4 minutes, e2e 1.5; all of it does not fit one 560 s call: name the cases (first
+# the ones not yet measured) and run the rest in a second.
 #
 # Prepared here, in the checkout (the machine has torch, transformers, accelerate, peft; nothing can be
-# downloaded there): wheels for Python 3.12 of trl, transformers, datasets, liger-kernel, torchx 0.7.0 and
-# their missing needs, and posttrain's own, in .whl/ (ignored by git, carried):
+# downloaded there): wheels for Python 3.12 of trl, transformers, datasets, liger-kernel, torchx 0.7.0,
+# bitsandbytes and their missing needs, and posttrain's own, in .whl/ (ignored by git, carried):
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_17_x86_64 -d .whl trl==1.16.0 transformers==5.24.0 datasets liger-kernel \
 #     torchx==0.7.0 docstring-parser dill multiprocess pydantic pydantic-core annotated-types \
 #     typing-inspection 'importlib-metadata<10'  # 10 needs lazy_importer
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_24_x86_64 -d .whl bitsandbytes==0.50.2
+#   # 43 MB, over the carry limit with the rest: keep the CUDA 13 library the machine's torch (cu130) loads
+#   zip -q -d .whl/bitsandbytes-*.whl 'bitsandbytes/libbitsandbytes_cuda1[12]*.so' 'bitsandbytes/libbitsandbytes_rocm*'
 #   pip wheel --no-deps --no-build-isolation -w .whl .
 # then: run(command="bash benchmarks/gpu_lease.sh", carry=[".whl"], timeout_s=560)
 set -uo pipefail
@@ -32,7 +37,7 @@ bench() {  # name, benchmark (sft, grpo), then its arguments
   timeout "${BENCH_TIMEOUT:-170}" python3 -m "benchmarks.$algorithm" --gpu --nproc 1 --repeats 1 --steps 30 --work /tmp/bench \
     --json "$out/$name.json" --keep "/tmp/keep-$name" "$@" > "$out/$name.log" 2>&1
   echo "== $name (exit $?)"
-  grep -E "^\| (tokens_per_s|loop_tokens_per_s|first_step_s|peak_rss_mb|peak_gpu_mb|final_\w+) |^MFU|ratio|^$algorithm:" \
+  grep -E "^\| (tokens_per_s|loop_tokens_per_s|first_step_s|peak_rss_mb|peak_gpu_mb|final_\w+) |^MFU|ratio|^$algorithm:|^  \w+ +run " \
     "$out/$name.log"
   local job=/tmp/keep-$name/1proc/posttrain-0  # what posttrain's job said and ran (fast_paths), not its weights
   cp "$job/output/run_summary.json" "$out/$name-run_summary.json" 2>/dev/null
@@ -48,7 +53,9 @@ gpu_tests() {  # name, then pytest arguments
   tail -5 "$out/$name.log"
 }
 # the cases, in the order they run; name some to run only those: bash benchmarks/gpu_lease.sh attention defaults
-cases=("${@:-attention defaults defaults-as-posttrain 1.5b-defaults grpo rloo e2e}")
+cases=("${@:-attention defaults defaults-as-posttrain 1.5b-defaults template lora-1.5b qlora-1.5b grpo rloo e2e}")
+# LoRA's and QLoRA's runs: the same adapter and batch (gpu_batch would fill what 4-bit weights free)
+lora=("model.lora={r: 16, lora_alpha: 32, target_modules: all-linear}" training.per_device_train_batch_size=8)
 for case in ${cases[@]}; do
   case $case in
     # first the kernels' own check: if torch's varlen attention fails here, the SFT rows say what that costs
@@ -59,10 +66,18 @@ for case in ${cases[@]}; do
     defaults-as-posttrain) bench sft-defaults-as-posttrain sft \
       --plain per_device_train_batch_size=64 use_liger_kernel=true activation_checkpointing=false ;;
     1.5b-defaults) bench sft-1.5b-defaults sft --model 1.5b ;;
+    # the shipped template, given only the benchmark's model, data and length: its tokens/s within 10% of defaults'
+    template) bench sft-template sft --sides posttrain --template templates/sft/qwen2.5-0.5b.yaml ;;
+    # the peak GPU memory of QLoRA (4-bit weights) below bf16 LoRA's, both training (final loss below the first)
+    lora-1.5b) bench sft-1.5b-lora sft --model 1.5b --sides posttrain --steps 10 --override "${lora[@]}" ;;
+    qlora-1.5b) bench sft-1.5b-qlora sft --model 1.5b --sides posttrain --steps 10 --override "${lora[@]}" \
+      model.quantization=4bit ;;
     # GRPO and RLOO at a GSM8K-like step (32 prompts x 8 completions of up to 512 tokens; benchmarks/grpo.py)
     # against TRL's scripts: generation and the training loop timed apart; 4 steps of each side about 4 minutes.
     # RL_SIDES=posttrain runs one side (where the other's figures are on this card already)
     grpo | rloo) BENCH_TIMEOUT=${BENCH_TIMEOUT:-400} bench "$case" "$case" --steps "${RL_STEPS:-4}" \
+      --sides ${RL_SIDES:-posttrain trl} ;;
+    grpo-1.5b) BENCH_TIMEOUT=${BENCH_TIMEOUT:-400} bench "$case" grpo --model 1.5b --steps "${RL_STEPS:-4}" \
       --sides ${RL_SIDES:-posttrain trl} ;;
     # posttrain's GRPO with Liger's layer kernels (not its default since they slowed its steps on an H200)
     grpo-liger) BENCH_TIMEOUT=${BENCH_TIMEOUT:-400} bench "$case" grpo --steps "${RL_STEPS:-4}" --sides posttrain \

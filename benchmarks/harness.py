@@ -93,6 +93,13 @@ class Case:
     per_step: str = "loss"
     # the logged running count of tokens trained
     tokens: str = "num_input_tokens_seen"
+    # a template the posttrain side runs as shipped, given only the workload and MEASURING's settings
+    template: Optional[Path] = None
+
+
+# what a benchmarked template takes of the benchmark's training settings: how long it runs and what it logs (its
+# saving stays: a template saves every save_steps, past the benchmark's length)
+MEASURING = ("max_steps", "logging_steps", "seed", "report_to")
 
 
 def run_env(work: Path, gpus: int) -> Dict[str, str]:
@@ -110,17 +117,24 @@ def run_env(work: Path, gpus: int) -> Dict[str, str]:
     return env
 
 
-def posttrain_command(case: Case, work: Path, port: int) -> List[str]:
-    spec = {
-        "algorithm": case.algorithm,
-        "model": {"name_or_path": str(case.model)},
-        "data": {"train": {"path": str(case.data)}},
-        "training": {**case.training, "output_dir": str(work / "output")},
-    }
+def posttrain_spec(case: Case, work: Path) -> Dict:
+    """The benchmark's spec, or ``case.template`` with the workload's model and data and MEASURING's settings."""
+    if case.template is None:
+        spec = {"algorithm": case.algorithm, "model": {}, "training": dict(case.training)}
+    else:
+        spec = yaml.safe_load(case.template.read_text())
+        spec["training"].update({key: value for key, value in case.training.items() if key in MEASURING})
+    spec["model"]["name_or_path"] = str(case.model)
+    spec.setdefault("data", {})["train"] = {"path": str(case.data)}
+    spec["training"]["output_dir"] = str(work / "output")
     if case.rewards:
         spec["rewards"] = list(case.rewards)
+    return spec
+
+
+def posttrain_command(case: Case, work: Path, port: int) -> List[str]:
     spec_path = work / "spec.yaml"
-    spec_path.write_text(yaml.safe_dump(spec))
+    spec_path.write_text(yaml.safe_dump(posttrain_spec(case, work)))
     gpu = ["--gpu", str(case.gpus)] if case.gpus else []
     return [
         str(PYTHON_BIN / "torchx"),
@@ -173,6 +187,13 @@ def _is_launcher(argv: List[bytes]) -> bool:
     return any(name in argv for name in (b"torch.distributed.run", b"posttrain.entrypoints.launcher"))
 
 
+def _descends_from(pid: int, root: int, processes: Dict[int, tuple]) -> bool:
+    """Whether ``pid`` is in ``root``'s tree (another run's torchrun on the machine is not)."""
+    while pid in processes and pid != root:
+        pid = processes[pid][0]
+    return pid == root
+
+
 def _watch_worker_start(root: int, finished: threading.Event, delays: List[float]) -> None:
     """Appends how long after ``root`` started the first training process (a Python child of torchrun) started."""
     try:
@@ -191,8 +212,10 @@ def _watch_worker_start(root: int, finished: threading.Event, delays: List[float
                 continue
         starts = [
             start
-            for parent, start, argv in processes.values()
-            if b"python" in argv[0] and _is_launcher(processes.get(parent, (0, 0, []))[2])
+            for pid, (parent, start, argv) in processes.items()
+            if b"python" in argv[0]
+            and _is_launcher(processes.get(parent, (0, 0, []))[2])
+            and _descends_from(pid, root, processes)
         ]
         if starts:
             delays.append((min(starts) - root_ticks) / os.sysconf("SC_CLK_TCK"))
@@ -278,10 +301,12 @@ def compare(
                     if run.loop_tokens_per_s != run.loop_tokens_per_s
                     else f" ({run.loop_tokens_per_s:.0f} in the loop)"
                 )
+                gpu = "" if run.peak_gpu_mb != run.peak_gpu_mb else f", peak GPU {run.peak_gpu_mb:.0f} MB"
+                first = run.values[min(run.values)]
                 print(
                     f"  {side:9} run {repeat + 1}/{repeats}: {run.tokens_per_s:8.0f} tokens/s{loop}, first step "
                     f"{run.first_step_s:5.1f} s (worker started at {run.worker_start_s:.2f} s), "
-                    f"peak RSS {run.peak_rss_mb:6.0f} MB, final {run.per_step} {run.final:.4f}",
+                    f"peak RSS {run.peak_rss_mb:6.0f} MB{gpu}, {run.per_step} {first:.4f} first, {run.final:.4f} final",
                     flush=True,
                 )
     finally:
