@@ -23,16 +23,25 @@ from posttrain.components.spec.registry import SPEC_CLASSES
 from posttrain.components.spec.values import rows_for
 
 _NO_DEFAULT = object()
+# TRL's advice that names a key posttrain refuses, and what holds in posttrain instead
+_REROUTED = {
+    'use `model_init_kwargs={"use_kernels": True}` instead': "posttrain keeps this key, as it refuses "
+    "`model_init_kwargs` (it loads the models itself)",
+}
 
 
 def help_text(text: str) -> str:
     """A package's help text as the table keeps it: argparse's ``%%`` as ``%``, an HTML link as Markdown's (the
-    reference pages and the schemas' hover text show it).
+    reference pages and the schemas' hover text show it), and no advice to use a key posttrain refuses.
 
     >>> help_text("~20%% slower; see <a href='https://x.org/p'>the paper</a>")
     '~20% slower; see [the paper](https://x.org/p)'
+    >>> help_text('Deprecated: use `model_init_kwargs={"use_kernels": True}` instead.')
+    'Deprecated: posttrain keeps this key, as it refuses `model_init_kwargs` (it loads the models itself).'
     """
     text = text.replace("%%", "%")
+    for advice, instead in _REROUTED.items():
+        text = text.replace(advice, instead)
     return re.sub(r"""<a href=['"]([^'"]+)['"]>(.*?)</a>""", r"[\2](\1)", text)
 
 

@@ -73,10 +73,14 @@ def _schema_type(prop: Dict[str, Any]) -> str:
     return "object" if kind == "object" and "properties" not in prop else str(kind)
 
 
-def _section_table(properties: Dict[str, Any], required: Sequence[str], prefix: str) -> List[str]:
+def _section_table(
+    properties: Dict[str, Any], required: Sequence[str], prefix: str, posttrain_defaults: Mapping[str, str] = {}
+) -> List[str]:
     rows = ["| key | type | default | description |", "| --- | --- | --- | --- |"]
     for name, prop in properties.items():
         default = "required" if name in required else (_shown(prop["default"]) if "default" in prop else "")
+        if prefix + name in posttrain_defaults:
+            default = f"posttrain: {posttrain_defaults[prefix + name]}"
         rows.append(
             f"| `{prefix}{name}` | {_cell(_schema_type(prop))} | {_cell(default)} | {_cell(prop.get('description', ''))} |"
         )
@@ -102,8 +106,8 @@ def _field_table(
             continue
         entry = entries[name]
         default = _shown(entry["default"]) if "default" in entry else ""
-        if name in posttrain_defaults:
-            default = f"posttrain: {posttrain_defaults[name]} (TRL: {default})"
+        if prefix + name in posttrain_defaults:
+            default = f"posttrain: {posttrain_defaults[prefix + name]} (TRL: {default})"
         rows.append(
             f"| `{prefix}{name}` | {_cell(field.describe())} | {_cell(default)} | "
             f"{_cell('; '.join(rules.get(name, [])))} | {_cell(entry.get('help', ''))} |"
@@ -127,6 +131,11 @@ def render(algorithm: str) -> str:
         "## Top level",
         "",
     ]
+    # what the job decides where the spec leaves a key unset, by the key's path
+    decided = {key: text for path in cls.fast_paths for key, text in FAST_PATH_DEFAULTS[path].items()}
+    decided.update(
+        {f"training.{key}": f"{_shown(value)}, set by posttrain" for key, value in cls.config_defaults.items()}
+    )
     top = {name: prop for name, prop in schema["properties"].items() if name != "training"}
     lines += _section_table(top, schema.get("required", []), "")
     for name, prop in top.items():
@@ -144,7 +153,7 @@ def render(algorithm: str) -> str:
         # each item of a list: rewards[].weight
         name = f"{name}[]" if prop.get("type") == "array" else name
         lines += ["", f"## `{name}`", "", _cell(section.get("description", "")), ""]
-        lines += _section_table(inner, section.get("required", []), f"{name}.")
+        lines += _section_table(inner, section.get("required", []), f"{name}.", decided)
         # a section within (data.train, data.eval, distributed.deepspeed)
         for key, value in inner.items():
             nested = value.get("$ref") or next((o["$ref"] for o in value.get("anyOf", []) if "$ref" in o), None)
@@ -162,8 +171,6 @@ def render(algorithm: str) -> str:
         f"The fields of `{cls.config_class}`, as the installed TRL defines them; `training.output_dir` is required.",
         "",
     ]
-    decided = {key: text for path in cls.fast_paths for key, text in FAST_PATH_DEFAULTS[path].items()}
-    decided.update({key: f"{_shown(value)}, set by posttrain" for key, value in cls.config_defaults.items()})
     lines += _field_table(cls.config_class, "training.", exclude=list(refused), posttrain_defaults=decided)
     lines += ["", "### Keys posttrain refuses in `training`", "", "| key | why, and what to use |", "| --- | --- |"]
     lines += [f"| `training.{key}` | {_cell(why)} |" for key, why in sorted(refused.items())]

@@ -135,8 +135,8 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "trust_remote_code": "Run the model repository's own code; false unless you say so.",
         "revision": "The hub revision (branch, tag or commit) to load.",
         "attn_implementation": "The attention implementation transformers uses (eager, sdpa, flash_attention_2, ..., "
-        "or torch_varlen: torch's varlen kernels, for training); default the model's own (SFT on a GPU may pick "
-        "torch_varlen: docs, Speed).",
+        "or torch_varlen: torch's varlen kernels, for training); unset, the model's own, or torch_varlen on GPUs "
+        "where the algorithm trains on padding-free rows (its reference's default column; docs, Speed).",
         "quantization": "4bit: the trained model's weights load frozen in 4 bits (bitsandbytes' NF4, QLoRA) and "
         "model.lora trains an adapter on them; with data parallelism, on GPUs or CPUs.",
     },

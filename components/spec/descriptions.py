@@ -71,22 +71,24 @@ _FAST_PATHS: Dict[str, str] = {
     "no_activation_checkpointing": "no activation checkpointing where the memory allows",
 }
 
-# what the job runs where the spec leaves a fast path's training keys unset (entrypoints/speed/fast_paths.py decides),
-# by fast path and key: the reference's default column shows it beside TRL's
+# what the job runs where the spec leaves a fast path's keys unset (entrypoints/speed/fast_paths.py decides), by fast
+# path and key: the reference's default column shows it beside TRL's (or transformers')
 FAST_PATH_DEFAULTS: Dict[str, Dict[str, str]] = {
     "padding_free": {
-        "padding_free": "true on CPU; on GPUs, true with varlen attention (torch_varlen, chosen where torch 2.11+ "
-        "runs it; flash attention)",
+        "training.padding_free": "true on CPU; on GPUs, true with varlen attention (torch_varlen, chosen where "
+        "torch 2.11+ runs it; flash attention)",
+        "model.attn_implementation": "on GPUs, torch_varlen where torch 2.11+ runs it, for the model types it is "
+        "checked for, in 16 bits (docs, Speed); else the model's own",
     },
-    "use_liger_kernel": {"use_liger_kernel": "true on CUDA where liger-kernel is installed (the gpu extra)"},
+    "use_liger_kernel": {"training.use_liger_kernel": "true on CUDA where liger-kernel is installed (the gpu extra)"},
     "gpu_batch": {
-        "per_device_train_batch_size": "on GPUs, 65,536 tokens over max_length (64 rows of 1,024) where the step "
-        "fits with Liger's fused loss; else 8",
+        "training.per_device_train_batch_size": "on GPUs, 65,536 tokens over max_length (64 rows of 1,024) where "
+        "the step fits with Liger's fused loss; else 8",
     },
     "no_activation_checkpointing": {
-        "activation_checkpointing": "false on CPU; on GPUs without FSDP or DeepSpeed, false where the step's "
-        "activations fit",
-        "gradient_checkpointing": "as activation_checkpointing (its old name)",
+        "training.activation_checkpointing": "false on CPU; on GPUs without FSDP or DeepSpeed, false where the "
+        "step's activations fit",
+        "training.gradient_checkpointing": "as activation_checkpointing (its old name)",
     },
 }
 

@@ -49,6 +49,16 @@ def test_the_sft_reference_gives_posttrains_defaults_of_the_fast_path_keys_besid
 
 
 @pytest.mark.parametrize("algorithm", sorted(SPEC_CLASSES))
+def test_the_attention_default_is_torch_varlen_on_gpus_where_the_algorithm_trains_padding_free(algorithm: str) -> None:
+    rows = {line.split(" | ")[0].strip("| `"): line for line in reference.render(algorithm).splitlines()}
+    default = rows["model.attn_implementation"].split(" | ")[2]
+    if "padding_free" in SPEC_CLASSES[algorithm].fast_paths:
+        assert default.startswith("posttrain: on GPUs, torch_varlen"), default
+    else:
+        assert default == "`null`", default
+
+
+@pytest.mark.parametrize("algorithm", sorted(SPEC_CLASSES))
 def test_a_page_lists_no_key_of_a_section_its_algorithm_refuses(algorithm: str) -> None:
     page = reference.render(algorithm)
     for section, why in SPEC_CLASSES[algorithm].refused_sections.items():
