@@ -1,5 +1,5 @@
-"""Greedy, transformers' continuous batching (the GPU default without vLLM) gives ``generate``'s tokens: about 30 s
-on CPU."""
+"""Greedy, transformers' continuous batching (``training.use_transformers_continuous_batching``, GRPO's and RLOO's
+switch where vLLM is not used) gives ``generate``'s tokens: about 30 s on CPU."""
 
 import torch
 from transformers import GenerationConfig
@@ -8,7 +8,6 @@ from helpers import PAD, batch, model
 
 
 def test_continuous_batching_generates_what_generate_does() -> None:
-    """Greedy, transformers' continuous batching (the GPU default without vLLM) gives ``generate``'s tokens."""
     prompts, prompt_mask, _ = batch("left")
     prompts, prompt_mask = prompts[:, :30], prompt_mask[:, :30]
     settings = GenerationConfig(max_new_tokens=8, do_sample=False, pad_token_id=PAD, eos_token_id=None)
