@@ -72,7 +72,7 @@ _FAST_PATHS: Dict[str, str] = {
 }
 
 # what the job runs where the spec leaves a fast path's keys unset (entrypoints/speed/fast_paths.py decides), by fast
-# path and key: the reference's default column shows it beside TRL's (or transformers')
+# path and key: the reference's default column shows it (a training key's beside TRL's default)
 FAST_PATH_DEFAULTS: Dict[str, Dict[str, str]] = {
     "padding_free": {
         "training.padding_free": "true on CPU; on GPUs, true with varlen attention (torch_varlen, chosen where "
