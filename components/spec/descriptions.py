@@ -69,6 +69,7 @@ _FAST_PATHS: Dict[str, str] = {
     "use_liger_kernel": "Liger kernels on GPUs",
     "gpu_batch": "larger batches on GPUs where they fit",
     "no_activation_checkpointing": "no activation checkpointing where the memory allows",
+    "micro_batches": "micro-batches on GPUs where a step's rows would not fit",
 }
 
 # what the job runs where the spec leaves a fast path's keys unset (entrypoints/speed/fast_paths.py decides), by fast
@@ -84,6 +85,11 @@ FAST_PATH_DEFAULTS: Dict[str, Dict[str, str]] = {
     "gpu_batch": {
         "training.per_device_train_batch_size": "on GPUs, 65,536 tokens over max_length (64 rows of 1,024) where "
         "the step fits with Liger's fused loss; else 8",
+    },
+    "micro_batches": {
+        "training.gradient_accumulation_steps": "on GPUs without FSDP or DeepSpeed, where a step's rows would not "
+        "fit: per_device_train_batch_size split into the fewest equal micro-batches that do (same loss and steps; "
+        "not with bnpo or an entropy bonus); else 1",
     },
     "no_activation_checkpointing": {
         "training.activation_checkpointing": "false on CPU; on GPUs without FSDP or DeepSpeed, false where the "

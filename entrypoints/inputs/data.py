@@ -394,6 +394,22 @@ def check_online_data(algorithm: Type[Spec], args: Any, rows: int, world_size: i
         )
 
 
+def longest_prompt(tokenizer: Any, dataset: Any, tools: Sequence[Any] = ()) -> int:
+    """The longest of ``dataset``'s prompts in tokens, tokenized as TRL 1.16's GRPO and RLOO trainers do
+    (``_tokenize_prompts``): chat prompts through the chat template, with the generation prompt and ``tools``'
+    schemas; text as it is, special tokens added. (An environment's own tools are left out.)"""
+    from trl.data_utils import is_conversational
+
+    prompts = list(dataset["prompt"])
+    if is_conversational({"prompt": prompts[0]}):
+        ids = tokenizer.apply_chat_template(
+            conversation=prompts, tools=list(tools) or None, add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+    else:
+        ids = tokenizer(text=prompts)["input_ids"]
+    return max(len(row) for row in ids)
+
+
 def check_length_column(rows_hold_input_ids: bool, args: Any, datasets: Sequence[Tuple[str, Any]]) -> None:
     """The lengths that length-grouped sampling reads: transformers measures each row's input_ids, which only some
     trainers' tokenised rows hold (the spec class's ``rows_hold_input_ids``); the others' data gives them in

@@ -87,6 +87,7 @@ from posttrain.entrypoints.inputs.data import (
     check_online_data,
     fit_batch,
     load_split,
+    longest_prompt,
 )
 from posttrain.entrypoints.inputs.models import (
     ModelLoading,
@@ -536,6 +537,11 @@ def _check_inputs(spec: Spec, split: Parts, world_size: int, reward_check: Rewar
     check_reward_templates(rewards, spec.model, datasets)
     if calls:
         check_tool_template(tokenizer, spec.model.name_or_path)
+    split_step = fast_paths.micro_batches(
+        split.fast_paths, torch.cuda.is_available(), args, lambda: longest_prompt(tokenizer, train_dataset, tools)
+    )
+    if split_step:
+        args = build_config(spec.config_class, training_arguments(spec, {**training, **split_step}))
     eval_dataset = datasets[1][1] if len(datasets) > 1 else None
     return _Inputs(
         train_dataset,

@@ -41,6 +41,14 @@ Measured gains: BENCHMARKS.md.
   that changes what training does, said in the job's first lines.
   Off-switch: ``training.per_device_train_batch_size`` (or
   ``gradient_accumulation_steps``).
+- ``micro_batches`` (GRPO, RLOO, on CUDA, without FSDP or DeepSpeed): where an optimizer step's rows
+  (``per_device_train_batch_size``, each up to the longest prompt and ``max_completion_length``) would not fit
+  the GPU (entrypoints/speed/gpu_memory.py), they train as equal micro-batches, accumulated: the same
+  generation batch, the same optimizer steps, the same loss for every loss type whose loss is a mean over rows
+  or a token sum over the generation batch (not ``bnpo``, nor an entropy bonus or mask, whose means are per
+  micro-batch, nor Liger's GRPO loss, unchecked; tests/integration/test_micro_batches.py). Said in the job's first
+  lines. Off-switch:
+  ``training.gradient_accumulation_steps``.
 - no activation checkpointing (SFT): TRL turns it on to save GPU memory, and
   the backward then runs every layer's forward again; the same gradients
   without that, for more memory (activations are kept). On CPUs always; on
@@ -55,7 +63,7 @@ import dataclasses
 import importlib.util
 import logging
 import os
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import torch
 
@@ -82,6 +90,11 @@ CHECKPOINTING_KEYS = {*CHECKPOINTING_SWITCHES, *CHECKPOINTING_OPTIONS}
 # SFT's tokens per device and step on a GPU where the spec leaves the batch: 64 rows of TRL's default max_length.
 # There one H100 trained Qwen2.5-0.5B's shape at 33.5% MFU, against 9.2% with TRL's 8 rows (BENCHMARKS.md).
 GPU_TOKENS_PER_STEP = 65536
+# TRL 1.16's GRPO loss types whose loss over an optimizer step changes with its split into micro-batches
+# (GRPOTrainer._compute_loss): bnpo's token mean is per micro-batch. Each other one is a mean over rows, each
+# micro-batch's divided by their number, or a token sum over the generation batch's token count; RLOO's loss is a
+# mean over rows.
+SPLIT_DEPENDENT_LOSSES = ("bnpo",)
 # what installs the packages the GPU defaults need (setup.cfg's gpu extra)
 INSTALL_GPU = "pip install 'posttrain[gpu]'"
 
@@ -140,6 +153,57 @@ def gpu_batch(options: FastPathOptions, on_cuda: bool) -> Dict[str, Any]:
         rows * max_length, checkpointing=True, half=computes_in_16_bits(training)
     )
     return {"per_device_train_batch_size": rows} if gpu_memory.fits(step) else {}
+
+
+def micro_batches(
+    options: FastPathOptions, on_cuda: bool, args: Any, longest_prompt: Callable[[], int]
+) -> Dict[str, Any]:
+    """GRPO's and RLOO's step on a GPU where its rows would not fit: ``per_device_train_batch_size`` rows as
+    the fewest equal micro-batches that do, accumulated (``gradient_accumulation_steps``; ``steps_per_generation``
+    scaled where the spec sets it), so the generation batch and the optimizer steps stay the spec's. ``args``: the
+    TRL config the spec makes; ``longest_prompt``: its data's longest prompt in tokens, asked only where the rest
+    allows a split. Else nothing: the spec sets gradient_accumulation_steps, the job is sharded, the loss
+    depends on the split, or the rows fit (or not even one does)."""
+    if "micro_batches" not in options.offered or not on_cuda or options.sharded:
+        return {}
+    if "gradient_accumulation_steps" in options.training or args.per_device_train_batch_size == 1:
+        return {}
+    if getattr(args, "loss_type", None) in SPLIT_DEPENDENT_LOSSES or getattr(args, "use_liger_kernel", False):
+        return {}
+    entropy_bonus = getattr(args, "entropy_coef", 0.0) or getattr(args, "use_adaptive_entropy", False)
+    if entropy_bonus or getattr(args, "top_entropy_quantile", 1.0) < 1.0:
+        return {}
+    shape = gpu_memory.model_shape(options.model)
+    if shape is None:
+        return {}
+    row = longest_prompt() + args.max_completion_length
+    # the reference model's frozen copy, where the KL term needs one
+    reference = shape.frozen_bytes() if args.beta != 0.0 and options.model.lora is None else 0
+    held = state_bytes(options, shape) + reference
+    if getattr(args, "use_vllm", False) and args.vllm_mode == "colocate":
+        # vLLM's share of the same GPU
+        held += int(args.vllm_gpu_memory_utilization * gpu_memory.gpu_bytes())
+    rows = args.per_device_train_batch_size
+    for micro in (n for n in range(rows, 0, -1) if rows % n == 0):
+        activations = shape.activation_bytes(
+            micro * row, args.activation_checkpointing, half=computes_in_16_bits(options.training)
+        )
+        if gpu_memory.fits(held + activations):
+            break
+    else:
+        return {}
+    if micro == rows:
+        return {}
+    accumulated = rows // micro
+    split: Dict[str, Any] = {"per_device_train_batch_size": micro, "gradient_accumulation_steps": accumulated}
+    if "steps_per_generation" in options.training:
+        split["steps_per_generation"] = options.training["steps_per_generation"] * accumulated
+    _say(
+        f"on a GPU of {gpu_memory.gpu_bytes() / 1e9:.0f} GB: each optimizer step's {rows} rows per device (of up to "
+        f"{row} tokens) train as {accumulated} micro-batches of {micro}, accumulated: the same loss and steps "
+        "(training.gradient_accumulation_steps sets them)"
+    )
+    return split
 
 
 def state_bytes(options: FastPathOptions, shape: gpu_memory.ModelShape) -> int:
@@ -326,6 +390,9 @@ def applied(trainer: Any, options: FastPathOptions) -> List[str]:
         found.append(attention.NAME)
     if getattr(trainer.args, "use_liger_kernel", False):
         found.append("use_liger_kernel")
+    spec_rows = config_value(options.config_class, options.training, "per_device_train_batch_size")
+    if "micro_batches" in options.offered and trainer.args.per_device_train_batch_size < spec_rows:
+        found.append("micro_batches")
     fsdp_checkpointing = (getattr(trainer.args, "fsdp_config", None) or {}).get("activation_checkpointing")
     if getattr(trainer.args, "activation_checkpointing", None) is False and not fsdp_checkpointing:
         found.append("no_activation_checkpointing")

@@ -338,6 +338,51 @@ def test_on_a_gpu_sft_trains_64_rows_of_max_length_where_the_spec_leaves_the_ste
     assert fast_paths.gpu_batch(options_of(dpo), on_cuda=True) == {}
 
 
+def grpo_step(model: str, **training: object) -> Dict[str, object]:
+    """What GRPO's job decides for its loop on an H100 (fast_paths.micro_batches): prompts of up to 200 tokens,
+    completions of up to 512, 32 prompts x 8 completions per device and step unless told otherwise."""
+    raw = {"algorithm": "grpo", "model": {"name_or_path": model}, "data": {"train": {"path": "x.jsonl"}}}
+    step = {"output_dir": "out", "per_device_train_batch_size": 256, "num_generations": 8, "use_vllm": False}
+    spec = validate({**raw, "rewards": [{"builtin": "exact_match"}], "training": {**step, **training}})
+    args = runtime.build_config(spec.config_class, {**spec.training, "use_cpu": True, "bf16": False})
+    return fast_paths.micro_batches(options_of(spec), True, args, lambda: 200)
+
+
+def test_on_a_gpu_grpo_s_step_trains_in_micro_batches_only_where_its_rows_would_not_fit(
+    h100: None, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 7B model's state takes most of the GPU: its 256 rows of up to 712 tokens train as 8 micro-batches of 32
+    (activations of 8.5 GB each, checkpointed); a 0.5B model's fit whole. The split keeps the step: the same
+    generation batch (steps_per_generation scaled with it where the spec sets it) and optimizer steps."""
+    huge = model_directory(tmp_path, "7b", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28)
+    with caplog.at_level(logging.INFO, logger="posttrain"):
+        assert grpo_step(huge) == {"per_device_train_batch_size": 32, "gradient_accumulation_steps": 8}
+    assert "256 rows per device (of up to 712 tokens) train as 8 micro-batches of 32" in caplog.text
+    assert grpo_step(huge, steps_per_generation=2) == {
+        "per_device_train_batch_size": 32,
+        "gradient_accumulation_steps": 8,
+        "steps_per_generation": 16,
+    }
+    # TRL derives steps_per_generation from the generation batch the spec sets
+    assert grpo_step(huge, generation_batch_size=512)["gradient_accumulation_steps"] == 8
+    # without checkpointing a 1.5B model's rows take 2.2 MB a token; colocated vLLM holds 30% of the GPU
+    assert grpo_step(qwen_1_5b(tmp_path), activation_checkpointing=False)["per_device_train_batch_size"] == 32
+    both = grpo_step(qwen_1_5b(tmp_path), activation_checkpointing=False, use_vllm=True)
+    assert both["per_device_train_batch_size"] == 16
+    # not even one row fits beside vLLM: the step stays the spec's
+    assert grpo_step(huge, use_vllm=True) == {}
+    assert grpo_step(qwen_0_5b(tmp_path)) == {}
+    # the loss depends on the split (a token mean per micro-batch), or the spec sets the split
+    for training in ({"loss_type": "bnpo"}, {"entropy_coef": 0.01}, {"top_entropy_quantile": 0.2}):
+        assert grpo_step(huge, **training) == {}, training
+    assert grpo_step(huge, per_device_train_batch_size=64, gradient_accumulation_steps=4) == {}
+    # the other loss types of TRL 1.16's GRPOTrainer._compute_loss
+    for loss in ("grpo", "sapo", "dr_grpo", "dapo", "cispo", "vespo", "luspo"):
+        # luspo's sequence-level setup
+        level = {"importance_sampling_level": "sequence"} if loss == "luspo" else {}
+        assert grpo_step(huge, loss_type=loss, **level)["gradient_accumulation_steps"] == 8, loss
+
+
 def test_liger_s_fused_loss_counts_only_where_liger_is_made_for_the_model(monkeypatch: pytest.MonkeyPatch) -> None:
     shape = gpu_memory.ModelShape("qwen2", 896, 4864, 24, 151936, True, 0.0, 2)
     patches = type("Module", (), {"MODEL_TYPE_TO_APPLY_LIGER_FN": {"qwen2": None}})
@@ -404,6 +449,7 @@ OFF_SWITCHES = {
     "use_liger_kernel": ["use_liger_kernel"],
     "gpu_batch": ["per_device_train_batch_size", "gradient_accumulation_steps"],
     "no_activation_checkpointing": ["activation_checkpointing"],
+    "micro_batches": ["gradient_accumulation_steps"],
 }
 
 
