@@ -79,6 +79,12 @@ for case in ${cases[@]}; do
       --sides ${RL_SIDES:-posttrain trl} ;;
     grpo-1.5b) BENCH_TIMEOUT=${BENCH_TIMEOUT:-400} bench "$case" grpo --model 1.5b --steps "${RL_STEPS:-4}" \
       --sides ${RL_SIDES:-posttrain trl} ;;
+    # a step whose rows would not fit, split by the job (fast_paths.micro_batches): 1.5B's 256 rows without
+    # activation checkpointing, as 8 micro-batches of 32 on an H100; the job's line says the split, fast_paths lists it
+    grpo-micro) BENCH_TIMEOUT=${BENCH_TIMEOUT:-400} bench "$case" grpo --model 1.5b --steps "${RL_STEPS:-3}" \
+      --sides posttrain --override training.per_device_train_batch_size=256 "~training.gradient_accumulation_steps" \
+      training.activation_checkpointing=false
+      grep -h "micro-batches of" "$out/$case-posttrain.log" ;;
     # posttrain's GRPO with Liger's layer kernels (not its default since they slowed its steps on an H200)
     grpo-liger) BENCH_TIMEOUT=${BENCH_TIMEOUT:-400} bench "$case" grpo --steps "${RL_STEPS:-4}" --sides posttrain \
       --override training.use_liger_kernel=true ;;
