@@ -79,6 +79,9 @@ for case in ${cases[@]}; do
       --sides ${RL_SIDES:-posttrain trl} ;;
     grpo-1.5b) BENCH_TIMEOUT=${BENCH_TIMEOUT:-400} bench "$case" grpo --model 1.5b --steps "${RL_STEPS:-4}" \
       --sides ${RL_SIDES:-posttrain trl} ;;
+    # the same step's 256 rows in one micro-batch (0.5B's fit an H100 with checkpointing): the loop's MFU at full rows
+    grpo-rows) BENCH_TIMEOUT=${BENCH_TIMEOUT:-400} bench "$case" grpo --steps "${RL_STEPS:-3}" --sides posttrain \
+      --override training.per_device_train_batch_size=256 "~training.gradient_accumulation_steps" ;;
     # a step whose rows would not fit, split by the job (fast_paths.micro_batches): 1.5B's 256 rows without
     # activation checkpointing, as 8 micro-batches of 32 on an H100; the job's line says the split, fast_paths lists it
     grpo-micro) BENCH_TIMEOUT=${BENCH_TIMEOUT:-400} bench "$case" grpo --model 1.5b --steps "${RL_STEPS:-3}" \
