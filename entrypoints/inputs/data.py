@@ -394,16 +394,29 @@ def check_online_data(algorithm: Type[Spec], args: Any, rows: int, world_size: i
         )
 
 
-def longest_prompt(tokenizer: Any, dataset: Any, tools: Sequence[Any] = ()) -> int:
+def longest_prompt(
+    tokenizer: Any, dataset: Any, tools: Sequence[Any] = (), chat_template_kwargs: Optional[Dict[str, Any]] = None
+) -> int:
     """The longest of ``dataset``'s prompts in tokens, tokenized as TRL 1.16's GRPO and RLOO trainers do
-    (``_tokenize_prompts``): chat prompts through the chat template, with the generation prompt and ``tools``'
-    schemas; text as it is, special tokens added. (An environment's own tools are left out.)"""
+    (``_tokenize_prompts``): chat prompts through the chat template (TRL's prefix-preserving one with tools where the
+    model's is not), with the generation prompt, ``tools``' schemas and ``chat_template_kwargs``; text as it is,
+    special tokens added. (An environment's own tools are left out.)"""
+    from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving
     from trl.data_utils import is_conversational
 
     prompts = list(dataset["prompt"])
     if is_conversational({"prompt": prompts[0]}):
+        template = None
+        if tools and not is_chat_template_prefix_preserving(tokenizer):
+            template = get_training_chat_template(tokenizer)
         ids = tokenizer.apply_chat_template(
-            conversation=prompts, tools=list(tools) or None, add_generation_prompt=True, tokenize=True, return_dict=True
+            conversation=prompts,
+            tools=list(tools) or None,
+            chat_template=template,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+            **(chat_template_kwargs or {}),
         )["input_ids"]
     else:
         ids = tokenizer(text=prompts)["input_ids"]

@@ -538,7 +538,10 @@ def _check_inputs(spec: Spec, split: Parts, world_size: int, reward_check: Rewar
     if calls:
         check_tool_template(tokenizer, spec.model.name_or_path)
     split_step = fast_paths.micro_batches(
-        split.fast_paths, torch.cuda.is_available(), args, lambda: longest_prompt(tokenizer, train_dataset, tools)
+        split.fast_paths,
+        torch.cuda.is_available(),
+        args,
+        lambda: longest_prompt(tokenizer, train_dataset, tools, args.chat_template_kwargs),
     )
     if split_step:
         args = build_config(spec.config_class, training_arguments(spec, {**training, **split_step}))

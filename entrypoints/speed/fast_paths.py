@@ -46,8 +46,9 @@ Measured gains: BENCHMARKS.md.
   the GPU (entrypoints/speed/gpu_memory.py), they train as equal micro-batches, accumulated: the same
   generation batch, the same optimizer steps, the same loss for every loss type whose loss is a mean over rows
   or a token sum over the generation batch (not ``bnpo``, nor an entropy bonus or mask, whose means are per
-  micro-batch, nor Liger's GRPO loss, unchecked; tests/integration/test_micro_batches.py). Said in the job's first
-  lines. Off-switch:
+  micro-batch, nor Liger's GRPO loss, unchecked, nor a model with attention dropout, which draws per micro-batch;
+  tests/integration/test_micro_batches.py). Logged token means (``kl``, ``entropy``, the clip ratios) become means
+  of the micro-batches' means. Said in the job's first lines. Off-switch:
   ``training.gradient_accumulation_steps``.
 - no activation checkpointing (SFT): TRL turns it on to save GPU memory, and
   the backward then runs every layer's forward again; the same gradients
@@ -174,7 +175,8 @@ def micro_batches(
     if entropy_bonus or getattr(args, "top_entropy_quantile", 1.0) < 1.0:
         return {}
     shape = gpu_memory.model_shape(options.model)
-    if shape is None:
+    # attention dropout draws per micro-batch: the same loss in distribution only
+    if shape is None or shape.attention_dropout:
         return {}
     row = longest_prompt() + args.max_completion_length
     # the reference model's frozen copy, where the KL term needs one

@@ -114,9 +114,13 @@ class ModelShape:
         return 2 * self.layers * (self.kv_hidden or self.hidden) * self.weight_bytes * tokens
 
 
+# a mixture of experts' expert counts (Qwen2/3-MoE, Mixtral, DeepSeek): the estimate counts no experts
+EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
 def model_shape(model: ModelSpec) -> Optional[ModelShape]:
     """The shape of the model from its config; None where there is none to read (a hub id out of reach, a
-    built-in, a config that is not a decoder's)."""
+    built-in, a config that is not a decoder's) or it would be wrong (a mixture of experts)."""
     return _shape(model.name_or_path, model.revision, model.trust_remote_code, model.dtype)
 
 
@@ -128,6 +132,8 @@ def _shape(name_or_path: str, revision: Optional[str], trust_remote_code: bool, 
         config = transformers.AutoConfig.from_pretrained(
             name_or_path, revision=revision, trust_remote_code=trust_remote_code
         ).get_text_config()
+        if any(getattr(config, count, None) for count in EXPERT_COUNTS):
+            return None
         weights = str(config.dtype or "float32") if dtype == "auto" else dtype
         return ModelShape(
             model_type=config.model_type,

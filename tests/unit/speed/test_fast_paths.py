@@ -354,7 +354,8 @@ def test_on_a_gpu_grpo_s_step_trains_in_micro_batches_only_where_its_rows_would_
     """A 7B model's state takes most of the GPU: its 256 rows of up to 712 tokens train as 8 micro-batches of 32
     (activations of 8.5 GB each, checkpointed); a 0.5B model's fit whole. The split keeps the step: the same
     generation batch (steps_per_generation scaled with it where the spec sets it) and optimizer steps."""
-    huge = model_directory(tmp_path, "7b", hidden_size=3584, intermediate_size=18944, num_hidden_layers=28)
+    shape_7b = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28)
+    huge = model_directory(tmp_path, "7b", **shape_7b)
     with caplog.at_level(logging.INFO, logger="posttrain"):
         assert grpo_step(huge) == {"per_device_train_batch_size": 32, "gradient_accumulation_steps": 8}
     assert "256 rows per device (of up to 712 tokens) train as 8 micro-batches of 32" in caplog.text
@@ -376,6 +377,9 @@ def test_on_a_gpu_grpo_s_step_trains_in_micro_batches_only_where_its_rows_would_
     for training in ({"loss_type": "bnpo"}, {"entropy_coef": 0.01}, {"top_entropy_quantile": 0.2}):
         assert grpo_step(huge, **training) == {}, training
     assert grpo_step(huge, per_device_train_batch_size=64, gradient_accumulation_steps=4) == {}
+    # attention dropout would draw per micro-batch
+    dropping = model_directory(tmp_path, "7b-dropout", **shape_7b, attention_dropout=0.1)
+    assert grpo_step(dropping) == {}
     # the other loss types of TRL 1.16's GRPOTrainer._compute_loss
     for loss in ("grpo", "sapo", "dr_grpo", "dapo", "cispo", "vespo", "luspo"):
         # luspo's sequence-level setup

@@ -42,6 +42,15 @@ def test_the_shape_is_read_from_the_models_config(tmp_path: Path) -> None:
     assert shape == SMALL
 
 
+def test_a_mixture_of_experts_has_no_shape_its_experts_would_be_left_out(tmp_path: Path) -> None:
+    from transformers import MixtralConfig, Qwen3MoeConfig
+
+    for config in (Qwen3MoeConfig(num_experts=8), MixtralConfig(num_local_experts=8)):
+        path = tmp_path / config.model_type
+        config.save_pretrained(path)
+        assert gpu_memory.model_shape(ModelSpec(name_or_path=str(path), dtype="bfloat16")) is None
+
+
 def held_bytes(tensors: object) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
