@@ -2,9 +2,10 @@
 # What a lent GPU machine runs, in one go (it is lent for minutes): the GPU tests of torch_varlen attention, the SFT
 # benchmark of posttrain's GPU defaults against the plain TRL script's (and against the plain script given posttrain's
 # batch and Liger), with Qwen2.5-0.5B's shape and 1.5B's, the shipped 0.5B template, QLoRA against bf16 LoRA,
-# GRPO's and RLOO's at a GSM8K-like step, and the GPU end-to-end tests. Logs go to $OUT. On an H100: attention,
-# defaults and 1.5b-defaults about 4 minutes, e2e 1.5; all of it does not fit one 560 s call: name the cases (first
-# the ones not yet measured) and run the rest in a second.
+# GRPO's and RLOO's at a GSM8K-like step (GRPO's also in one micro-batch, and split by the job where it would not fit),
+# and the GPU end-to-end tests. Logs go to $OUT. On an H100: attention, defaults and 1.5b-defaults about 4 minutes,
+# e2e 1.5; all of it does not fit one 560 s call: name the cases (first the ones not yet measured) and run the rest in
+# a second.
 #
 # Prepared here, in the checkout (the machine has torch, transformers, accelerate, peft; nothing can be
 # downloaded there): wheels for Python 3.12 of trl, transformers, datasets, liger-kernel, torchx 0.7.0,
