@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import GenerationSpec, ModelSpec
-from posttrain.entrypoints.generation.vllm_generation import builtin_directory, head_size_problem
+from posttrain.entrypoints.generation.vllm_generation import builtin_directory, head_size_problem, runs_eagerly
 from posttrain.entrypoints.inputs import tiny
 
 
@@ -52,7 +52,8 @@ def sample(model: ModelSpec, generation: GenerationSpec, prompts: List[List[int]
 
     path = builtin_directory(model) if model.name_or_path in tiny.BUILTINS else model.name_or_path
     config = AutoConfig.from_pretrained(path, revision=model.revision, trust_remote_code=model.trust_remote_code)
-    problem = head_size_problem(config, on_cpu=not torch.cuda.is_available())
+    on_cpu = not torch.cuda.is_available()
+    problem = head_size_problem(config, on_cpu)
     if problem:
         raise SpecError([problem.replace("model.name_or_path", "models")])
     dtype = model.dtype if model.dtype != "auto" else str(getattr(config, "dtype", None) or "float32")
@@ -66,6 +67,7 @@ def sample(model: ModelSpec, generation: GenerationSpec, prompts: List[List[int]
         max_model_len=max(len(ids) for ids in prompts) + generation.max_new_tokens,
         # the spec's settings only, as the transformers path samples (not the model's generation_config.json)
         generation_config="vllm",
+        enforce_eager=runs_eagerly(on_cpu),
     )
     settings: Dict[str, Any] = {"n": generation.num_samples, "max_tokens": generation.max_new_tokens}
     if generation.temperature == 0:

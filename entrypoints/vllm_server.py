@@ -48,7 +48,7 @@ from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, ModelSpec
 from posttrain.entrypoints.generation import vllm_token
 from posttrain.entrypoints.generation.role_lease import HANDSHAKE_S, POLL_S, keep_alive, lease_port, route_address
-from posttrain.entrypoints.generation.vllm_generation import repack_tied_lm_head, server_model
+from posttrain.entrypoints.generation.vllm_generation import repack_tied_lm_head, runs_eagerly, server_model
 
 log = logging.getLogger("posttrain.vllm_server")
 
@@ -136,6 +136,8 @@ def server_command(
         command += ["--gpu-memory-utilization", str(training["vllm_gpu_memory_utilization"])]
     if model.trust_remote_code:
         command += ["--trust-remote-code"]
+    if runs_eagerly(on_cpu=not on_cuda):
+        command += ["--enforce-eager"]
     if on_cuda:
         command += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
     else:

@@ -3,12 +3,13 @@
 TRL 1.16 builds vLLM itself (GRPO and RLOO through
 ``trl.generation.vllm_generation``, online DPO in its trainer) and pushes the
 trained weights into it before each generation. :func:`prepare`, called when
-the TRL config is built, checks what cannot work and adapts three things:
+the TRL config is built, checks what cannot work and adapts four things:
 
 - the dtype: TRL passes none, so vLLM would run an fp32 checkpoint in bf16;
   here vLLM runs in the dtype training computes in;
 - the built-in tiny models have no directory for vLLM to load: one is
   written to a temporary directory;
+- on CPU, vLLM runs eagerly (:func:`runs_eagerly`);
 - on CPU, the weight sync: TRL calls ``model.load_weights`` per tensor, but
   vLLM's CPU layers repack their weights after loading (``layer.weight`` is
   then an empty Parameter), so the load fails. TRL's sync runs inside vLLM's
@@ -60,6 +61,14 @@ WEIGHTS_PREFIX = ".vllm-weights-"
 
 # what TRL's VLLMGeneration counts, for run_summary.json: completion tokens and seconds in vLLM's generate
 TOKENS, SECONDS = "posttrain_completion_tokens", "posttrain_generate_seconds"
+
+
+def runs_eagerly(on_cpu: bool) -> bool:
+    """Whether the vLLM engines posttrain starts (colocated, the ``vllm`` role's server, an evaluation's sampler)
+    run without torch.compile: on CPU, where the compile adds 23 s to each engine's start-up (57 s against 34)
+    for 2% more tokens/s (BENCHMARKS.md, "vLLM on CPU: eager"). On GPUs vLLM's own choice: compiled, with CUDA
+    graphs."""
+    return on_cpu
 
 
 def weight_sync(mode: str, on_cpu: bool) -> str:
@@ -187,7 +196,8 @@ def _unwrapped(function: Any) -> Any:
 def _llm_factory(
     llm_class: Callable[..., Any], model: ModelSpec, training: Mapping[str, Any], on_cpu: bool
 ) -> Callable:
-    """vLLM's ``LLM`` as TRL calls it, with a model directory, the training dtype and the CPU head-size check."""
+    """vLLM's ``LLM`` as TRL calls it, with a model directory, the training dtype, the CPU head-size check and
+    eager on CPU."""
 
     def make(**kwargs: Any) -> Any:
         from transformers import AutoConfig
@@ -200,6 +210,7 @@ def _llm_factory(
         if problem:
             raise SpecError([problem])
         kwargs.setdefault("dtype", training_dtype(training, model, getattr(config, "dtype", None), on_cpu))
+        kwargs.setdefault("enforce_eager", runs_eagerly(on_cpu))
         return llm_class(**kwargs)
 
     make.__wrapped__ = llm_class  # type: ignore[attr-defined]

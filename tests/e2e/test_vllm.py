@@ -51,12 +51,13 @@ TEXT = "What is 2 plus 3? 2 plus 3 is 5. The sky is blue."
 # what the component makes for a job (tests/unit/components/test_vllm_role.py)
 TOKEN = "the-job-s-secret"
 
-# a fresh vLLM on a saved model: the per-token log-probs of TEXT's tokens, as JSON
+# a fresh vLLM on a saved model, eager as posttrain runs vLLM on CPU (compiled, its log-probs differ in the last
+# bits): the per-token log-probs of TEXT's tokens, as JSON
 FRESH_VLLM = """
 import json, sys
 from vllm import LLM, SamplingParams
 from vllm.inputs import TokensPrompt
-llm = LLM(model=sys.argv[1], dtype="float32", gpu_memory_utilization=0.15, max_model_len=256, seed=0)
+llm = LLM(model=sys.argv[1], dtype="float32", gpu_memory_utilization=0.15, max_model_len=256, seed=0, enforce_eager=True)
 out = llm.generate([TokensPrompt(prompt_token_ids=json.loads(sys.argv[2]))], SamplingParams(max_tokens=1, prompt_logprobs=0))
 print("LOGPROBS", json.dumps([next(iter(d.values())).logprob for d in out[0].prompt_logprobs[1:]]))
 """

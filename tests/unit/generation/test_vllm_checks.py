@@ -100,6 +100,18 @@ def test_vllm_runs_in_the_dtype_training_computes_in() -> None:
     assert training_dtype({}, validate(raw).model, torch.float32, on_cpu=True) == "float16"
 
 
+@pytest.mark.parametrize("on_cpu", [True, False])
+def test_trls_colocated_engine_runs_eagerly_on_cpu_and_as_vllm_chooses_on_gpus(on_cpu: bool) -> None:
+    """The keywords TRL's ``LLM(...)`` call reaches vLLM with (torch.compile adds 23 s to a CPU engine's start-up
+    for 2% more tokens/s: BENCHMARKS.md); the engines' runs are in test_vllm.py."""
+    spec, built = grpo_vllm(), {}
+    make = vllm_generation._llm_factory(lambda **kwargs: built.update(kwargs), spec.model, {"bf16": False}, on_cpu)
+    make(model="", max_model_len=256)
+    assert built["enforce_eager"] is on_cpu and built["max_model_len"] == 256
+    # the built-in model's directory
+    assert (Path(built["model"]) / "config.json").is_file()
+
+
 def test_the_vllm_builtin_is_tiny_llama3_with_heads_of_32_and_the_same_weights() -> None:
     tokenizer = tiny.BUILTINS[tiny.NAME_LLAMA3][0]()
     plain = tiny.BUILTINS[tiny.NAME_LLAMA3][1](tokenizer, LlamaForCausalLM)

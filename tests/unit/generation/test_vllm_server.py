@@ -131,6 +131,8 @@ def test_the_server_listens_where_it_is_told_behind_the_job_s_guard(tmp_path: Pa
     )
     assert command[command.index("--host") + 1] == "10.1.2.3" and "0.0.0.0" not in command
     assert command[command.index("--middleware") + 1] == "posttrain.entrypoints.generation.vllm_token.RequireToken"
+    # torch.compile only where it pays (vllm_generation.runs_eagerly)
+    assert ("--enforce-eager" in command) is not on_cuda
     # the token reaches vLLM through the environment only
     assert TOKEN not in " ".join(command)
 
