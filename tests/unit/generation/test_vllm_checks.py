@@ -102,8 +102,8 @@ def test_vllm_runs_in_the_dtype_training_computes_in() -> None:
 
 @pytest.mark.parametrize("on_cpu", [True, False])
 def test_trls_colocated_engine_runs_eagerly_on_cpu_and_as_vllm_chooses_on_gpus(on_cpu: bool) -> None:
-    """The keywords TRL's ``LLM(...)`` call reaches vLLM with (torch.compile adds 23 s to a CPU engine's start-up
-    for 2% more tokens/s: BENCHMARKS.md); the engines' runs are in test_vllm.py."""
+    """The keywords TRL's ``LLM(...)`` call reaches vLLM with (torch.compile adds 23 s to a CPU engine's start-up:
+    BENCHMARKS.md); the engines' runs are in test_vllm.py."""
     spec, built = grpo_vllm(), {}
     make = vllm_generation._llm_factory(lambda **kwargs: built.update(kwargs), spec.model, {"bf16": False}, on_cpu)
     make(model="", max_model_len=256)
