@@ -65,9 +65,9 @@ TOKENS, SECONDS = "posttrain_completion_tokens", "posttrain_generate_seconds"
 
 def runs_eagerly(on_cpu: bool) -> bool:
     """Whether the vLLM engines posttrain starts (colocated, the ``vllm`` role's server, an evaluation's sampler)
-    run without torch.compile: on CPU, where vLLM is where a run is tried before GPUs (transformers' generate is as
-    fast there or faster: BENCHMARKS.md) and the compile adds 23 s to each engine's start-up for 1.08-1.23x the
-    tokens/s ("vLLM on CPU: eager"). On GPUs vLLM's own choice: compiled, with CUDA graphs."""
+    run without torch.compile: on CPU, where a run with vLLM is a try before GPUs (transformers' generate is as fast
+    there or faster: BENCHMARKS.md) and the compile adds 23 s to each engine's start-up for 1.08-1.23x the tokens/s
+    ("vLLM on CPU: eager"). On GPUs vLLM's own choice: compiled, with CUDA graphs."""
     return on_cpu
 
 
