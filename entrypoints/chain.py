@@ -11,8 +11,10 @@ launcher's one line the job's last; the chain's own lines (``chain: stage
 one of them (``chain: stage <name>: ...``), so that the job ends with one
 ``posttrain:`` line, failed or finished.
 
-Node 0 records each finished stage, with the spec it finished under, in
-``<output_dir>/chain.json``. The same command again (after a kill, a
+Node 0 holds the chain's ``output_dir`` by a lease while the chain runs
+(``job/lease.py``, as a run holds its own): a second chain into it stops in
+one line before any stage starts. Node 0 records each finished stage, with
+the spec it finished under, in ``<output_dir>/chain.json``. The same command again (after a kill, a
 preemption, a requeue) skips the stages recorded there whose model is still
 in their directory, and runs the rest: the stage it was in resumes from its
 newest checkpoint as any run does (``resume: auto``), and every stage after a
@@ -48,7 +50,7 @@ from posttrain.components.spec.loading import spec_diff, training_relevant
 from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints import rendezvous_port
 from posttrain.entrypoints.evaluation import files as evaluation_files
-from posttrain.entrypoints.job import distributed
+from posttrain.entrypoints.job import distributed, lease
 from posttrain.entrypoints.job.error_file import STOPPED, record_error
 from posttrain.entrypoints.records import curves
 from posttrain.entrypoints.records.checkpoints import read_record, stale_runs
@@ -234,17 +236,35 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _run(spec_json: str, node: str, rank0_host: str, launcher_args: List[str], stopping: Stopping) -> int:
-    node0, started = node == "0", time.monotonic()
+    node0 = node == "0"
     try:
         chain = chain_from_json(spec_json)
+        # node 0 writes chain.json and the summary: one chain per directory, as one run per output_dir
+        held = lease.acquire(Path(chain.output_dir), key="output_dir") if node0 else None
+    except SpecError as error:
+        return _stopped(error, node0)
+    try:
+        return _run_stages(chain, node, rank0_host, launcher_args, stopping)
+    finally:
+        if held is not None:
+            held.release()
+
+
+def _stopped(error: SpecError, node0: bool) -> int:
+    line = f"posttrain: {error}"
+    # every node meets it; one says it
+    if node0:
+        print(line, file=sys.stderr, flush=True)
+    record_error(line)
+    return STOPPED
+
+
+def _run_stages(chain: Chain, node: str, rank0_host: str, launcher_args: List[str], stopping: Stopping) -> int:
+    node0, started = node == "0", time.monotonic()
+    try:
         finished = finished_stages(chain)
     except SpecError as error:
-        line = f"posttrain: {error}"
-        # every node meets it; one says it
-        if node0:
-            print(line, file=sys.stderr, flush=True)
-        record_error(line)
-        return STOPPED
+        return _stopped(error, node0)
     output_dir = Path(chain.output_dir)
     app_id = launcher_args[launcher_args.index("--rdzv_id") + 1]
     for index, stage in enumerate(chain.stages):

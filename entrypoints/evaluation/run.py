@@ -43,7 +43,7 @@ from posttrain.entrypoints.inputs.rewards import (
 from posttrain.entrypoints.job import distributed, lease
 from posttrain.entrypoints.records import curves
 from posttrain.entrypoints.records.checkpoints import model_fingerprints, read_record, split_fingerprint
-from posttrain.entrypoints.records.files import write_json_atomic
+from posttrain.entrypoints.records.files import replacing, write_json_atomic
 from posttrain.entrypoints.records.summary import SUMMARY_FILE as RUN_SUMMARY_FILE
 from posttrain.entrypoints.records.summary import say_closing
 
@@ -451,6 +451,5 @@ def _plot(summary: Dict[str, Any], models: List[str], scorer_list: List[str], pa
     ax.grid(axis="y", alpha=0.3)
     # the plotted numbers, readable back as the training curves' are (curves.read_embedded)
     plotted = {model: {scorer: summary["models"][model][scorer] for scorer in scorer_list} for model in models}
-    staging = path.with_name(path.name + ".tmp")
-    figure.savefig(staging, format="png", dpi=100, metadata={curves.DATA_KEY: json.dumps(plotted)})
-    staging.replace(path)
+    with replacing(path) as staging:
+        figure.savefig(staging, format="png", dpi=100, metadata={curves.DATA_KEY: json.dumps(plotted)})

@@ -11,9 +11,10 @@ loads without it.
 """
 
 import json
-import os
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Sequence, Tuple
+
+from posttrain.entrypoints.records.files import replacing
 
 METRICS_FILE = "metrics.jsonl"
 CURVES_FILE = "curves.png"
@@ -117,9 +118,8 @@ def draw(runs: Sequence[Tuple[str, Series]], title: str, path: Path) -> Dict[str
         axes[0].set_visible(True)
         axes[0].text(0.5, 0.5, "no metrics logged", ha="center", va="center", transform=axes[0].transAxes)
     data = {"title": title, "runs": {label: run_series for label, run_series in runs}}
-    temporary = path.with_name(path.name + ".tmp")
-    figure.savefig(temporary, format="png", dpi=100, metadata={DATA_KEY: json.dumps(data)})
-    os.replace(temporary, path)
+    with replacing(path) as temporary:
+        figure.savefig(temporary, format="png", dpi=100, metadata={DATA_KEY: json.dumps(data)})
     return data
 
 

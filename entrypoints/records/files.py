@@ -5,13 +5,15 @@ zip's directory at its end): cheap for any model size. Checkpoints and local
 models are judged by these.
 """
 
+import contextlib
 import hashlib
 import json
 import os
+import secrets
 import struct
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 # torch.save's files (zip archives): what a checkpoint of any trainer here holds besides safetensors and JSON
 TORCH_SUFFIXES = (".pt", ".pth", ".bin")
@@ -135,17 +137,28 @@ def _index_problem(index: Path, data: Any) -> Optional[str]:
     return None
 
 
+@contextlib.contextmanager
+def replacing(path: Path) -> Iterator[Path]:
+    """A temporary path beside ``path`` for the caller to write, renamed over ``path`` once the block ends (removed
+    if it raises): readers see the old file or the new one, never half. Its name is this process's alone, so two
+    processes writing one file never write into one temporary file."""
+    temporary = path.with_name(f"{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        yield temporary
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
-    """Writes ``data`` as JSON through a temporary file: readers see the old file or the new one, never half.
+    """Writes ``data`` as JSON through a temporary file (:func:`replacing`).
 
     Both the file and its directory are fsynced: after a power loss the name may otherwise point at no data.
     """
-    temporary = path.with_name(path.name + ".tmp")
-    with temporary.open("w") as stream:
+    with replacing(path) as temporary, temporary.open("w") as stream:
         stream.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
         stream.flush()
         os.fsync(stream.fileno())
-    os.replace(temporary, path)
     fsync_directory(path.parent)
 
 

@@ -14,7 +14,6 @@ command line).
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -22,6 +21,7 @@ from typing import Any, Dict, Optional
 from transformers import TrainerCallback
 
 from posttrain.entrypoints.records.curves import CURVES_FILE, METRICS_FILE, draw, read_metrics, run_title, series
+from posttrain.entrypoints.records.files import replacing
 
 log = logging.getLogger("posttrain")
 
@@ -46,9 +46,8 @@ class MetricsLog(TrainerCallback):
             # resumed from a checkpoint elsewhere, or one written before this file existed
             kept = [entry for entry in state.log_history if CLOSING_KEY not in entry]
         self.output_dir.mkdir(parents=True, exist_ok=True)
-        temporary = self.path.with_name(self.path.name + ".tmp")
-        temporary.write_text("".join(json.dumps(record) + "\n" for record in kept))
-        os.replace(temporary, self.path)
+        with replacing(self.path) as temporary:
+            temporary.write_text("".join(json.dumps(record) + "\n" for record in kept))
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Optional[Dict[str, Any]] = None, **kwargs: Any) -> None:
         if not state.is_world_process_zero or not logs or CLOSING_KEY in logs:

@@ -4,6 +4,7 @@ real final save: ``tests/e2e/test_reliability.py``.)"""
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import List
 
@@ -48,8 +49,9 @@ def test_write_json_atomic_fsyncs_the_file_then_its_directory(tmp_path: Path, fs
     path.write_text("old")
     write_json_atomic(path, {"a": 1})
     assert json.loads(path.read_text()) == {"a": 1}
-    # the data before the rename that names it
-    assert fsynced == [tmp_path / "record.json.tmp", tmp_path]
+    # the data before the rename that names it; the temporary file this process's alone
+    temporary, directory = fsynced
+    assert re.fullmatch(rf"record\.json\.{os.getpid()}-[0-9a-f]{{8}}\.tmp", temporary.name) and directory == tmp_path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["record.json"]
 
 
