@@ -114,7 +114,7 @@ from posttrain.entrypoints.job.callbacks import BestMetricCheck, FaultInjection,
 from posttrain.entrypoints.job.error_file import CRASHED, KEPT_LOGS, STOPPED, record_crash, record_error
 from posttrain.entrypoints.job.sharding import may_leave_parameters_unused, strategy_for
 from posttrain.entrypoints.records import checkpoints
-from posttrain.entrypoints.records.checkpoints import SPEC_FILE, Resume, already_finished
+from posttrain.entrypoints.records.checkpoints import SPEC_FILE, Resume, already_finished, at_last_step
 from posttrain.entrypoints.records.files import write_json_atomic
 from posttrain.entrypoints.records.metrics import MetricsLog
 from posttrain.entrypoints.records.samples import RolloutSamples
@@ -308,6 +308,15 @@ def built_trainer(job: Job, build_trainer: Callable[[Job], Any]) -> Any:
     return trainer
 
 
+def train_no_step(trainer: Any) -> None:
+    """Makes ``trainer.train(resume_from_checkpoint=...)`` restore the checkpoint (model, optimizer, state; the best
+    model where ``load_best_model_at_end`` asks) and end as training ends, without a step: the Trainer would take one
+    step past a checkpoint at ``max_steps`` where ``max_steps`` is no whole number of epochs. Its epochs are its
+    ``_run_epoch`` (transformers 5); posttrain's PPO trainer takes no step past ``max_steps`` by itself."""
+    if hasattr(trainer, "_run_epoch"):
+        trainer._run_epoch = lambda *args, **kwargs: None
+
+
 def quiet_libraries() -> None:
     """What libraries print that tells a user nothing: DeepSpeed's warning from every rank that it found no GPU (on
     a CPU job), the progress bars of saving and loading weights in a log (a file or a pipe, not a terminal), and
@@ -390,6 +399,12 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
             generation=split.generation,
         )
         trainer = built_trainer(job, build)
+        # a run killed in its final save, after its last checkpoint: its end is all that is left to write
+        if resume_from is not None and at_last_step(Path(resume_from), args.max_steps):
+            log.info(
+                "%s is the run's last step, and the run did not end: finishing from it, no step trained", resume_from
+            )
+            train_no_step(trainer)
         # a generating trainer's prompts are not prepared
         if not spec.generates:
             check_kept_rows(trainer, inputs.train_dataset, inputs.eval_dataset)
@@ -500,13 +515,6 @@ def _check_inputs(spec: Spec, split: Parts, world_size: int, reward_check: Rewar
     if resume_from is not None and already_finished(output_dir, Path(resume_from), training.get("max_steps", -1)):
         log.info("%s already holds this run, finished at %s: nothing to train", output_dir, resume_from)
         return None
-    if resume_from is not None and spec.resume == "auto":
-        last_step = resume_from
-        resume_from = checkpoints.resume_past_final_save(output_dir, last_step, training.get("max_steps", -1))
-        if resume_from != last_step:
-            log.info(
-                "%s is at the last step but the final save was cut short: resuming from %s", last_step, resume_from
-            )
     rewards = resolve_rewards(split.rewards, reward_check)
     tools = resolve_tools(split.tools)
     environment_factory = resolve_environment(split.environment, scored=bool(split.rewards))

@@ -549,12 +549,10 @@ class SealCheckpoints(TrainerCallback):
 
 
 def already_finished(output_dir: Path, checkpoint: Path, max_steps: int) -> bool:
-    """Whether the run ended at ``checkpoint`` and wrote its final outputs.
+    """Whether the run ended at ``checkpoint`` and wrote its final outputs: a finished run is left as it is.
 
-    Resuming from a checkpoint at ``max_steps`` would make the Trainer take
-    one step too many, so a finished run is left as it is. A run of epochs
-    (``max_steps`` unset) ends at the step count its trainer state recorded:
-    resume already refused a checkpoint of another spec.
+    A run of epochs (``max_steps`` unset) ends at the step count its trainer
+    state recorded: resume already refused a checkpoint of another spec.
     """
     step = _at_last_step(checkpoint, max_steps)
     try:
@@ -564,9 +562,14 @@ def already_finished(output_dir: Path, checkpoint: Path, max_steps: int) -> bool
     return step is not None and summary.get("global_steps") == step
 
 
+def at_last_step(checkpoint: Path, max_steps: int) -> bool:
+    """Whether ``checkpoint`` holds the run's last step (``max_steps``, or for a run of epochs the step count its
+    trainer state recorded): a run resumed from it has trained every step, and has only its end to write."""
+    return _at_last_step(checkpoint, max_steps) is not None
+
+
 def _at_last_step(checkpoint: Path, max_steps: int) -> Optional[int]:
-    """``checkpoint``'s step where it is the run's last (``max_steps``, or for a run of epochs the step count its
-    trainer state recorded); None where it is not, or its state is unreadable."""
+    """``checkpoint``'s step where it is the run's last; None where it is not, or its state is unreadable."""
     try:
         state = json.loads((checkpoint / "trainer_state.json").read_text())
         step = state["global_step"]
@@ -574,16 +577,6 @@ def _at_last_step(checkpoint: Path, max_steps: int) -> Optional[int]:
         return None
     last = max_steps if max_steps > 0 else state.get("max_steps", 0)
     return step if 0 < last <= step else None
-
-
-def resume_past_final_save(output_dir: Path, resume_from: str, max_steps: int) -> Optional[str]:
-    """What ``resume: auto`` continues from where its checkpoint is at the run's last step but the run has no
-    ``run_summary.json`` (its final save was cut short, :func:`publish_final`): resuming there would take one
-    step too many, so the checkpoint before it trains the last stretch again (None: from scratch)."""
-    if (output_dir / SUMMARY_FILE).exists() or _at_last_step(Path(resume_from), max_steps) is None:
-        return resume_from
-    earlier = [str(path) for path in complete_checkpoints(output_dir) if str(path) != resume_from]
-    return earlier[-1] if earlier else None
 
 
 def final_staging(output_dir: Path) -> Path:

@@ -136,27 +136,34 @@ def test_a_kill_during_a_save_leaves_the_previous_checkpoint_and_resume_ignores_
 
 
 @pytest.mark.e2e
-def test_a_kill_during_the_final_save_leaves_a_resumable_run_never_a_summary_over_partial_weights(
+def test_a_kill_during_the_final_save_leaves_no_summary_and_the_rerun_finishes_from_the_last_checkpoint(
     tmp_path: Path,
 ) -> None:
     output_dir = tmp_path / "out"
-    overrides = ["training.max_steps=4", "training.save_steps=2"]
+    # the only checkpoint is the last step's
+    overrides = ["training.max_steps=4", "training.save_steps=4"]
     killed = run_template("sft/tiny.yaml", tmp_path, output_dir, "1x1", overrides, POSTTRAIN_FAULT="kill:0:final")
     assert killed.returncode != 0
     assert "posttrain fault injection: kill on rank 0 at the final save" in job_logs(killed)
     # mid-way: one file of the final model moved in, the rest still staged, and nothing says the run finished
     assert not (output_dir / "run_summary.json").exists()
     assert any((output_dir / ".posttrain-final").iterdir())
-    assert complete_checkpoints(output_dir)[-1] == output_dir / "checkpoint-4"
+    last = output_dir / "checkpoint-4"
+    assert complete_checkpoints(output_dir) == [last]
+    trained = read_json(last / "trainer_state.json")["log_history"]
 
     again = run_template("sft/tiny.yaml", tmp_path, output_dir, "1x1", overrides)
     assert_succeeded(again)
+    assert f"{last} is the run's last step, and the run did not end: finishing from it, no step trained" in (
+        job_logs(again)
+    )
     summary = read_json(output_dir / "run_summary.json")
-    # checkpoint-4 is at the last step, where a resume takes one step too many: the one before trains steps 3-4 again
-    assert summary["resumed_from"] == str(output_dir / "checkpoint-2") and summary["global_steps"] == 4
+    assert summary["resumed_from"] == str(last) and summary["global_steps"] == 4
+    # no step trained again: the history is the killed run's, the final model the last checkpoint's weights
+    losses = [entry for entry in read_json(output_dir / "trainer_state.json")["log_history"] if "loss" in entry]
+    assert losses == [entry for entry in trained if "loss" in entry] and [e["step"] for e in losses] == [1, 2, 3, 4]
+    assert (output_dir / "model.safetensors").read_bytes() == (last / "model.safetensors").read_bytes()
     assert not (output_dir / ".posttrain-final").exists() and file_problem(output_dir / "model.safetensors") is None
-    steps = [entry["step"] for entry in read_json(output_dir / "trainer_state.json")["log_history"] if "loss" in entry]
-    assert steps == [1, 2, 3, 4]
 
 
 @pytest.mark.e2e
