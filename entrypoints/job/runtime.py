@@ -379,7 +379,9 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
         args, tokenizer = inputs.args, inputs.tokenizer
         tokens, preemption = TokenCounter(), Preemption()
         metrics_log = MetricsLog(output_dir, algorithm, spec.model.name_or_path, world_size)
-        callbacks = [tokens, preemption, metrics_log, BestMetricCheck(), checkpoints.SealCheckpoints(inputs.record)]
+        # checkpoints sealed, then rotated: the Trainer's own rotation is off (training_arguments)
+        sealing = checkpoints.SealCheckpoints(inputs.record, spec.training.get("save_total_limit"))
+        callbacks = [tokens, preemption, metrics_log, BestMetricCheck(), sealing]
         callbacks += [fault] if fault is not None else []
         callbacks += [reward_check] if split.rewards else []
         # a progress bar on a terminal (the trainer's own); plain lines in files and pipes, and for our PPO
@@ -642,6 +644,8 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
     on_cpu = not torch.cuda.is_available()
     kwargs = dict(training)
     kwargs["use_cpu"] = on_cpu
+    # posttrain rotates checkpoints once the newest is sealed (checkpoints.SealCheckpoints); the Trainer would before
+    kwargs["save_total_limit"] = None
     kwargs["ddp_timeout"] = spec.distributed.timeout_s
     # accelerate keeps float32 on CPU: no autocast, not a word
     if on_cpu and kwargs.get("fp16"):

@@ -535,17 +535,51 @@ def check_room(output_dir: Path, model_spec: ModelSpec, saves_checkpoints: bool)
 
 
 class SealCheckpoints(TrainerCallback):
-    """Seals each checkpoint as it is saved (:func:`seal_checkpoint`), once every rank has written its part:
-    the Trainer waits for no rank after its RNG states and shards."""
+    """Seals each checkpoint as it is saved (:func:`seal_checkpoint`), once every rank has written its part (the
+    Trainer waits for no rank after its RNG states and shards), then rotates them (:func:`rotate_checkpoints`)."""
 
-    def __init__(self, inputs: Dict[str, Any]) -> None:
+    def __init__(self, inputs: Dict[str, Any], save_total_limit: Optional[int]) -> None:
         self.inputs = inputs
+        self.save_total_limit = save_total_limit
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         barrier()
         checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if state.is_world_process_zero and checkpoint.is_dir():
             seal_checkpoint(checkpoint, self.inputs)
+            rotate_checkpoints(Path(args.output_dir), self.save_total_limit, state.best_model_checkpoint)
+
+
+# a checkpoint being removed: no longer a checkpoint-<step>, so a kill mid-way leaves nothing resume could take
+_REMOVING = ".posttrain-removing-"
+
+
+def rotate_checkpoints(output_dir: Path, limit: Optional[int], best: Optional[str]) -> None:
+    """Keeps the newest ``limit`` (``save_total_limit``) whole checkpoints, the best one (``best_model_checkpoint``)
+    among them as the Trainer keeps it, and removes the whole ones beyond them and anything older than the oldest
+    kept; a damaged checkpoint newer than that stays (resume passes it over).
+
+    The Trainer's own rotation runs before the new checkpoint is sealed, and would leave only a half-sealed one to a
+    kill in between (``training_arguments`` turns it off). A removal renames the checkpoint first: a kill mid-way
+    leaves a hidden folder the next rotation removes, never a ``checkpoint-<step>`` cut short.
+    """
+    for leftover in output_dir.glob(f"{_REMOVING}*"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    whole = complete_checkpoints(output_dir)
+    if not limit or len(whole) <= limit:
+        return
+    protected = {whole[-1]} | ({Path(best)} & set(whole) if best else set())
+    kept = set(protected)
+    for path in reversed(whole):
+        if len(kept) >= max(limit, len(protected)):
+            break
+        kept.add(path)
+    oldest_kept = min(step for step, path in checkpoint_steps(output_dir) if path in kept)
+    for step, path in checkpoint_steps(output_dir):
+        if path not in kept and (path in whole or step < oldest_kept):
+            removing = path.with_name(_REMOVING + path.name)
+            os.replace(path, removing)
+            shutil.rmtree(removing, ignore_errors=True)
 
 
 def already_finished(output_dir: Path, checkpoint: Path, max_steps: int) -> bool:

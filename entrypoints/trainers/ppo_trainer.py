@@ -75,7 +75,6 @@ import dataclasses
 import functools
 import json
 import math
-import shutil
 import time
 from pathlib import Path
 from typing import Any, Dict, Literal, Optional, Sequence
@@ -90,7 +89,6 @@ from transformers.trainer_utils import TrainOutput
 from transformers.utils import logging as hf_logging
 
 from posttrain.components.spec.registry import PPOSpec
-from posttrain.entrypoints.records.checkpoints import checkpoint_steps, complete_checkpoints
 from posttrain.entrypoints.speed.fast_paths import packs_passes
 from posttrain.entrypoints.trainers.ppo_math import (
     adapted_kl_coef,
@@ -369,10 +367,8 @@ class PPOTrainer:
             self._callback("on_step_end")
             if self.control.should_save or (state.save_steps and state.global_step % state.save_steps == 0):
                 self._save_checkpoint()
-                # sealed: the checkpoint is whole from here on
+                # sealed, then the older ones rotated (checkpoints.SealCheckpoints)
                 self._callback("on_save")
-                if self.accelerator.is_main_process:
-                    self._rotate_checkpoints()
                 self.control.should_save = False
             if self.control.should_training_stop:
                 break
@@ -452,21 +448,6 @@ class PPOTrainer:
             (directory / "ppo_state.json").write_text(json.dumps({"kl_coef": self.kl_coef}))
             self.state.save_to_json(str(directory / "trainer_state.json"))
         self.accelerator.wait_for_everyone()
-
-    def _rotate_checkpoints(self) -> None:
-        """Keeps the newest ``save_total_limit`` whole checkpoints and whatever came after the oldest of them: a
-        damaged newer one never costs a whole older one."""
-        limit = self.args.save_total_limit
-        output_dir = Path(self.args.output_dir)
-        whole = complete_checkpoints(output_dir)
-        if not limit or len(whole) <= limit:
-            return
-        kept = whole[-limit]
-        # not a user's checkpoint-best
-        for _, old in checkpoint_steps(output_dir):
-            if old == kept:
-                break
-            shutil.rmtree(old, ignore_errors=True)
 
     def _load_checkpoint(self, directory: Path) -> None:
         state = torch.load(directory / "ppo_model.pt", map_location="cpu", weights_only=True)

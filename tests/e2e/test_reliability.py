@@ -7,8 +7,10 @@ import os
 import re
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
+from typing import Any, List, Tuple
 
 import pytest
 
@@ -20,7 +22,7 @@ from helpers import (
     run_template,
     start_training,
 )
-from posttrain.entrypoints.records.checkpoints import complete_checkpoints
+from posttrain.entrypoints.records.checkpoints import checkpoint_steps, complete_checkpoints
 from posttrain.entrypoints.records.files import file_problem
 
 SFT = "templates/sft/tiny.yaml"
@@ -135,21 +137,54 @@ def test_a_kill_during_a_save_leaves_the_previous_checkpoint_and_resume_ignores_
     assert summary["global_steps"] == 40
 
 
+class Watching:
+    """Watches ``output_dir``'s checkpoints while a run writes them: whether it ever held checkpoints and no whole
+    one, once one had been whole."""
+
+    def __init__(self, output_dir: Path) -> None:
+        self.output_dir = output_dir
+        self.seen: List[Tuple[str, ...]] = []
+        self.without_a_whole_one: List[Tuple[str, ...]] = []
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> "Watching":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._done.wait(0.002):
+            names = tuple(path.name for _, path in checkpoint_steps(self.output_dir))
+            whole = complete_checkpoints(self.output_dir)
+            if names and (not self.seen or names != self.seen[-1]):
+                self.seen.append(names)
+            if self.seen and any(self.seen[:-1]) and not whole:
+                self.without_a_whole_one.append(names)
+
+
 @pytest.mark.e2e
-def test_a_kill_during_the_final_save_leaves_no_summary_and_the_rerun_finishes_from_the_last_checkpoint(
+def test_checkpoints_rotate_only_once_sealed_and_a_kill_in_the_final_save_finishes_from_the_last_one(
     tmp_path: Path,
 ) -> None:
     output_dir = tmp_path / "out"
-    # the only checkpoint is the last step's
-    overrides = ["training.max_steps=4", "training.save_steps=4"]
-    killed = run_template("sft/tiny.yaml", tmp_path, output_dir, "1x1", overrides, POSTTRAIN_FAULT="kill:0:final")
+    # a checkpoint every step, one kept: the older one goes each time the newer one is whole
+    overrides = ["training.max_steps=4", "training.save_steps=1", "training.save_total_limit=1"]
+    with Watching(output_dir) as watched:
+        killed = run_template("sft/tiny.yaml", tmp_path, output_dir, "1x1", overrides, POSTTRAIN_FAULT="kill:0:final")
     assert killed.returncode != 0
     assert "posttrain fault injection: kill on rank 0 at the final save" in job_logs(killed)
+    # at every moment after the first checkpoint was whole, a whole one was there to resume from
+    assert watched.without_a_whole_one == [] and len(watched.seen) >= 4, watched.seen
     # mid-way: one file of the final model moved in, the rest still staged, and nothing says the run finished
     assert not (output_dir / "run_summary.json").exists()
     assert any((output_dir / ".posttrain-final").iterdir())
     last = output_dir / "checkpoint-4"
-    assert complete_checkpoints(output_dir) == [last]
+    # the only checkpoint is the last step's
+    assert [path for _, path in checkpoint_steps(output_dir)] == complete_checkpoints(output_dir) == [last]
     trained = read_json(last / "trainer_state.json")["log_history"]
 
     again = run_template("sft/tiny.yaml", tmp_path, output_dir, "1x1", overrides)

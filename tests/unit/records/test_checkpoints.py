@@ -3,7 +3,7 @@
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, List
 
 import pytest
 
@@ -20,6 +20,7 @@ from posttrain.entrypoints.records.checkpoints import (
     finished_at,
     job_inputs,
     resolve_resume,
+    rotate_checkpoints,
     seal_checkpoint,
 )
 from posttrain.entrypoints.records.files import file_problem
@@ -584,30 +585,45 @@ def test_write_failures_for_want_of_room_end_in_one_line(tmp_path: Path) -> None
             raise OSError(errno.EACCES, "Permission denied")
 
 
-def test_ppo_rotates_its_checkpoints_and_leaves_a_users_checkpoint_best_alone(tmp_path: Path) -> None:
-    from types import SimpleNamespace
+def names(output_dir: Path) -> List[str]:
+    return sorted(path.name for path in output_dir.iterdir())
 
-    from posttrain.entrypoints.trainers.ppo_trainer import PPOTrainer
 
+def test_rotation_keeps_the_newest_whole_checkpoints_and_leaves_a_users_checkpoint_best_alone(tmp_path: Path) -> None:
     for step in (10, 20, 30):
         write_checkpoint(tmp_path, step)
-    # crashed the rotation once: int("best")
+    # crashed a rotation once: int("best")
     (tmp_path / "checkpoint-best").mkdir()
-    PPOTrainer._rotate_checkpoints(SimpleNamespace(args=SimpleNamespace(output_dir=str(tmp_path), save_total_limit=2)))
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["checkpoint-20", "checkpoint-30", "checkpoint-best"]
+    rotate_checkpoints(tmp_path, 2, None)
+    assert names(tmp_path) == ["checkpoint-20", "checkpoint-30", "checkpoint-best"]
+    # no limit, or not reached: nothing goes
+    rotate_checkpoints(tmp_path, None, None)
+    rotate_checkpoints(tmp_path, 2, None)
+    assert names(tmp_path) == ["checkpoint-20", "checkpoint-30", "checkpoint-best"]
 
 
-def test_ppo_rotation_keeps_whole_checkpoints_when_newer_ones_are_damaged(tmp_path: Path) -> None:
-    from types import SimpleNamespace
-
-    from posttrain.entrypoints.trainers.ppo_trainer import PPOTrainer
-
-    for step in (10, 20, 30):
+def test_rotation_counts_whole_checkpoints_only_and_keeps_the_best_as_the_trainer_does(tmp_path: Path) -> None:
+    for step in (10, 20, 30, 40):
         write_checkpoint(tmp_path, step)
-    # cut short, say by a full disk: they count for nothing
-    for step in (40, 50):
+    # cut short, say by a full disk, or not sealed yet: they count for nothing and stay
+    for step in (50, 60):
         write_checkpoint(tmp_path, step, complete=False)
-    PPOTrainer._rotate_checkpoints(SimpleNamespace(args=SimpleNamespace(output_dir=str(tmp_path), save_total_limit=2)))
-    names = sorted(path.name for path in tmp_path.iterdir())
-    # the two whole ones kept
-    assert names == ["checkpoint-20", "checkpoint-30", "checkpoint-40", "checkpoint-50"]
+    rotate_checkpoints(tmp_path, 2, str(tmp_path / "checkpoint-20"))
+    # the best and the newest whole one; what came before the best goes
+    assert names(tmp_path) == ["checkpoint-20", "checkpoint-40", "checkpoint-50", "checkpoint-60"]
+    rotate_checkpoints(tmp_path, 1, str(tmp_path / "checkpoint-20"))
+    assert names(tmp_path) == ["checkpoint-20", "checkpoint-40", "checkpoint-50", "checkpoint-60"]
+
+
+def test_a_rotation_cut_short_leaves_no_checkpoint_resume_could_take_and_the_next_one_clears_it(
+    tmp_path: Path,
+) -> None:
+    for step in (10, 20):
+        write_checkpoint(tmp_path, step)
+    # what a kill in the middle of a removal leaves: the folder renamed, part of it removed
+    half = tmp_path / ".posttrain-removing-checkpoint-5"
+    half.mkdir()
+    (half / "optimizer.pt").write_bytes(b"half")
+    assert [path.name for path in complete_checkpoints(tmp_path)] == ["checkpoint-10", "checkpoint-20"]
+    rotate_checkpoints(tmp_path, 1, None)
+    assert names(tmp_path) == ["checkpoint-20"]
