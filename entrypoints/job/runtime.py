@@ -343,6 +343,8 @@ class _Inputs:
     tokenizer: Any
     # what each checkpoint records it was trained on (checkpoints.job_inputs)
     record: Dict[str, Any]
+    # output_dir holds another run's model, which overwrite_output_dir lets this run write over
+    replaces_a_run: bool
     # the evaluate: section's inputs, checked with the run's, or None
     evaluation: Optional[EvaluationInputs]
 
@@ -374,6 +376,9 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
                 evaluate_run(split.evaluation, output_dir, None)
             return
         if distributed.is_rank0():
+            if inputs.replaces_a_run:
+                moved = checkpoints.set_aside_previous_run(output_dir)
+                log.info("overwrite_output_dir: the model and records of the run %s held are in %s", output_dir, moved)
             write_json_atomic(output_dir / SPEC_FILE, spec.model_dump(mode="json"))
 
         args, tokenizer = inputs.args, inputs.tokenizer
@@ -566,6 +571,7 @@ def _check_inputs(spec: Spec, split: Parts, world_size: int, reward_check: Rewar
         args,
         tokenizer,
         inputs_record,
+        split.resume.overwrite and checkpoints.holds_a_run(output_dir),
         evaluation,
     )
 

@@ -32,6 +32,7 @@ import os
 import re
 import shutil
 import struct
+import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -87,7 +88,7 @@ _WEIGHT_SUFFIXES = (".safetensors", *TORCH_SUFFIXES)
 _NOT_WEIGHTS = ("training_args.bin",)
 # data files up to this size are hashed whole; larger ones by size, time, head and tail
 _WHOLE_HASH_BYTES = 64 << 20
-# a model directory's small files that say what it is, hashed whole where no run_summary.json names its run
+# a model directory's small files that say what it is: its config, a PEFT adapter's, its tokenizer's and processor's
 _MODEL_FILES = (
     "config.json",
     "generation_config.json",
@@ -95,12 +96,20 @@ _MODEL_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
     "tokenizer.model",
+    "tekken.json",
+    "spiece.model",
     "special_tokens_map.json",
     "added_tokens.json",
     "vocab.json",
+    "vocab.txt",
     "merges.txt",
     "chat_template.jinja",
+    "chat_template.json",
+    "preprocessor_config.json",
+    "processor_config.json",
 )
+# where a run that writes over another run's model (overwrite_output_dir) moves what that run left in output_dir
+PREVIOUS_RUNS = "previous-runs"
 # of a weight file's tensor data, first and last: new values of the same shapes show there
 _SAMPLE_BYTES = 64 << 10
 
@@ -311,6 +320,47 @@ def finished_at(resume: Resume, inputs: Dict[str, Any]) -> Optional[int]:
             ]
         )
     return None
+
+
+def holds_a_run(output_dir: Path) -> bool:
+    """Whether ``output_dir`` itself holds a model or a finished run's summary: what ``overwrite_output_dir`` lets a
+    run write over."""
+    return (output_dir / SUMMARY_FILE).exists() or bool(model_files(output_dir))
+
+
+def set_aside_previous_run(output_dir: Path) -> Optional[Path]:
+    """Moves what a previous run left in ``output_dir`` itself (its model, its records, anything else beside them)
+    into ``previous-runs/<time>/`` (returned; None where it left nothing), its ``run_summary.json`` first: nothing of
+    it is loaded with the new model, nor lost. Its checkpoints, the logs, and posttrain's hidden files stay."""
+    left = [
+        entry
+        for entry in output_dir.iterdir()
+        if not (entry.name.startswith(".") or entry.name in ("logs", PREVIOUS_RUNS) or _CHECKPOINT.match(entry.name))
+    ]
+    if not left:
+        return None
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    target = output_dir / PREVIOUS_RUNS / stamp
+    suffix = 1
+    while target.exists():
+        suffix += 1
+        target = output_dir / PREVIOUS_RUNS / f"{stamp}-{suffix}"
+    target.mkdir(parents=True)
+    for entry in sorted(left, key=lambda entry: entry.name != SUMMARY_FILE):
+        os.replace(entry, target / entry.name)
+    fsync_directory(output_dir)
+    return target
+
+
+def model_files(output_dir: Path) -> List[str]:
+    """The names of a model's files in ``output_dir`` itself, as ``from_pretrained`` and PEFT read them: its weights
+    (:func:`weight_files`), their index, its config, a PEFT adapter's, its tokenizer's and processor's."""
+    if not output_dir.is_dir():
+        return []
+    named = [
+        path.name for path in output_dir.iterdir() if path.is_file() and path.name in (*_MODEL_FILES, *_NOT_WEIGHTS)
+    ]
+    return sorted([*named, *weight_files(output_dir)])
 
 
 def weight_files(output_dir: Path) -> List[str]:
@@ -628,10 +678,17 @@ def publish_final(staging: Path, output_dir: Path, moved: Optional[Callable[[], 
     ``output_dir`` holds checkpoints and logs, so it cannot be swapped whole:
     each file is renamed in. A reader (or a kill) mid-way sees old and new
     files mixed, but never a ``run_summary.json``: the old one goes first, and
-    the run is finished only once the caller writes the new one. ``moved`` is
+    the run is finished only once the caller writes the new one. A model file
+    there that the staged model has not (another's adapter, shard, index or
+    tokenizer file) goes too: the published model loads alone. ``moved`` is
     called after each rename (fault injection).
     """
     (output_dir / SUMMARY_FILE).unlink(missing_ok=True)
+    # a model file of another's that the new model does not replace would be loaded with it (an adapter, a shard)
+    staged = {entry.name for entry in staging.iterdir()}
+    for name in model_files(output_dir):
+        if name not in staged:
+            (output_dir / name).unlink()
     fsync_directory(output_dir)
     fsynced_tree(staging)
     for entry in sorted(staging.iterdir()):

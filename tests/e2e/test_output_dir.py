@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from helpers import REPO, assert_stopped_once, assert_succeeded, free_port, job_env, read_json, start_training, torchx
 from posttrain.entrypoints.job.lease import LEASE_FILE
@@ -142,26 +143,34 @@ def test_a_read_only_output_dir_is_one_line_before_any_model_loads(tmp_path: Pat
     assert "training sft on" not in logs
 
 
+LORA = "model.lora={r: 4, lora_alpha: 8, target_modules: all-linear}"
+
+
 @pytest.mark.e2e
-def test_a_finished_model_is_trained_over_only_when_told_whatever_resume_says(tmp_path: Path) -> None:
+def test_a_finished_model_is_trained_over_only_when_told_and_then_nothing_of_it_loads_with_the_new_one(
+    tmp_path: Path,
+) -> None:
     output_dir = tmp_path / "out"
-    assert_succeeded(torchx(sft_args(output_dir, "training.max_steps=4", j="1x1"), tmp_path))
+    # an adapter first: transformers loads a directory holding adapter_config.json as that adapter on its base
+    assert_succeeded(torchx(sft_args(output_dir, "training.max_steps=4", LORA, j="1x1"), tmp_path))
     # the Trainer saves at the last step too
     assert complete_checkpoints(output_dir)
     written = {p: p.read_bytes() for p in output_dir.rglob("*") if p.is_file() and "logs" not in p.parts}
+    assert output_dir / "adapter_model.safetensors" in written
 
-    again = torchx(sft_args(output_dir, "training.max_steps=4", "resume=never", j="1x1"), tmp_path)
+    again = torchx(sft_args(output_dir, "training.max_steps=4", LORA, "resume=never", j="1x1"), tmp_path)
     # the same spec: left as it is
     assert_succeeded(again)
     assert f"{output_dir} already holds this run, finished at step 4: nothing to train" in again.stdout + again.stderr
 
-    changed = ["training.max_steps=4", "training.learning_rate=1e-3", "resume=never"]
+    # every weight trained, not an adapter
+    changed = ["training.max_steps=4", "resume=never"]
     result = torchx(sft_args(output_dir, *changed, j="1x1"), tmp_path)
     logs = assert_stopped_once(
         result,
-        f"training.output_dir: {output_dir} holds a finished model written by a different spec (training.learning_rate: "
-        "0.003 -> 0.001); use another training.output_dir, or remove its checkpoints and set overwrite_output_dir: "
-        "true to train over it",
+        f"training.output_dir: {output_dir} holds a finished model written by a different spec (model.lora: "
+        "{'lora_alpha': 8, 'r': 4, 'target_modules': 'all-linear'} -> None); use another training.output_dir, or "
+        "remove its checkpoints and set overwrite_output_dir: true to train over it",
     )
     # stopped before any model loaded
     assert "training sft on" not in logs
@@ -174,8 +183,23 @@ def test_a_finished_model_is_trained_over_only_when_told_whatever_resume_says(tm
     result = torchx(sft_args(output_dir, *changed, "overwrite_output_dir=true", j="1x1"), tmp_path)
     assert_succeeded(result)
     summary = read_json(output_dir / "run_summary.json")
-    assert summary["spec"]["training"]["learning_rate"] == 1e-3 and summary["global_steps"] == 4
-    assert (output_dir / "model.safetensors").read_bytes() != written[output_dir / "model.safetensors"]
+    assert summary["spec"]["model"]["lora"] is None and summary["global_steps"] == 4
+    # the adapter's run moved aside whole, its summary with it; nothing of it left beside the new model
+    [previous] = (output_dir / "previous-runs").iterdir()
+    assert f"overwrite_output_dir: the model and records of the run {output_dir} held are in {previous}" in (
+        result.stdout + result.stderr
+    )
+    assert (previous / "adapter_model.safetensors").read_bytes() == written[output_dir / "adapter_model.safetensors"]
+    assert read_json(previous / "run_summary.json")["spec"]["model"]["lora"] is not None
+    assert not list(output_dir.glob("adapter_*"))
+    # the new model loads alone, with plain transformers (PEFT installed, as it reads adapter_config.json)
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(output_dir)
+    assert not getattr(model, "_hf_peft_config_loaded", False)
+    saved = load_file(output_dir / "model.safetensors")
+    assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in saved.items())
 
 
 @pytest.mark.e2e

@@ -15,11 +15,13 @@ from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints.job.callbacks import FaultInjection
 from posttrain.entrypoints.records.checkpoints import (
     INPUTS_FILE,
+    PREVIOUS_RUNS,
     SPEC_FILE,
     complete_checkpoints,
     publish_final,
     resolve_resume,
     seal_checkpoint,
+    set_aside_previous_run,
 )
 from posttrain.entrypoints.records.files import write_json_atomic
 from posttrain.entrypoints.records.summary import SUMMARY_FILE
@@ -95,6 +97,60 @@ def test_the_final_model_is_moved_in_fsynced_and_a_kill_mid_way_leaves_no_summar
     assert sorted(p.name for p in (output_dir / "value_model").iterdir()) == ["model.safetensors"]
     # the renames made durable
     assert not staging.exists() and fsynced[-1] == output_dir
+
+
+def test_a_model_file_the_new_model_lacks_goes_when_it_is_published(tmp_path: Path) -> None:
+    output_dir = tmp_path / "out"
+    output_dir.mkdir()
+    # another model's: a shard, its index, an adapter, a tokenizer file
+    others = ["model-00002-of-00002.safetensors", "model.safetensors.index.json", "adapter_config.json"]
+    others += ["adapter_model.safetensors", "tokenizer.model"]
+    for name in [*others, "model.safetensors", "notes.txt", "metrics.jsonl"]:
+        (output_dir / name).write_text("old")
+    publish_final(staged(output_dir), output_dir)
+    assert sorted(p.name for p in output_dir.iterdir()) == [
+        "config.json",
+        "metrics.jsonl",
+        "model.safetensors",
+        "notes.txt",
+        "value_model",
+    ]
+    assert (output_dir / "model.safetensors").read_bytes() == b"new weights"
+
+
+def test_a_previous_run_is_set_aside_whole_its_summary_first_its_checkpoints_and_logs_left(tmp_path: Path) -> None:
+    output_dir = tmp_path / "out"
+    (output_dir / "logs").mkdir(parents=True)
+    (output_dir / "checkpoint-4").mkdir()
+    for name in (
+        SUMMARY_FILE,
+        "adapter_model.safetensors",
+        "adapter_config.json",
+        "README.md",
+        ".posttrain_lease.json",
+    ):
+        (output_dir / name).write_text(name)
+    moved: List[str] = []
+    replace = os.replace
+
+    def recorded(source: Path, target: Path) -> None:
+        moved.append(Path(source).name)
+        replace(source, target)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "replace", recorded)
+        aside = set_aside_previous_run(output_dir)
+    assert aside.parent == output_dir / PREVIOUS_RUNS and moved[0] == SUMMARY_FILE
+    assert sorted(p.name for p in aside.iterdir()) == sorted(
+        [SUMMARY_FILE, "README.md", "adapter_config.json", "adapter_model.safetensors"]
+    )
+    assert sorted(p.name for p in output_dir.iterdir()) == sorted(
+        [".posttrain_lease.json", "checkpoint-4", "logs", PREVIOUS_RUNS]
+    )
+    # nothing more to move: none made; a second run set aside beside the first
+    assert set_aside_previous_run(output_dir) is None
+    (output_dir / "model.safetensors").write_text("second")
+    assert set_aside_previous_run(output_dir) != aside and len(list((output_dir / PREVIOUS_RUNS).iterdir())) == 2
 
 
 def write_checkpoint(output_dir: Path, step: int, sealed: bool = True) -> Path:
