@@ -19,9 +19,10 @@ preemption, a requeue) skips the stages recorded there whose model is still
 in their directory, and runs the rest: the stage it was in resumes from its
 newest checkpoint as any run does (``resume: auto``), and every stage after a
 stage that runs runs again (its input is new). A finished stage whose spec
-has changed since stops the chain with one line; one whose model was trained
-again since (its run records each model's fingerprint) runs again, its run
-from the old model removed. An evaluation stage (a gate) runs every time: its
+has changed since stops the chain with one line; one whose input changed
+since, by content (a model it was trained from, trained again or edited in
+place; a local data file edited: its run records each one's fingerprint,
+``records/fingerprints.py``), runs again, its run from the old inputs removed. An evaluation stage (a gate) runs every time: its
 job samples again only what changed and judges its conditions again; a stage
 after it does not run again for it. SIGTERM or SIGINT (a preemption), or the end of
 the process that started the chain, is passed on to the running stage once,
@@ -42,7 +43,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from posttrain.components.spec.chain import STAGE_ENV, Chain, Stage, chain_from_json
 from posttrain.components.spec.evaluation import EvalSpec
@@ -94,8 +95,8 @@ def finished_stages(chain: Chain) -> Dict[str, Dict[str, Any]]:
         if record is None or not (Path(stage.output_dir) / SUMMARY_FILE).exists():
             # this stage runs, and so every stage after it
             break
-        if stale_runs(stage.spec.named_models(), stage.spec.model.revision, Path(stage.output_dir))[0]:
-            # a model it was trained from was trained again since (outside the chain): it runs again
+        if _stale(stage)[0]:
+            # a model it was trained from, or its data, changed since (outside the chain): it runs again
             break
         changed = [d[0] for d in spec_diff(record["spec"], stage.spec.model_dump(mode="json"))]
         changed = [key for key in changed if training_relevant(key)]
@@ -114,17 +115,24 @@ def finished_stages(chain: Chain) -> Dict[str, Dict[str, Any]]:
     return finished
 
 
+def _stale(stage: Stage) -> Tuple[List[str], List[Path]]:
+    """What changed in a training stage's inputs since its run recorded them, and the records that say so
+    (``checkpoints.stale_runs``)."""
+    spec = stage.spec
+    return stale_runs(spec.named_models(), spec.model.revision, spec.data, Path(stage.output_dir))
+
+
 def clear_stale(stage: Stage) -> None:
-    """Removes what a stage trained from a model that has been trained again since (its finished run's summary,
-    its checkpoints), saying which model changed: its run would otherwise be finished, or resumed, on the old one."""
+    """Removes what a stage trained from a model or on data that has changed since (its finished run's summary,
+    its checkpoints), saying what changed: its run would otherwise be finished, or resumed, on the old ones."""
     if isinstance(stage.spec, EvalSpec):
         # its job replaces results of other models itself
         return
-    changes, stale = stale_runs(stage.spec.named_models(), stage.spec.model.revision, Path(stage.output_dir))
+    changes, stale = _stale(stage)
     if not changes:
         return
     print(
-        f"chain: stage {stage.name}: {'; '.join(changes)}; training it again (its run from the old model removed)",
+        f"chain: stage {stage.name}: {'; '.join(changes)}; training it again (its run from the old inputs removed)",
         file=sys.stderr,
         flush=True,
     )

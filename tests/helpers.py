@@ -236,7 +236,7 @@ def resume_of(spec: Any, output_dir: Path) -> Any:
 
 def fingerprints_of(spec: Any) -> Any:
     """The fingerprint of each model ``spec`` names, as a run records what it was trained from."""
-    from posttrain.entrypoints.records.checkpoints import model_fingerprints
+    from posttrain.entrypoints.records.fingerprints import model_fingerprints
 
     return model_fingerprints(spec.named_models(), spec.model.revision)
 

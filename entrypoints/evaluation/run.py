@@ -42,8 +42,9 @@ from posttrain.entrypoints.inputs.rewards import (
 )
 from posttrain.entrypoints.job import distributed, lease
 from posttrain.entrypoints.records import curves
-from posttrain.entrypoints.records.checkpoints import model_fingerprints, read_record, split_fingerprint
+from posttrain.entrypoints.records.checkpoints import read_record
 from posttrain.entrypoints.records.files import replacing, write_json_atomic
+from posttrain.entrypoints.records.fingerprints import model_fingerprints, split_fingerprint
 from posttrain.entrypoints.records.summary import SUMMARY_FILE as RUN_SUMMARY_FILE
 from posttrain.entrypoints.records.summary import say_closing
 

@@ -25,13 +25,11 @@ format. A checkpoint named by path (another tool's) needs no manifest.
 import contextlib
 import dataclasses
 import errno
-import hashlib
 import json
 import logging
 import os
 import re
 import shutil
-import struct
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
@@ -42,8 +40,8 @@ from posttrain.components.spec.loading import spec_diff, training_relevant
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import DataSpec, ModelSpec
 from posttrain.entrypoints.job.distributed import barrier, env_rank, says_any
+from posttrain.entrypoints.records import fingerprints
 from posttrain.entrypoints.records.files import (
-    TORCH_SUFFIXES,
     file_problem,
     fsync_directory,
     fsynced_tree,
@@ -51,6 +49,7 @@ from posttrain.entrypoints.records.files import (
     judged,
     write_json_atomic,
 )
+from posttrain.entrypoints.records.fingerprints import is_weights, model_identity
 from posttrain.entrypoints.records.summary import SUMMARY_FILE
 
 log = logging.getLogger("posttrain")
@@ -82,36 +81,8 @@ class Resume:
 
 
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-# a model's weights in output_dir itself: whole files, a sharded model's index, a PEFT adapter
-_WEIGHT_SUFFIXES = (".safetensors", *TORCH_SUFFIXES)
-# the Trainer's arguments, which it torch.saves beside the model
-_NOT_WEIGHTS = ("training_args.bin",)
-# data files up to this size are hashed whole; larger ones by size, time, head and tail
-_WHOLE_HASH_BYTES = 64 << 20
-# a model directory's small files that say what it is: its config, a PEFT adapter's, its tokenizer's and processor's
-_MODEL_FILES = (
-    "config.json",
-    "generation_config.json",
-    "adapter_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "tokenizer.model",
-    "tekken.json",
-    "spiece.model",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "vocab.txt",
-    "merges.txt",
-    "chat_template.jinja",
-    "chat_template.json",
-    "preprocessor_config.json",
-    "processor_config.json",
-)
 # where a run that writes over another run's model (overwrite_output_dir) moves what that run left in output_dir
 PREVIOUS_RUNS = "previous-runs"
-# of a weight file's tensor data, first and last: new values of the same shapes show there
-_SAMPLE_BYTES = 64 << 10
 
 
 def checkpoint_steps(output_dir: Path) -> List[Tuple[int, Path]]:
@@ -296,7 +267,7 @@ def finished_at(resume: Resume, inputs: Dict[str, Any]) -> Optional[int]:
         # what the run was trained from: recorded in its summary, or (an older posttrain's) in its last checkpoint
         checkpoints = complete_checkpoints(output_dir)
         recorded = summary.get("inputs") or (_read_json(checkpoints[-1] / INPUTS_FILE) if checkpoints else None)
-        changes = _input_changes(recorded, inputs) if not differences else []
+        changes = fingerprints.input_changes(recorded, inputs) if not differences else []
         if differences or changes:
             what = (
                 f"a finished model written by a different spec ({_shown(differences)})"
@@ -353,31 +324,14 @@ def set_aside_previous_run(output_dir: Path) -> Optional[Path]:
 
 
 def model_files(output_dir: Path) -> List[str]:
-    """The names of a model's files in ``output_dir`` itself, as ``from_pretrained`` and PEFT read them: its weights
-    (:func:`weight_files`), their index, its config, a PEFT adapter's, its tokenizer's and processor's."""
-    if not output_dir.is_dir():
-        return []
-    named = [
-        path.name for path in output_dir.iterdir() if path.is_file() and path.name in (*_MODEL_FILES, *_NOT_WEIGHTS)
-    ]
-    return sorted([*named, *weight_files(output_dir)])
+    """The names of a model's files in ``output_dir`` itself, as ``from_pretrained`` and PEFT read them: its weights,
+    their index, its config, a PEFT adapter's, its tokenizer's and processor's."""
+    return model_identity(output_dir) if output_dir.is_dir() else []
 
 
 def weight_files(output_dir: Path) -> List[str]:
     """The names of the weight files in ``output_dir`` itself (its checkpoints' are not looked at)."""
-    if not output_dir.is_dir():
-        return []
-    return sorted(
-        path.name
-        for path in output_dir.iterdir()
-        if path.is_file()
-        and path.name not in _NOT_WEIGHTS
-        and (
-            path.suffix in _WEIGHT_SUFFIXES
-            or path.name.endswith(".index.json")
-            or path.name.startswith("adapter_model.")
-        )
-    )
+    return [name for name in model_files(output_dir) if is_weights(name) or name.endswith(".index.json")]
 
 
 def _spec_differences(saved: Dict[str, Any], record: Dict[str, Any]) -> List[Tuple[str, Any, Any]]:
@@ -413,93 +367,34 @@ def _read_json(path: Path) -> Any:
 
 
 def job_inputs(resume: Resume, global_batch: Dict[str, int], datasets: Any) -> Dict[str, Any]:
-    """What a checkpoint depends on besides its spec: each data source's and each model's fingerprint, and the
-    global batch (``processes``, ``per_device_train_batch_size``, ``gradient_accumulation_steps``)."""
+    """What a checkpoint depends on besides its spec: each data split's and each model's fingerprint (by content,
+    ``fingerprints.py``), and the global batch (``processes``, ``per_device_train_batch_size``,
+    ``gradient_accumulation_steps``); with the digests read (``seen``), so that a later run reads only files changed
+    since."""
+    for recorded in _recorded_inputs(resume.output_dir):
+        fingerprints.remember(recorded)
     return {
-        "data": {where: split_fingerprint(resume.data, where.split(".")[1], dataset) for where, dataset in datasets},
-        "models": model_fingerprints(resume.models, resume.revision),
+        "data": {
+            where: fingerprints.split_fingerprint(resume.data, where.split(".")[1], dataset)
+            for where, dataset in datasets
+        },
+        "models": fingerprints.model_fingerprints(resume.models, resume.revision),
         "global_batch": global_batch,
+        "seen": fingerprints.seen(),
     }
 
 
-def split_fingerprint(data: DataSpec, split: str, dataset: Any) -> Dict[str, Any]:
-    """``data.train``'s or ``data.eval``'s fingerprint: its source's, or a mixture's sources' with how they mix."""
-    sources = data.sources(split)
-    if len(sources) == 1:
-        source = sources[0][1]
-        capped = {"max_rows": source.max_rows} if source.max_rows is not None else {}
-        return {**data_fingerprint(source, dataset), **capped}
-    parts = [
-        {**data_fingerprint(source, None), "max_rows": source.max_rows, "weight": source.weight}
-        for _, source in sources
-    ]
-    return {"source": ", ".join(part["source"] for part in parts), "mix": data.mix, "parts": parts}
-
-
-def data_fingerprint(source: Any, dataset: Any) -> Dict[str, Any]:
-    """A local file by its contents (whole, or size, time, head and tail when large); else the data set's own."""
-    path = Path(source.path) if source.path is not None else None
-    if path is None or not path.is_file():
-        return {"source": source.path or source.name, "fingerprint": getattr(dataset, "_fingerprint", None)}
-    stat = path.stat()
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        if stat.st_size <= _WHOLE_HASH_BYTES:
-            for chunk in iter(lambda: stream.read(1 << 20), b""):
-                digest.update(chunk)
-            return {"source": str(path), "bytes": stat.st_size, "sha256": digest.hexdigest()}
-        digest.update(stream.read(1 << 20))
-        stream.seek(-(1 << 20), os.SEEK_END)
-        digest.update(stream.read())
-    return {"source": str(path), "bytes": stat.st_size, "mtime": stat.st_mtime, "sha256_head_tail": digest.hexdigest()}
-
-
-def model_fingerprints(models: Sequence[Tuple[str, str]], revision: Optional[str]) -> Dict[str, Dict[str, Any]]:
-    """Each model the spec reads, by where it names it (``model.name_or_path``, ``reference_model``,
-    ``rewards.0.model``, ...): what the run is trained from."""
-    return {where: model_fingerprint(name, revision) for where, name in models}
-
-
-def model_fingerprint(name_or_path: str, revision: Optional[str] = None) -> Dict[str, Any]:
-    """What changes when a model changes, read cheaply: a hub id or built-in by its name and revision; a local
-    directory by the id of the posttrain run that wrote it, else by its weight files (each one's size and a hash of
-    its safetensors header and of its first and last tensor bytes) and its config and tokenizer files (hashed)."""
-    path = Path(name_or_path).expanduser()
-    if name_or_path.startswith("builtin:") or not path.is_dir():
-        return {"source": name_or_path, "revision": revision}
-    summary = _read_json(path / SUMMARY_FILE)
-    if isinstance(summary, dict) and isinstance(summary.get("run_id"), str):
-        return {"source": name_or_path, "run_id": summary["run_id"]}
-    files: Dict[str, Any] = {}
-    weights = set(weight_files(path))
-    for file in sorted(path.iterdir()):
-        if file.name in _MODEL_FILES or file.name.endswith(".index.json"):
-            files[file.name] = hashlib.sha256(file.read_bytes()).hexdigest()
-        elif file.name in weights:
-            files[file.name] = _weight_fingerprint(file)
-    return {"source": name_or_path, "files": files}
-
-
-def _weight_fingerprint(path: Path) -> Dict[str, Any]:
-    """A weight file's size and a hash of its header and of its data's first and last bytes: never the whole file."""
-    size = path.stat().st_size
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        start = 0
-        if path.suffix == ".safetensors" and size >= 8:
-            (header_size,) = struct.unpack("<Q", stream.read(8))
-            digest.update(stream.read(header_size))
-            start = min(8 + header_size, size)
-        stream.seek(start)
-        digest.update(stream.read(_SAMPLE_BYTES))
-        stream.seek(max(start, size - _SAMPLE_BYTES))
-        digest.update(stream.read(_SAMPLE_BYTES))
-    return {"bytes": size, "sha256_sampled": digest.hexdigest()}
+def _recorded_inputs(output_dir: Path) -> List[Tuple[Path, Any]]:
+    """What ``output_dir``'s finished run (its ``run_summary.json``) and each of its checkpoints record they were
+    trained on, by the file that records it."""
+    summary = _read_json(output_dir / SUMMARY_FILE)
+    found = [(output_dir / SUMMARY_FILE, summary.get("inputs") if isinstance(summary, dict) else None)]
+    return found + [(path, _read_json(path / INPUTS_FILE)) for _, path in checkpoint_steps(output_dir)]
 
 
 def _check_same_inputs(checkpoint: Path, inputs: Dict[str, Any]) -> None:
     """``resume: auto`` continues only what the checkpoint was trained on (a checkpoint without a record passes)."""
-    changes = _input_changes(_read_json(checkpoint / INPUTS_FILE), inputs)
+    changes = fingerprints.input_changes(_read_json(checkpoint / INPUTS_FILE), inputs)
     if changes:
         raise SpecError(
             [
@@ -509,56 +404,27 @@ def _check_same_inputs(checkpoint: Path, inputs: Dict[str, Any]) -> None:
         )
 
 
-def _input_changes(recorded: Any, inputs: Dict[str, Any]) -> List[str]:
-    """How this job's inputs differ from what a checkpoint or a finished run records it was trained on (none
-    where there is no record)."""
-    if not isinstance(recorded, dict):
-        return []
-    changes = model_changes(recorded, inputs.get("models", {}))
-    for where, now in inputs["data"].items():
-        before = recorded["data"].get(where)
-        if before != now:
-            changes.append(f"{where} ({now['source']}) changed since it was saved")
-    before, now = recorded["global_batch"], inputs["global_batch"]
-    if before != now:
-        changes.append(f"the global batch was {_batch_text(before)} and is now {_batch_text(now)}")
-    return changes
-
-
-def model_changes(recorded: Any, models: Dict[str, Dict[str, Any]]) -> List[str]:
-    """The models that are not the ones a record says the run was trained from (none where it names none: a
-    record of an older posttrain)."""
-    before = recorded.get("models") if isinstance(recorded, dict) else None
-    if not isinstance(before, dict):
-        return []
-    return [
-        f"{where} ({now['source']}) is not the model it was trained from"
-        for where, now in models.items()
-        if where in before and before[where] != now
-    ]
-
-
 def stale_runs(
-    models: Sequence[Tuple[str, str]], revision: Optional[str], output_dir: Path
+    models: Sequence[Tuple[str, str]], revision: Optional[str], data: DataSpec, output_dir: Path
 ) -> Tuple[List[str], List[Path]]:
-    """What in ``output_dir`` was trained from other models than ``models`` (by where a spec names each) are now:
-    which models changed, and the files that record it (its finished run's ``run_summary.json``, its checkpoints)."""
-    fingerprints = model_fingerprints(models, revision)
-    summary = _read_json(output_dir / SUMMARY_FILE)
-    found = [(output_dir / SUMMARY_FILE, summary.get("inputs") if isinstance(summary, dict) else None)]
-    found += [(path, _read_json(path / INPUTS_FILE)) for _, path in checkpoint_steps(output_dir)]
+    """What in ``output_dir`` was trained from other models than ``models`` (by where a spec names each) are now,
+    or on other local data than ``data`` holds now: what changed, and the files that record it (its finished run's
+    ``run_summary.json``, its checkpoints). Data from the hub is not loaded here, and not compared."""
+    recorded = _recorded_inputs(output_dir)
+    for _, inputs in recorded:
+        fingerprints.remember(inputs)
+    models_now = fingerprints.model_fingerprints(models, revision)
+    splits = [("data.train", "train"), ("data.eval", "eval")]
+    data_now = fingerprints.local_data(
+        {where: fingerprints.split_fingerprint(data, split, None) for where, split in splits if data.sources(split)}
+    )
     changes: List[str] = []
     stale: List[Path] = []
-    for path, recorded in found:
-        changed = model_changes(recorded, fingerprints)
+    for path, inputs in recorded:
+        changed = fingerprints.model_changes(inputs, models_now) + fingerprints.data_changes(inputs, data_now)
         stale += [path] if changed else []
         changes += [change for change in changed if change not in changes]
     return changes, stale
-
-
-def _batch_text(batch: Dict[str, int]) -> str:
-    factors = [batch["processes"], batch["per_device_train_batch_size"], batch["gradient_accumulation_steps"]]
-    return f"{factors[0] * factors[1] * factors[2]} ({' x '.join(map(str, factors))}: processes x per device x accumulation)"
 
 
 def check_room(output_dir: Path, model_spec: ModelSpec, saves_checkpoints: bool) -> None:

@@ -1,7 +1,9 @@
 """posttrain.chain through the real ``torchx run``: the tiny RLHF chain in one job, killed and picked up again."""
 
+import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -130,41 +132,67 @@ stages:
     assert (gate["condition"], gate["held"]) == ("sft.regex_format - base.regex_format >= 0", True)
 
 
-def test_a_stage_trained_from_a_model_that_was_trained_again_trains_again_and_says_why(tmp_path: Path) -> None:
+def edit_in_place(path: Path, offset: int) -> None:
+    """One bit of ``path`` flipped where it lies (a letter's case, a weight's last bit), its size and modification
+    time kept (``touch -r``)."""
+    stat = path.stat()
+    with path.open("r+b") as stream:
+        stream.seek(offset)
+        byte = stream.read(1)
+        stream.seek(offset)
+        stream.write(bytes([byte[0] ^ 0x20 if byte.isalpha() else byte[0] ^ 1]))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_a_stage_whose_model_or_data_changed_in_place_trains_again_with_the_stages_after_it(tmp_path: Path) -> None:
     output_dir = tmp_path / "sft-dpo"
+    rows = tmp_path / "sft_chat.jsonl"
+    shutil.copy(REPO / "templates/data/sft_chat.jsonl", rows)
     args = ["run", "-s", "local_cwd", "posttrain.chain", "--spec", "templates/chain/sft-dpo-tiny.yaml", "-j", "1x1"]
-    args += ["--rdzv_port", str(free_port(CHAIN_PORTS)), f"output_dir={output_dir}"]
+    args += [
+        "--rdzv_port",
+        str(free_port(CHAIN_PORTS)),
+        f"output_dir={output_dir}",
+        f"stages.sft.data.train.path={rows}",
+    ]
     # what is trained from what, not how well: a few steps each
-    args += ["stages.dpo.training.max_steps=4", "stages.dpo.training.save_steps=4"]
-    assert_succeeded(torchx([*args, "stages.sft.training.max_steps=10"], tmp_path, timeout=900))
+    args += ["stages.sft.training.max_steps=10", "stages.dpo.training.max_steps=4", "stages.dpo.training.save_steps=4"]
+    assert_succeeded(torchx(args, tmp_path, timeout=900))
     first_sft = read_json(output_dir / "sft" / "run_summary.json")
     dpo = read_json(output_dir / "dpo" / "run_summary.json")
-    assert dpo["inputs"]["models"]["model.name_or_path"] == {
-        "source": str(output_dir / "sft"),
-        "run_id": first_sft["run_id"],
-    }
+    assert set(dpo["inputs"]["models"]["model.name_or_path"]["files"]) >= {"model.safetensors", "config.json"}
 
-    # SFT changed: its directory removed, as the chain's refusal says, and the chain run again
-    shutil.rmtree(output_dir / "sft")
-    again = torchx([*args, "stages.sft.training.max_steps=20"], tmp_path, timeout=900)
+    # SFT's model edited in place after its run (a weight deep in the file): DPO alone trains again, from scratch
+    weights = output_dir / "sft" / "model.safetensors"
+    start = 8 + struct.unpack("<Q", weights.read_bytes()[:8])[0]
+    # the lowest byte of a float32 weight halfway through the data: a change in its last bits
+    edit_in_place(weights, start + (weights.stat().st_size - start) // 8 * 4)
+    again = torchx(args, tmp_path, timeout=900)
     assert_succeeded(again)
     logs = again.stdout + again.stderr
-    sft = read_json(output_dir / "sft" / "run_summary.json")
-    assert sft["global_steps"] == 20 and sft["run_id"] != first_sft["run_id"]
+    assert "chain: stage sft finished already" in logs
     assert (
         f"chain: stage dpo: model.name_or_path ({output_dir}/sft) is not the model it was trained from; "
-        "training it again (its run from the old model removed)"
+        "training it again (its run from the old inputs removed)"
     ) in logs
     assert "nothing to train" not in logs
     dpo_again = read_json(output_dir / "dpo" / "run_summary.json")
     assert dpo_again["run_id"] != dpo["run_id"] and dpo_again["global_steps"] == dpo["global_steps"]
-    # from scratch: no checkpoint of the old model's run resumed
+    # no checkpoint of the old model's run resumed
     assert dpo_again["resumed_from"] is None
-    assert dpo_again["inputs"]["models"]["model.name_or_path"]["run_id"] == sft["run_id"]
+
+    # SFT's data edited in place (a letter of an answer): SFT trains again, and DPO after it
+    edit_in_place(rows, rows.read_bytes().index(b'"content": "') + len('"content": "'))
+    edited = torchx(args, tmp_path, timeout=900)
+    assert_succeeded(edited)
+    logs = edited.stdout + edited.stderr
+    assert f"chain: stage sft: data.train ({rows}) changed since it was saved; training it again" in logs
+    sft = read_json(output_dir / "sft" / "run_summary.json")
+    assert sft["run_id"] != first_sft["run_id"] and sft["resumed_from"] is None
+    assert read_json(output_dir / "dpo" / "run_summary.json")["run_id"] != dpo_again["run_id"]
 
     # nothing changed since: both stages finished already, neither trains
-    last = torchx([*args, "stages.sft.training.max_steps=20"], tmp_path, timeout=900)
+    last = torchx(args, tmp_path, timeout=900)
     assert_succeeded(last)
     logs = last.stdout + last.stderr
     assert "chain: stage sft finished already" in logs and "chain: stage dpo finished already" in logs
-    assert read_json(output_dir / "dpo" / "run_summary.json")["run_id"] == dpo_again["run_id"]

@@ -13,7 +13,7 @@ from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.registry import SPEC_CLASSES
 from posttrain.entrypoints.inputs.data import load_split
-from posttrain.entrypoints.records.checkpoints import split_fingerprint
+from posttrain.entrypoints.records.fingerprints import split_fingerprint
 
 SFT = "templates/sft/tiny.yaml"
 
