@@ -40,6 +40,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from torch.distributed.run import main as torchrun
 
 from posttrain.entrypoints.job import lease
+from posttrain.entrypoints.job.distributed import DONE_DIR_ENV
 from posttrain.entrypoints.job.error_file import (
     CRASHED,
     KEPT_LOGS,
@@ -141,6 +142,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if kept is not None:
         # rank 0's first line names it
         os.environ[KEPT_LOGS] = str(kept)
+    # each rank says there that its run finished (distributed.report_done)
+    done = log_dir / "done"
+    done.mkdir()
+    os.environ[DONE_DIR_ENV] = str(done)
     # whether output_dir is this run's: a refused run's logs stay out of the holder's
     ours = True
     try:
@@ -162,7 +167,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     finally:
         if kept is not None and ours:
             keep_logs(log_dir, kept)
+    line = unfinished_line(done, argv)
+    if line is not None:
+        record_error(line)
+        print(line, file=sys.stderr, flush=True)
+        return STOPPED
     return 0
+
+
+def unfinished_line(done: Path, argv: Sequence[str]) -> Optional[str]:
+    """What the launcher says where torchrun ended well but a rank of this node never said its run finished: it
+    ended with exit code 0 before its end (``os._exit`` in user code, or a process that left quietly), and nothing
+    the job wrote may be taken as finished; None where every rank said so."""
+    ranks = int(argv[list(argv).index("--nproc_per_node") + 1]) if "--nproc_per_node" in argv else 1
+    reported = len(list(done.iterdir()))
+    if reported >= ranks:
+        return None
+    return (
+        f"posttrain: {ranks - reported} of this node's {ranks} rank(s) ended with exit code 0 before their run "
+        "finished (os._exit in user code, or a process ended from outside): the job did not finish"
+    )
 
 
 if __name__ == "__main__":

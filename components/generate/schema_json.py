@@ -31,7 +31,7 @@ from posttrain.components.spec.fields import LORA_CONFIG, TABLE_PATH, FieldType,
 from posttrain.components.spec.loading import BOOLEAN_WORDS, EXPONENT_NUMBER
 from posttrain.components.spec.registry import SPEC_CLASSES
 from posttrain.components.spec.rewards import BUILTIN_REWARDS
-from posttrain.components.spec.schema import Spec
+from posttrain.components.spec.schema import USER_CODE_TIMEOUT_S, Spec
 from posttrain.components.spec.values import Range, rows_for
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -186,15 +186,21 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "model": "A sequence-classification reward model: a path or hub id.",
         "args": "The built-in reward's arguments.",
         "weight": "The reward's weight in the sum.",
+        "timeout_s": f"A function's: seconds one call may take (unset: {USER_CODE_TIMEOUT_S:g}); past it the job "
+        "ends in one line naming it.",
     },
     "EnvironmentSource": {
         "factory": "module:Class, importable in the job: built with args for each rollout; it needs reset, and its "
         "public methods, each with a docstring describing its typed arguments, are the model's tools.",
         "args": "The keyword arguments the class is built with.",
+        "timeout_s": f"Seconds building it, or one call of a method, may take (unset: {USER_CODE_TIMEOUT_S:g}); past "
+        "it the job ends in one line naming it.",
     },
     "ToolSource": {
         "function": "module:function, importable in the job; its name, typed arguments and docstring (Args:) are "
         "what the model sees of it, and what it returns (as text) is what the model reads back.",
+        "timeout_s": f"Seconds one call may take (unset: {USER_CODE_TIMEOUT_S:g}); past it the job ends in one line "
+        "naming it.",
     },
 }
 

@@ -256,7 +256,11 @@ NOT_TRAINING_RELEVANT = ("resume", "overwrite_output_dir", "training.output_dir"
 
 
 def training_relevant(key: str) -> bool:
-    """Whether a dotted key of :func:`spec_diff` changes what a checkpoint holds."""
+    """Whether a dotted key of :func:`spec_diff` changes what a checkpoint holds: not a timeout of the job's own
+    (``distributed.timeout_s``, a function's ``timeout_s``), which bounds how long it waits; a built-in reward's
+    arguments (``args.timeout_s``) change its scores."""
+    if key.rpartition(".")[2].endswith("timeout_s") and ".args." not in key:
+        return False
     return not any(key == name or key.startswith(f"{name}.") for name in NOT_TRAINING_RELEVANT)
 
 
@@ -272,12 +276,27 @@ def spec_diff(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") 
     [('training.seed', 1, 2)]
     >>> spec_diff({"algorithm": "grpo"}, {"algorithm": "grpo", "tools": [], "environment": None})
     []
+    >>> spec_diff({"rewards": [{"builtin": "contains"}]}, {"rewards": [{"builtin": "contains", "timeout_s": 9.0}]})
+    [('rewards.0.timeout_s', None, 9.0)]
     """
     found = []
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key), new.get(key)
         if isinstance(a, dict) and isinstance(b, dict):
             found += spec_diff(a, b, f"{prefix}{key}.")
+        elif _dicts_alike(a, b):
+            for index, (item_a, item_b) in enumerate(zip(a, b)):
+                found += spec_diff(item_a, item_b, f"{prefix}{key}.{index}.")
         elif a != b and not ((key not in old and b in EMPTY) or (key not in new and a in EMPTY)):
             found.append((f"{prefix}{key}", a, b))
     return found
+
+
+def _dicts_alike(a: Any, b: Any) -> bool:
+    """Two lists of as many mappings (``rewards``, ``tools``): compared item by item, key by key."""
+    return (
+        isinstance(a, list)
+        and isinstance(b, list)
+        and len(a) == len(b)
+        and all(isinstance(item, dict) for item in [*a, *b])
+    )

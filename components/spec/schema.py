@@ -143,6 +143,18 @@ class DataSpec(_Strict):
         return data_problems(self)
 
 
+# how long one call of the user's code (a reward function, a tool, an environment's method) may take where the spec
+# sets no timeout_s: past it the job ends in one line naming the function (entrypoints/inputs/user_code.py)
+USER_CODE_TIMEOUT_S = 600.0
+
+
+def timeout_problems(where: str, timeout_s: Optional[float]) -> List[str]:
+    """A user function's ``timeout_s``: seconds above 0, or unset (:data:`USER_CODE_TIMEOUT_S`)."""
+    if timeout_s is None or timeout_s > 0:
+        return []
+    return [f"{where}.timeout_s: expected seconds above 0 (unset: {USER_CODE_TIMEOUT_S:g}); got {timeout_s:g}"]
+
+
 class RewardSource(_Strict):
     """One reward: exactly one of a user callable, a built-in, or a reward model; weighted."""
 
@@ -153,6 +165,8 @@ class RewardSource(_Strict):
     model: Optional[str] = None
     args: Dict[str, Any] = {}
     weight: float = 1.0
+    # how long one call of the function may take (None: USER_CODE_TIMEOUT_S)
+    timeout_s: Optional[float] = None
 
     def problems(self, where: str) -> List[str]:
         given = [key for key in ("function", "builtin", "model") if getattr(self, key) is not None]
@@ -166,11 +180,16 @@ class RewardSource(_Strict):
             )
             if problem is not None:
                 return [problem]
+        if self.timeout_s is not None and self.function is None:
+            what = (
+                "a built-in bounds its own work (code_tests: args.timeout_s)" if self.builtin else "a model's does not"
+            )
+            return [f"{where}.timeout_s: bounds a function's call, and {what}; drop it"]
         if self.builtin is not None:
             return [f"{where}.builtin: {problem}" for problem in check_builtin(self.builtin, self.args)]
         if self.args:
             return [f"{where}.args: only built-in rewards take args"]
-        return []
+        return timeout_problems(where, self.timeout_s)
 
 
 class EvalData(DataSpec):
@@ -767,10 +786,12 @@ class ToolSource(_Strict):
 
     # "module:function", importable in the job
     function: str
+    # how long one call may take (None: USER_CODE_TIMEOUT_S)
+    timeout_s: Optional[float] = None
 
     def problems(self, where: str) -> List[str]:
         problem = import_path_problem(f"{where}.function", self.function, "module:function (e.g. my_tools:lookup)")
-        return [problem] if problem is not None else []
+        return ([problem] if problem is not None else []) + timeout_problems(where, self.timeout_s)
 
 
 class EnvironmentSource(_Strict):
@@ -781,10 +802,12 @@ class EnvironmentSource(_Strict):
     # "module:Class", importable in the job
     factory: str
     args: Dict[str, Any] = {}
+    # how long building it, or one call of a method, may take (None: USER_CODE_TIMEOUT_S)
+    timeout_s: Optional[float] = None
 
     def problems(self, where: str) -> List[str]:
         problem = import_path_problem(f"{where}.factory", self.factory, "module:Class (e.g. my_env:Game)")
-        return [problem] if problem is not None else []
+        return ([problem] if problem is not None else []) + timeout_problems(where, self.timeout_s)
 
 
 class _OnlineSpec(Spec):

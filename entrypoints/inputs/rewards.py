@@ -8,7 +8,8 @@ model loader (``model``'s dtype, revision and trust_remote_code apply),
 with its own tokenizer.
 
 Every reward function is wrapped (:class:`RewardCheck`): its scores must be
-one finite float (or None) per completion. A NaN on one rank alone would
+one finite float (or None) per completion; a user's function is also bounded
+(``user_code.py``: its ``timeout_s``, no ``sys.exit``). A NaN on one rank alone would
 otherwise skew the group statistics or end that rank with a traceback while
 the others wait; the wrapper records the problem, the step ends on zeros in
 its place, and at the step's end every rank learns of it and stops together.
@@ -35,6 +36,7 @@ from posttrain.entrypoints.inputs.models import (
     load_model,
     load_tokenizer,
 )
+from posttrain.entrypoints.inputs.user_code import guarded
 from posttrain.entrypoints.job import distributed
 
 
@@ -131,7 +133,7 @@ def resolve_rewards(
             function = import_user_function(reward.function, f"{where}.function")
             if not callable(function):
                 raise SpecError([f"{where}.function: {reward.function} is not callable"])
-            resolved.append(check.wrap(function, where))
+            resolved.append(check.wrap(guarded(function, where, reward.timeout_s), where))
         else:
             check_model_path(reward.model, f"{where}.model")
             resolved.append(reward.model)

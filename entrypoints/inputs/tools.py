@@ -8,7 +8,9 @@ prompt, after every model has loaded; :func:`resolve_tools` imports and
 checks each tool before any model loads, :func:`resolve_environment` each
 environment (built once, its methods checked as tools), and
 :func:`check_tool_template` that the model's chat template renders tool
-calls and that TRL can read them back from what the model writes.
+calls and that TRL can read them back from what the model writes. Every
+call of a tool, and of an environment's methods, is bounded
+(``user_code.py``: its ``timeout_s``, no ``sys.exit``).
 """
 
 import functools
@@ -18,6 +20,7 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
 from posttrain.components.spec.messages import SpecError, first_line
 from posttrain.components.spec.schema import EnvironmentSource, ToolSource
 from posttrain.entrypoints.inputs.models import import_user_function
+from posttrain.entrypoints.inputs.user_code import guarded, guarded_environment
 
 # The chat templates TRL reads tool calls back from (trl/chat_template_utils.py, add_response_schema), as a user
 # would name them
@@ -44,7 +47,7 @@ def resolve_tools(tools: Sequence[ToolSource]) -> List[Callable[..., Any]]:
                     "calls a tool by its name: rename one"
                 ]
             )
-        resolved.append(function)
+        resolved.append(guarded(function, f"tools.{index}", tool.timeout_s))
     return resolved
 
 
@@ -80,7 +83,7 @@ def resolve_environment(
     for name, source in named.items():
         where = f"environment.{name}" if name else "environment"
         made = import_user_function(source.factory, f"{where}.factory")
-        factory = functools.partial(made, **source.args)
+        factory = guarded_environment(functools.partial(made, **source.args), where, source.timeout_s)
         try:
             instance = factory()
         except Exception as error:  # noqa: BLE001 -- the user's class failed while it ran: its error, one line

@@ -26,7 +26,7 @@ from posttrain.components.spec.messages import SpecError
 log = logging.getLogger("posttrain")
 T = TypeVar("T")
 
-# where posttrain's DeepSpeed launcher has each rank say it finished (report_done)
+# where posttrain's launchers have each rank say it finished (report_done)
 DONE_DIR_ENV = "POSTTRAIN_RANKS_DONE_DIR"
 
 
@@ -305,7 +305,8 @@ def check_shared_output(output_dir: Path, key: str = "training.output_dir") -> N
 
 
 def report_done() -> None:
-    """Tells posttrain's DeepSpeed launcher that this rank finished (its runner's exit status cannot)."""
+    """Tells posttrain's launcher (torchrun's or DeepSpeed's) that this rank finished its run: a rank that ends with
+    exit code 0 without it (``os._exit`` in user code) fails the job there."""
     done_dir = os.environ.get(DONE_DIR_ENV)
     if done_dir:
         (Path(done_dir) / f"rank-{os.environ.get('RANK', '0')}").touch()

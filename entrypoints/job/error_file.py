@@ -7,13 +7,15 @@ reports that as the app's structured error (``AppStatus``, ``runner.wait()``,
 only: the rendezvous port's check, before any launcher, uses it too.
 """
 
+import contextlib
 import json
 import os
 import sys
+import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, NoReturn, Optional
+from typing import Any, Iterator, NoReturn, Optional
 
 # A rank's exit codes: a check stopped it, and it said why (see runtime.run); it crashed (Python's own code)
 STOPPED, CRASHED = 2, 1
@@ -42,6 +44,32 @@ def stop_now(line: str) -> NoReturn:
     finally:
         # a closed stream or an unwritable file must not leave the process running
         os._exit(STOPPED)
+
+
+@contextlib.contextmanager
+def deadline(seconds: float, line: str) -> Iterator[None]:
+    """Ends this process with ``line`` (:func:`stop_now`) unless the block ends within ``seconds``: for work that may
+    block where nothing raises (a request without a timeout, a collective, a user's function), in any thread."""
+    said = threading.Lock()
+
+    def overdue() -> None:
+        if said.acquire(blocking=False):
+            stop_now(line)
+
+    timer = threading.Timer(seconds, overdue)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        # blocks only while the timer ends the process
+        said.acquire()
+
+
+class Exit(SystemExit):
+    """posttrain's own end of a process from within its work (a preemption's exit code): not user code's
+    ``sys.exit``, which ``runtime.ends_in_one_line`` says as a failure."""
 
 
 def posttrain_line(error_file_data: Any) -> Optional[str]:

@@ -32,7 +32,9 @@ small, a NaN reward, a full disk) end every rank with exit code 2 and one
 left in torchelastic's error file for torchx. Anything else is a crash (exit
 code 1): one line, said once by posttrain's launcher, its traceback kept in
 ``output_dir/logs`` (``error_file.record_crash``); a rank that ended because
-another did says nothing. A success ends in one line (``summary.closing_line``).
+another did says nothing. A ``sys.exit`` in the user's code is one line naming
+it (``inputs/user_code.py`` bounds each call; elsewhere its frame is named
+here), never a quiet end. A success ends in one line (``summary.closing_line``).
 
 The spec is read once, at the start (:func:`parts`): each step is handed its
 part (how models load, the fast paths' options, what resume is decided from,
@@ -54,6 +56,7 @@ import logging
 import os
 import signal
 import sys
+import traceback
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple, Union
@@ -111,7 +114,7 @@ from posttrain.entrypoints.inputs.tools import (
 )
 from posttrain.entrypoints.job import distributed, lease
 from posttrain.entrypoints.job.callbacks import BestMetricCheck, FaultInjection, Preemption, ProgressLog, TokenCounter
-from posttrain.entrypoints.job.error_file import CRASHED, KEPT_LOGS, STOPPED, record_crash, record_error
+from posttrain.entrypoints.job.error_file import CRASHED, KEPT_LOGS, STOPPED, Exit, record_crash, record_error
 from posttrain.entrypoints.job.sharding import may_leave_parameters_unused, strategy_for
 from posttrain.entrypoints.records import checkpoints
 from posttrain.entrypoints.records.checkpoints import SPEC_FILE, Resume, already_finished, at_last_step
@@ -287,6 +290,14 @@ def ends_in_one_line() -> Iterator[Ending]:
         # every rank: whichever torchrun names the root cause
         record_error(f"posttrain: {error}")
         raise SystemExit(STOPPED) from None
+    except Exit:
+        raise
+    except SystemExit as exit:
+        # sys.exit where posttrain does not bound the call (user_code.py does): a run never ends quietly half-done
+        line = f"posttrain: rank {distributed.env_rank()}: {_called_exit(exit)}; the job stops"
+        print(line, file=sys.stderr, flush=True)
+        record_error(line)
+        raise SystemExit(STOPPED) from None
     except Exception as error:
         # else another rank ended first and says why
         if not distributed.lost_a_peer(error):
@@ -294,6 +305,14 @@ def ends_in_one_line() -> Iterator[Ending]:
         raise SystemExit(CRASHED) from None
     finally:
         distributed.destroy_process_group()
+
+
+def _called_exit(exit: SystemExit) -> str:
+    """Where a ``sys.exit`` came from, as a line says it: its exit code and the innermost frame that raised it."""
+    frames = traceback.extract_tb(exit.__traceback__)
+    # sys.exit itself has no Python frame: the last one is its caller's
+    where = f" in {frames[-1].name} ({Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    return f"sys.exit({exit.code!r}) was called{where} while the job ran"
 
 
 def built_trainer(job: Job, build_trainer: Callable[[Job], Any]) -> Any:
@@ -436,7 +455,7 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
         result = trainer.train(resume_from_checkpoint=resume_from)
         if preemption.stopped:
             log.warning("SIGTERM: saved checkpoint-%d; a restart resumes from it", trainer.state.global_step)
-            raise SystemExit(128 + signal.SIGTERM)
+            raise Exit(128 + signal.SIGTERM)
         strategy.prepare_final_save(trainer)
         # saved aside and moved in whole, then the summary: a kill leaves a resumable run, never a finished-looking one
         staging = checkpoints.final_staging(output_dir)

@@ -213,6 +213,9 @@ def test_an_evaluate_sections_data_is_checked_by_the_client_as_the_runs_is() -> 
 def test_an_evaluate_section_never_decides_whether_a_run_resumes() -> None:
     assert not training_relevant("evaluate.generation.num_samples") and not training_relevant("evaluate")
     assert training_relevant("training.max_steps") and training_relevant("evaluated")
+    # how long the job waits changes no checkpoint; a built-in reward's own limit changes its scores
+    assert not training_relevant("rewards.0.timeout_s") and not training_relevant("distributed.timeout_s")
+    assert training_relevant("rewards.0.args.timeout_s")
 
 
 BENCHMARKED = {

@@ -404,6 +404,12 @@ def test_yaml_is_loaded_safely(tmp_path: Path) -> None:
             {"builtin": "contains", "args": {"target": "x"}, "wieght": 2},
             "rewards.0.wieght: unknown key; did you mean rewards.0.weight?",
         ),
+        ({"function": "m:f", "timeout_s": 0}, "rewards.0.timeout_s: expected seconds above 0 (unset: 600); got 0"),
+        (
+            {"builtin": "code_tests", "timeout_s": 30},
+            "rewards.0.timeout_s: bounds a function's call, and a built-in bounds its own work (code_tests: "
+            "args.timeout_s); drop it",
+        ),
     ],
 )
 def test_rewards_are_checked_at_submit_time(reward: Dict[str, Any], expected: str) -> None:
@@ -517,3 +523,12 @@ def test_ppo_runs_on_ddp_only(sharding: Dict[str, Any]) -> None:
     raw = load_template("ppo/tiny.yaml")
     raw["distributed"] = sharding
     assert f"distributed.{next(iter(sharding))}: posttrain's PPO runs on DDP" in problems_of(raw)
+
+
+def test_a_tool_s_and_an_environment_s_timeout_is_checked_at_submit_time() -> None:
+    raw = load_template("grpo/tiny-tools.yaml")
+    raw["environment"] = {**raw["environment"], "timeout_s": 0}
+    assert "environment.timeout_s: expected seconds above 0 (unset: 600); got 0" in problems_of(raw)
+    raw.pop("environment")
+    raw["tools"] = [{"function": "m:lookup", "timeout_s": -1}]
+    assert "tools.0.timeout_s: expected seconds above 0 (unset: 600); got -1" in problems_of(raw)
