@@ -7,9 +7,9 @@ SHA-256 of each; a hub model by its id and revision, a hub data set by its name 
 what loaded. A change in any byte that can change a weight changes the fingerprint, whoever wrote the files: a
 model trained again, or edited in place.
 
-Hashing reads every byte once per process (about 1.7 GB/s here: BENCHMARKS.md). A file read before is not read
-again where its size, modification and change times and inode are those recorded (:func:`remember`, :func:`seen`):
-a change of content changes its change time, which no one sets back.
+Hashing reads every byte once per process (1.6 GB/s on the CPU machine: BENCHMARKS.md). A file read before is
+not read again where its size, modification and change times and inode are those recorded (:func:`remember`,
+:func:`seen`): a change of content changes its change time, which no one sets back.
 """
 
 import glob
