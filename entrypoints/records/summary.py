@@ -42,7 +42,7 @@ def run_summary(
     first, last = metric_ends(trainer.state.log_history)
     return {
         "algorithm": algorithm,
-        # this finished run, new each time it trains: a run trained from its model knows whether it still is
+        # this finished run, new each time it trains (what a later run was trained from is known by content)
         "run_id": uuid.uuid4().hex,
         "world_size": world,
         "nnodes": world // local_world_size,
