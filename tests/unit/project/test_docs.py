@@ -101,3 +101,20 @@ def test_the_reward_module_of_the_docs_imports_and_scores_as_the_job_runs_it(
     scores = accuracy(prompts=["p", "p"], completions=completions, answer=["2398", "2398"], completion_ids=[[], []])
     assert scores == [1.0, 0.0]
     assert accuracy(prompts=["p"], completions=["2398"], answer=["2398"]) == [1.0]
+
+
+def test_every_test_the_docs_name_exists() -> None:
+    """A promise's "held by" names real tests: `tests/<path>.py`, `tests/<path>.py::test_name` and, after one of
+    those, `::test_name` in the same file."""
+    missing = []
+    for page in sorted((REPO / "docs/pages").rglob("*.md")):
+        current = None
+        for match in re.finditer(r"`(tests/[\w/]+\.py)(?:::(\w+)[^`]*)?`|`::(\w+)[^`]*`", page.read_text()):
+            path, name = (match[1], match[2]) if match[1] else (current, match[3])
+            current = path
+            source = REPO / path if path else None
+            if source is None or not source.is_file():
+                missing.append(f"{page.name}: {path}")
+            elif name and not re.search(rf"^(async )?def {name}\(", source.read_text(), re.MULTILINE):
+                missing.append(f"{page.name}: {path}::{name}")
+    assert missing == []
