@@ -8,7 +8,6 @@ or chat messages, and extra data-set columns arrive as keyword lists.
 
 import functools
 import inspect
-import os
 import re
 import typing
 from concurrent.futures import ThreadPoolExecutor
@@ -116,25 +115,31 @@ def math_verify(column: str = "answer", answer_pattern: Optional[str] = None) ->
 
 
 def code_tests(column: str = "tests", timeout_s: float = 10.0, memory_mb: int = 1024) -> RewardFunction:
-    """1 where the completion's code passes the row's tests (``column``), else 0.
+    """1 where the completion's code passes the row's tests (``column``, Python source), else 0.
 
     The code is the last fenced block of the completion's answer (its last
-    message), else the whole answer; the tests (``assert`` lines, or any code
-    that raises on a failure) follow it in one Python program, which passes
-    when it exits 0. Each runs in a process of its own, within ``timeout_s``
-    seconds and ``memory_mb`` MiB, in a scratch directory removed after,
-    without the job's environment, and where the machine allows it without a
-    network and without a process outliving it (``code_runs.py``): a guard
-    against mistakes, not against hostile code.
+    message), else the whole answer. It runs in one sandboxed process, the
+    tests in another, each within ``timeout_s`` seconds and ``memory_mb``
+    MiB (``code_runs.py``): the tests call the code's functions across a
+    pipe, compare what comes back themselves, and give the verdict, which the
+    code cannot reach. Why each failed, and the end of the program's stderr,
+    go to TRL's completions table (``log_extra``, column
+    ``code_tests/<column>``) where the trainer passes it.
     """
-    # said once, where the reward is made: whether this machine isolates the programs
+    # said once, where the reward is made: what this machine keeps the programs from
     code_runs.isolation()
-    run = functools.partial(code_runs.passes, timeout_s=timeout_s, memory_mb=memory_mb)
+    run = functools.partial(code_runs.run, timeout_s=timeout_s, memory_mb=memory_mb)
+    workers = code_runs.workers()
 
-    def score(completions: List[Any], **columns: Any) -> List[float]:
-        programs = [code_runs.program_of(answer_text(c), str(t)) for c, t in zip(completions, columns[column])]
-        with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-            return [float(passed) for passed in pool.map(run, programs)]
+    def score(
+        completions: List[Any], log_extra: Optional[Callable[[str, List[str]], None]] = None, **columns: Any
+    ) -> List[float]:
+        codes = [code_runs.code_of(answer_text(completion)) for completion in completions]
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            outcomes = list(pool.map(run, codes, columns[column]))
+        if log_extra is not None:
+            log_extra(f"code_tests/{column}", [outcome.text() for outcome in outcomes])
+        return [float(outcome.passed) for outcome in outcomes]
 
     return score
 

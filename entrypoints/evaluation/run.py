@@ -357,21 +357,39 @@ def _write_result(
     # as TRL's trainers give them: a chat prompt's completion is the assistant's message
     completions = [[{"role": "assistant", "content": t}] for t in texts] if not isinstance(prompt, str) else texts
     columns = {key: [value] * len(texts) for key, value in row.items() if key != "prompt"}
+    # what the scorers logged of each completion (TRL's log_extra: code_tests' failures), kept with it
+    extra: Dict[str, List[Any]] = {}
     scored = {
-        scorer: _scores(function, [prompt] * len(texts), completions, columns) for scorer, function in scorers.items()
+        scorer: _scores(function, [prompt] * len(texts), completions, columns, extra)
+        for scorer, function in scorers.items()
     }
     result = {"model": name, "index": index, "prompt": prompt, "completions": texts, "scores": scored}
+    if extra:
+        result["extra"] = extra
     part.write(json.dumps(result) + "\n")
     part.flush()
 
 
 def _scores(
-    function: Callable[..., Any], prompts: List[Any], completions: List[Any], columns: Dict[str, Any]
+    function: Callable[..., Any],
+    prompts: List[Any],
+    completions: List[Any],
+    columns: Dict[str, Any],
+    extra: Optional[Dict[str, List[Any]]] = None,
 ) -> List[Any]:
     """A scorer's scores of one prompt's completions, as numbers (None: not scored); a bad one is this rank's to
-    say (the others' prompts may be fine)."""
+    say (the others' prompts may be fine). What it logs through ``log_extra``, as TRL's GRPO and RLOO offer it,
+    goes into ``extra`` (a column's values, one per completion), where the scorer takes that argument."""
+    offered = {}
+    if extra is not None:
+        try:
+            parameters = inspect.signature(function).parameters.values()
+        except (TypeError, ValueError):
+            parameters = []
+        if any(parameter.name == "log_extra" or parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
+            offered["log_extra"] = lambda column, values: extra.setdefault(column, []).extend(values)
     try:
-        scored = function(prompts=prompts, completions=completions, **columns)
+        scored = function(prompts=prompts, completions=completions, **columns, **offered)
         # an async scorer, as TRL's trainers take them: awaited here
         if inspect.isawaitable(scored):
             scored = asyncio.run(scored)
@@ -404,6 +422,8 @@ def _summarise(
                         "scores": {scorer: result["scores"][scorer][number] for scorer in scorer_list},
                     }
                 )
+                if "extra" in result:
+                    samples[-1]["extra"] = {column: values[number] for column, values in result["extra"].items()}
     with open(output_dir / SAMPLES_FILE, "w") as out:
         out.writelines(json.dumps(sample) + "\n" for sample in samples)
     summary = scores.summarise(samples, models, scorer_list, spec.pass_at_k)

@@ -1,7 +1,8 @@
 """``samples.jsonl``: a few whole rollouts of each logged step, so a user can see what the model did.
 
 A line per rollout: the step, the prompt, the completion as the model and its tools wrote it (chat messages: the
-calls, the tools' results, the answer; or text), each reward's score and the advantage. Read from what TRL's
+calls, the tools' results, the answer; or text), each reward's score and the advantage, and what reward functions
+logged of it through TRL's ``log_extra`` (``extra``: e.g. ``code_tests``' failure and stderr). Read from what TRL's
 GRPO and RLOO trainers keep of their latest generation batch for their own completion tables (``_logs``, filled
 whether or not ``log_completions`` prints them); a trainer that keeps none writes none.
 """
@@ -34,6 +35,7 @@ class RolloutSamples(TrainerCallback):
         rewards = {name: list(scores)[-count:] for name, scores in kept["rewards"].items()}
         prompts, completions = list(kept["prompt"])[-count:], list(kept["completion"])[-count:]
         advantages = list(kept["advantages"])[-count:]
+        extra = {column: list(values)[-count:] for column, values in kept.get("extra", {}).items()}
         lines = []
         for index, (prompt, completion) in enumerate(zip(prompts, completions)):
             sample = {
@@ -43,6 +45,8 @@ class RolloutSamples(TrainerCallback):
                 "rewards": {name: scores[index] for name, scores in rewards.items() if index < len(scores)},
                 "advantage": advantages[index] if index < len(advantages) else None,
             }
+            if extra:
+                sample["extra"] = {column: values[index] for column, values in extra.items() if index < len(values)}
             # a tool's result may be any object: its text, as the model read it
             lines.append(json.dumps(sample, default=str) + "\n")
         self.path.parent.mkdir(parents=True, exist_ok=True)
