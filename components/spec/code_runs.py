@@ -76,7 +76,8 @@ def isolation() -> FrozenSet[str]:
     held = held if held is not None else _probe(())
     held = held or frozenset()
     missing = [what for name, what in BOUNDS.items() if name not in held]
-    if missing:
+    # every rank probes; the job's first rank says it
+    if missing and os.environ.get("RANK", "0") == "0":
         log.warning("code_tests: this machine does not keep completions' code from %s", "; ".join(missing))
     return held
 
