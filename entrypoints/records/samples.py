@@ -13,6 +13,7 @@ from typing import Any, Dict, Optional
 
 from transformers import TrainerCallback
 
+from posttrain.entrypoints.records.files import replacing
 from posttrain.entrypoints.records.metrics import CLOSING_KEY
 
 SAMPLES_FILE = "samples.jsonl"
@@ -26,6 +27,17 @@ class RolloutSamples(TrainerCallback):
     def __init__(self, trainer: Any, output_dir: Path) -> None:
         self.trainer = trainer
         self.path = Path(output_dir) / SAMPLES_FILE
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """A resumed run's file keeps the steps up to its checkpoint's, as ``metrics.jsonl`` does: the steps a killed
+        attempt logged past it are trained again."""
+        if not state.is_world_process_zero or not self.path.is_file():
+            return
+        lines = self.path.read_text().splitlines(keepends=True)
+        kept = [line for line in lines if _step(line) <= state.global_step]
+        if len(kept) < len(lines):
+            with replacing(self.path) as temporary:
+                temporary.write_text("".join(kept))
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Optional[Dict[str, Any]] = None, **kwargs: Any) -> None:
         kept = getattr(self.trainer, "_logs", None)
@@ -52,3 +64,11 @@ class RolloutSamples(TrainerCallback):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with self.path.open("a") as file:
             file.writelines(lines)
+
+
+def _step(line: str) -> float:
+    """A line's step; a line a kill cut short is past every step."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return float("inf")

@@ -67,3 +67,12 @@ def test_an_evaluations_result_keeps_what_its_scorers_logged_and_a_scorer_withou
     result = json.loads(part.getvalue())
     assert result["scores"] == {"logging": [0.0, 0.0], "strict": [1.0, 0.0]}
     assert result["extra"] == {"code_tests/tests": ["why a", "why b"]}
+
+
+def test_a_resumed_run_keeps_the_samples_up_to_its_checkpoint_s_step(tmp_path: Path) -> None:
+    (tmp_path / SAMPLES_FILE).write_text(
+        "".join(json.dumps({"step": step, "prompt": "p"}) + "\n" for step in (1, 2, 3, 4)) + '{"step": 5, "pro'
+    )
+    callback = RolloutSamples(SimpleNamespace(), tmp_path)
+    callback.on_train_begin(None, TrainerState(global_step=2), TrainerControl())
+    assert [json.loads(line)["step"] for line in (tmp_path / SAMPLES_FILE).read_text().splitlines()] == [1, 2]
