@@ -87,6 +87,9 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "at most max_lag + 1.",
         "weight_sync_timeout_s": "How long a push of the weights to the role (in lockstep too), or its silence on "
         "/health while the trainers wait for samples, may last before the job ends in one line.",
+        "generate_timeout_s": "How long vLLM's generation of one step's samples (the vllm role's, or a colocated "
+        "engine's) may take before the job ends in one line naming it, even while the role answers /health; unset: "
+        "9/10 of distributed.timeout_s, how long the other processes wait for the samples.",
     },
     "EvalSpec": {
         **_EVALUATION_NOTES,
@@ -128,6 +131,8 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "engine": "What samples: auto (vLLM where the job's environment has it, else transformers' generate), "
         "transformers or vllm.",
         "vllm_gpu_memory_utilization": "vLLM's share of the device's memory (on CPU, of the machine's).",
+        "vllm_timeout_s": "How long vLLM's sampling of one model (a process's prompts, in a process of its own) may "
+        "take before the job ends in one line naming the model.",
     },
     "ModelSpec": {
         "name_or_path": "A local path, a hub id, or builtin:tiny-llama.",

@@ -212,6 +212,8 @@ class GenerationSpec(_Strict):
     engine: Literal["auto", "transformers", "vllm"] = "auto"
     # vLLM's share of the device's memory (on CPU, of the machine's)
     vllm_gpu_memory_utilization: float = 0.3
+    # how long vLLM's sampling of one model (a rank's prompts, in a process of its own) may take
+    vllm_timeout_s: float = 3600.0
 
     def problems(self) -> List[str]:
         found = []
@@ -220,6 +222,8 @@ class GenerationSpec(_Strict):
                 f"generation.vllm_gpu_memory_utilization: expected a share in (0, 1]; got "
                 f"{self.vllm_gpu_memory_utilization}"
             )
+        if self.vllm_timeout_s <= 0:
+            found.append(f"generation.vllm_timeout_s: expected seconds above 0; got {self.vllm_timeout_s:g}")
         if self.num_samples < 1:
             found.append(f"generation.num_samples: expected 1 or more; got {self.num_samples}")
         if self.max_new_tokens < 1:
@@ -250,13 +254,26 @@ class TrainingGeneration(_Strict):
     weight_sync_steps: int = 1
     # how long one push of the weights may take before the job ends, in one line
     weight_sync_timeout_s: float = 600.0
+    # how long vLLM's generation of one step's samples may take before the job ends, in one line (None: 9/10 of
+    # distributed.timeout_s, which the other processes wait for the samples)
+    generate_timeout_s: Optional[float] = None
 
     @property
     def runs_ahead(self) -> bool:
         return self.max_lag > 0
 
+    def generate_timeout(self, collective_timeout_s: float) -> float:
+        """``generate_timeout_s``, or where unset 9/10 of the collectives' timeout: the other processes' wait for the
+        samples ends there, and the job's line should be the generation's."""
+        return self.generate_timeout_s if self.generate_timeout_s is not None else 0.9 * collective_timeout_s
+
     def problems(self) -> List[str]:
         found = []
+        if self.generate_timeout_s is not None and self.generate_timeout_s <= 0:
+            found.append(
+                f"generation.generate_timeout_s: expected seconds above 0 (unset: 9/10 of distributed.timeout_s); "
+                f"got {self.generate_timeout_s:g}"
+            )
         if self.max_lag < 0:
             found.append(f"generation.max_lag: expected 0 (lockstep) or more; got {self.max_lag}")
         if self.weight_sync_timeout_s <= 0:
@@ -858,6 +875,13 @@ class _GroupSpec(_OnlineSpec):
         found = super().problems(world_size) + self.generation.problems()
         if self.generation.runs_ahead:
             found += self.run_ahead_problems()
+        bound, waited = self.generation.generate_timeout_s, self.distributed.timeout_s
+        if bound is not None and (world_size or 1) > 1 and bound >= waited:
+            found.append(
+                f"generation.generate_timeout_s: {bound:g} s is not below distributed.timeout_s ({waited} s), how long "
+                "the other processes wait for the samples: they would end the job first, saying less; raise "
+                "distributed.timeout_s above it"
+            )
         return found + generation_batch_problems(self.training, self.config_class, world_size or 1)
 
     def run_ahead_problems(self) -> List[str]:

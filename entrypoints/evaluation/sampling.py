@@ -5,6 +5,7 @@ model (entrypoints/vllm_sampler.py), where the job's environment has it."""
 import importlib.util
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -68,13 +69,28 @@ def sample_with_vllm(
             )
         )
         command = [sys.executable, "-m", "posttrain.entrypoints.vllm_sampler", "--request", str(request)]
-        finished = subprocess.run([*command, "--out", str(out)], env=env, stderr=subprocess.PIPE, text=True)
-        if finished.returncode != 0:
-            said = [line for line in finished.stderr.splitlines() if line.startswith("posttrain: ")]
+        # its own session: at the timeout its engine's processes go with it
+        sampler = subprocess.Popen(
+            [*command, "--out", str(out)], env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+        try:
+            _, stderr = sampler.communicate(timeout=generation.vllm_timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(sampler.pid, signal.SIGKILL)
+            sampler.communicate()
+            raise SpecError(
+                [
+                    f"generation.vllm_timeout_s: vLLM's sampling of {model.name_or_path} did not end within "
+                    f"{generation.vllm_timeout_s:g} s: its engine hung, or this process's prompts need longer (raise it)"
+                ],
+                this_rank_only=True,
+            ) from None
+        if sampler.returncode != 0:
+            said = [line for line in stderr.splitlines() if line.startswith("posttrain: ")]
             if said:
                 raise SpecError([said[-1].removeprefix("posttrain: ")], this_rank_only=True)
-            tail = finished.stderr.strip().splitlines()[-20:]
-            raise RuntimeError(f"vLLM's sampling process exited {finished.returncode}:\n" + "\n".join(tail))
+            tail = stderr.strip().splitlines()[-20:]
+            raise RuntimeError(f"vLLM's sampling process exited {sampler.returncode}:\n" + "\n".join(tail))
         return json.loads(out.read_text())
 
 

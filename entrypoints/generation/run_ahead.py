@@ -29,7 +29,9 @@ import collections
 import contextlib
 import copy
 import dataclasses
+import functools
 import logging
+import os
 import threading
 import time
 import types
@@ -41,10 +43,10 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from posttrain.components.spec.messages import SpecError, first_line
-from posttrain.components.spec.schema import TrainingGeneration
+from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, TrainingGeneration
 from posttrain.entrypoints.generation import role_lease
 from posttrain.entrypoints.generation.vllm_generation import count_generated, sync_overdue
-from posttrain.entrypoints.job.error_file import stop_now
+from posttrain.entrypoints.job.error_file import deadline
 
 log = logging.getLogger("posttrain")
 
@@ -126,30 +128,16 @@ class Turns(TrainerCallback):
 
     @contextlib.contextmanager
     def deadline(self, step: int) -> Iterator[None]:
-        """The role takes the weights of ``step`` within ``weight_sync_timeout_s``, or the job ends in one line.
-
-        Rank 0's timer ends the process itself: a push can block where nothing raises (NCCL has no timeout, TRL's
-        requests none). One of the two speaks: an error the push raises, or the timer."""
+        """The role takes the weights of ``step`` within ``weight_sync_timeout_s``, or the job ends in one line: rank
+        0's timer ends the process itself (``error_file.deadline``), for a push can block where nothing raises (NCCL
+        has no timeout, TRL's requests none)."""
         if not self.main:
             yield
             return
         base_url, timeout_s = self.trainer.vllm_generation.vllm_client.base_url, self.schedule.weight_sync_timeout_s
         line = f"posttrain: {sync_overdue(base_url, f'the weights of step {step}', timeout_s)}"
-        said = threading.Lock()
-
-        def overdue() -> None:
-            if said.acquire(blocking=False):
-                stop_now(line)
-
-        timer = threading.Timer(timeout_s, overdue)
-        timer.daemon = True
-        timer.start()
-        try:
+        with deadline(timeout_s, line):
             yield
-        finally:
-            timer.cancel()
-            # blocks only while the timer ends the process
-            said.acquire()
 
     def summary(self) -> Dict[str, Any]:
         """``run_summary.json``'s account of the turns (rank 0's)."""
@@ -273,8 +261,11 @@ class RunAhead(Turns, ExportableState):
             raise RuntimeError(f"run-ahead: the batch of step {batch.step} is not the one generated for it")
         started = answered = asked = time.monotonic()
         silent_s = self.schedule.weight_sync_timeout_s
+        bound = self.schedule.generate_timeout(self.trainer.args.ddp_timeout)
         while not batch.done.wait(WAIT_POLL_S):
             self._check()
+            if batch.started and time.monotonic() - batch.started > bound:
+                raise SpecError([overdue_generation(self._base_url, batch.step, bound)])
             if time.monotonic() - asked > role_lease.POLL_S:
                 asked = time.monotonic()
                 if self._healthy():
@@ -486,6 +477,43 @@ def _from_the_role(error: Exception) -> bool:
     """Whether ``error`` is the role's answer, or its silence: what a request raised, or TRL's client's plain
     ``Exception("Request failed: <status>, <text>")``."""
     return isinstance(error, requests.RequestException) or type(error) is Exception
+
+
+def bound_generation(trainer: Any, schedule: TrainingGeneration) -> None:
+    """Bounds each of ``trainer``'s vLLM generations (TRL's ``VLLMGeneration.generate``: the ``vllm`` role's or a
+    server's, in lockstep; a colocated engine's) by ``generation.generate_timeout_s``: past it the job ends in one
+    line naming the engine and the step, however the request or the engine hangs (a server that answers ``/health``
+    and never the generation, an engine wedged). Where the server generates, rank 0 alone waits for it (the others,
+    in a collective); a colocated engine, every rank's."""
+    generation = trainer.vllm_generation
+    if generation.mode == "server" and not trainer.accelerator.is_main_process:
+        return
+    seconds = schedule.generate_timeout(trainer.args.ddp_timeout)
+    generate = generation.generate
+
+    @functools.wraps(generate)
+    def bounded(*args: Any, **kwargs: Any) -> Any:
+        step = trainer.state.global_step + 1
+        if generation.mode == "server":
+            line = overdue_generation(generation.vllm_client.base_url, step, seconds)
+        else:
+            rank = trainer.accelerator.process_index
+            line = f"vllm engine (colocated, rank {rank}): the generation of step {step} did not end within "
+            line += f"{seconds:g} s (generation.generate_timeout_s)"
+        with deadline(seconds, f"posttrain: {line}"):
+            return generate(*args, **kwargs)
+
+    generation.generate = bounded
+
+
+def overdue_generation(base_url: str, step: int, seconds: float) -> str:
+    """The line of a server that did not answer the generation of ``step`` in time (the job's role, or one of the
+    spec's)."""
+    who = "vllm role: the server" if os.environ.get(VLLM_HOST_VARIABLE) else "vLLM: the server"
+    return (
+        f"{who} at {base_url} did not answer the generation of step {step} within {seconds:g} s "
+        "(generation.generate_timeout_s); see its log"
+    )
 
 
 def install(trainer: Any, schedule: TrainingGeneration) -> Turns:

@@ -317,13 +317,17 @@ def _called_exit(exit: SystemExit) -> str:
 
 def built_trainer(job: Job, build_trainer: Callable[[Job], Any]) -> Any:
     """The entrypoint's trainer, its passes over generated completions padding-free where they can be
-    (GRPO's, RLOO's: fast_paths.switch_passes_to_padding_free)."""
+    (GRPO's, RLOO's: fast_paths.switch_passes_to_padding_free), its vLLM generation bounded in time and taking turns
+    with the vllm role (run_ahead)."""
     trainer = build_trainer(job)
     if job.fast_paths.rl_passes:
         fast_paths.switch_passes_to_padding_free(trainer)
     args = getattr(trainer, "args", None)
-    if job.generation is not None and getattr(args, "use_vllm", False) and args.vllm_mode == "server":
-        run_ahead.install(trainer, job.generation)
+    if job.generation is not None and getattr(args, "use_vllm", False):
+        # a generation that never ends is one line naming the engine and the step
+        run_ahead.bound_generation(trainer, job.generation)
+        if args.vllm_mode == "server":
+            run_ahead.install(trainer, job.generation)
     return trainer
 
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -411,6 +412,53 @@ def test_the_role_generating_ahead_learns_within_its_bound_stops_in_one_line_and
     assert turns["overlap_s"] > 0.2 * turns["generate_s"] > 0, turns
     assert all(entry["generation/staleness_max"] <= 1 for entry in log_history(output_dir))
     assert not list(output_dir.glob(".vllm-weights-*"))
+
+
+def test_a_role_whose_engine_hangs_while_its_health_answers_ends_the_job_in_one_line_naming_the_step(
+    tmp_path: Path,
+) -> None:
+    """The role's engine stopped (SIGSTOP of the server's engine processes, not of the server, which answers
+    /health): what the trainers wait for never ends, the generation of a step or the push of its weights (in
+    lockstep, before each generation), and the job ends within its timeout in one line naming the role and the
+    step."""
+    output_dir, port, log_path = tmp_path / "out", free_port(), tmp_path / "stopped.log"
+    overrides = [f"training.vllm_server_port={port}", "generation.generate_timeout_s=10", "training.max_steps=300"]
+    overrides += ["generation.weight_sync_timeout_s=10"]
+    args = ["run", "-s", "local_cwd", "posttrain.grpo", "--spec", "templates/grpo/tiny-vllm-server.yaml", "-j", "1x2"]
+    args += ["--rdzv_port", str(free_port()), f"training.output_dir={output_dir}", *overrides]
+    client = start_training(args, tmp_path, log_path, steps=3, within=600)
+    server = int(subprocess.check_output(["pgrep", "-f", f"vllm.entrypoints.openai.api_server .*--port {port}"]))
+    # its engine core and the engine core's worker
+    engines, parents = [], [server]
+    while parents:
+        found = subprocess.run(["pgrep", "-P", str(parents.pop())], capture_output=True, text=True).stdout.split()
+        engines += map(int, found)
+        parents += map(int, found)
+    for engine in engines:
+        os.kill(engine, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        # the server itself still answers
+        assert urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).status == 200
+        while "posttrain: " not in log_path.read_text() and time.monotonic() - stopped < 120:
+            time.sleep(0.2)
+        said = time.monotonic() - stopped
+    finally:
+        for engine in engines:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(engine, signal.SIGCONT)
+    client.wait(timeout=300)
+    logs = log_path.read_text()
+    assert client.returncode != 0
+    job, _, status = logs.partition("AppStatus:")
+    assert job.count("posttrain: ") == 1 and "posttrain: vllm role:" in status, logs[-4000:]
+    assert re.search(
+        rf"posttrain: vllm role: the server at http://127.0.0.1:{port} did not (answer the generation of step \d+ "
+        r"within 10 s \(generation.generate_timeout_s\)|take the weights of step \d+ within 10 s "
+        r"\(generation.weight_sync_timeout_s\)); see its log",
+        job,
+    ), logs[-4000:]
+    assert said < 10 + 10, said
 
 
 class Stranger:

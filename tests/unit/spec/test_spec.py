@@ -532,3 +532,15 @@ def test_a_tool_s_and_an_environment_s_timeout_is_checked_at_submit_time() -> No
     raw.pop("environment")
     raw["tools"] = [{"function": "m:lookup", "timeout_s": -1}]
     assert "tools.0.timeout_s: expected seconds above 0 (unset: 600); got -1" in problems_of(raw)
+
+
+def test_a_generation_timeout_the_other_processes_would_not_wait_for_is_refused_with_several() -> None:
+    raw = load_template("grpo/tiny-vllm-server.yaml")
+    raw["generation"] = {"generate_timeout_s": 300}
+    assert "generation.generate_timeout_s: 300 s is not below distributed.timeout_s (300 s)" in problems_of(
+        raw, world_size=2
+    )
+    # one process waits for nothing else
+    validate(raw, world_size=1)
+    raw["generation"] = {"generate_timeout_s": 0}
+    assert "generation.generate_timeout_s: expected seconds above 0" in problems_of(raw, world_size=1)
