@@ -143,9 +143,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # rank 0's first line names it
         os.environ[KEPT_LOGS] = str(kept)
     # each rank says there that its run finished (distributed.report_done)
-    done = log_dir / "done"
-    done.mkdir()
+    done = Path(tempfile.mkdtemp(prefix="posttrain-ranks-done-"))
     os.environ[DONE_DIR_ENV] = str(done)
+    try:
+        return _launch(argv, log_dir, kept, done)
+    finally:
+        shutil.rmtree(done, ignore_errors=True)
+
+
+def _launch(argv: Sequence[str], log_dir: Path, kept: Optional[Path], done: Path) -> int:
+    """torchrun over ``argv``, its logs in ``log_dir`` (kept in ``kept``), its ranks saying in ``done`` that they
+    finished; the launcher's exit code."""
     # whether output_dir is this run's: a refused run's logs stay out of the holder's
     ours = True
     try:
