@@ -41,7 +41,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence
 
 from posttrain.components.spec.loading import spec_from_json
 from posttrain.components.spec.messages import SpecError
@@ -56,6 +56,9 @@ log = logging.getLogger("posttrain.vllm_server")
 LOOPBACK = "127.0.0.1"
 # how long the role waits for its own host name to resolve (a Kubernetes DNS record lags the pod)
 RESOLVE_S = 60.0
+# For testing only: POSTTRAIN_VLLM_FAULT=hold_generation:<n> makes the server leave its n-th generation request and
+# every later one unanswered, /health answering still (:class:`HeldGeneration`)
+FAULT_ENV = "POSTTRAIN_VLLM_FAULT"
 
 
 def listen_address() -> str:
@@ -142,6 +145,8 @@ def server_command(
         command += ["--weight-transfer-config", json.dumps({"backend": "nccl"})]
     else:
         command += ["--worker-extension-cls", "posttrain.entrypoints.vllm_server.CheckpointReload"]
+    if os.environ.get(FAULT_ENV):
+        command += ["--middleware", "posttrain.entrypoints.vllm_server.HeldGeneration"]
     return command
 
 
@@ -153,6 +158,30 @@ class CheckpointReload:
         runner = self.model_runner  # type: ignore[attr-defined]
         runner.reload_weights(weights_path=weights_path, is_checkpoint_format=True)
         repack_tied_lm_head(runner.get_model(), runner.vllm_config.model_config)
+
+
+class HeldGeneration:
+    """For testing only (:data:`FAULT_ENV`): ASGI middleware (vLLM's ``--middleware``) that never answers the server's
+    n-th generation request (``/v1/completions``) nor any after it, as a wedged engine or a lost request would not,
+    while ``/health`` answers (tests/e2e/test_vllm.py)."""
+
+    def __init__(self, app: Callable[..., Awaitable[None]]) -> None:
+        fault = os.environ.get(FAULT_ENV, "")
+        kind, _, first = fault.partition(":")
+        if kind != "hold_generation" or not first.isdigit():
+            raise ValueError(f"{FAULT_ENV}={fault!r}: expected hold_generation:<n>")
+        self.app, self.first_held, self.seen = app, int(first), 0
+
+    async def __call__(self, scope: Dict[str, Any], receive: Callable, send: Callable) -> None:
+        if scope["type"] == "http" and scope["path"].rstrip("/") == "/v1/completions":
+            self.seen += 1
+            if self.seen >= self.first_held:
+                print(f"posttrain vllm: test fault: generation request {self.seen} held", file=sys.stderr, flush=True)
+                # unanswered: it ends only when its client goes away
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                return
+        await self.app(scope, receive, send)
 
 
 def serve(command: Sequence[str], host: str, port: int, first_contact_s: float, grace_s: float) -> int:

@@ -212,7 +212,8 @@ class GenerationSpec(_Strict):
     engine: Literal["auto", "transformers", "vllm"] = "auto"
     # vLLM's share of the device's memory (on CPU, of the machine's)
     vllm_gpu_memory_utilization: float = 0.3
-    # how long vLLM's sampling of one model (a rank's prompts, in a process of its own) may take
+    # how long vLLM's sampling of one model (a rank's prompts, in a process of its own, its engine's start included)
+    # may take
     vllm_timeout_s: float = 3600.0
 
     def problems(self) -> List[str]:

@@ -2,16 +2,17 @@
 the spec's settings only; in transformers one prompt at a time (no padding), or in vLLM, a process of its own per
 model (entrypoints/vllm_sampler.py), where the job's environment has it."""
 
+import contextlib
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any, List
 
+import psutil
 import torch
 
 from posttrain.components.spec.messages import SpecError
@@ -49,7 +50,8 @@ def engine(generation: GenerationSpec) -> str:
 def sample_with_vllm(
     model: ModelSpec, prompts: List[List[int]], seeds: List[int], generation: GenerationSpec
 ) -> List[List[str]]:
-    """Each prompt's completions (its tokens, its seed) from vLLM, in a process of its own on this rank's GPU."""
+    """Each prompt's completions (its tokens, its seed) from vLLM, in a process of its own on this rank's GPU; past
+    ``generation.vllm_timeout_s`` it is killed with its engine, and this rank stops in one line naming the model."""
     env = {key: value for key, value in os.environ.items() if key not in TORCHRUN_VARIABLES}
     env = {key: value for key, value in env.items() if not key.startswith("TORCHELASTIC_")}
     if torch.cuda.is_available():
@@ -69,14 +71,13 @@ def sample_with_vllm(
             )
         )
         command = [sys.executable, "-m", "posttrain.entrypoints.vllm_sampler", "--request", str(request)]
-        # its own session: at the timeout its engine's processes go with it
-        sampler = subprocess.Popen(
-            [*command, "--out", str(out)], env=env, stderr=subprocess.PIPE, text=True, start_new_session=True
-        )
+        # in this process's group, not a session of its own: torchrun, stopping the job, signals the group, and a
+        # sampler out of it (its engine's processes with it) would outlive the job, holding the GPU
+        sampler = subprocess.Popen([*command, "--out", str(out)], env=env, stderr=subprocess.PIPE, text=True)
         try:
             _, stderr = sampler.communicate(timeout=generation.vllm_timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(sampler.pid, signal.SIGKILL)
+            kill_tree(sampler.pid)
             sampler.communicate()
             raise SpecError(
                 [
@@ -92,6 +93,19 @@ def sample_with_vllm(
             tail = stderr.strip().splitlines()[-20:]
             raise RuntimeError(f"vLLM's sampling process exited {sampler.returncode}:\n" + "\n".join(tail))
         return json.loads(out.read_text())
+
+
+def kill_tree(pid: int) -> None:
+    """Kills process ``pid`` and every process it started, and theirs (vLLM's engine core, its workers), which would
+    outlive it: ``pid`` first, so that it starts no more."""
+    try:
+        root = psutil.Process(pid)
+        descendants = root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return
+    for process in (root, *descendants):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
 
 
 @torch.no_grad()

@@ -262,10 +262,12 @@ class RunAhead(Turns, ExportableState):
         started = answered = asked = time.monotonic()
         silent_s = self.schedule.weight_sync_timeout_s
         bound = self.schedule.generate_timeout(self.trainer.args.ddp_timeout)
+        # the optimizer step it is trained in, as the log counts (batch.step is the global step it starts at)
+        step = batch.step + 1
         while not batch.done.wait(WAIT_POLL_S):
             self._check()
             if batch.started and time.monotonic() - batch.started > bound:
-                raise SpecError([overdue_generation(self._base_url, batch.step, bound)])
+                raise SpecError([overdue_generation(self._base_url, step, bound)])
             if time.monotonic() - asked > role_lease.POLL_S:
                 asked = time.monotonic()
                 if self._healthy():
@@ -274,7 +276,7 @@ class RunAhead(Turns, ExportableState):
                     raise SpecError(
                         [
                             f"vllm role: the server at {self._base_url} has not answered /health for "
-                            f"{silent_s:.0f} s while the trainers waited for the samples of step {batch.step} "
+                            f"{silent_s:.0f} s while the trainers waited for the samples of step {step} "
                             "(generation.weight_sync_timeout_s); see its log"
                         ]
                     )

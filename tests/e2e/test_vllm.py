@@ -17,7 +17,9 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Iterator
 
+import psutil
 import pytest
 import torch
 
@@ -40,6 +42,7 @@ from helpers import (
     torchx,
 )
 from posttrain.components.spec.loading import validate
+from posttrain.entrypoints import vllm_server
 from posttrain.entrypoints.generation.role_lease import lease_port, route_address
 from posttrain.entrypoints.inputs.data import load_data
 from posttrain.entrypoints.inputs.models import import_object, load_tokenizer
@@ -228,6 +231,67 @@ def test_a_head_size_vllm_cannot_run_on_cpu_is_one_line_before_vllm_starts(tmp_p
     assert "Initializing a V1 LLM engine" not in logs, logs[-4000:]
 
 
+def test_an_evaluation_whose_vllm_engine_hangs_ends_in_one_line_naming_the_model_and_leaves_no_process(
+    tmp_path: Path,
+) -> None:
+    """The sampling process's engine stopped as it starts (SIGSTOP of vLLM's engine core, the sampler left running):
+    the evaluation ends within ``generation.vllm_timeout_s`` of the sampler's start, in one line naming the model, and
+    nothing the sampler started is left running."""
+    bound_s, hf_home = 40, str(tmp_path / "hf_home")
+    args = ["run", "-s", "local_cwd", "posttrain.eval", "--spec", "templates/eval/sft-tiny.yaml", "-j", "1x1"]
+    args += ["--rdzv_port", str(free_port()), f"output_dir={tmp_path / 'out'}", "require=[]", "pass_at_k=[1]"]
+    args += ["models={a: {name_or_path: 'builtin:tiny-llama3-vllm'}}", "data.eval.max_rows=4", "generation.engine=vllm"]
+    args += ["generation.num_samples=1", "generation.max_new_tokens=8", "generation.vllm_gpu_memory_utilization=0.15"]
+    log_path = tmp_path / "hung.log"
+    # started as a training is (its output in log_path), returning at once
+    client = start_training([*args, f"generation.vllm_timeout_s={bound_s}"], tmp_path, log_path, steps=0)
+    try:
+        sampler = next(job_processes(hf_home, "posttrain.entrypoints.vllm_sampler", client, within=120))
+        # vLLM's engine core: the sampler's child that multiprocessing spawned (the other is its resource tracker)
+        engine = next(
+            process
+            for process in job_processes(hf_home, "spawn_main", client, within=bound_s)
+            if process.ppid() == sampler.pid
+        )
+        engine.suspend()
+        started = sampler.create_time()
+        started_by_it = sampler.children(recursive=True)
+        client.wait(timeout=bound_s + 120)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(client.pid, signal.SIGKILL)
+    logs = log_path.read_text()
+    said = (
+        f"generation.vllm_timeout_s: vLLM's sampling of builtin:tiny-llama3-vllm did not end within {bound_s} s: its "
+        "engine hung, or this process's prompts need longer (raise it)"
+    )
+    assert_stopped_once(subprocess.CompletedProcess(args, client.returncode, logs, ""), said)
+    _, left = psutil.wait_procs([sampler, *started_by_it], timeout=10)
+    for process in left:
+        process.kill()
+    assert left == [], left
+    # the job ended after the bound, and not much later (the rank's end, torchrun's, torchx's)
+    assert bound_s < log_path.stat().st_mtime - started < bound_s + 30
+
+
+def job_processes(hf_home: str, command: str, client: subprocess.Popen, within: float) -> Iterator[psutil.Process]:
+    """The processes of the job whose ``HF_HOME`` is ``hf_home`` (tests/helpers.py: job_env) running ``command``, as
+    they appear, for ``within`` seconds or until the job ends."""
+    deadline, seen = time.monotonic() + within, set()
+    while time.monotonic() < deadline and client.poll() is None:
+        for process in psutil.process_iter():
+            with contextlib.suppress(psutil.Error):
+                if (
+                    process.pid not in seen
+                    and command in " ".join(process.cmdline())
+                    and process.environ().get("HF_HOME") == hf_home
+                ):
+                    seen.add(process.pid)
+                    yield process
+        time.sleep(0.2)
+    raise AssertionError(f"no {command} process of the job within {within} s, or before it ended; its log says why")
+
+
 def test_the_server_roles_weights_after_a_sync_are_the_trainers(tmp_path: Path) -> None:
     """The ``vllm`` role on CPU: weights written and reloaded through its worker extension, the tied head included.
 
@@ -414,51 +478,43 @@ def test_the_role_generating_ahead_learns_within_its_bound_stops_in_one_line_and
     assert not list(output_dir.glob(".vllm-weights-*"))
 
 
-def test_a_role_whose_engine_hangs_while_its_health_answers_ends_the_job_in_one_line_naming_the_step(
-    tmp_path: Path,
+def test_a_generation_the_role_never_answers_while_its_health_does_ends_the_job_in_one_line_naming_the_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The role's engine stopped (SIGSTOP of the server's engine processes, not of the server, which answers
-    /health): what the trainers wait for never ends, the generation of a step or the push of its weights (in
-    lockstep, before each generation), and the job ends within its timeout in one line naming the role and the
-    step."""
-    output_dir, port, log_path = tmp_path / "out", free_port(), tmp_path / "stopped.log"
-    overrides = [f"training.vllm_server_port={port}", "generation.generate_timeout_s=10", "training.max_steps=300"]
-    overrides += ["generation.weight_sync_timeout_s=10"]
+    """The role's server leaves the generation of step 3 unanswered (``vllm_server.HeldGeneration``, a test fault: a
+    wedged engine, a lost request) while its /health answers: the job ends within ``generation.generate_timeout_s``
+    in one line naming the role and the step."""
+    monkeypatch.setenv(vllm_server.FAULT_ENV, "hold_generation:3")
+    output_dir, port, log_path = tmp_path / "out", free_port(), tmp_path / "held.log"
+    overrides = [f"training.vllm_server_port={port}", "generation.generate_timeout_s=10"]
     args = ["run", "-s", "local_cwd", "posttrain.grpo", "--spec", "templates/grpo/tiny-vllm-server.yaml", "-j", "1x2"]
     args += ["--rdzv_port", str(free_port()), f"training.output_dir={output_dir}", *overrides]
-    client = start_training(args, tmp_path, log_path, steps=3, within=600)
-    server = int(subprocess.check_output(["pgrep", "-f", f"vllm.entrypoints.openai.api_server .*--port {port}"]))
-    # its engine core and the engine core's worker
-    engines, parents = [], [server]
-    while parents:
-        found = subprocess.run(["pgrep", "-P", str(parents.pop())], capture_output=True, text=True).stdout.split()
-        engines += map(int, found)
-        parents += map(int, found)
-    for engine in engines:
-        os.kill(engine, signal.SIGSTOP)
-    stopped = time.monotonic()
+    client = start_training(args, tmp_path, log_path, steps=0)
     try:
+        while "generation request 3 held" not in log_path.read_text() and client.poll() is None:
+            time.sleep(0.2)
+        held = time.monotonic()
         # the server itself still answers
         assert urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5).status == 200
-        while "posttrain: " not in log_path.read_text() and time.monotonic() - stopped < 120:
+        while "posttrain: " not in log_path.read_text() and time.monotonic() - held < 120:
             time.sleep(0.2)
-        said = time.monotonic() - stopped
+        said = time.monotonic() - held
+        client.wait(timeout=300)
     finally:
-        for engine in engines:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(engine, signal.SIGCONT)
-    client.wait(timeout=300)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(client.pid, signal.SIGKILL)
     logs = log_path.read_text()
-    assert client.returncode != 0
     job, _, status = logs.partition("AppStatus:")
-    assert job.count("posttrain: ") == 1 and "posttrain: vllm role:" in status, logs[-4000:]
-    assert re.search(
-        rf"posttrain: vllm role: the server at http://127.0.0.1:{port} did not (answer the generation of step \d+ "
-        r"within 10 s \(generation.generate_timeout_s\)|take the weights of step \d+ within 10 s "
-        r"\(generation.weight_sync_timeout_s\)); see its log",
-        job,
-    ), logs[-4000:]
-    assert said < 10 + 10, said
+    line = (
+        f"posttrain: vllm role: the server at http://127.0.0.1:{port} did not answer the generation of step 3 within "
+        "10 s (generation.generate_timeout_s); see its log"
+    )
+    assert client.returncode != 0
+    # the status folds the line
+    assert job.count("posttrain: ") == 1 and line in job and line in " ".join(status.split()), logs[-4000:]
+    # two steps trained before
+    assert "posttrain[0] INFO step 2/" in job and "posttrain[0] INFO step 3/" not in job, logs[-4000:]
+    assert 10 < said < 10 + 10, said
 
 
 class Stranger:

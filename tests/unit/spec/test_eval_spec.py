@@ -76,6 +76,7 @@ def test_models_keep_their_order_the_first_is_the_baseline() -> None:
         ({"generation": {"max_new_tokens": 0}}, "generation.max_new_tokens: expected 1 or more; got 0"),
         ({"generation": {"temperature": 0.0, "top_p": 0.9}}, "generation.top_p: 0.9 does nothing when greedy"),
         ({"generation": {"seed": 2**40}}, "generation.seed: expected 0 to 2**32 - 1; got 1099511627776"),
+        ({"generation": {"vllm_timeout_s": 0}}, "generation.vllm_timeout_s: expected seconds above 0; got 0"),
         (
             {"require": ["sft.regex >= 0.3"]},
             "require.0: no scorer or benchmark task 'regex' in this evaluation; it has contains, regex_format",
