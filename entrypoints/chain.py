@@ -13,20 +13,21 @@ one of them (``chain: stage <name>: ...``), so that the job ends with one
 
 Node 0 holds the chain's ``output_dir`` by a lease while the chain runs
 (``job/lease.py``, as a run holds its own): a second chain into it stops in
-one line before any stage starts. Node 0 records each finished stage, with
-the spec it finished under, in ``<output_dir>/chain.json``. The same command again (after a kill, a
-preemption, a requeue) skips the stages recorded there whose model is still
-in their directory, and runs the rest: the stage it was in resumes from its
-newest checkpoint as any run does (``resume: auto``), and every stage after a
-stage that runs runs again (its input is new). A finished stage whose spec
-has changed since stops the chain with one line; one whose input changed
-since, by content (a model it was trained from, trained again or edited in
-place; a local data file edited: its run records each one's fingerprint,
-``records/fingerprints.py``), runs again, its run from the old inputs removed. An evaluation stage (a gate) runs every time: its
-job samples again only what changed and judges its conditions again; a stage
-after it does not run again for it. SIGTERM or SIGINT (a preemption), or the end of
-the process that started the chain, is passed on to the running stage once,
-so that it checkpoints, and no stage starts after it. At the end, and at a
+one line before any stage starts. Node 0 records each finished stage, with the
+spec it finished under, in ``<output_dir>/chain.json``. The same command again
+(after a kill, a preemption, a requeue) skips the stages recorded there whose
+model is still in their directory, and runs the rest: the stage it was in
+resumes from its newest checkpoint as any run does (``resume: auto``), and
+every stage after a stage that runs runs again (its input is new). A finished
+stage whose spec has changed since stops the chain with one line; one whose
+input changed since, by content (a model it was trained from, trained again or
+edited in place; a local data file edited: its run records each one's
+fingerprint, ``records/fingerprints.py``), runs again, its run from the old
+inputs removed. An evaluation stage (a gate) runs every time: its job samples
+again only what changed and judges its conditions again; a stage after it does
+not run again for it. SIGTERM or SIGINT (a preemption), or the end of the
+process that started the chain, is passed on to the running stage once, so
+that it checkpoints, and no stage starts after it. At the end, and at a
 failure, node 0 writes the chain's
 ``run_summary.json`` (each stage's status, time and first and last metrics)
 and, at the end, ``curves.png`` (each stage's curves) and the closing line,
