@@ -32,6 +32,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Mapping, Optional, Sequence, Tuple
 
@@ -53,6 +54,12 @@ from posttrain.entrypoints.job.error_file import (
 # After a SIGTERM, how long torchrun waits for the ranks before SIGKILL (its default, 30 s, is short for the end of a
 # step plus a checkpoint of a large model); a scheduler's own grace (Slurm's KillWait) may end the wait sooner.
 SHUTDOWN_S = 120
+
+# How long the launcher waits before it exits under torchx's local scheduler, which copies the job's output into the
+# log its client shows every 0.1 s: torchx 0.7.0's client can see the job end in two threads at once, and then the one
+# printing the log stops before the last copy (the second ``LocalScheduler.describe`` closes the app's ``Tee`` while
+# the first still drains it), losing the job's last lines, its ``posttrain:`` line among them.
+LOG_COPY_S = 0.5
 
 
 def failure_line(rank: int, failure: ProcessFailure) -> Optional[str]:
@@ -149,6 +156,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return _launch(argv, log_dir, kept, done)
     finally:
         shutil.rmtree(done, ignore_errors=True)
+        # torchx's local scheduler names the parent
+        if parent:
+            time.sleep(LOG_COPY_S)
 
 
 def _launch(argv: Sequence[str], log_dir: Path, kept: Optional[Path], done: Path) -> int:

@@ -237,7 +237,8 @@ def test_an_evaluation_whose_vllm_engine_hangs_ends_in_one_line_naming_the_model
     """The sampling process's engine stopped as it starts (SIGSTOP of vLLM's engine core, the sampler left running):
     the evaluation ends within ``generation.vllm_timeout_s`` of the sampler's start, in one line naming the model, and
     nothing the sampler started is left running."""
-    bound_s, hf_home = 40, str(tmp_path / "hf_home")
+    # long enough for vLLM's engine to start on a loaded CPU (CI's 2 cores: past 40 s once) before it is stopped
+    bound_s, hf_home = 90, str(tmp_path / "hf_home")
     args = ["run", "-s", "local_cwd", "posttrain.eval", "--spec", "templates/eval/sft-tiny.yaml", "-j", "1x1"]
     args += ["--rdzv_port", str(free_port()), f"output_dir={tmp_path / 'out'}", "require=[]", "pass_at_k=[1]"]
     args += ["models={a: {name_or_path: 'builtin:tiny-llama3-vllm'}}", "data.eval.max_rows=4", "generation.engine=vllm"]
