@@ -12,7 +12,7 @@ one of them (``chain: stage <name>: ...``), so that the job ends with one
 ``posttrain:`` line, failed or finished.
 
 Node 0 holds the chain's ``output_dir`` by a lease while the chain runs
-(``job/lease.py``, as a run holds its own): a second chain into it stops in
+(``process/lease.py``, as a run holds its own): a second chain into it stops in
 one line before any stage starts. Node 0 records each finished stage, with the
 spec it finished under, in ``<output_dir>/chain.json``. The same command again
 (after a kill, a preemption, a requeue) skips the stages recorded there whose
@@ -52,8 +52,8 @@ from posttrain.components.spec.loading import spec_diff, training_relevant
 from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints import rendezvous_port
 from posttrain.entrypoints.evaluation import files as evaluation_files
-from posttrain.entrypoints.job import distributed, lease
-from posttrain.entrypoints.job.error_file import STOPPED, record_error
+from posttrain.entrypoints.process import distributed, lease
+from posttrain.entrypoints.process.error_file import STOPPED, record_error
 from posttrain.entrypoints.records import curves
 from posttrain.entrypoints.records.checkpoints import read_record, stale_runs
 from posttrain.entrypoints.records.files import write_json_atomic

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from posttrain.entrypoints.job.distributed import DONE_DIR_ENV
+from posttrain.entrypoints.process.distributed import DONE_DIR_ENV
 
 # After a SIGTERM, how long the ranks get to save and exit (DeepSpeed's launch gives
 # them 30 s) before what is left of the node's processes is killed.

@@ -40,9 +40,9 @@ from torch.distributed.elastic.multiprocessing import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from torch.distributed.run import main as torchrun
 
-from posttrain.entrypoints.job import lease
-from posttrain.entrypoints.job.distributed import DONE_DIR_ENV
-from posttrain.entrypoints.job.error_file import (
+from posttrain.entrypoints.process import lease
+from posttrain.entrypoints.process.distributed import DONE_DIR_ENV
+from posttrain.entrypoints.process.error_file import (
     CRASHED,
     KEPT_LOGS,
     LAUNCHER_SAYS,

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from posttrain.entrypoints.job.error_file import record_error
+from posttrain.entrypoints.process.error_file import record_error
 
 
 def in_use(port: int) -> bool:

@@ -53,7 +53,7 @@ def isolated(hf_home: None, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 @pytest.fixture
 def short_intervals(monkeypatch: pytest.MonkeyPatch) -> None:
     """The lease's intervals of the tests (``helpers.HEARTBEAT_S``, ``STALE_S``) in this process."""
-    from posttrain.entrypoints.job import lease
+    from posttrain.entrypoints.process import lease
 
     monkeypatch.setattr(lease, "HEARTBEAT_S", HEARTBEAT_S)
     monkeypatch.setattr(lease, "STALE_S", STALE_S)

@@ -5,7 +5,7 @@
 Rank 0 runs them, one model at a time, on its device: the harness splits work
 across processes only on several GPUs under its own launcher, and its results
 do not depend on how many processes there are. The other ranks wait
-(:func:`posttrain.entrypoints.job.distributed.waiting_group`).
+(:func:`posttrain.entrypoints.process.distributed.waiting_group`).
 """
 
 import difflib

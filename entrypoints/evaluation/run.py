@@ -40,7 +40,7 @@ from posttrain.entrypoints.inputs.rewards import (
     resolve_rewards,
     reward_model_scores,
 )
-from posttrain.entrypoints.job import distributed, lease
+from posttrain.entrypoints.process import distributed, lease
 from posttrain.entrypoints.records import curves
 from posttrain.entrypoints.records.checkpoints import read_record
 from posttrain.entrypoints.records.files import replacing, write_json_atomic

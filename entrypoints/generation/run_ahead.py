@@ -46,7 +46,7 @@ from posttrain.components.spec.messages import SpecError, first_line
 from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, TrainingGeneration
 from posttrain.entrypoints.generation import role_lease
 from posttrain.entrypoints.generation.vllm_generation import count_generated, sync_overdue
-from posttrain.entrypoints.job.error_file import deadline
+from posttrain.entrypoints.process.error_file import deadline
 
 log = logging.getLogger("posttrain")
 

@@ -48,7 +48,7 @@ from posttrain.components.spec.messages import SpecError, first_line
 from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, ModelSpec, Spec, TrainingGeneration
 from posttrain.entrypoints.generation import role_lease, vllm_token
 from posttrain.entrypoints.inputs.models import CAUSAL_LM, ModelLoading, load_model, load_tokenizer
-from posttrain.entrypoints.job.distributed import env_rank
+from posttrain.entrypoints.process.distributed import env_rank
 
 # how long the server has to answer the trainers' nonce
 PROOF_S = 10.0

@@ -21,7 +21,7 @@ from posttrain.components.spec.local_files import (
 )
 from posttrain.components.spec.messages import SpecError, first_line
 from posttrain.components.spec.schema import DataSource, DataSpec, Spec
-from posttrain.entrypoints.job.distributed import env_rank
+from posttrain.entrypoints.process.distributed import env_rank
 
 log = logging.getLogger("posttrain")
 

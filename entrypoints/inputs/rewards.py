@@ -37,7 +37,7 @@ from posttrain.entrypoints.inputs.models import (
     load_tokenizer,
 )
 from posttrain.entrypoints.inputs.user_code import guarded
-from posttrain.entrypoints.job import distributed
+from posttrain.entrypoints.process import distributed
 
 
 class RewardCheck(TrainerCallback):

@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator, Optional
 from trl.trainer.utils import is_async_callable
 
 from posttrain.components.spec.schema import USER_CODE_TIMEOUT_S
-from posttrain.entrypoints.job.error_file import deadline, stop_now
+from posttrain.entrypoints.process.error_file import deadline, stop_now
 
 
 def guarded(function: Callable[..., Any], where: str, timeout_s: Optional[float]) -> Callable[..., Any]:

@@ -15,7 +15,7 @@ from transformers import TrainerCallback
 
 from posttrain.components.spec.chain import STAGE_ENV
 from posttrain.components.spec.messages import SpecError
-from posttrain.entrypoints.job.distributed import collective_device
+from posttrain.entrypoints.process.distributed import collective_device
 
 log = logging.getLogger("posttrain")
 

@@ -112,10 +112,10 @@ from posttrain.entrypoints.inputs.tools import (
     resolve_environment,
     resolve_tools,
 )
-from posttrain.entrypoints.job import distributed, lease
 from posttrain.entrypoints.job.callbacks import BestMetricCheck, FaultInjection, Preemption, ProgressLog, TokenCounter
-from posttrain.entrypoints.job.error_file import CRASHED, KEPT_LOGS, STOPPED, Exit, record_crash, record_error
 from posttrain.entrypoints.job.sharding import may_leave_parameters_unused, strategy_for
+from posttrain.entrypoints.process import distributed, lease
+from posttrain.entrypoints.process.error_file import CRASHED, KEPT_LOGS, STOPPED, Exit, record_crash, record_error
 from posttrain.entrypoints.records import checkpoints
 from posttrain.entrypoints.records.checkpoints import SPEC_FILE, Resume, already_finished, at_last_step
 from posttrain.entrypoints.records.files import write_json_atomic
@@ -472,7 +472,7 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
             trainer,
             result.metrics,
             resume_from,
-            tokens,
+            tokens.at_start,
             inputs.record,
             fast_paths.applied(trainer, split.fast_paths),
             spec.generates,

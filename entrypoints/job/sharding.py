@@ -19,7 +19,7 @@ import torch
 from posttrain.components.spec.fields import config_value
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import DeepSpeedSpec, DistributedSpec, FSDPSpec
-from posttrain.entrypoints.job import distributed
+from posttrain.entrypoints.process import distributed
 from posttrain.entrypoints.records.summary import engine
 
 

@@ -9,8 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from posttrain.components.spec.chain import STAGE_ENV
 from posttrain.entrypoints.generation import run_ahead, vllm_generation
-from posttrain.entrypoints.job.callbacks import TokenCounter
-from posttrain.entrypoints.job.distributed import backend_for, world_size
+from posttrain.entrypoints.process.distributed import backend_for, world_size
 
 SUMMARY_FILE = "run_summary.json"
 
@@ -26,17 +25,17 @@ def run_summary(
     trainer: Any,
     metrics: Dict[str, Any],
     resumed_from: Optional[str],
-    tokens: TokenCounter,
+    tokens_at_start: int,
     inputs: Optional[Dict[str, Any]],
     fast_paths: List[str],
     generates: bool,
 ) -> Dict[str, Any]:
     """The contents of ``run_summary.json``, read from the live trainer; ``spec_record`` is the spec's JSON dump,
-    ``inputs`` what it was trained on and from (``checkpoints.job_inputs``), ``fast_paths`` those it ran
-    (``fast_paths.applied``)."""
+    ``tokens_at_start`` the tokens seen before this attempt, ``inputs`` what it was trained on and from
+    (``checkpoints.job_inputs``), ``fast_paths`` those it ran (``fast_paths.applied``)."""
     runtime = float(metrics.get("train_runtime", 0.0))
     total_tokens = int(trainer.state.num_input_tokens_seen or 0)
-    attempt_tokens = total_tokens - tokens.at_start
+    attempt_tokens = total_tokens - tokens_at_start
     world = world_size()
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     first, last = metric_ends(trainer.state.log_history)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from helpers import REPO, assert_stopped_once, assert_succeeded, free_port, job_env, read_json, start_training, torchx
-from posttrain.entrypoints.job.lease import LEASE_FILE
+from posttrain.entrypoints.process.lease import LEASE_FILE
 from posttrain.entrypoints.records.checkpoints import complete_checkpoints
 
 

@@ -8,13 +8,13 @@ import pytest
 
 from helpers import sft_spec, two_gloo_ranks
 from posttrain.components.spec.loading import SpecError
-from posttrain.entrypoints.job.distributed import rank0s
+from posttrain.entrypoints.process.distributed import rank0s
 from posttrain.entrypoints.records.checkpoints import check_room
 
 RANK0S = textwrap.dedent("""
     import os
     from datetime import timedelta
-    from posttrain.entrypoints.job import distributed
+    from posttrain.entrypoints.process import distributed
 
     distributed.init_process_group("gloo", timedelta(seconds=60))
     print("chose", distributed.rank0s(f"checkpoint-{10 * (distributed.env_rank() + 1)}"))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from helpers import REPO
 from posttrain.components.spec.chain import load_chain
-from posttrain.entrypoints.job.lease import LEASE_FILE
+from posttrain.entrypoints.process.lease import LEASE_FILE
 
 
 def run_chain(chain_json: str, tmp_path: Path) -> subprocess.CompletedProcess:
@@ -40,7 +40,7 @@ def test_a_second_chain_into_a_held_directory_is_refused_in_one_line_and_writes_
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; from posttrain.entrypoints.job import lease; "
+            "import sys, time; from pathlib import Path; from posttrain.entrypoints.process import lease; "
             "lease.acquire(Path(sys.argv[1]), key='output_dir'); print('held', flush=True); time.sleep(120)",
             str(tmp_path),
         ],

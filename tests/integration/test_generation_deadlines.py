@@ -30,7 +30,7 @@ import pytest
 
 from posttrain.components.spec.schema import TrainingGeneration
 from posttrain.entrypoints.generation import run_ahead
-from posttrain.entrypoints.job import error_file
+from posttrain.entrypoints.process import error_file
 
 PUSH = """
 import sys

@@ -17,7 +17,7 @@ TWO_RANKS = textwrap.dedent("""
     from datetime import timedelta
     from types import SimpleNamespace
     from posttrain.components.spec.messages import SpecError
-    from posttrain.entrypoints.job import distributed
+    from posttrain.entrypoints.process import distributed
     from posttrain.entrypoints.inputs.rewards import RewardCheck
 
     distributed.init_process_group(os.environ["BACKEND"], timedelta(seconds=60))

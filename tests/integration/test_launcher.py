@@ -12,7 +12,7 @@ A_RANK_DIES = textwrap.dedent("""
 
     import torch
     import torch.distributed as dist
-    from posttrain.entrypoints.job import distributed
+    from posttrain.entrypoints.process import distributed
 
     distributed.init_process_group("gloo", timedelta(seconds=60))
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 1))

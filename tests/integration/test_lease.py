@@ -17,10 +17,12 @@ import pytest
 
 from helpers import HEARTBEAT_S, STALE_S
 from posttrain.components.spec.messages import SpecError
-from posttrain.entrypoints.job import lease
-from posttrain.entrypoints.job.lease import LEASE_FILE, Holder, acquire, alive_at_once, gone_at_once, read_holder
+from posttrain.entrypoints.process import lease
+from posttrain.entrypoints.process.lease import LEASE_FILE, Holder, acquire, alive_at_once, gone_at_once, read_holder
 
-SETTINGS = f"from posttrain.entrypoints.job import lease; lease.HEARTBEAT_S = {HEARTBEAT_S}; lease.STALE_S = {STALE_S}"
+SETTINGS = (
+    f"from posttrain.entrypoints.process import lease; lease.HEARTBEAT_S = {HEARTBEAT_S}; lease.STALE_S = {STALE_S}"
+)
 
 
 HOLD = f"""

@@ -35,7 +35,7 @@ def test_a_rank_prints_where_it_waits_on_sigusr1_and_goes_on() -> None:
     # how a hung job says where it hangs (tests/e2e/test_slurm.py signals the ranks of a job that outlives its test)
     code = """if True:
         import os, signal, time
-        from posttrain.entrypoints.job import distributed
+        from posttrain.entrypoints.process import distributed
         distributed.setup_logging()
         def waits_here():
             os.kill(os.getpid(), signal.SIGUSR1)

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
 
 from posttrain.entrypoints import launcher
-from posttrain.entrypoints.job import distributed, error_file
+from posttrain.entrypoints.process import distributed, error_file
 
 
 def _failure(tmp_path: Path, exitcode: int, message: str = "", rank: int = 0) -> ProcessFailure:

@@ -22,8 +22,9 @@ from posttrain.entrypoints.inputs import tiny
 from posttrain.entrypoints.inputs.data import check_online_data, fit_batch, load_data
 from posttrain.entrypoints.inputs.models import EXTRA_MODEL_CLASSES, import_object, load_tokenizer
 from posttrain.entrypoints.inputs.rewards import RewardCheck, resolve_rewards
-from posttrain.entrypoints.job import distributed, runtime
+from posttrain.entrypoints.job import runtime
 from posttrain.entrypoints.job.sharding import deepspeed_config, strategy_for
+from posttrain.entrypoints.process import distributed
 from posttrain.entrypoints.records import summary
 
 SFT_FORMATS = SPEC_CLASSES["sft"].data_formats

@@ -3,7 +3,7 @@ rooms below, and imports that run one way, at module level."""
 
 import ast
 from pathlib import Path
-from typing import Dict, List, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from helpers import REPO
 from posttrain.components.spec.registry import SPEC_CLASSES
@@ -82,6 +82,26 @@ def test_no_import_circles_and_no_posttrain_imports_inside_functions() -> None:
             circles.append(" -> ".join(circle))
         cleared.add(name)
     assert circles == []
+
+
+def room_of(name: str, known: Dict[str, Path]) -> Optional[str]:
+    """The room (a folder of components/ or entrypoints/) module ``name`` lives in; None at a side's top level."""
+    package = ".".join(name.split(".")[:3])
+    return package if package != name and known[package].name == "__init__.py" else None
+
+
+def test_no_two_rooms_import_each_other() -> None:
+    """Imports between rooms run one way: the runtime above the rooms it drives, the process plumbing below them."""
+    known = modules()
+    arrows: Dict[Tuple[str, str], str] = {}
+    for name, path in known.items():
+        targets, _ = posttrain_imports(path, known)
+        for target in targets:
+            rooms = (room_of(name, known), room_of(target, known))
+            if None not in rooms and rooms[0] != rooms[1]:
+                arrows.setdefault(rooms, f"{name} -> {target}")
+    two_way = [f"{arrows[(a, b)]} and {arrows[(b, a)]}" for a, b in sorted(arrows) if a < b and (b, a) in arrows]
+    assert two_way == []
 
 
 def test_the_job_library_imports_no_program_and_the_client_no_job_library() -> None:

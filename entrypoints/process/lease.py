@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import IO, Optional, Tuple
 
 from posttrain.components.spec.messages import SpecError
-from posttrain.entrypoints.job.error_file import stop_now
+from posttrain.entrypoints.process.error_file import stop_now
 
 log = logging.getLogger("posttrain")
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from posttrain.components.spec.messages import SpecError
-from posttrain.entrypoints.job import lease
-from posttrain.entrypoints.job.lease import LEASE_FILE, Holder, acquire, alive_at_once, gone_at_once, read_holder
+from posttrain.entrypoints.process import lease
+from posttrain.entrypoints.process.lease import LEASE_FILE, Holder, acquire, alive_at_once, gone_at_once, read_holder
 
 pytestmark = pytest.mark.usefixtures("short_intervals")
 
