@@ -1,4 +1,4 @@
 """The templates posttrain ships, installed as ``posttrain.templates``: ``<algorithm>/<name>.yaml`` (run by name,
 ``--spec sft/tiny``), the small data they train on (``data/``) and the tools and environments they give models
-(``tools/``, imported as ``posttrain.templates.tools.<module>``). ``python -m posttrain.components.tools.templates``
-lists and copies them."""
+(``tools/``, imported as ``posttrain.templates.tools.<module>``). ``posttrain templates`` lists
+and copies them."""

@@ -22,6 +22,8 @@ from posttrain.entrypoints.records import curves
 
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATES = REPO / "templates"
+# the console script README's install puts beside the interpreter
+POSTTRAIN = str(Path(sys.executable).with_name("posttrain"))
 
 
 def job_env(tmp_root: Path, **extra: str) -> Dict[str, str]:

@@ -89,7 +89,7 @@ LISTED_WHOLE: Dict[str, str] = {
         (
             "torchx run -s local_cwd posttrain.sft --spec sft/tiny",
             "torchx run -s local_cwd posttrain.dpo --spec dpo/tiny model.name_or_path=outputs/sft-tiny",
-            "python -m posttrain.components.tools.templates cp sft/tiny my-sft.yaml",
+            "posttrain templates cp sft/tiny my-sft.yaml",
             "torchx run -s local_cwd posttrain.sft --spec my-sft.yaml",
         ),
         "tests/e2e/test_installed.py runs this from a wheel installed in a fresh environment, in an empty directory",
@@ -360,7 +360,8 @@ def plan_one(command: Command, text: str, ci: str) -> Plan:
     argv = shlex.split(filled)
     if argv[0] == "torchx":
         return plan_torchx(command, argv, changes)
-    if argv[:2] == ["python", "-m"] and len(argv) > 2 and argv[2].startswith("posttrain."):
+    # the posttrain command (its console script), or a posttrain module
+    if argv[0] == "posttrain" or argv[:2] == ["python", "-m"] and len(argv) > 2 and argv[2].startswith("posttrain."):
         return Plan(command, "run", tuple(argv), changes=tuple(changes))
     return Plan(command, "unknown", why=f"{argv[0]} is neither run by this test nor listed")
 

@@ -85,7 +85,7 @@ def _template_hint(path: str) -> str:
         return f"; the shipped template of that path is --spec {name}"
     if path.endswith((".yaml", ".yml")):
         return ""
-    return ", nor a template's name (python -m posttrain.components.tools.templates lists them)"
+    return ", nor a template's name (posttrain templates ls lists them)"
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

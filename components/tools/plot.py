@@ -1,7 +1,7 @@
 """Training curves: one PNG of a run's ``metrics.jsonl``, or of several runs side by side.
 
-    python -m posttrain.components.tools.plot outputs/sft-tiny                          # outputs/sft-tiny.png
-    python -m posttrain.components.tools.plot outputs/dpo-lr1e-5 outputs/dpo-lr1e-6 -o outputs/dpo.png
+    posttrain plot outputs/sft-tiny                                 # outputs/sft-tiny.png
+    posttrain plot outputs/dpo-lr1e-5 outputs/dpo-lr1e-6 -o outputs/dpo.png
 
 The figure is the one every job draws as its ``curves.png``
 (``posttrain.entrypoints.records.curves``), one line per run on each metric's plot,
@@ -10,6 +10,7 @@ the legend naming each run by its directory.
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
@@ -26,22 +27,28 @@ def run_of(directory: Path) -> Tuple[str, Series, Optional[str]]:
     return directory.name, series(read_metrics(directory / METRICS_FILE)), title
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m posttrain.components.tools.plot", description=__doc__.split("\n")[0]
-    )
+SUMMARY = "Training curves: one PNG of a run's metrics.jsonl, or of several runs side by side."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``posttrain plot``'s arguments on ``parser``."""
     parser.add_argument("output_dirs", nargs="+", type=Path, help=f"run directories holding {METRICS_FILE}")
     parser.add_argument(
         "-o", "--output", type=Path, help="the PNG to write (default: outputs/<each run's name, joined by ->.png)"
     )
-    options = parser.parse_args(argv)
-    names = [directory.name for directory in options.output_dirs]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Draws the runs' curves into one PNG and prints its path; the exit code."""
+    missing = [directory for directory in args.output_dirs if not (directory / METRICS_FILE).is_file()]
+    if missing:
+        print(f"posttrain plot: {missing[0]}: no {METRICS_FILE} (written by posttrain jobs)", file=sys.stderr)
+        return 2
+    names = [directory.name for directory in args.output_dirs]
     # outputs/ is where git looks away
-    output = options.output or Path("outputs") / f"{'-'.join(names)}.png"
+    output = args.output or Path("outputs") / f"{'-'.join(names)}.png"
     runs, titles = [], []
-    for directory in options.output_dirs:
-        if not (directory / METRICS_FILE).is_file():
-            parser.error(f"{directory}: no {METRICS_FILE} (written by posttrain jobs)")
+    for directory in args.output_dirs:
         label, run_series, title = run_of(directory)
         # runs of the same name in different places are told apart by their paths
         runs.append((label if names.count(label) == 1 else str(directory), run_series))
@@ -50,7 +57,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     draw(runs, "\n".join(titles) or ", ".join(label for label, _ in runs), output)
     print(output)
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m posttrain.components.tools.plot``: the same as ``posttrain plot``."""
+    parser = argparse.ArgumentParser(prog="posttrain plot", description=SUMMARY)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

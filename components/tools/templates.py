@@ -2,8 +2,8 @@
 
 ::
 
-    python -m posttrain.components.tools.templates                        # list
-    python -m posttrain.components.tools.templates cp sft/tiny my-sft.yaml  # copy one
+    posttrain templates ls                     # list
+    posttrain templates cp sft/tiny my-sft.yaml  # copy one
 
 The list has a row per template ``<algorithm>/<name>``: its name (what ``--spec`` takes), its command
 (the ``# torchx run ...`` line it opens with, run by name) and its summary (the first sentence of the comment
@@ -169,30 +169,44 @@ def _shipped_files(source: Path, raw: Any) -> Iterator[Tuple[str, str]]:
         yield raw, installed(raw)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m posttrain.components.tools.templates",
-        description="List the shipped templates, or copy one to edit.",
+SUMMARY = "List the shipped templates, or copy one to edit."
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """``posttrain templates``' arguments on ``parser``."""
+    commands = parser.add_subparsers(dest="templates_command", metavar="{ls,cp}")
+    commands.add_parser("ls", help="list the templates (the default)", description="List the shipped templates.")
+    cp = commands.add_parser(
+        "cp",
+        help="copy a template to edit, naming the shipped files it uses where installed",
+        description="Copy a shipped template to edit; the copy names the shipped files it uses where installed.",
     )
-    commands = parser.add_subparsers(dest="command")
-    commands.add_parser("ls", help="list the templates (the default)")
-    cp = commands.add_parser("cp", help="copy a template to edit, naming the shipped files it uses where installed")
     cp.add_argument("name", help="a template's name, as the list shows it: sft/tiny")
     cp.add_argument("destination", help="the copy's file, or a folder to hold it")
-    args = parser.parse_args(argv)
-    if args.command != "cp":
+
+
+def run(args: argparse.Namespace) -> int:
+    """Lists the templates, or copies one (``posttrain templates cp``); the exit code."""
+    if args.templates_command != "cp":
         sys.stdout.write(render_table(templates()))
         return 0
     try:
         target, named = copy(args.name, args.destination)
     except ValueError as error:
-        print(f"templates cp: {error}", file=sys.stderr)
+        print(f"posttrain templates cp: {error}", file=sys.stderr)
         return 2
     print(f"copied {args.name} to {target}")
     if named:
         print("it uses these shipped files of posttrain's; name your own in their place to change them:")
         print("".join(f"  {path}\n" for path in named), end="")
     return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m posttrain.components.tools.templates``: the same as ``posttrain templates``."""
+    parser = argparse.ArgumentParser(prog="posttrain templates", description=SUMMARY)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Training curves: a run's ``metrics.jsonl`` and the figure of one or several runs (``curves.png``).
 
 Every job draws its own ``curves.png`` at the end with :func:`draw` (the
-``MetricsLog`` callback); ``python -m posttrain.components.tools.plot`` draws the
-same figure from runs' directories, one line per run on each metric's plot.
+``MetricsLog`` callback); ``posttrain plot`` draws the same figure from runs'
+directories, one line per run on each metric's plot.
 The plotted series are embedded in the PNG as JSON (text chunk
 :data:`DATA_KEY`), so the figure's data can be checked or reused.
 

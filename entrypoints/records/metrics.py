@@ -8,7 +8,7 @@ so a crashed run still leaves its history. The Trainer's closing summary
 run continues the file: at the start it keeps the lines up to the
 checkpoint's step, dropping what the failed attempt logged after it, so no
 step appears twice. At the end of training it draws ``curves.png`` with
-:mod:`posttrain.entrypoints.records.curves` (``python -m posttrain.components.tools.plot`` draws it from the
+:mod:`posttrain.entrypoints.records.curves` (``posttrain plot`` draws it from the
 command line).
 """
 

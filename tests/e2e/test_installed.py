@@ -1,5 +1,5 @@
 """posttrain installed from its wheel, not cloned (docs: First run): from an empty directory, the shipped templates
-run by name, the templates command lists them and copies one, and the copy, edited, runs; the wheel holds every
+run by name, the ``posttrain`` command lists them and copies one, and the copy, edited, runs; the wheel holds every
 file the templates name."""
 
 import subprocess
@@ -49,14 +49,23 @@ def python(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     install = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target", str(site)]
     subprocess.run([*install, str(wheel)], check=True, capture_output=True)
     (site / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # the wheel's console script, as pip run by this environment would install it: naming its interpreter (pip
+    # --target names the one that ran it)
+    script = (site / "bin" / "posttrain").read_text().split("\n", 1)[1]
+    (root / "bin" / "posttrain").write_text(f"#!{root / 'bin' / 'python'}\n{script}")
+    (root / "bin" / "posttrain").chmod(0o755)
     return root / "bin" / "python"
 
 
-def in_empty_directory(python: Path, args: List[str], work: Path) -> subprocess.CompletedProcess:
-    """``python ARGS`` in ``work``, the installed environment first on PATH (the job's ``python`` is its)."""
+def in_empty_directory(
+    python: Path, args: List[str], work: Path, program: str = "python"
+) -> subprocess.CompletedProcess:
+    """``PROGRAM ARGS`` (the installed environment's) in ``work``, that environment first on PATH (the job's
+    ``python`` is its)."""
     env = job_env(work.parent)
     env["PATH"] = f"{python.parent}:{env['PATH']}"
-    return subprocess.run([str(python), *args], cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    command = [str(python.with_name(program)), *args]
+    return subprocess.run(command, cwd=work, env=env, capture_output=True, text=True, timeout=600)
 
 
 def torchx_run(python: Path, algorithm: str, spec: str, work: Path, *overrides: str) -> subprocess.CompletedProcess:
@@ -111,16 +120,16 @@ def test_an_installed_posttrain_runs_lists_and_copies_its_templates(python: Path
     margin_first, margin_last = ends(work / "outputs/dpo-tiny", "rewards/margins")
     assert margin_last > 0 and margin_last > margin_first
 
-    listed = in_empty_directory(python, ["-m", "posttrain.components.tools.templates"], work)
+    helped = in_empty_directory(python, ["--help"], work, program="posttrain")
+    assert helped.returncode == 0 and "{templates,plot}" in helped.stdout, helped.stderr
+    listed = in_empty_directory(python, ["templates", "ls"], work, program="posttrain")
     rows = {line.split()[0]: line for line in listed.stdout.splitlines()[1:] if not line.startswith(" ")}
     assert sorted(rows) == sorted(
         path.relative_to(TEMPLATES).with_suffix("").as_posix() for path in TEMPLATES.glob("*/*.yaml")
     )
     assert "torchx run -s local_cwd posttrain.sft --spec sft/tiny  " in rows["sft/tiny"]
 
-    copied = in_empty_directory(
-        python, ["-m", "posttrain.components.tools.templates", "cp", "sft/tiny", "my-sft.yaml"], work
-    )
+    copied = in_empty_directory(python, ["templates", "cp", "sft/tiny", "my-sft.yaml"], work, program="posttrain")
     assert copied.returncode == 0, copied.stderr
     assert copied.stdout.splitlines()[0] == "copied sft/tiny to my-sft.yaml"
     text = (work / "my-sft.yaml").read_text()

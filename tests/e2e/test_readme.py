@@ -92,7 +92,7 @@ def check_png(workdir: Path, argv: Sequence[str]) -> None:
     png = workdir / option(argv, "-o", "--output")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"{png} is not a PNG"
     positional, skip = [], False
-    for arg in argv[3:]:
+    for arg in argv[2:]:
         if skip or arg in ("-o", "--output"):
             skip = not skip
             continue
@@ -168,5 +168,5 @@ def test_readme_code_runs(item: Item, readme_runs: Dict[int, Ran]) -> None:
         else:
             assert re.search(r"^local_cwd://torchx/\S+", result.stdout, re.M), "no app handle\n" + show(plan, ran)
             assert "SUCCEEDED" in output, show(plan, ran)
-    elif argv[:3] == ("python", "-m", "posttrain.components.tools.plot"):
+    elif argv[:2] == ("posttrain", "plot"):
         check_png(ran.workdir, argv)

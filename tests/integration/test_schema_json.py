@@ -1,12 +1,12 @@
-"""The template listing and the light client: ``python -m posttrain.components.tools.templates`` lists every
-template by name with its command, the listing's and the schemas' doctests pass, and the two modules import no torch, TRL
-or transformers in a process of their own."""
+"""The template listing and the light client: ``posttrain templates ls`` lists every template by name with its
+command, the listing's and the schemas' doctests pass, and the schemas' module and the ``posttrain`` command import no
+torch, TRL or transformers in a process of their own."""
 
 import doctest
 import subprocess
 import sys
 
-from helpers import REPO, TEMPLATES
+from helpers import POSTTRAIN, REPO, TEMPLATES
 from posttrain.components.generate import schema_json
 from posttrain.components.tools import templates
 
@@ -15,7 +15,7 @@ ALL_TEMPLATES = sorted(p.relative_to(TEMPLATES).with_suffix("").as_posix() for p
 
 def test_every_template_is_listed_by_name_with_its_command_run_by_name() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "posttrain.components.tools.templates"],
+        [POSTTRAIN, "templates", "ls"],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -41,7 +41,7 @@ def test_doctests_and_a_light_client() -> None:
         result = doctest.testmod(module)
         assert result.failed == 0 and result.attempted > 0, module.__name__
     code = (
-        "import sys, posttrain.components.generate.schema_json, posttrain.components.tools.templates; "
+        "import sys, posttrain.components.generate.schema_json, posttrain.components.tools.cli; "
         "print(sorted(m for m in ('torch', 'trl', 'transformers', 'deepspeed', 'peft') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, check=True)

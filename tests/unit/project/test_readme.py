@@ -44,7 +44,7 @@ def test_parser_reads_commands_transcripts_and_snippets() -> None:
             "# a comment line",
             "torchx run -s local_cwd posttrain.sft \\",
             "    --spec templates/sft/tiny.yaml   # trailing comment",
-            "python -m posttrain.components.tools.plot 'a # b' -o x.png",
+            "posttrain plot 'a # b' -o x.png",
             "```",
             "```",
             "$ torchx run posttrain.sft bad=1",
@@ -61,7 +61,7 @@ def test_parser_reads_commands_transcripts_and_snippets() -> None:
     code = parse_readme(text)
     assert code.commands == [
         Command(3, "torchx run -s local_cwd posttrain.sft --spec templates/sft/tiny.yaml"),
-        Command(5, "python -m posttrain.components.tools.plot 'a # b' -o x.png"),
+        Command(5, "posttrain plot 'a # b' -o x.png"),
         Command(8, "torchx run posttrain.sft bad=1", ("bad: unknown key",)),
     ]
     assert code.snippets == [Snippet(15, "print(1)\n")]

@@ -1,5 +1,5 @@
 """The shipped templates by name (``--spec sft/tiny``), the shipped files their paths name, and copies of them
-(``python -m posttrain.components.tools.templates cp``): from any directory, a template by name and its copy are
+(``posttrain templates cp``): from any directory, a template by name and its copy are
 the same run."""
 
 from pathlib import Path
@@ -48,8 +48,7 @@ def test_a_name_is_a_shipped_template_where_no_such_path_is_here(
     with pytest.raises(SpecError) as error:
         load_spec("sft/tny")
     assert str(error.value) == (
-        "--spec: no such file: sft/tny, nor a template's name (python -m posttrain.components.tools.templates lists "
-        "them)"
+        "--spec: no such file: sft/tny, nor a template's name (posttrain templates ls lists them)"
     )
     # a checkout's path to a template, where there is no checkout
     with pytest.raises(SpecError, match=r"^--spec: no such file: templates/sft/tiny.yaml; the shipped template of "):
