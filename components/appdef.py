@@ -24,10 +24,11 @@ from torchx.specs import macros
 from posttrain.components import vllm_role
 from posttrain.components.spec.chain import load_chain
 from posttrain.components.spec.evaluation import EvalSpec, load_eval
+from posttrain.components.spec.generation import runs_vllm_server
 from posttrain.components.spec.loading import load_spec
 from posttrain.components.spec.local_files import local_data_problems, local_model_problems
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.schema import Spec, runs_vllm_server
+from posttrain.components.spec.schema import Spec
 from posttrain.components.spec.shipped import spec_file
 from posttrain.components.vllm_role import VllmServer
 

@@ -18,8 +18,8 @@ from typing import List, Optional
 
 import torchx.specs as specs
 
+from posttrain.components.spec.generation import VLLM_HOST_VARIABLE, VLLM_TOKEN_VARIABLE
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, VLLM_TOKEN_VARIABLE
 
 ROLE = "vllm"
 MODULE = "posttrain.entrypoints.vllm_server"

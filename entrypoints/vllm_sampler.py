@@ -18,8 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from posttrain.components.spec.judging import GenerationSpec
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.schema import GenerationSpec, ModelSpec
+from posttrain.components.spec.sections import ModelSpec
 from posttrain.entrypoints.generation.vllm_generation import builtin_directory, head_size_problem, runs_eagerly
 from posttrain.entrypoints.inputs import tiny
 

@@ -43,9 +43,10 @@ import sys
 import time
 from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Sequence
 
+from posttrain.components.spec.generation import VLLM_HOST_VARIABLE
 from posttrain.components.spec.loading import spec_from_json
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, ModelSpec
+from posttrain.components.spec.sections import ModelSpec
 from posttrain.entrypoints.generation import vllm_token
 from posttrain.entrypoints.generation.role_lease import HANDSHAKE_S, POLL_S, keep_alive, lease_port, route_address
 from posttrain.entrypoints.generation.vllm_generation import repack_tied_lm_head, runs_eagerly, server_model

@@ -63,7 +63,7 @@ def short_intervals(monkeypatch: pytest.MonkeyPatch) -> None:
 def job_token(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every process of the job has its token (the component made it in the environment the job inherits), and
     this one has taken none yet (a job run in process before takes its own out of the environment)."""
-    from posttrain.components.spec.schema import VLLM_TOKEN_VARIABLE
+    from posttrain.components.spec.generation import VLLM_TOKEN_VARIABLE
     from posttrain.entrypoints.generation import vllm_token
 
     monkeypatch.setenv(VLLM_TOKEN_VARIABLE, JOB_TOKEN)

@@ -31,7 +31,8 @@ from posttrain.components.spec.fields import LORA_CONFIG, TABLE_PATH, FieldType,
 from posttrain.components.spec.loading import BOOLEAN_WORDS, EXPONENT_NUMBER
 from posttrain.components.spec.registry import SPEC_CLASSES
 from posttrain.components.spec.rewards import BUILTIN_REWARDS
-from posttrain.components.spec.schema import USER_CODE_TIMEOUT_S, Spec
+from posttrain.components.spec.schema import Spec
+from posttrain.components.spec.sections import USER_CODE_TIMEOUT_S
 from posttrain.components.spec.values import Range, rows_for
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"

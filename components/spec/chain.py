@@ -38,10 +38,11 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from posttrain.components.spec import evaluation
 from posttrain.components.spec.evaluation import EvalSpec, validate_eval
+from posttrain.components.spec.generation import runs_vllm_server
 from posttrain.components.spec.loading import as_written_by_yaml_1_1, read_yaml, validate
 from posttrain.components.spec.messages import SpecError, cut
 from posttrain.components.spec.overrides import apply_overrides
-from posttrain.components.spec.schema import Spec, runs_vllm_server
+from posttrain.components.spec.schema import Spec
 from posttrain.components.spec.shipped import spec_file, template_file
 
 ALGORITHM = "chain"

@@ -1,6 +1,6 @@
 """What a spec's ``data`` section may say: each source named once, the way a local file or a hub data set is named,
-and a mixture of several that holds together. The sections themselves are ``schema.DataSource`` and
-``schema.DataSpec``; the job reads them in ``entrypoints/inputs/data.py``."""
+and a mixture of several that holds together. The sections themselves are ``sections.DataSource`` and
+``sections.DataSpec``; the job reads them in ``entrypoints/inputs/data.py``."""
 
 import glob
 from pathlib import Path

@@ -57,7 +57,7 @@ PPO_METRICS: Tuple[str, ...] = (
     "learning_rate",
 )
 
-# the reference of the algorithms built on _ReferenceSpec (its problems() refuses reference_model with LoRA)
+# the reference of the algorithms built on ReferenceSpec (its problems() refuses reference_model with LoRA)
 _REFERENCE = (
     "the frozen reference: ``reference_model`` (a path or hub id), else a second load of the model; with "
     "``model.lora``, the model with its adapter disabled."

@@ -25,10 +25,12 @@ from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
 
 from pydantic import ValidationError
 
+from posttrain.components.spec.judging import Evaluation
 from posttrain.components.spec.loading import as_written_by_yaml_1_1, read_yaml
 from posttrain.components.spec.messages import SpecError, cut, known_paths, translate, unknown_in
 from posttrain.components.spec.overrides import apply_overrides
-from posttrain.components.spec.schema import TORCH_VARLEN, Evaluation, ModelSpec, Spec
+from posttrain.components.spec.schema import TORCH_VARLEN, Spec
+from posttrain.components.spec.sections import ModelSpec
 from posttrain.components.spec.shipped import spec_file
 
 ALGORITHM = "eval"

@@ -3,8 +3,9 @@
 The client validates it (so ``--dryrun`` and submission fail before anything
 is scheduled), embeds it in the job as canonical JSON, and the job validates
 it again with the same models before loading any model (docs/pages/design.md, "The spec").
-The schema is in ``schema.py``, the algorithms in ``registry.py``, the
-wording of problems in ``messages.py``.
+The whole document is ``schema.Spec``: its sections in ``sections.py``,
+``generation.py`` and ``judging.py``, its families in ``families.py``, the
+algorithms in ``registry.py``, the wording of problems in ``messages.py``.
 """
 
 import json

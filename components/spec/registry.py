@@ -13,20 +13,16 @@ import difflib
 import fnmatch
 from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple, Type, Union
 
+from posttrain.components.spec.families import GroupSpec, OnlineSpec, ReferenceSpec
 from posttrain.components.spec.fields import config_fields, config_value
 from posttrain.components.spec.schema import (
     CHECKPOINTING_OPTIONS,
     CHECKPOINTING_SWITCHES,
     OWNED_KEYS,
-    PROMPT_FORMATS,
     REFUSED_KEYS,
-    EnvironmentSource,
     Spec,
-    ToolSource,
-    _GroupSpec,
-    _OnlineSpec,
-    _ReferenceSpec,
 )
+from posttrain.components.spec.sections import PROMPT_FORMATS, EnvironmentSource, ToolSource
 
 PREFERENCE_FORMATS: Tuple[Tuple[str, ...], ...] = (("prompt", "chosen", "rejected"), ("chosen", "rejected"))
 LANGUAGE_MODELLING_FORMATS: Tuple[Tuple[str, ...], ...] = (("messages",), ("text",), ("prompt", "completion"))
@@ -88,7 +84,7 @@ class SFTSpec(Spec):
         return []
 
 
-class DPOSpec(_ReferenceSpec):
+class DPOSpec(ReferenceSpec):
     """Direct preference optimisation with ``trl.DPOTrainer``."""
 
     algorithm: Literal["dpo"]
@@ -110,7 +106,7 @@ class RewardSpec(Spec):
     lora_task: ClassVar[str] = "SEQ_CLS"
 
 
-class KTOSpec(_ReferenceSpec):
+class KTOSpec(ReferenceSpec):
     """Kahneman-Tversky optimisation on unpaired labels with ``trl.KTOTrainer``."""
 
     algorithm: Literal["kto"]
@@ -133,7 +129,7 @@ class ORPOSpec(Spec):
     }
 
 
-class GRPOSpec(_GroupSpec):
+class GRPOSpec(GroupSpec):
     """Group relative policy optimisation with ``trl.GRPOTrainer`` (GSPO: importance_sampling_level: sequence);
     with ``tools`` or an ``environment``, the model may call them while it answers, rounds of calls and results in
     one completion."""
@@ -182,7 +178,7 @@ class GRPOSpec(_GroupSpec):
         return found
 
 
-class RLOOSpec(_GroupSpec):
+class RLOOSpec(GroupSpec):
     """REINFORCE leave-one-out with ``trl.RLOOTrainer``."""
 
     algorithm: Literal["rloo"]
@@ -237,7 +233,7 @@ def evaluation_fields(config_class: str) -> List[str]:
     return sorted(key for key in fields if any(fnmatch.fnmatchcase(key, pattern) for pattern in EVALUATION_FIELDS))
 
 
-class OnlineDPOSpec(_ReferenceSpec, _OnlineSpec):
+class OnlineDPOSpec(ReferenceSpec, OnlineSpec):
     """Online DPO with ``trl.experimental.online_dpo.OnlineDPOTrainer``.
 
     Two completions of each prompt are sampled and scored with ``rewards``;
@@ -257,7 +253,7 @@ class OnlineDPOSpec(_ReferenceSpec, _OnlineSpec):
     vllm_server_needs_gpus: ClassVar[bool] = True
     batches_hold_input_ids: ClassVar[bool] = False
     owned_keys: ClassVar[Dict[str, str]] = {
-        **_OnlineSpec.owned_keys,
+        **OnlineSpec.owned_keys,
         "reward_model_path": "use rewards: [{model: <path or hub id>}]",
     }
     refused_keys: ClassVar[Dict[str, str]] = {
@@ -269,7 +265,7 @@ class OnlineDPOSpec(_ReferenceSpec, _OnlineSpec):
     refused_sections: ClassVar[Dict[str, str]] = {"data.eval": NO_ONLINE_DPO_EVALUATION}
 
 
-class PPOSpec(_OnlineSpec):
+class PPOSpec(OnlineSpec):
     """PPO with posttrain's own trainer: policy, frozen reference, value model, rewards.
 
     ``value_model`` (path or hub id) defaults to the reward model where the
@@ -417,7 +413,7 @@ class PPOSpec(_OnlineSpec):
         except KeyError:
             # the table predates this config (python -m posttrain.components.generate rewrites it)
             return {}
-        owned = _OnlineSpec.owned_keys
+        owned = OnlineSpec.owned_keys
         refused = {}
         for key in sorted(set(fields) - honoured - set(owned)):
             matching = (why for patterns, why in rules if any(fnmatch.fnmatchcase(key, p) for p in patterns))

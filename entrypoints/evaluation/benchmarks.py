@@ -14,8 +14,8 @@ import re
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from posttrain.components.spec.judging import BenchmarksSpec
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.schema import BenchmarksSpec
 
 INSTALL = "pip install 'posttrain[lm-eval]'"
 # a task's metrics: name -> value and standard error (None where the harness computes none)

@@ -27,7 +27,7 @@ from posttrain.components.spec import conditions
 from posttrain.components.spec.evaluation import EvalSpec
 from posttrain.components.spec.loading import spec_diff
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.schema import ModelSpec
+from posttrain.components.spec.sections import ModelSpec
 from posttrain.entrypoints.evaluation import benchmarks, sampling, scores
 from posttrain.entrypoints.evaluation.files import PARTS_DIR, PLOT_FILE, SAMPLES_FILE, SPEC_FILE, SUMMARY_FILE
 from posttrain.entrypoints.evaluation.sampling import prompt_seed, sample, sample_with_vllm

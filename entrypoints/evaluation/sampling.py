@@ -15,8 +15,9 @@ from typing import Any, List
 import psutil
 import torch
 
+from posttrain.components.spec.judging import GenerationSpec
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.schema import GenerationSpec, ModelSpec
+from posttrain.components.spec.sections import ModelSpec
 from posttrain.entrypoints.generation.sampling import prompt_ids, sampling_from_the_logits
 
 # a prompt's seed: the spec's, then its place in the data (each model draws with the same seeds: paired samples)

@@ -14,8 +14,8 @@ import socket
 import time
 from typing import Any, Iterator, List, Mapping
 
+from posttrain.components.spec.generation import VLLM_HOST_VARIABLE
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.schema import VLLM_HOST_VARIABLE
 from posttrain.entrypoints.generation import vllm_token
 
 # how often a wait looks at the other side

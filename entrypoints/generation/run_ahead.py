@@ -42,8 +42,8 @@ from accelerate.utils import broadcast_object_list, gather_object
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
+from posttrain.components.spec.generation import VLLM_HOST_VARIABLE, TrainingGeneration
 from posttrain.components.spec.messages import SpecError, first_line
-from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, TrainingGeneration
 from posttrain.entrypoints.generation import role_lease
 from posttrain.entrypoints.generation.vllm_generation import count_generated, sync_overdue
 from posttrain.entrypoints.process.error_file import deadline

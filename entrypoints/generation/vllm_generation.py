@@ -44,8 +44,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple, Type
 
+from posttrain.components.spec.generation import VLLM_HOST_VARIABLE, TrainingGeneration
 from posttrain.components.spec.messages import SpecError, first_line
-from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, ModelSpec, Spec, TrainingGeneration
+from posttrain.components.spec.schema import Spec
+from posttrain.components.spec.sections import ModelSpec
 from posttrain.entrypoints.generation import role_lease, vllm_token
 from posttrain.entrypoints.inputs.models import CAUSAL_LM, ModelLoading, load_model, load_tokenizer
 from posttrain.entrypoints.process.distributed import env_rank

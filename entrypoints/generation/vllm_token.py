@@ -30,8 +30,8 @@ import os
 from typing import Any, Awaitable, Callable, Dict, Optional
 from urllib.parse import parse_qsl
 
+from posttrain.components.spec.generation import VLLM_TOKEN_PATH_VARIABLE, VLLM_TOKEN_VARIABLE
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.schema import VLLM_TOKEN_PATH_VARIABLE, VLLM_TOKEN_VARIABLE
 
 # the trainers wait on it before they hold the token's first use
 OPEN_PATHS = ("/health",)

@@ -18,7 +18,7 @@ from trl.chat_template_utils import get_training_chat_template, has_generation_m
 from trl.data_utils import is_conversational
 
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.schema import ModelSpec
+from posttrain.components.spec.sections import ModelSpec
 from posttrain.entrypoints.inputs.models import load_tokenizer
 from posttrain.entrypoints.inputs.rewards import RewardFunction
 

@@ -20,7 +20,8 @@ from posttrain.components.spec.local_files import (
     not_a_saved_data_set,
 )
 from posttrain.components.spec.messages import SpecError, first_line
-from posttrain.components.spec.schema import DataSource, DataSpec, Spec
+from posttrain.components.spec.schema import Spec
+from posttrain.components.spec.sections import DataSource, DataSpec
 from posttrain.entrypoints.process.distributed import env_rank
 
 log = logging.getLogger("posttrain")

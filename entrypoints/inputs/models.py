@@ -23,7 +23,7 @@ import torch
 
 from posttrain.components.spec.local_files import model_directory_problem
 from posttrain.components.spec.messages import SpecError, first_line
-from posttrain.components.spec.schema import ModelSpec
+from posttrain.components.spec.sections import ModelSpec
 from posttrain.entrypoints.inputs import tiny
 from posttrain.entrypoints.records.files import file_problem
 from posttrain.entrypoints.speed import attention

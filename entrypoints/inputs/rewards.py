@@ -27,7 +27,7 @@ from trl.trainer.utils import is_async_callable
 
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.rewards import BUILTIN_REWARDS, RewardFunction, builtin_reward, completion_text
-from posttrain.components.spec.schema import RewardSource
+from posttrain.components.spec.sections import RewardSource
 from posttrain.entrypoints.inputs.models import (
     SEQUENCE_CLASSIFICATION,
     ModelLoading,

@@ -18,7 +18,7 @@ import inspect
 from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
 
 from posttrain.components.spec.messages import SpecError, first_line
-from posttrain.components.spec.schema import EnvironmentSource, ToolSource
+from posttrain.components.spec.sections import EnvironmentSource, ToolSource
 from posttrain.entrypoints.inputs.models import import_user_function
 from posttrain.entrypoints.inputs.user_code import guarded, guarded_environment
 

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator, Optional
 
 from trl.trainer.utils import is_async_callable
 
-from posttrain.components.spec.schema import USER_CODE_TIMEOUT_S
+from posttrain.components.spec.sections import USER_CODE_TIMEOUT_S
 from posttrain.entrypoints.process.error_file import deadline, stop_now
 
 

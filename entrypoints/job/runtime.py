@@ -68,16 +68,11 @@ from transformers.utils import logging as transformers_logging
 
 from posttrain.components.spec.evaluation import EvalSpec, of_training_run
 from posttrain.components.spec.fields import config_fields, config_value
+from posttrain.components.spec.generation import TrainingGeneration
 from posttrain.components.spec.loading import spec_from_json
 from posttrain.components.spec.messages import SpecError, first_line
-from posttrain.components.spec.schema import (
-    CHECKPOINTING_OPTIONS,
-    EnvironmentSource,
-    RewardSource,
-    Spec,
-    ToolSource,
-    TrainingGeneration,
-)
+from posttrain.components.spec.schema import CHECKPOINTING_OPTIONS, Spec
+from posttrain.components.spec.sections import EnvironmentSource, RewardSource, ToolSource
 from posttrain.entrypoints.evaluation.run import Inputs as EvaluationInputs
 from posttrain.entrypoints.evaluation.run import check as check_evaluation
 from posttrain.entrypoints.evaluation.run import evaluate_run

@@ -5,7 +5,7 @@ check, the process group's set-up, the training arguments that turn the
 strategy on, the preparation of the final save, the check that the live
 trainer runs what was asked, and the teardown. What a strategy refuses (of
 the hardware, of ``training``) is said by the spec's ``distributed`` section
-(``components/spec/schema.py``), which the client asks at submit and the
+(``components/spec/sections.py``), which the client asks at submit and the
 hardware check here asks again. :func:`strategy_for` picks one from it.
 """
 
@@ -18,7 +18,7 @@ import torch
 
 from posttrain.components.spec.fields import config_value
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.schema import DeepSpeedSpec, DistributedSpec, FSDPSpec
+from posttrain.components.spec.sections import DeepSpeedSpec, DistributedSpec, FSDPSpec
 from posttrain.entrypoints.process import distributed
 from posttrain.entrypoints.records.summary import engine
 

@@ -38,7 +38,7 @@ from transformers import TrainerCallback
 
 from posttrain.components.spec.loading import spec_diff, training_relevant
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.schema import DataSpec, ModelSpec
+from posttrain.components.spec.sections import DataSpec, ModelSpec
 from posttrain.entrypoints.process.distributed import barrier, env_rank, says_any
 from posttrain.entrypoints.records import fingerprints
 from posttrain.entrypoints.records.files import (

@@ -17,7 +17,7 @@ import hashlib
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from posttrain.components.spec.schema import DataSpec
+from posttrain.components.spec.sections import DataSpec
 from posttrain.entrypoints.records.files import TORCH_SUFFIXES
 
 # what the name of a file with a model's weights ends with, beside a PEFT adapter's

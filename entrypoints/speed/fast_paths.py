@@ -70,12 +70,8 @@ import torch
 
 from posttrain.components.spec.fields import config_value
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.schema import (
-    CHECKPOINTING_OPTIONS,
-    CHECKPOINTING_SWITCHES,
-    PACKING_AWARE_ATTENTION,
-    ModelSpec,
-)
+from posttrain.components.spec.schema import CHECKPOINTING_OPTIONS, CHECKPOINTING_SWITCHES, PACKING_AWARE_ATTENTION
+from posttrain.components.spec.sections import ModelSpec
 from posttrain.entrypoints.speed import attention, gpu_memory, rl_padding_free
 
 log = logging.getLogger("posttrain")

@@ -20,7 +20,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from posttrain.components.spec.schema import ModelSpec
+from posttrain.components.spec.sections import ModelSpec
 
 # What a decoder layer keeps for its backward, per token, in bytes at 16 bits: about 16 x hidden (norms, the
 # attention's inputs and output) and 6 x intermediate (the gated MLP's three products), as Korthikanti et al.

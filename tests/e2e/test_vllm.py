@@ -300,7 +300,7 @@ def test_the_server_roles_weights_after_a_sync_are_the_trainers(tmp_path: Path) 
     """
     from trl.generation.vllm_client import VLLMClient
 
-    from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, VLLM_TOKEN_VARIABLE
+    from posttrain.components.spec.generation import VLLM_HOST_VARIABLE, VLLM_TOKEN_VARIABLE
     from posttrain.entrypoints.generation import role_lease
     from posttrain.entrypoints.inputs.models import CAUSAL_LM, load_model
 

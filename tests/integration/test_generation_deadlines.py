@@ -28,7 +28,7 @@ from typing import Iterator, List, Tuple
 import psutil
 import pytest
 
-from posttrain.components.spec.schema import TrainingGeneration
+from posttrain.components.spec.generation import TrainingGeneration
 from posttrain.entrypoints.generation import run_ahead
 from posttrain.entrypoints.process import error_file
 
@@ -38,7 +38,7 @@ from types import SimpleNamespace
 
 import requests
 
-from posttrain.components.spec.schema import TrainingGeneration
+from posttrain.components.spec.generation import TrainingGeneration
 from posttrain.entrypoints.generation.run_ahead import Lockstep
 
 base_url = sys.argv[1]
@@ -104,7 +104,7 @@ from types import SimpleNamespace
 import requests
 from trl.generation import vllm_client
 
-from posttrain.components.spec.schema import TrainingGeneration
+from posttrain.components.spec.generation import TrainingGeneration
 from posttrain.entrypoints.generation import run_ahead
 from posttrain.entrypoints.job.runtime import ends_in_one_line
 
@@ -224,7 +224,7 @@ COLOCATED = """
 import threading
 from types import SimpleNamespace
 
-from posttrain.components.spec.schema import TrainingGeneration
+from posttrain.components.spec.generation import TrainingGeneration
 from posttrain.entrypoints.generation import run_ahead
 
 generation = SimpleNamespace(mode="colocate", generate=lambda prompts: threading.Event().wait())
@@ -278,7 +278,8 @@ SAMPLING = """
 import os
 import sys
 
-from posttrain.components.spec.schema import GenerationSpec, ModelSpec
+from posttrain.components.spec.judging import GenerationSpec
+from posttrain.components.spec.sections import ModelSpec
 from posttrain.entrypoints.evaluation.sampling import sample_with_vllm
 from posttrain.entrypoints.job.runtime import ends_in_one_line
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from transformers.utils.chat_template_utils import get_json_schema
 
-from posttrain.components.spec.schema import EnvironmentSource, ToolSource
+from posttrain.components.spec.sections import EnvironmentSource, ToolSource
 from posttrain.entrypoints.inputs.tools import resolve_environment, resolve_tools
 
 USER_MODULE = '''
@@ -71,7 +71,7 @@ def run_calls(user_module: Path, body: str) -> subprocess.CompletedProcess:
     """``body`` in a process of its own, with the user's module importable and an error file to write."""
     code = textwrap.dedent("""
         import asyncio, sys, threading
-        from posttrain.components.spec.schema import EnvironmentSource, ToolSource
+        from posttrain.components.spec.sections import EnvironmentSource, ToolSource
         from posttrain.entrypoints.inputs.tools import resolve_environment, resolve_tools
     """) + textwrap.dedent(body)
     env = {"PYTHONPATH": str(user_module), "TORCHELASTIC_ERROR_FILE": str(user_module / "error.json")}

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from helpers import JOB_TOKEN as TOKEN
-from posttrain.components.spec.schema import VLLM_TOKEN_VARIABLE
+from posttrain.components.spec.generation import VLLM_TOKEN_VARIABLE
 from posttrain.entrypoints.generation import vllm_token
 
 

@@ -11,9 +11,9 @@ from torchx.schedulers.kubernetes_scheduler import sanitize_for_serialization
 from helpers import TEMPLATES
 from kubernetes_checks import check
 from posttrain.components import algorithms
+from posttrain.components.spec.generation import VLLM_TOKEN_VARIABLE
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.registry import SPEC_CLASSES
-from posttrain.components.spec.schema import VLLM_TOKEN_VARIABLE
 
 SERVER = str(TEMPLATES / "grpo" / "tiny-vllm-server.yaml")
 COLOCATE = str(TEMPLATES / "grpo" / "tiny-vllm.yaml")

@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pytest
 
 from helpers import load_template
+from posttrain.components.spec.generation import TrainingGeneration
 from posttrain.components.spec.loading import SpecError, validate
-from posttrain.components.spec.schema import TrainingGeneration
 from posttrain.entrypoints.generation.run_ahead import RunAhead
 
 

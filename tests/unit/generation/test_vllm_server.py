@@ -15,9 +15,9 @@ import pytest
 
 from helpers import JOB_TOKEN as TOKEN
 from helpers import free_port, load_template
+from posttrain.components.spec.generation import VLLM_HOST_VARIABLE, VLLM_TOKEN_VARIABLE
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.schema import VLLM_HOST_VARIABLE, VLLM_TOKEN_VARIABLE
 from posttrain.entrypoints import vllm_server
 from posttrain.entrypoints.generation import role_lease, vllm_generation, vllm_token
 

@@ -7,8 +7,8 @@ from typing import Any, Dict, List, Optional
 import pytest
 
 from helpers import JOB_TOKEN as TOKEN
+from posttrain.components.spec.generation import VLLM_TOKEN_PATH_VARIABLE, VLLM_TOKEN_VARIABLE
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.schema import VLLM_TOKEN_PATH_VARIABLE, VLLM_TOKEN_VARIABLE
 from posttrain.entrypoints.generation import vllm_token
 
 

@@ -12,7 +12,7 @@ from datasets import Dataset
 from helpers import load_template, run_refused
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.schema import EnvironmentSource, ToolSource
+from posttrain.components.spec.sections import EnvironmentSource, ToolSource
 from posttrain.entrypoints.inputs import tiny
 from posttrain.entrypoints.inputs.models import load_tokenizer
 from posttrain.entrypoints.inputs.tools import (
@@ -236,7 +236,7 @@ def test_the_job_names_a_tool_it_cannot_offer_before_any_model_loads(
 def test_demonstrations_of_tool_calls_load_as_chat_messages(tmp_path: Path) -> None:
     """Messages of different shapes (a call without content, a tool's result) are chat messages all the same."""
     from posttrain.components.spec.registry import SPEC_CLASSES
-    from posttrain.components.spec.schema import DataSource
+    from posttrain.components.spec.sections import DataSource
     from posttrain.entrypoints.inputs.data import load_data
 
     call = {"type": "function", "function": {"name": "lookup", "arguments": {"key": "apple"}}}

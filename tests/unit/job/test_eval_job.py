@@ -7,8 +7,8 @@ from typing import Any, List
 
 import pytest
 
+from posttrain.components.spec.judging import GenerationSpec
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.schema import GenerationSpec
 from posttrain.entrypoints import launcher
 from posttrain.entrypoints.evaluation import run as eval_job
 from posttrain.entrypoints.evaluation import sampling

@@ -31,7 +31,7 @@ from helpers import (
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.registry import SPEC_CLASSES
-from posttrain.components.spec.schema import DataSource
+from posttrain.components.spec.sections import DataSource
 from posttrain.entrypoints.inputs import data
 from posttrain.entrypoints.inputs.data import load_data
 from posttrain.entrypoints.inputs.models import (

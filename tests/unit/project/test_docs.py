@@ -10,7 +10,7 @@ from helpers import REPO
 from posttrain.components.generate import reference
 from posttrain.components.spec.evaluation import EvalSpec
 from posttrain.components.spec.registry import SPEC_CLASSES
-from posttrain.components.spec.schema import DataSource, RewardSource
+from posttrain.components.spec.sections import DataSource, RewardSource
 from posttrain.entrypoints.inputs.data import load_data
 from posttrain.entrypoints.inputs.rewards import resolve_rewards
 

@@ -11,7 +11,7 @@ import pytest
 
 from helpers import resume_of, sft_spec
 from posttrain.components.spec.loading import SpecError
-from posttrain.components.spec.schema import DataSource
+from posttrain.components.spec.sections import DataSource
 from posttrain.entrypoints.records import fingerprints
 from posttrain.entrypoints.records.checkpoints import INPUTS_FILE, SPEC_FILE, finished_at, job_inputs, stale_runs
 from posttrain.entrypoints.records.fingerprints import data_fingerprint, file_digest, model_fingerprint

@@ -7,7 +7,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from helpers import REPO
-from posttrain.components.spec.schema import ModelSpec
+from posttrain.components.spec.sections import ModelSpec
 from posttrain.entrypoints.speed import gpu_memory
 
 SMALL = gpu_memory.ModelShape("qwen2", 64, 160, 2, 512, False, 0.0, 2, kv_hidden=32)

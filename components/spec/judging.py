@@ -1,0 +1,179 @@
+"""How models are judged: the prompts, how each model samples, the scores and standard benchmarks; a training
+spec's ``evaluate`` section, and the heart of ``posttrain.eval``'s spec (``evaluation.py``)."""
+
+import re
+from typing import ClassVar, List, Literal, Optional, Sequence, Tuple, Union
+
+from posttrain.components.spec import conditions
+from posttrain.components.spec.messages import cut
+from posttrain.components.spec.sections import PROMPT_FORMATS, DataSource, DataSpec, RewardSource, Strict
+
+
+class EvalData(DataSpec):
+    """The prompts to evaluate on: ``data.eval`` (one source or a mixture), with the sections' usual renames."""
+
+    train: None = None
+    eval: Union[DataSource, List[DataSource]]
+
+
+class GenerationSpec(Strict):
+    """How each model samples: ``num_samples`` completions per prompt of up to ``max_new_tokens``; temperature 0
+    is greedy. Only these settings: nothing is taken from a model's own generation config but its end token."""
+
+    num_samples: int = 1
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+    # auto: vLLM where the job's environment has it (a process of its own per model), else transformers' generate
+    engine: Literal["auto", "transformers", "vllm"] = "auto"
+    # vLLM's share of the device's memory (on CPU, of the machine's)
+    vllm_gpu_memory_utilization: float = 0.3
+    # how long vLLM's sampling of one model (a rank's prompts, in a process of its own, its engine's start included)
+    # may take
+    vllm_timeout_s: float = 3600.0
+
+    def problems(self) -> List[str]:
+        found = []
+        if not 0 < self.vllm_gpu_memory_utilization <= 1:
+            found.append(
+                f"generation.vllm_gpu_memory_utilization: expected a share in (0, 1]; got "
+                f"{self.vllm_gpu_memory_utilization}"
+            )
+        if self.vllm_timeout_s <= 0:
+            found.append(f"generation.vllm_timeout_s: expected seconds above 0; got {self.vllm_timeout_s:g}")
+        if self.num_samples < 1:
+            found.append(f"generation.num_samples: expected 1 or more; got {self.num_samples}")
+        if self.max_new_tokens < 1:
+            found.append(f"generation.max_new_tokens: expected 1 or more; got {self.max_new_tokens}")
+        if self.temperature < 0:
+            found.append(f"generation.temperature: expected 0 (greedy) or more; got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            found.append(f"generation.top_p: expected a value in (0, 1]; got {self.top_p}")
+        elif self.temperature == 0 and self.top_p != 1:
+            found.append(f"generation.top_p: {self.top_p} does nothing when greedy (temperature 0); drop it")
+        if not 0 <= self.seed < 2**32:
+            found.append(f"generation.seed: expected 0 to 2**32 - 1; got {self.seed}")
+        if self.temperature == 0 and self.num_samples > 1:
+            found.append(
+                f"generation.num_samples: {self.num_samples} greedy samples are one sample repeated; set a "
+                "temperature above 0, or num_samples: 1"
+            )
+        return found
+
+
+class BenchmarksSpec(Strict):
+    """Standard benchmarks, run on each model by EleutherAI's lm-evaluation-harness (``pip install
+    'posttrain[lm-eval]'``) with the harness's own task definitions, or the user's (``include_path``)."""
+
+    tasks: List[str]
+    # a folder of the user's own task YAMLs (a task from a local file)
+    include_path: Optional[str] = None
+    num_fewshot: Optional[int] = None
+    # each task's first examples only
+    limit: Optional[int] = None
+    batch_size: int = 8
+    apply_chat_template: bool = False
+
+    def problems(self) -> List[str]:
+        found = [] if self.tasks else ["benchmarks.tasks: name at least one task (e.g. gsm8k, arc_easy)"]
+        found += [
+            f"benchmarks.tasks.{index}: expected a task name; got {cut(repr(task))}"
+            for index, task in enumerate(self.tasks)
+            if not re.fullmatch(r"[A-Za-z0-9_][\w.-]*", task)
+        ]
+        if self.include_path is not None and not self.include_path.strip():
+            found.append("benchmarks.include_path: expected a folder of task YAMLs; got an empty string")
+        if self.num_fewshot is not None and self.num_fewshot < 0:
+            found.append(f"benchmarks.num_fewshot: expected 0 or more; got {self.num_fewshot}")
+        if self.limit is not None and self.limit < 1:
+            found.append(f"benchmarks.limit: expected 1 or more; got {self.limit}")
+        if self.batch_size < 1:
+            found.append(f"benchmarks.batch_size: expected 1 or more; got {self.batch_size}")
+        return found
+
+
+class Evaluation(Strict):
+    """What an evaluation samples and scores: held-out prompts, the scorers (GRPO's rewards vocabulary), how
+    each model samples, pass@k's k and the conditions the scores must meet. ``posttrain.eval``'s spec
+    (evaluation.py) and a training spec's ``evaluate:`` section are each one."""
+
+    # held-out prompts the models complete and the scorers score; or only benchmarks, or both
+    data: Optional[EvalData] = None
+    rewards: List[RewardSource] = []
+    benchmarks: Optional[BenchmarksSpec] = None
+    generation: GenerationSpec = GenerationSpec()
+    # k of pass@k: the chance that at least one of k samples passes (scores 1), from the num_samples drawn
+    pass_at_k: List[int] = [1]
+    # what the scores must show for the job to succeed (conditions.py)
+    require: List[str] = []
+
+    # a prompt column, as GRPO's data
+    data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PROMPT_FORMATS
+
+    def scorer_names(self) -> List[str]:
+        """Each scorer's name in the summary: its built-in's or function's name, numbered where two share one."""
+        # a function's own name (my_scores:Judge.correct: correct), a reward model's folder's (outputs/reward-tiny:
+        # reward_tiny), as require's conditions can write them
+        names = [
+            reward.builtin
+            or (reward.function or "").rpartition(":")[2].rpartition(".")[2]
+            or re.sub(r"\W", "_", str(reward.model).rstrip("/").rpartition("/")[2])
+            for reward in self.rewards
+        ]
+        return [f"{name}_{index}" if names.count(name) > 1 else name for index, name in enumerate(names)]
+
+    def evaluation_problems(self, models: Sequence[str]) -> List[str]:
+        """What is wrong with the scorers, the generation settings, pass@k and ``require`` (naming ``models``),
+        and the data."""
+        found = []
+        if self.data is None and self.benchmarks is None:
+            found.append(
+                "data.eval: give held-out prompts (data.eval) and scorers (rewards), or benchmarks (tasks of "
+                "lm-evaluation-harness), or both"
+            )
+        elif self.data is not None and not self.rewards:
+            found.append("rewards: name at least one scorer (e.g. - builtin: contains, args: {column: answer})")
+        elif self.data is None and self.rewards:
+            found.append("data.eval: the scorers (rewards) score completions of held-out prompts; give them there")
+        names = self.scorer_names()
+        for index, reward in enumerate(self.rewards):
+            found += reward.problems(f"rewards.{index}")
+            if names.count(names[index]) > 1:
+                found.append(
+                    f"rewards.{index}: its name in the summary, {names[index]}, is another scorer's too; give the "
+                    "function another name"
+                )
+            if reward.weight != 1.0:
+                found.append(f"rewards.{index}.weight: an evaluation reports each scorer apart, unweighted; drop it")
+        found += self.generation.problems()
+        for k in self.pass_at_k:
+            if not 1 <= k <= self.generation.num_samples:
+                found.append(
+                    f"pass_at_k: {k} needs at least {k} samples per prompt; expected 1 to generation.num_samples "
+                    f"({self.generation.num_samples})"
+                )
+        tasks = self.benchmarks.tasks if self.benchmarks is not None else []
+        found += [
+            f"benchmarks.tasks: {task} is also a scorer's name; a condition could not tell them apart"
+            for task in tasks
+            if task in names
+        ]
+        found += self.benchmarks.problems() if self.benchmarks is not None else []
+        found += conditions.problems(self.require, models, names, self.pass_at_k, tasks)
+        return found + (self.data.problems() if self.data is not None else [])
+
+
+class EvaluateSection(Evaluation):
+    """A training spec's ``evaluate:``: once the model is saved, the same job evaluates it as ``after`` (and with
+    ``before: true`` the model it started from as ``before``), as ``posttrain.eval`` would, into
+    ``<output_dir>/eval``; the results go into ``run_summary.json`` and the run's closing line."""
+
+    before: bool = False
+
+    def model_names(self) -> List[str]:
+        """The evaluated models' names, the baseline first (``require:`` names them)."""
+        return ["before", "after"] if self.before else ["after"]
+
+    def problems(self) -> List[str]:
+        return [f"evaluate.{problem}" for problem in self.evaluation_problems(self.model_names())]

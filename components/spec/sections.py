@@ -1,0 +1,278 @@
+"""The spec's sections every algorithm shares: the model, the data, the user's code it runs (rewards, tools,
+environments) and the distribution."""
+
+import re
+from typing import Any, Dict, List, Literal, Optional, Tuple, Union
+
+from pydantic import BaseModel, ConfigDict
+
+from posttrain.components.spec.data_sources import data_problems
+from posttrain.components.spec.messages import cut
+from posttrain.components.spec.rewards import check_builtin
+
+# the data formats of algorithms that read prompts alone (GRPO's, an evaluation's): the model writes the rest
+PROMPT_FORMATS: Tuple[Tuple[str, ...], ...] = (("prompt",),)
+
+
+class Strict(BaseModel):
+    """A spec section: unknown keys, values of another type and NaN refused; frozen once read."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+
+class ModelSpec(Strict):
+    """The model to train: a local path, a hub id, or ``builtin:tiny-llama``."""
+
+    name_or_path: str
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    attn_implementation: Optional[str] = None
+    trust_remote_code: bool = False
+    revision: Optional[str] = None
+    lora: Optional[Dict[str, Any]] = None
+    # the trained model's frozen weights in 4 bits as they load (QLoRA), its LoRA adapter in 16 or 32
+    quantization: Optional[Literal["4bit"]] = None
+
+
+class DataSource(Strict):
+    """One data source: a local file, a glob of files or a saved data set (``path``), or a hub data set (``name``);
+    its own column renames (beside ``data.columns``), a cap on its rows, and its weight in an interleaved mixture."""
+
+    path: Optional[str] = None
+    name: Optional[str] = None
+    config: Optional[str] = None
+    split: str = "train"
+    columns: Dict[str, str] = {}
+    max_rows: Optional[int] = None
+    weight: Optional[float] = None
+
+
+class ChatPrompts(Strict):
+    """Text prompts as chat messages: the system message, if any, then the prompt as the user's."""
+
+    system: Optional[str] = None
+
+
+class DataSpec(Strict):
+    """Training and evaluation data, each one source or a list of them (a mixture: ``mix``); ``columns`` renames
+    ``{found: expected}`` in every source; ``chat`` makes text prompts chat messages."""
+
+    train: Union[DataSource, List[DataSource]]
+    eval: Union[DataSource, List[DataSource], None] = None
+    columns: Dict[str, str] = {}
+    mix: Literal["concatenate", "interleave"] = "concatenate"
+    chat: Optional[ChatPrompts] = None
+
+    def sources(self, split: str) -> List[Tuple[str, DataSource]]:
+        """``data.train`` or ``data.eval`` as ``(dotted key, source)`` pairs: ``data.train``, or ``data.train.0``,
+        ``data.train.1``, ... for a list."""
+        given = getattr(self, split)
+        if given is None:
+            return []
+        if isinstance(given, DataSource):
+            return [(f"data.{split}", given)]
+        return [(f"data.{split}.{index}", source) for index, source in enumerate(given)]
+
+    def problems(self) -> List[str]:
+        return data_problems(self)
+
+
+# how long one call of the user's code (a reward function, a tool, an environment's method) may take where the spec
+# sets no timeout_s: past it the job ends in one line naming the function (entrypoints/inputs/user_code.py)
+USER_CODE_TIMEOUT_S = 600.0
+
+
+def timeout_problems(where: str, timeout_s: Optional[float]) -> List[str]:
+    """A user function's ``timeout_s``: seconds above 0, or unset (:data:`USER_CODE_TIMEOUT_S`)."""
+    if timeout_s is None or timeout_s > 0:
+        return []
+    return [f"{where}.timeout_s: expected seconds above 0 (unset: {USER_CODE_TIMEOUT_S:g}); got {timeout_s:g}"]
+
+
+class RewardSource(Strict):
+    """One reward: exactly one of a user callable, a built-in, or a reward model; weighted."""
+
+    # "module:callable", importable in the job
+    function: Optional[str] = None
+    builtin: Optional[str] = None
+    # a sequence-classification model: path or hub id
+    model: Optional[str] = None
+    args: Dict[str, Any] = {}
+    weight: float = 1.0
+    # how long one call of the function may take (None: USER_CODE_TIMEOUT_S)
+    timeout_s: Optional[float] = None
+
+    def problems(self, where: str) -> List[str]:
+        given = [key for key in ("function", "builtin", "model") if getattr(self, key) is not None]
+        if len(given) != 1:
+            return [f"{where}: give exactly one of function (module:callable), builtin (a name) or model (a path)"]
+        if self.model is not None and not self.model.strip():
+            return [f"{where}.model: expected a path or hub id of a reward model; got an empty string"]
+        if self.function is not None:
+            problem = import_path_problem(
+                f"{where}.function", self.function, "module:callable (e.g. my_rewards:accuracy)"
+            )
+            if problem is not None:
+                return [problem]
+        if self.timeout_s is not None and self.function is None:
+            what = (
+                "a built-in bounds its own work (code_tests: args.timeout_s)" if self.builtin else "a model's does not"
+            )
+            return [f"{where}.timeout_s: bounds a function's call, and {what}; drop it"]
+        if self.builtin is not None:
+            return [f"{where}.builtin: {problem}" for problem in check_builtin(self.builtin, self.args)]
+        if self.args:
+            return [f"{where}.args: only built-in rewards take args"]
+        return timeout_problems(where, self.timeout_s)
+
+
+def import_path_problem(where: str, path: str, expected: str) -> Optional[str]:
+    """What is wrong with ``path`` as the import path of user code the job imports ("module:attr"), if anything."""
+    if re.fullmatch(r"[\w.]+:[\w.]+", path):
+        return None
+    return f"{where}: expected {expected}; got {cut(repr(path))}"
+
+
+class ToolSource(Strict):
+    """One tool the model may call while it generates: a user function, whose name, typed arguments and docstring
+    are what the model sees of it."""
+
+    # "module:function", importable in the job
+    function: str
+    # how long one call may take (None: USER_CODE_TIMEOUT_S)
+    timeout_s: Optional[float] = None
+
+    def problems(self, where: str) -> List[str]:
+        problem = import_path_problem(f"{where}.function", self.function, "module:function (e.g. my_tools:lookup)")
+        return ([problem] if problem is not None else []) + timeout_problems(where, self.timeout_s)
+
+
+class EnvironmentSource(Strict):
+    """An environment the model acts in: a class built for each rollout (with ``args``), whose public methods are
+    the model's tools, whose ``reset(**row)`` starts it (and may add to the prompt), and whose ``get_reward()`` may
+    score the rollout."""
+
+    # "module:Class", importable in the job
+    factory: str
+    args: Dict[str, Any] = {}
+    # how long building it, or one call of a method, may take (None: USER_CODE_TIMEOUT_S)
+    timeout_s: Optional[float] = None
+
+    def problems(self, where: str) -> List[str]:
+        problem = import_path_problem(f"{where}.factory", self.factory, "module:Class (e.g. my_env:Game)")
+        return ([problem] if problem is not None else []) + timeout_problems(where, self.timeout_s)
+
+
+class DeepSpeedSpec(Strict):
+    """DeepSpeed ZeRO: a stage with optional CPU offload, or the path of your own DeepSpeed JSON."""
+
+    zero_stage: Optional[Literal[1, 2, 3]] = None
+    offload_optimizer: bool = False
+    offload_params: bool = False
+    config: Optional[str] = None
+
+    def problems(self) -> List[str]:
+        found = []
+        if (self.config is None) == (self.zero_stage is None):
+            found.append(
+                "distributed.deepspeed: give zero_stage (1, 2 or 3, with optional offload) or config "
+                "(the path of a DeepSpeed JSON), not both or neither"
+            )
+        if self.config is not None and (self.offload_optimizer or self.offload_params):
+            found.append("distributed.deepspeed: offload is set in your config file, not beside config")
+        if self.offload_params and self.zero_stage != 3:
+            found.append("distributed.deepspeed.offload_params: parameter offload needs zero_stage 3")
+        return found
+
+    def training_problems(self, training: Dict[str, Any]) -> List[str]:
+        if self.zero_stage == 3 and training.get("auto_find_batch_size") is True:
+            return [
+                "training.auto_find_batch_size: transformers does not support it with ZeRO-3; remove it, "
+                "or use zero_stage 1 or 2"
+            ]
+        return []
+
+    def gpu_problems(self, no_gpu: str) -> List[str]:
+        # DeepSpeed shards on CPU too
+        return []
+
+
+class FSDPSpec(Strict):
+    """FSDP2 through accelerate: every decoder layer sharded on its own, then the rest of the model.
+
+    ``reshard_after_forward`` false keeps each layer's gathered parameters
+    from the forward to the backward pass (more memory, fewer all-gathers,
+    like ZeRO-2). ``wrap_layers`` names the layer classes to shard one by
+    one; the default is the model's own (``_no_split_modules``: its decoder
+    layers).
+    """
+
+    reshard_after_forward: bool = True
+    cpu_offload: bool = False
+    wrap_layers: Optional[List[str]] = None
+
+    def problems(self) -> List[str]:
+        if self.wrap_layers is not None and not self.wrap_layers:
+            return ["distributed.fsdp.wrap_layers: an empty list shards nothing; remove it to wrap the decoder layers"]
+        return []
+
+    def training_problems(self, training: Dict[str, Any]) -> List[str]:
+        if training.get("save_only_model") is True and training.get("load_best_model_at_end") is not True:
+            return [
+                "training.save_only_model: distributed.fsdp saves sharded checkpoints, the optimizer's state "
+                "with the model's; remove it"
+            ]
+        return []
+
+    def gpu_problems(self, no_gpu: str) -> List[str]:
+        """Where the job has no GPU (``no_gpu`` says how it is known): accelerate would train plain DDP instead."""
+        return [
+            f"distributed.fsdp: {no_gpu}, and accelerate runs FSDP on GPUs only (on CPU it trains plain DDP "
+            "instead); run on GPUs, or shard on CPU with distributed.deepspeed"
+        ]
+
+
+# Each sharding section says what its strategy refuses, of the hardware and of ``training``: the client asks it at
+# submit, the job's strategy (entrypoints/job/sharding.py) before it starts
+class DistributedSpec(Strict):
+    """How the job is distributed; ``timeout_s`` bounds every collective (every backend)."""
+
+    timeout_s: int = 300
+    deepspeed: Optional[DeepSpeedSpec] = None
+    fsdp: Optional[FSDPSpec] = None
+
+    @property
+    def sharding(self) -> Optional[Union[DeepSpeedSpec, FSDPSpec]]:
+        """The sharding section, or None for plain data parallelism."""
+        return self.deepspeed or self.fsdp
+
+    @property
+    def strategy(self) -> str:
+        """The strategy's name, as ``run_summary.json``'s engine says it (one process: ``single``, not ``ddp``)."""
+        return "deepspeed" if self.deepspeed else "fsdp" if self.fsdp else "ddp"
+
+    def problems(self) -> List[str]:
+        found = []
+        if self.timeout_s <= 0:
+            found.append(f"distributed.timeout_s: must be positive; got {self.timeout_s}")
+        if self.deepspeed is not None and self.fsdp is not None:
+            found.append("distributed: deepspeed and fsdp both shard the model; choose one of them")
+        for section in (self.deepspeed, self.fsdp):
+            found += section.problems() if section is not None else []
+        return found
+
+    def training_problems(self, training: Dict[str, Any]) -> List[str]:
+        """What the strategy refuses of ``training``."""
+        if self.sharding is None:
+            return []
+        found = []
+        if training.get("save_only_model") is True and training.get("load_best_model_at_end") is True:
+            found.append(
+                f"training.save_only_model: with distributed.{self.strategy} the best model cannot be "
+                "loaded at the end from checkpoints without their sharded state; drop it or "
+                "load_best_model_at_end"
+            )
+        return found + self.sharding.training_problems(training)
+
+    def gpu_problems(self, no_gpu: str) -> List[str]:
+        """What the strategy refuses where the job has no GPU; ``no_gpu`` says how that is known."""
+        return self.sharding.gpu_problems(no_gpu) if self.sharding is not None else []
