@@ -28,7 +28,7 @@ SHARD = 1 << 30
 def measure_templates() -> Dict[str, float]:
     """Seconds of job_inputs per tiny template (its data and models as the job reads them)."""
     from posttrain.components.spec.loading import load_spec
-    from posttrain.entrypoints.job.runtime import parts
+    from posttrain.entrypoints.job.spec_parts import parts
     from posttrain.entrypoints.records.checkpoints import job_inputs
 
     batch = {"processes": 1, "per_device_train_batch_size": 1, "gradient_accumulation_steps": 1}

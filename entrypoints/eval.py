@@ -11,8 +11,8 @@ from typing import Optional, Sequence
 
 from posttrain.components.spec.evaluation import eval_from_json
 from posttrain.entrypoints.evaluation.run import check_required, evaluate
-from posttrain.entrypoints.job.runtime import ends_in_one_line, quiet_libraries
 from posttrain.entrypoints.process import distributed
+from posttrain.entrypoints.process.ending import ends_in_one_line, quiet_libraries
 from posttrain.entrypoints.records.summary import say_closing
 
 # the processes wait for each other this long at most (rank 0 summarising, a slow model's prompts)

@@ -231,9 +231,9 @@ def sft_spec(tmp_path: Path, **changes: Any) -> Any:
 
 def resume_of(spec: Any, output_dir: Path) -> Any:
     """What the job decides resume from for ``spec``, writing into ``output_dir``."""
-    from posttrain.entrypoints.job import runtime
+    from posttrain.entrypoints.job import spec_parts
 
-    return dataclasses.replace(runtime.parts(spec).resume, output_dir=output_dir)
+    return dataclasses.replace(spec_parts.parts(spec).resume, output_dir=output_dir)
 
 
 def fingerprints_of(spec: Any) -> Any:
@@ -249,14 +249,14 @@ def tiny_job(tmp_path: Path, algorithm: str, **changes: Any) -> Any:
     from posttrain.components.spec.registry import SPEC_CLASSES
     from posttrain.entrypoints.inputs.data import load_data
     from posttrain.entrypoints.inputs.models import import_object, load_tokenizer
-    from posttrain.entrypoints.job import runtime
+    from posttrain.entrypoints.job.config import training_arguments
 
     raw = load_template(f"{algorithm}/tiny.yaml")
     raw["training"]["output_dir"] = str(tmp_path / "out")
     raw.update({field: raw["model"]["name_or_path"] for field in SPEC_CLASSES[algorithm].extra_models})
     raw.update(changes)
     spec = validate(raw)
-    args = import_object(spec.config_class)(**runtime.training_arguments(spec, dict(spec.training)))
+    args = import_object(spec.config_class)(**training_arguments(spec, dict(spec.training)))
     tokenizer = load_tokenizer(spec.model.name_or_path, spec.model, "left" if spec.generates else "right")
     data = load_data(spec.data.train, spec.data.columns, "data.train", spec.data_formats)
     return job_of(spec, args, tokenizer, data)
@@ -280,9 +280,9 @@ def job_of(spec: Any, args: Any, tokenizer: Any, train_dataset: Any) -> Any:
     its spec kept beside it (``job.spec``) for the tests (``dataclasses.replace`` keeps it)."""
     from posttrain.entrypoints.inputs.rewards import resolve_rewards
     from posttrain.entrypoints.inputs.tools import resolve_environment, resolve_tools
-    from posttrain.entrypoints.job import runtime
+    from posttrain.entrypoints.job import spec_parts
 
-    split = runtime.parts(spec)
+    split = spec_parts.parts(spec)
     return _spec_job()(
         split.models,
         split.fast_paths,
@@ -344,9 +344,9 @@ def run_refused(raw: dict, monkeypatch: pytest.MonkeyPatch, capsys: pytest.Captu
 def trainer_with(job: Any, train_dataset: Any = None, **training: Any) -> Any:
     """The trainer the job builds, with ``training`` set on its config beyond what the spec allows."""
     from posttrain.entrypoints.inputs.models import import_object
-    from posttrain.entrypoints.job import runtime
+    from posttrain.entrypoints.job.config import training_arguments
 
-    kwargs = {**runtime.training_arguments(job.spec, dict(job.spec.training)), **training}
+    kwargs = {**training_arguments(job.spec, dict(job.spec.training)), **training}
     args = import_object(job.spec.config_class)(**kwargs)
     dataset = job.train_dataset if train_dataset is None else train_dataset
     return build_trainer(dataclasses.replace(job, args=args, train_dataset=dataset))

@@ -46,7 +46,8 @@ from posttrain.entrypoints import vllm_server
 from posttrain.entrypoints.generation.role_lease import lease_port, route_address
 from posttrain.entrypoints.inputs.data import load_data
 from posttrain.entrypoints.inputs.models import import_object, load_tokenizer
-from posttrain.entrypoints.job import runtime
+from posttrain.entrypoints.job import spec_parts
+from posttrain.entrypoints.job.config import training_arguments
 
 # slow too: the fast loop (-m "not e2e") leaves them out
 pytestmark = [pytest.mark.vllm, pytest.mark.e2e]
@@ -113,7 +114,7 @@ def test_after_training_vllm_generates_with_the_trained_weights(tmp_path: Path) 
     raw = load_template("grpo/tiny-vllm.yaml")
     raw["training"].update(output_dir=str(tmp_path / "out"), max_steps=3, save_steps=100)
     spec = validate(raw)
-    args = import_object(spec.config_class)(**runtime.training_arguments(spec, dict(spec.training)))
+    args = import_object(spec.config_class)(**training_arguments(spec, dict(spec.training)))
     tokenizer = load_tokenizer(spec.model.name_or_path, spec.model, "left")
     data = load_data(spec.data.train, spec.data.columns, "data.train", spec.data_formats)
     trainer = build_trainer(job_of(spec, args, tokenizer, data))
@@ -328,13 +329,13 @@ def test_the_server_roles_weights_after_a_sync_are_the_trainers(tmp_path: Path) 
             env.setenv(VLLM_HOST_VARIABLE, "127.0.0.1")
             env.setenv(VLLM_TOKEN_VARIABLE, TOKEN)
             # patches TRL's VLLMClient for CPU
-            kwargs = runtime.training_arguments(spec, dict(spec.training))
+            kwargs = training_arguments(spec, dict(spec.training))
             assert kwargs["vllm_server_host"] == "127.0.0.1"
             with role_lease.lease(spec.training):
                 client = VLLMClient(host="127.0.0.1", server_port=port, connection_timeout=600)
                 client.init_communicator(device="cpu")
                 tokenizer = load_tokenizer(spec.model.name_or_path, spec.model, "left")
-                model = load_model(spec.model.name_or_path, runtime.parts(spec).models, tokenizer, CAUSAL_LM).eval()
+                model = load_model(spec.model.name_or_path, spec_parts.parts(spec).models, tokenizer, CAUSAL_LM).eval()
                 ids = tokenizer(TEXT)["input_ids"]
                 initial = server_logprobs(port, client.model, ids)
                 # a "step": every weight moves, the tied embedding/head too

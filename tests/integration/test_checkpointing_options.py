@@ -21,6 +21,7 @@ from helpers import build_trainer, load_template, tiny_job
 from posttrain.components.spec.loading import SpecError, validate
 from posttrain.entrypoints.inputs.models import import_object
 from posttrain.entrypoints.job import runtime
+from posttrain.entrypoints.job.config import training_arguments
 
 
 def _checkpointing_job(tmp_path: Path, algorithm: str, options: Dict[str, Any]) -> runtime.Job:
@@ -32,7 +33,7 @@ def _checkpointing_job(tmp_path: Path, algorithm: str, options: Dict[str, Any]) 
         "activation_checkpointing": True,
     }
     job = tiny_job(tmp_path, algorithm, training=training)
-    kwargs = runtime.training_arguments(job.spec, dict(job.spec.training))
+    kwargs = training_arguments(job.spec, dict(job.spec.training))
     args = import_object(job.spec.config_class)(**{**kwargs, "activation_checkpointing_kwargs": dict(options)})
     return dataclasses.replace(job, args=args)
 
@@ -98,7 +99,7 @@ def test_offload_is_refused_by_a_job_on_cpu(tmp_path: Path) -> None:
     # offload is the Trainer's: fine on a GPU
     spec = validate(raw)
     with pytest.raises(SpecError, match=r"training.activation_checkpointing_kwargs: offload: true .* runs on CPU"):
-        runtime.training_arguments(spec, dict(spec.training))
+        training_arguments(spec, dict(spec.training))
     trainer = build_trainer(_checkpointing_job(tmp_path, "sft", {"offload": True}))
     # what transformers would do
     with pytest.raises(RuntimeError, match="pin_memory=True requires a CUDA"):

@@ -106,7 +106,7 @@ from trl.generation import vllm_client
 
 from posttrain.components.spec.generation import TrainingGeneration
 from posttrain.entrypoints.generation import run_ahead
-from posttrain.entrypoints.job.runtime import ends_in_one_line
+from posttrain.entrypoints.process.ending import ends_in_one_line
 
 # TRL's client refuses to start where vLLM is not installed; nothing else of it is changed
 vllm_client.is_vllm_available = lambda *args, **kwargs: True
@@ -281,7 +281,7 @@ import sys
 from posttrain.components.spec.judging import GenerationSpec
 from posttrain.components.spec.sections import ModelSpec
 from posttrain.entrypoints.evaluation.sampling import sample_with_vllm
-from posttrain.entrypoints.job.runtime import ends_in_one_line
+from posttrain.entrypoints.process.ending import ends_in_one_line
 
 # the sampling process finds vLLM there
 os.environ["PYTHONPATH"] = sys.argv[1]

@@ -44,7 +44,8 @@ from posttrain.entrypoints.inputs.models import (
     load_model,
     load_tokenizer,
 )
-from posttrain.entrypoints.job import runtime
+from posttrain.entrypoints.job import spec_parts
+from posttrain.entrypoints.job.config import build_config, check_environment, training_arguments
 
 LM = SPEC_CLASSES["sft"].data_formats
 PREFERENCE = SPEC_CLASSES["dpo"].data_formats
@@ -179,7 +180,7 @@ def test_the_trl_configs_own_checks_become_one_training_line(tmp_path: Path) -> 
     # the client cannot tell: only transformers' __post_init__ does
     spec = validate(raw)
     with pytest.raises(SpecError) as error:
-        runtime.build_config(spec.config_class, runtime.training_arguments(spec, dict(spec.training)))
+        build_config(spec.config_class, training_arguments(spec, dict(spec.training)))
     assert str(error.value) == (
         "training: --load_best_model_at_end requires the save and eval strategy to match, except when "
         '--save_strategy="best", but found; Evaluation strategy: IntervalStrategy.STEPS; '
@@ -208,15 +209,11 @@ def test_a_package_the_training_section_needs_is_named_before_any_model_loads(
     raw["training"].update(output_dir=str(tmp_path / "out"), **training)
     spec = validate(raw)
     with pytest.raises(SpecError, match=re.escape(message)):
-        runtime.check_environment(
-            runtime.build_config(spec.config_class, runtime.training_arguments(spec, dict(spec.training)))
-        )
+        check_environment(build_config(spec.config_class, training_arguments(spec, dict(spec.training))))
     # installed: nothing to say
     raw["training"].update(optim="adamw_torch", report_to="tensorboard")
-    runtime.check_environment(
-        runtime.build_config(
-            validate(raw).config_class, runtime.training_arguments(validate(raw), dict(raw["training"]))
-        )
+    check_environment(
+        build_config(validate(raw).config_class, training_arguments(validate(raw), dict(raw["training"])))
     )
 
 
@@ -227,18 +224,16 @@ def test_push_to_hub_needs_the_hub_and_a_token_in_the_jobs_environment(
 
     raw = load_template("sft/tiny.yaml")
     raw["training"].update(output_dir=str(tmp_path / "out"), push_to_hub=True)
-    args = runtime.build_config(
-        validate(raw).config_class, runtime.training_arguments(validate(raw), dict(raw["training"]))
-    )
+    args = build_config(validate(raw).config_class, training_arguments(validate(raw), dict(raw["training"])))
     with pytest.raises(SpecError, match="training.push_to_hub: HF_HUB_OFFLINE is set"):
         # this file's fixture sets it
-        runtime.check_environment(args)
+        check_environment(args)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.delenv("HF_TOKEN", raising=False)
     # HF_HOME is this test's own: no token saved there
     assert huggingface_hub.get_token() is None
     with pytest.raises(SpecError, match="training.push_to_hub: the job's environment has no Hugging Face token"):
-        runtime.check_environment(args)
+        check_environment(args)
     monkeypatch.setenv("HF_TOKEN", "hf_test")
     with pytest.raises(
         SpecError,
@@ -246,18 +241,18 @@ def test_push_to_hub_needs_the_hub_and_a_token_in_the_jobs_environment(
         r"refused the job's token or cannot be reached from the job: ",
     ):
         # no network here: the trainer's constructor failed, after the models loaded
-        runtime.check_environment(args)
+        check_environment(args)
     with hub_answering_whoami(accepted="hf_test") as endpoint:
         monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", endpoint)
-        runtime.check_environment(args)
+        check_environment(args)
         monkeypatch.setenv("HF_TOKEN", "hf_expired")
         with pytest.raises(SpecError, match=r"refused the job's token or cannot be reached from the job: .*401"):
-            runtime.check_environment(args)
+            check_environment(args)
         # a Hub that never answers: the job waits a bounded time
         monkeypatch.setenv("HF_TOKEN", "hf_stalled")
         monkeypatch.setattr(huggingface_hub.constants, "DEFAULT_REQUEST_TIMEOUT", 0.5)
         with pytest.raises(SpecError, match=r"refused the job's token or cannot be reached from the job: .*timed out"):
-            runtime.check_environment(args)
+            check_environment(args)
 
 
 @contextlib.contextmanager
@@ -300,12 +295,10 @@ def test_fp16_on_cpu_is_refused_rather_than_trained_in_float32(tmp_path: Path) -
     with pytest.raises(
         SpecError, match="training.fp16: float16 mixed precision runs on GPUs only; this job runs on CPU"
     ):
-        runtime.training_arguments(spec, dict(spec.training))
+        training_arguments(spec, dict(spec.training))
     # what accelerate does with it on CPU: no autocast, float32
     job = tiny_job(tmp_path, "sft")
-    args = import_object(spec.config_class)(
-        **{**runtime.training_arguments(job.spec, dict(job.spec.training)), "fp16": True}
-    )
+    args = import_object(spec.config_class)(**{**training_arguments(job.spec, dict(job.spec.training)), "fp16": True})
     accelerator = build_trainer(dataclasses.replace(job, args=args)).accelerator
     assert accelerator.mixed_precision == "fp16" and accelerator.native_amp is False
 
@@ -319,11 +312,11 @@ def test_a_lora_target_the_model_lacks_is_named_before_any_model_loads() -> None
     missing = "model.lora: Target modules {'q_projj'} not found in the base model"
     with pytest.raises(SpecError, match=re.escape(missing)):
         check_model_options(
-            runtime.parts(validate(raw)).models
+            spec_parts.parts(validate(raw)).models
             # PEFT's own matching, on a model built on the meta device
         )
     raw["model"]["lora"] = {"r": 8, "target_modules": ["q_proj", "v_proj"], "use_dora": True}
-    check_model_options(runtime.parts(validate(raw)).models)
+    check_model_options(spec_parts.parts(validate(raw)).models)
 
 
 def test_quantization_without_bitsandbytes_is_named_before_any_model_loads() -> None:
@@ -333,7 +326,7 @@ def test_quantization_without_bitsandbytes_is_named_before_any_model_loads() -> 
     raw["model"].update(quantization="4bit", lora={"r": 8})
     missing = "model.quantization: 4bit loads weights with bitsandbytes, which is not installed (pip install"
     with pytest.raises(SpecError, match=re.escape(missing)):
-        check_model_options(runtime.parts(validate(raw)).models)
+        check_model_options(spec_parts.parts(validate(raw)).models)
 
 
 @pytest.mark.parametrize("algorithm", ["sft", "dpo"])
@@ -343,7 +336,7 @@ def test_a_router_loss_without_experts_is_named_before_any_model_loads(tmp_path:
     job = tiny_job(tmp_path, algorithm)
     raw = {**job.spec.model_dump(), "training": {**job.spec.training, "router_aux_loss_coef": 0.01}}
     with pytest.raises(SpecError, match="training.router_aux_loss_coef: 0.01 weighs the router loss of a mixture"):
-        check_model_options(runtime.parts(validate(raw)).models)
+        check_model_options(spec_parts.parts(validate(raw)).models)
     # TRL, once the model is loaded
     with pytest.raises(ValueError, match="is not a Mixture-of-Experts model"):
         trainer_with(job, router_aux_loss_coef=0.01)
@@ -357,7 +350,7 @@ def test_a_router_loss_without_experts_is_named_before_any_model_loads(tmp_path:
         num_local_experts=2,
     ).save_pretrained(experts)
     check_model_options(
-        runtime.parts(validate({**raw, "model": {**raw["model"], "name_or_path": str(experts)}})).models
+        spec_parts.parts(validate({**raw, "model": {**raw["model"], "name_or_path": str(experts)}})).models
     )
 
 
@@ -368,15 +361,15 @@ def test_the_attention_implementation_is_checked_before_any_model_loads_and_hono
     toggled = "model.attn_implementation: flash_attention_2: FlashAttention2 has been toggled on, but it cannot be used"
     with pytest.raises(SpecError, match=re.escape(toggled)):
         # a built-in
-        check_model_options(runtime.parts(validate(raw)).models)
+        check_model_options(spec_parts.parts(validate(raw)).models)
     spec = validate({**raw, "model": {"name_or_path": raw["model"]["name_or_path"]}})
     tokenizer = load_tokenizer(spec.model.name_or_path, spec.model, "right")
-    load_model(spec.model.name_or_path, runtime.parts(spec).models, tokenizer, CAUSAL_LM).save_pretrained(
+    load_model(spec.model.name_or_path, spec_parts.parts(spec).models, tokenizer, CAUSAL_LM).save_pretrained(
         tmp_path / "saved"
     )
     with pytest.raises(SpecError, match=re.escape(toggled)):
         check_model_options(
-            runtime.parts(
+            spec_parts.parts(
                 validate(
                     {
                         **raw,
@@ -386,10 +379,10 @@ def test_the_attention_implementation_is_checked_before_any_model_loads_and_hono
             ).models
         )
     eager = validate({**raw, "model": {**raw["model"], "attn_implementation": "eager"}})
-    check_model_options(runtime.parts(eager).models)
+    check_model_options(spec_parts.parts(eager).models)
     assert (
         load_model(
-            eager.model.name_or_path, runtime.parts(eager).models, tokenizer, CAUSAL_LM
+            eager.model.name_or_path, spec_parts.parts(eager).models, tokenizer, CAUSAL_LM
         ).config._attn_implementation
         == "eager"
     )
@@ -425,7 +418,7 @@ def test_a_missing_chain_stage_says_an_earlier_run_writes_it(monkeypatch: pytest
 def test_extra_models_are_checked_before_any_model_loads(tmp_path: Path) -> None:
     raw = {**load_template("dpo/tiny.yaml"), "reference_model": str(tmp_path / "ref")}
     with pytest.raises(SpecError, match=f"^reference_model: no such directory: {tmp_path / 'ref'} "):
-        check_model_paths(runtime.parts(validate(raw)).models)
+        check_model_paths(spec_parts.parts(validate(raw)).models)
 
 
 def test_a_directory_that_is_not_a_model_lists_what_it_lacks(tmp_path: Path) -> None:
@@ -475,12 +468,12 @@ def test_weights_of_another_shape_than_config_json_makes_are_named_before_any_mo
     # present: what is checked here is the weights
     (model / "tokenizer.json").write_text("{}")
     spec = validate({**load_template("sft/tiny.yaml"), "model": {"name_or_path": str(model)}})
-    check_weight_shapes(runtime.parts(spec).models)
+    check_weight_shapes(spec_parts.parts(spec).models)
     # a config.json copied from another model
     config.intermediate_size = 48
     config.save_pretrained(model)
     with pytest.raises(SpecError) as error:
-        check_weight_shapes(runtime.parts(spec).models)
+        check_weight_shapes(spec_parts.parts(spec).models)
     assert str(error.value) == (
         f"model.name_or_path: {model / 'model.safetensors'} holds model.layers.0.mlp.down_proj.weight of shape "
         f"[16, 32], where {model}/config.json makes it [16, 48]: the weights and config.json are of different models"
@@ -488,7 +481,7 @@ def test_weights_of_another_shape_than_config_json_makes_are_named_before_any_mo
     # packed: other shapes
     config.quantization_config = {"quant_method": "bitsandbytes", "load_in_4bit": True}
     config.save_pretrained(model)
-    check_weight_shapes(runtime.parts(spec).models)
+    check_weight_shapes(spec_parts.parts(spec).models)
 
 
 # ---------------------------------------------------------------- ranks: printed once, everyone stops

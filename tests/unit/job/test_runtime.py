@@ -22,7 +22,8 @@ from posttrain.entrypoints.inputs import tiny
 from posttrain.entrypoints.inputs.data import check_online_data, fit_batch, load_data
 from posttrain.entrypoints.inputs.models import EXTRA_MODEL_CLASSES, import_object, load_tokenizer
 from posttrain.entrypoints.inputs.rewards import RewardCheck, resolve_rewards
-from posttrain.entrypoints.job import runtime
+from posttrain.entrypoints.job import checks, spec_parts
+from posttrain.entrypoints.job.config import training_arguments
 from posttrain.entrypoints.job.sharding import deepspeed_config, strategy_for
 from posttrain.entrypoints.process import distributed
 from posttrain.entrypoints.records import summary
@@ -146,7 +147,7 @@ def test_fit_batch_shrinks_to_the_data_or_fails() -> None:
 
 def test_training_arguments_on_cpu_are_owned_by_the_package(tmp_path: Path) -> None:
     spec = sft_spec(tmp_path)
-    kwargs = runtime.training_arguments(spec, {k: v for k, v in spec.training.items() if k != "bf16"})
+    kwargs = training_arguments(spec, {k: v for k, v in spec.training.items() if k != "bf16"})
     assert kwargs["use_cpu"] is True and kwargs["bf16"] is False
     assert kwargs["ddp_timeout"] == spec.distributed.timeout_s
     assert kwargs["include_num_input_tokens_seen"] == "non_padding"
@@ -184,7 +185,7 @@ def test_deepspeed_config_leaves_batch_and_precision_to_the_trainer(tmp_path: Pa
         zero["stage"] == 3 and zero["offload_optimizer"]["device"] == "cpu" and zero["offload_param"]["device"] == "cpu"
     )
     assert zero["stage3_gather_16bit_weights_on_model_save"] is True
-    kwargs = runtime.training_arguments(spec, dict(spec.training))
+    kwargs = training_arguments(spec, dict(spec.training))
     assert kwargs["deepspeed"] == config
     own = sft_spec(tmp_path, distributed={"deepspeed": {"config": str(tmp_path / "missing.json")}})
     with pytest.raises(SpecError, match="distributed.deepspeed.config: no such file"):
@@ -197,7 +198,7 @@ def test_fsdp_arguments_turn_on_fsdp2_through_the_hf_integration(tmp_path: Path)
     fsdp = {"cpu_offload": True, "reshard_after_forward": False, "wrap_layers": ["LlamaDecoderLayer"]}
     spec = sft_spec(tmp_path, distributed={"fsdp": fsdp})
     training = {k: v for k, v in spec.training.items() if k != "activation_checkpointing"}
-    args = SFTConfig(**runtime.training_arguments(spec, training))
+    args = SFTConfig(**training_arguments(spec, training))
     plugin_args = args.fsdp_plugin_args
     assert plugin_args["fsdp_version"] == 2 and plugin_args["auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
     assert plugin_args["transformer_cls_names_to_wrap"] == "LlamaDecoderLayer"
@@ -213,7 +214,7 @@ def test_a_trainer_that_set_up_another_strategy_is_refused(tmp_path: Path) -> No
     from trl import SFTTrainer
 
     plain = sft_spec(tmp_path)
-    args = SFTConfig(**runtime.training_arguments(plain, dict(plain.training)))
+    args = SFTConfig(**training_arguments(plain, dict(plain.training)))
     tokenizer = load_tokenizer(plain.model.name_or_path, plain.model, "right")
     data = load_data(plain.data.train, {}, "data.train", SFT_FORMATS)
     trainer = SFTTrainer(
@@ -329,7 +330,7 @@ def test_kto_batch_rules_are_the_trainers_own(tmp_path: Path) -> None:
     assert [p.split(":")[0] for p in refused.value.problems] == [f"training.{key}" for key in loose]
     # and TRL, given either one, refuses to build the trainer
     for key, value in loose.items():
-        kwargs = runtime.training_arguments(job.spec, dict(job.spec.training))
+        kwargs = training_arguments(job.spec, dict(job.spec.training))
         kwargs.update(loss_type="kto", per_device_train_batch_size=2, train_sampling_strategy="sequential")
         args = import_object(job.spec.config_class)(**{**kwargs, key: value})
         with pytest.raises(ValueError, match="batch size must be > 1|requires `train_sampling_strategy='sequential'`"):
@@ -376,7 +377,7 @@ def test_what_the_spec_refuses_together_the_trainer_refuses(
     job = tiny_job(tmp_path, algorithm, **with_lora)
     with pytest.raises(SpecError, match="cannot go with|evaluates on data.eval|no reference model to sync"):
         validate({**job.spec.model_dump(), "training": {**job.spec.training, **together}})
-    kwargs = {**runtime.training_arguments(job.spec, dict(job.spec.training)), **together}
+    kwargs = {**training_arguments(job.spec, dict(job.spec.training)), **together}
     args = import_object(job.spec.config_class)(**kwargs)
     with pytest.raises((ValueError, NotImplementedError), match=re.escape(trl_says)):
         # once the models are loaded
@@ -480,7 +481,7 @@ def test_every_key_reaches_the_trainer_as_the_spec_says(tmp_path: Path, algorith
 
     job = tiny_job(tmp_path, algorithm)
     trainer = build_trainer(job)
-    expected = import_object(job.spec.config_class)(**runtime.training_arguments(job.spec, dict(job.spec.training)))
+    expected = import_object(job.spec.config_class)(**training_arguments(job.spec, dict(job.spec.training)))
     differing = {
         f.name
         for f in dataclasses.fields(expected)
@@ -519,11 +520,11 @@ def test_whether_ddp_searches_is_in_the_trainers_arguments_before_any_model_load
     MixtralConfig(hidden_size=16, num_hidden_layers=1, num_local_experts=4).save_pretrained(tmp_path / "moe")
     builtin = sft_spec(tmp_path)
     moe = sft_spec(tmp_path, model={**builtin.model.model_dump(), "name_or_path": str(tmp_path / "moe")})
-    assert runtime.training_arguments(builtin, dict(builtin.training))["ddp_find_unused_parameters"] is False
-    assert runtime.training_arguments(moe, dict(moe.training))["ddp_find_unused_parameters"] is True
+    assert training_arguments(builtin, dict(builtin.training))["ddp_find_unused_parameters"] is False
+    assert training_arguments(moe, dict(moe.training))["ddp_find_unused_parameters"] is True
     # the user's choice stands
     said = {**moe.training, "ddp_find_unused_parameters": False}
-    assert runtime.training_arguments(moe, said)["ddp_find_unused_parameters"] is False
+    assert training_arguments(moe, said)["ddp_find_unused_parameters"] is False
 
 
 def test_an_evaluate_sections_inputs_are_checked_before_training(tmp_path: Path) -> None:
@@ -532,8 +533,8 @@ def test_an_evaluate_sections_inputs_are_checked_before_training(tmp_path: Path)
     missing = {**evaluate, "data": {"eval": {"path": str(tmp_path / "gone.jsonl")}}}
     spec = sft_spec(tmp_path, evaluate=missing)
     with pytest.raises(SpecError) as error:
-        runtime._check_inputs(spec, runtime.parts(spec), 1, RewardCheck())
+        checks.check_inputs(spec, spec_parts.parts(spec), 1, RewardCheck())
     assert error.value.problems[0].startswith(f"evaluate.data.eval.path: no such file: {tmp_path / 'gone.jsonl'}")
     # the model it evaluates is the run's to make: not a missing model yet
     spec = sft_spec(tmp_path, evaluate=evaluate)
-    assert runtime._check_inputs(spec, runtime.parts(spec), 1, RewardCheck()) is not None
+    assert checks.check_inputs(spec, spec_parts.parts(spec), 1, RewardCheck()) is not None

@@ -140,7 +140,7 @@ def test_the_job_library_names_no_algorithm() -> None:
 
 
 def test_the_spec_is_read_once_where_the_job_splits_it() -> None:
-    """The whole ``Spec`` is a parameter only of the steps that split it into parts (job/runtime.py); every other
+    """The whole ``Spec`` is a parameter only of the steps that split it into parts (job/spec_parts.py); every other
     job function takes its part, as ``sharding.Strategy`` takes ``distributed``."""
     takers = []
     for path in (REPO / "entrypoints").rglob("*.py"):
@@ -153,9 +153,9 @@ def test_the_spec_is_read_once_where_the_job_splits_it() -> None:
                 ):
                     takers.append(f"{path.relative_to(REPO)}:{node.name}")
     assert sorted(takers) == [
-        "entrypoints/job/runtime.py:_check_inputs",
-        "entrypoints/job/runtime.py:_fast_path_options",
+        "entrypoints/job/checks.py:check_inputs",
+        "entrypoints/job/config.py:fast_path_options",
+        "entrypoints/job/config.py:training_arguments",
         "entrypoints/job/runtime.py:_train",
-        "entrypoints/job/runtime.py:parts",
-        "entrypoints/job/runtime.py:training_arguments",
+        "entrypoints/job/spec_parts.py:parts",
     ]

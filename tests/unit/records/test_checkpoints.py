@@ -396,24 +396,25 @@ def test_a_finished_model_of_a_very_different_spec_is_still_one_short_line(tmp_p
 def test_the_job_checks_a_finished_model_in_every_resume_mode_before_any_model_loads(
     tmp_path: Path, mode: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from posttrain.entrypoints.job import runtime
+    from posttrain.entrypoints.inputs.rewards import RewardCheck
+    from posttrain.entrypoints.job import checks, spec_parts
 
     def no_model(*args: Any, **kwargs: Any) -> None:
         raise AssertionError("a model was looked at")
 
     for loader in ("check_weight_shapes", "check_model_paths", "load_tokenizer"):
-        monkeypatch.setattr(runtime, loader, no_model)
+        monkeypatch.setattr(checks, loader, no_model)
     # what write_checkpoint records it was trained on: the run is this one
-    monkeypatch.setattr(runtime.checkpoints, "job_inputs", lambda *args: INPUTS)
+    monkeypatch.setattr(checks.checkpoints, "job_inputs", lambda *args: INPUTS)
     spec = mode_spec(tmp_path, mode)
     output_dir = Path(spec.training["output_dir"])
     write_finished(output_dir, spec)
     with caplog.at_level("INFO", logger="posttrain"):
-        assert runtime._check_inputs(spec, runtime.parts(spec), 1, runtime.RewardCheck()) is None
+        assert checks.check_inputs(spec, spec_parts.parts(spec), 1, RewardCheck()) is None
     assert f"{output_dir} already holds this run, finished at step 40: nothing to train" in caplog.messages
     write_finished(output_dir, spec, checkpoint=False, learning_rate=0.5)
     with pytest.raises(SpecError, match="holds a finished model written by a different spec"):
-        runtime._check_inputs(spec, runtime.parts(spec), 1, runtime.RewardCheck())
+        checks.check_inputs(spec, spec_parts.parts(spec), 1, RewardCheck())
 
 
 @pytest.mark.parametrize(

@@ -25,7 +25,7 @@ from transformers import (
 
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
-from posttrain.entrypoints.job import runtime
+from posttrain.entrypoints.job import spec_parts
 from posttrain.entrypoints.speed import attention, fast_paths
 
 SHAPE = dict(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2, max_position_embeddings=256)
@@ -178,28 +178,30 @@ def test_on_a_gpu_with_varlen_kernels_sft_takes_torch_varlen_for_the_models_it_i
 ) -> None:
     monkeypatch.setattr(attention, "varlen_available", lambda: None)
     qwen = Qwen2Config(**SHAPE, num_attention_heads=4, num_key_value_heads=2)
-    assert fast_paths.attention_implementation(runtime.parts(sft_spec(tmp_path, qwen)).fast_paths) == "torch_varlen"
+    assert fast_paths.attention_implementation(spec_parts.parts(sft_spec(tmp_path, qwen)).fast_paths) == "torch_varlen"
     chosen = sft_spec(tmp_path, qwen, model={"attn_implementation": "sdpa"})
-    assert fast_paths.attention_implementation(runtime.parts(chosen).fast_paths) == "sdpa"
+    assert fast_paths.attention_implementation(spec_parts.parts(chosen).fast_paths) == "sdpa"
     assert (
-        fast_paths.attention_implementation(runtime.parts(sft_spec(tmp_path, qwen, padding_free=False)).fast_paths)
+        fast_paths.attention_implementation(spec_parts.parts(sft_spec(tmp_path, qwen, padding_free=False)).fast_paths)
         is None
     )
     assert (
-        fast_paths.attention_implementation(runtime.parts(sft_spec(tmp_path, qwen, bf16=False)).fast_paths) is None
+        fast_paths.attention_implementation(spec_parts.parts(sft_spec(tmp_path, qwen, bf16=False)).fast_paths) is None
         # float32: no kernel
     )
     dropout = Qwen2Config(**SHAPE, num_attention_heads=4, attention_dropout=0.1)
     dropout.model_type = "qwen2"
     assert (
-        fast_paths.attention_implementation(runtime.parts(sft_spec(tmp_path / "dropout", dropout)).fast_paths) is None
+        fast_paths.attention_implementation(spec_parts.parts(sft_spec(tmp_path / "dropout", dropout)).fast_paths)
+        is None
     )
     assert (
-        fast_paths.attention_implementation(runtime.parts(sft_spec(tmp_path, Gemma2Config(**SHAPE))).fast_paths) is None
+        fast_paths.attention_implementation(spec_parts.parts(sft_spec(tmp_path, Gemma2Config(**SHAPE))).fast_paths)
+        is None
         # softcapping
     )
     monkeypatch.setattr(attention, "varlen_available", lambda: "no CUDA device")
-    assert fast_paths.attention_implementation(runtime.parts(sft_spec(tmp_path, qwen)).fast_paths) is None
+    assert fast_paths.attention_implementation(spec_parts.parts(sft_spec(tmp_path, qwen)).fast_paths) is None
 
 
 def test_without_a_gpu_that_runs_the_kernels_torch_varlen_is_no_default(

@@ -27,7 +27,8 @@ from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.registry import SPEC_CLASSES
 from posttrain.entrypoints.inputs import tiny
-from posttrain.entrypoints.job import runtime
+from posttrain.entrypoints.job import spec_parts
+from posttrain.entrypoints.job.config import build_config, training_arguments
 from posttrain.entrypoints.speed import attention, fast_paths, gpu_memory
 
 ATTENTION = ["sdpa", "eager"]
@@ -112,7 +113,7 @@ def trainer_spec(tmp_path: Path, **training: object) -> Dict[str, object]:
 
 
 def options_of(spec: object) -> fast_paths.FastPathOptions:
-    return runtime.parts(spec).fast_paths
+    return spec_parts.parts(spec).fast_paths
 
 
 def defaults_of(spec: object, on_cuda: bool, training: Optional[Dict[str, object]] = None) -> Dict[str, object]:
@@ -125,7 +126,7 @@ def sft_trainer(tmp_path: Path, model: torch.nn.Module, **training: object) -> S
     from datasets import Dataset
 
     spec = validate(trainer_spec(tmp_path, **training))
-    args = SFTConfig(**runtime.training_arguments(spec, dict(spec.training)))
+    args = SFTConfig(**training_arguments(spec, dict(spec.training)))
     # 30 apples: longer than max_length, truncated
     words = [" ".join(["apple"] * n) for n in (2, 30, 5, 11)]
     dataset = Dataset.from_list([{"text": text} for text in words])
@@ -175,7 +176,7 @@ def test_on_gpus_padding_free_is_a_default_with_varlen_attention_only(
     from datasets import Dataset
 
     spec = validate(trainer_spec(tmp_path))
-    args = SFTConfig(**runtime.training_arguments(spec, dict(spec.training)))
+    args = SFTConfig(**training_arguments(spec, dict(spec.training)))
     model, tokenizer, dataset = llama("sdpa"), tiny.build_tokenizer_llama3(), Dataset.from_list([{"text": "a"}])
     options = options_of(spec)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -344,7 +345,7 @@ def grpo_step(model: str, **training: object) -> Dict[str, object]:
     raw = {"algorithm": "grpo", "model": {"name_or_path": model}, "data": {"train": {"path": "x.jsonl"}}}
     step = {"output_dir": "out", "per_device_train_batch_size": 256, "num_generations": 8, "use_vllm": False}
     spec = validate({**raw, "rewards": [{"builtin": "exact_match"}], "training": {**step, **training}})
-    args = runtime.build_config(spec.config_class, {**spec.training, "use_cpu": True, "bf16": False})
+    args = build_config(spec.config_class, {**spec.training, "use_cpu": True, "bf16": False})
     return fast_paths.micro_batches(options_of(spec), True, args, lambda: 200)
 
 
