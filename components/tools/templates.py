@@ -130,7 +130,7 @@ def copy(name: str, destination: str) -> Tuple[Path, List[str]]:
     copy would replace a file."""
     source = template_file(name)
     if source is None:
-        raise ValueError(f"no template {name!r}; the list (run with no arguments) names them: sft/tiny, dpo/tiny, ...")
+        raise ValueError(f"no template {name!r}; posttrain templates ls names them: sft/tiny, dpo/tiny, ...")
     target = Path(destination)
     if target.is_dir():
         target = target / source.name

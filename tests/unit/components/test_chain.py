@@ -40,7 +40,7 @@ def rlhf(**stages: Any) -> Dict[str, Any]:
 def test_every_chain_template_validates_and_opens_with_its_command(template: Path) -> None:
     chain = load_chain(str(template), world_size=2)
     assert len(chain.stages) >= 2 and chain_spec.chain_from_json(chain.to_json()) == chain
-    # the first line is the editor's schema modeline (tests/unit/spec/test_schema_json.py); the command comes next
+    # the first line is the editor's schema modeline (tests/unit/generate/test_schema_json.py); the command comes next
     command = template.read_text().splitlines()[1]
     assert command.startswith("# torchx run -s ")
     assert f" posttrain.chain --spec templates/chain/{template.name}" in command

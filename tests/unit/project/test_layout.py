@@ -104,6 +104,13 @@ def test_no_two_rooms_import_each_other() -> None:
     assert two_way == []
 
 
+def test_each_room_has_a_unit_room_of_its_name() -> None:
+    """tests/unit mirrors the code: a room's fast tests in tests/unit/<room>/."""
+    rooms = {path.parent.name for top in ROOTS for path in (REPO / top).glob("*/__init__.py")}
+    without = sorted(room for room in rooms if not list((REPO / "tests" / "unit" / room).glob("test_*.py")))
+    assert without == []
+
+
 def test_the_job_library_imports_no_program_and_the_client_no_job_library() -> None:
     """The user's tools (plot) may read both."""
     known = modules()

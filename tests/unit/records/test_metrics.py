@@ -12,7 +12,6 @@ from helpers import (
     assert_valid_png,
     lines,
 )
-from posttrain.components.tools import plot
 from posttrain.entrypoints.records import curves
 from posttrain.entrypoints.records.metrics import MetricsLog
 
@@ -31,8 +30,9 @@ def log_steps(callback: MetricsLog, trainer_state: TrainerState, steps: range) -
         callback.on_log(None, trainer_state, TrainerControl(), logs={"loss": 5.0 - step / 10, "epoch": step / 10})
 
 
-def test_plot_doctests() -> None:
-    assert doctest.testmod(plot).failed == 0
+def test_curves_doctests() -> None:
+    result = doctest.testmod(curves)
+    assert result.failed == 0 and result.attempted > 0
 
 
 def test_lines_are_written_as_logs_arrive(tmp_path: Path) -> None:
@@ -121,11 +121,6 @@ def test_a_figure_that_cannot_be_drawn_does_not_fail_the_run(tmp_path: Path, cap
     callback = MetricsLog(tmp_path / "gone", "sft", "m", 1)
     callback.on_train_end(None, state(), TrainerControl())
     assert "could not draw curves.png" in caplog.text
-
-
-def test_the_plot_command_names_a_directory_without_metrics(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    assert plot.main([str(tmp_path)]) == 2
-    assert capsys.readouterr().err == f"posttrain plot: {tmp_path}: no metrics.jsonl (written by posttrain jobs)\n"
 
 
 # ---------------------------------------------------------------- real runs

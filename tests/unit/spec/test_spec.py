@@ -58,7 +58,7 @@ def test_every_template_validates_and_round_trips(template: str) -> None:
 
 @pytest.mark.parametrize("template", ALL_TEMPLATES)
 def test_every_template_opens_with_the_command_that_runs_it(template: str) -> None:
-    # the first line is the editor's schema modeline (tests/unit/spec/test_schema_json.py); the command comes next
+    # the first line is the editor's schema modeline (tests/unit/generate/test_schema_json.py); the command comes next
     lines = (TEMPLATES / template).read_text().splitlines()
     first_line = next((line for line in lines if line.startswith("# torchx run")), lines[0])
     algorithm = load_template(template)["algorithm"]
