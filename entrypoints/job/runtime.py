@@ -70,7 +70,7 @@ from posttrain.components.spec.loading import spec_from_json
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import Spec
 from posttrain.entrypoints.evaluation.run import evaluate_run
-from posttrain.entrypoints.generation import role_lease, run_ahead, vllm_generation, vllm_token
+from posttrain.entrypoints.generation import role_lease, run_ahead, turns, vllm_generation, vllm_token
 from posttrain.entrypoints.inputs.data import (
     check_kept_rows,
 )
@@ -186,7 +186,7 @@ def built_trainer(job: Job, build_trainer: Callable[[Job], Any]) -> Any:
     args = getattr(trainer, "args", None)
     if job.generation is not None and getattr(args, "use_vllm", False):
         # a generation that never ends is one line naming the engine and the step
-        run_ahead.bound_generation(trainer, job.generation)
+        turns.bound_generation(trainer, job.generation)
         if args.vllm_mode == "server":
             run_ahead.install(trainer, job.generation)
     return trainer

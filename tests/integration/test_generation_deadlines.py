@@ -1,6 +1,6 @@
 """What the trainers ask of vLLM is bounded in time however it hangs: a push of the weights into the ``vllm`` role by
-``generation.weight_sync_timeout_s`` (``run_ahead.Turns.deadline``), a step's generation by
-``generation.generate_timeout_s`` (``run_ahead.bound_generation`` in lockstep and colocated, ``RunAhead`` ahead of
+``generation.weight_sync_timeout_s`` (``turns.Turns.deadline``), a step's generation by
+``generation.generate_timeout_s`` (``turns.bound_generation`` in lockstep and colocated, ``RunAhead`` ahead of
 training), an evaluation's vLLM sampling by its ``generation.vllm_timeout_s`` (``evaluation.sampling``). In a
 process of its own, each blocked where nothing raises ends the process in one line, left in torchrun's error file.
 
@@ -29,7 +29,7 @@ import psutil
 import pytest
 
 from posttrain.components.spec.generation import TrainingGeneration
-from posttrain.entrypoints.generation import run_ahead
+from posttrain.entrypoints.generation.turns import Lockstep
 from posttrain.entrypoints.process import error_file
 
 PUSH = """
@@ -39,7 +39,7 @@ from types import SimpleNamespace
 import requests
 
 from posttrain.components.spec.generation import TrainingGeneration
-from posttrain.entrypoints.generation.run_ahead import Lockstep
+from posttrain.entrypoints.generation.turns import Lockstep
 
 base_url = sys.argv[1]
 trainer = SimpleNamespace(
@@ -84,7 +84,7 @@ def test_a_push_in_time_or_one_that_raises_leaves_the_process_to_go_on(monkeypat
         accelerator=SimpleNamespace(is_main_process=True),
         vllm_generation=SimpleNamespace(vllm_client=SimpleNamespace(base_url="http://127.0.0.1:1")),
     )
-    turns = run_ahead.Lockstep(trainer, TrainingGeneration(weight_sync_timeout_s=0.2))
+    turns = Lockstep(trainer, TrainingGeneration(weight_sync_timeout_s=0.2))
     with turns.deadline(3):
         pass
     with pytest.raises(ConnectionError), turns.deadline(4):
@@ -106,6 +106,7 @@ from trl.generation import vllm_client
 
 from posttrain.components.spec.generation import TrainingGeneration
 from posttrain.entrypoints.generation import run_ahead
+from posttrain.entrypoints.generation.turns import bound_generation
 from posttrain.entrypoints.process.ending import ends_in_one_line
 
 # TRL's client refuses to start where vLLM is not installed; nothing else of it is changed
@@ -136,7 +137,7 @@ with ends_in_one_line():
     else:
         # TRL's VLLMGeneration.generate on rank 0: its client's request, its session, no timeout
         generation.generate = lambda prompts: client.generate(prompts=prompts, n=2, max_tokens=8)
-        run_ahead.bound_generation(trainer, schedule)
+        bound_generation(trainer, schedule)
         generation.generate([[1, 2, 3]])
 print("the samples came", flush=True)
 """
@@ -225,7 +226,7 @@ import threading
 from types import SimpleNamespace
 
 from posttrain.components.spec.generation import TrainingGeneration
-from posttrain.entrypoints.generation import run_ahead
+from posttrain.entrypoints.generation.turns import bound_generation
 
 generation = SimpleNamespace(mode="colocate", generate=lambda prompts: threading.Event().wait())
 trainer = SimpleNamespace(
@@ -234,7 +235,7 @@ trainer = SimpleNamespace(
     args=SimpleNamespace(ddp_timeout=300),
     state=SimpleNamespace(global_step=2),
 )
-run_ahead.bound_generation(trainer, TrainingGeneration(generate_timeout_s=1.5))
+bound_generation(trainer, TrainingGeneration(generate_timeout_s=1.5))
 generation.generate([[1, 2, 3]])
 print("the samples came", flush=True)
 """
