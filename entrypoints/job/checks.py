@@ -38,8 +38,8 @@ from posttrain.entrypoints.inputs.tools import (
 )
 from posttrain.entrypoints.job.config import build_config, check_environment, training_arguments
 from posttrain.entrypoints.job.spec_parts import Parts
-from posttrain.entrypoints.records import checkpoints
-from posttrain.entrypoints.records.checkpoints import already_finished
+from posttrain.entrypoints.records import checkpoints, disk
+from posttrain.entrypoints.records.final_model import already_finished
 from posttrain.entrypoints.speed import fast_paths
 
 log = logging.getLogger("posttrain")
@@ -120,7 +120,7 @@ def check_inputs(spec: Spec, split: Parts, world_size: int, reward_check: Reward
     check_loss_masks(args, datasets)
     check_environment(args)
     check_model_paths(split.models)
-    checkpoints.check_room(output_dir, spec.model, saves_checkpoints=args.save_strategy != "no")
+    disk.check_room(output_dir, spec.model, saves_checkpoints=args.save_strategy != "no")
     check_model_options(split.models)
     tokenizer = load_tokenizer(spec.model.name_or_path, spec.model, padding_side="left" if spec.generates else "right")
     check_chat_template(args, tokenizer, datasets, spec.model.name_or_path)

@@ -88,9 +88,10 @@ from posttrain.entrypoints.job.spec_parts import parts
 from posttrain.entrypoints.process import distributed, lease
 from posttrain.entrypoints.process.ending import ends_in_one_line, quiet_libraries
 from posttrain.entrypoints.process.error_file import KEPT_LOGS, Exit
-from posttrain.entrypoints.records import checkpoints
-from posttrain.entrypoints.records.checkpoints import SPEC_FILE, at_last_step
+from posttrain.entrypoints.records import checkpoints, disk, final_model
+from posttrain.entrypoints.records.checkpoints import SPEC_FILE
 from posttrain.entrypoints.records.files import write_json_atomic
+from posttrain.entrypoints.records.final_model import at_last_step
 from posttrain.entrypoints.records.metrics import MetricsLog
 from posttrain.entrypoints.records.samples import RolloutSamples
 from posttrain.entrypoints.records.summary import SUMMARY_FILE, closing_line, run_summary, say_closing, write_model_card
@@ -212,7 +213,7 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
 
     reward_check = RewardCheck()
     # rank 0 holds output_dir until the job ends: another run into it stops at its first check
-    with contextlib.ExitStack() as held, checkpoints.disk_errors(output_dir):
+    with contextlib.ExitStack() as held, disk.disk_errors(output_dir):
         # also the barrier: every rank has read the old spec file (resume) by now
         with distributed.all_ranks_agree():
             if distributed.is_rank0():
@@ -291,7 +292,7 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
             raise Exit(128 + signal.SIGTERM)
         strategy.prepare_final_save(trainer)
         # saved aside and moved in whole, then the summary: a kill leaves a resumable run, never a finished-looking one
-        staging = checkpoints.final_staging(output_dir)
+        staging = final_model.final_staging(output_dir)
         # rank 0 has cleared a leftover before any rank writes there
         distributed.barrier()
         trainer.save_model(str(staging))
@@ -310,7 +311,7 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
             # what save_state writes, staged
             trainer.state.save_to_json(str(staging / "trainer_state.json"))
             write_model_card(trainer, output_dir, spec.model.name_or_path)
-            checkpoints.publish_final(staging, output_dir, fault.final_file_moved if fault is not None else None)
+            final_model.publish_final(staging, output_dir, fault.final_file_moved if fault is not None else None)
             # last: the mark of a finished run
             write_json_atomic(output_dir / SUMMARY_FILE, summary)
         strategy.teardown(trainer)

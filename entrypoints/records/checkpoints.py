@@ -1,4 +1,4 @@
-"""Resume: which checkpoint a job continues from, checked before it is trusted; files written whole.
+"""Resume: which checkpoint a job continues from, checked before it is trusted; checkpoints sealed and rotated.
 
 ``resume: auto`` takes the newest sound checkpoint in ``output_dir`` if
 the spec that wrote it (``posttrain_spec.json``) matches this one in every
@@ -22,9 +22,7 @@ FSDP ``.distcp`` file missing or of another size is damage, whatever its
 format. A checkpoint named by path (another tool's) needs no manifest.
 """
 
-import contextlib
 import dataclasses
-import errno
 import json
 import logging
 import os
@@ -32,14 +30,14 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from transformers import TrainerCallback
 
 from posttrain.components.spec.loading import spec_diff, training_relevant
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.sections import DataSpec, ModelSpec
-from posttrain.entrypoints.process.distributed import barrier, env_rank, says_any
+from posttrain.components.spec.sections import DataSpec
+from posttrain.entrypoints.process.distributed import barrier, env_rank
 from posttrain.entrypoints.records import fingerprints
 from posttrain.entrypoints.records.files import (
     file_problem,
@@ -49,7 +47,7 @@ from posttrain.entrypoints.records.files import (
     judged,
     write_json_atomic,
 )
-from posttrain.entrypoints.records.fingerprints import is_weights, model_identity
+from posttrain.entrypoints.records.final_model import model_files, weight_files
 from posttrain.entrypoints.records.summary import SUMMARY_FILE
 
 log = logging.getLogger("posttrain")
@@ -57,8 +55,6 @@ log = logging.getLogger("posttrain")
 SPEC_FILE = "posttrain_spec.json"
 INPUTS_FILE = "posttrain_inputs.json"
 MANIFEST_FILE = "posttrain_manifest.json"
-# the final model, until it is whole and moved into output_dir
-FINAL_STAGING = ".posttrain-final"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -323,17 +319,6 @@ def set_aside_previous_run(output_dir: Path) -> Optional[Path]:
     return target
 
 
-def model_files(output_dir: Path) -> List[str]:
-    """The names of a model's files in ``output_dir`` itself, as ``from_pretrained`` and PEFT read them: its weights,
-    their index, its config, a PEFT adapter's, its tokenizer's and processor's."""
-    return model_identity(output_dir) if output_dir.is_dir() else []
-
-
-def weight_files(output_dir: Path) -> List[str]:
-    """The names of the weight files in ``output_dir`` itself (its checkpoints' are not looked at)."""
-    return [name for name in model_files(output_dir) if is_weights(name) or name.endswith(".index.json")]
-
-
 def _spec_differences(saved: Dict[str, Any], record: Dict[str, Any]) -> List[Tuple[str, Any, Any]]:
     """The training-relevant keys in which two spec dumps differ."""
     return [d for d in spec_diff(saved, record) if training_relevant(d[0])]
@@ -427,29 +412,6 @@ def stale_runs(
     return changes, stale
 
 
-def check_room(output_dir: Path, model_spec: ModelSpec, saves_checkpoints: bool) -> None:
-    """Room in ``output_dir``'s file system for what the run writes first: a checkpoint (weights and the
-    optimizer's two moments), or the final weights alone; estimated from a local model's weight files."""
-    model = Path(model_spec.name_or_path).expanduser()
-    if not model.is_dir():
-        return
-    weights = sum(path.stat().st_size for path in model.glob("*.safetensors")) or sum(
-        path.stat().st_size for path in model.glob("*.bin")
-    )
-    saves = saves_checkpoints and model_spec.lora is None
-    needed = weights * (3 if saves else 1)
-    existing = next(path for path in (output_dir, *output_dir.absolute().parents) if path.exists())
-    free = shutil.disk_usage(existing).free
-    if free < needed:
-        what = "one checkpoint (the weights and the optimizer's state)" if saves else "the trained weights"
-        raise SpecError(
-            [
-                f"training.output_dir: {output_dir} has {free / 2**20:.1f} MiB free; {what} of {model} needs about "
-                f"{needed / 2**20:.1f} MiB: make room, or use another output_dir"
-            ]
-        )
-
-
 class SealCheckpoints(TrainerCallback):
     """Seals each checkpoint as it is saved (:func:`seal_checkpoint`), once every rank has written its part (the
     Trainer waits for no rank after its RNG states and shards), then rotates them (:func:`rotate_checkpoints`)."""
@@ -496,109 +458,3 @@ def rotate_checkpoints(output_dir: Path, limit: Optional[int], best: Optional[st
             removing = path.with_name(_REMOVING + path.name)
             os.replace(path, removing)
             shutil.rmtree(removing, ignore_errors=True)
-
-
-def already_finished(output_dir: Path, checkpoint: Path, max_steps: int) -> bool:
-    """Whether the run ended at ``checkpoint`` and wrote its final outputs: a finished run is left as it is.
-
-    A run of epochs (``max_steps`` unset) ends at the step count its trainer
-    state recorded: resume already refused a checkpoint of another spec.
-    """
-    step = _at_last_step(checkpoint, max_steps)
-    try:
-        summary = json.loads((output_dir / SUMMARY_FILE).read_text())
-    except (OSError, ValueError):
-        return False
-    return step is not None and summary.get("global_steps") == step
-
-
-def at_last_step(checkpoint: Path, max_steps: int) -> bool:
-    """Whether ``checkpoint`` holds the run's last step (``max_steps``, or for a run of epochs the step count its
-    trainer state recorded): a run resumed from it has trained every step, and has only its end to write."""
-    return _at_last_step(checkpoint, max_steps) is not None
-
-
-def _at_last_step(checkpoint: Path, max_steps: int) -> Optional[int]:
-    """``checkpoint``'s step where it is the run's last; None where it is not, or its state is unreadable."""
-    try:
-        state = json.loads((checkpoint / "trainer_state.json").read_text())
-        step = state["global_step"]
-    except (OSError, ValueError, KeyError):
-        return None
-    last = max_steps if max_steps > 0 else state.get("max_steps", 0)
-    return step if 0 < last <= step else None
-
-
-def final_staging(output_dir: Path) -> Path:
-    """Where rank 0 saves the final model before :func:`publish_final` moves it in; a killed run's leftover is
-    removed first. The same path on every rank: a sharded model's save is collective."""
-    staging = output_dir / FINAL_STAGING
-    if env_rank() == 0:
-        shutil.rmtree(staging, ignore_errors=True)
-    return staging
-
-
-def publish_final(staging: Path, output_dir: Path, moved: Optional[Callable[[], None]] = None) -> None:
-    """Moves the final model from ``staging`` into ``output_dir``, durably, for ``run_summary.json`` to follow.
-
-    ``output_dir`` holds checkpoints and logs, so it cannot be swapped whole:
-    each file is renamed in. A reader (or a kill) mid-way sees old and new
-    files mixed, but never a ``run_summary.json``: the old one goes first, and
-    the run is finished only once the caller writes the new one. A model file
-    there that the staged model has not (another's adapter, shard, index or
-    tokenizer file) goes too: the published model loads alone. ``moved`` is
-    called after each rename (fault injection).
-    """
-    (output_dir / SUMMARY_FILE).unlink(missing_ok=True)
-    # a model file of another's that the new model does not replace would be loaded with it (an adapter, a shard)
-    staged = {entry.name for entry in staging.iterdir()}
-    for name in model_files(output_dir):
-        if name not in staged:
-            (output_dir / name).unlink()
-    fsync_directory(output_dir)
-    fsynced_tree(staging)
-    for entry in sorted(staging.iterdir()):
-        target = output_dir / entry.name
-        if entry.is_dir() and target.is_dir():
-            # a folder cannot be renamed over a non-empty one (our PPO's value_model/)
-            shutil.rmtree(target)
-        os.replace(entry, target)
-        if moved is not None:
-            moved()
-    staging.rmdir()
-    fsync_directory(output_dir)
-
-
-@contextlib.contextmanager
-def disk_errors(output_dir: Path) -> Iterator[None]:
-    """A write that fails for lack of room or a read-only file system ends this rank with one line.
-
-    torch.save says a failed write as a RuntimeError of its stream writer
-    ("basic_ios::clear: iostream error", then "unexpected pos"), not an
-    OSError. A checkpoint left half-written is passed over by the next resume.
-    """
-    try:
-        yield
-    except OSError as error:
-        if error.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
-            raise
-        raise SpecError([_write_failed(output_dir, error.strerror)], this_rank_only=True) from None
-    except RuntimeError as error:
-        if not says_any(error, ("iostream error", "file write failed", "PytorchStreamWriter failed")):
-            raise
-        raise SpecError([_write_failed(output_dir, None)], this_rank_only=True) from None
-
-
-def _write_failed(output_dir: Path, reason: Optional[str]) -> str:
-    try:
-        free = shutil.disk_usage(output_dir).free
-    except OSError:
-        free = None
-    # torch's writer does not say why: a full disk is the usual reason
-    if reason is None:
-        reason = "No space left on device" if free is not None and free < 1 << 20 else "the write failed"
-    shown = "free space unknown" if free is None else f"{free / 2**20:.1f} MiB free"
-    return (
-        f"training.output_dir: writing into {output_dir} failed: {reason} ({shown}); make room (or a writable "
-        "place) and run the same command again: it resumes from the last whole checkpoint"
-    )

@@ -9,7 +9,7 @@ import pytest
 from helpers import sft_spec, two_gloo_ranks
 from posttrain.components.spec.loading import SpecError
 from posttrain.entrypoints.process.distributed import rank0s
-from posttrain.entrypoints.records.checkpoints import check_room
+from posttrain.entrypoints.records.disk import check_room
 
 RANK0S = textwrap.dedent("""
     import os

@@ -14,16 +14,16 @@ from posttrain.entrypoints.records import files
 from posttrain.entrypoints.records.checkpoints import (
     MANIFEST_FILE,
     SPEC_FILE,
-    already_finished,
     complete_checkpoints,
-    disk_errors,
     finished_at,
     job_inputs,
     resolve_resume,
     rotate_checkpoints,
     seal_checkpoint,
 )
+from posttrain.entrypoints.records.disk import disk_errors
 from posttrain.entrypoints.records.files import file_problem
+from posttrain.entrypoints.records.final_model import already_finished
 from posttrain.entrypoints.records.summary import SUMMARY_FILE
 
 INPUTS = {

@@ -18,12 +18,12 @@ from posttrain.entrypoints.records.checkpoints import (
     PREVIOUS_RUNS,
     SPEC_FILE,
     complete_checkpoints,
-    publish_final,
     resolve_resume,
     seal_checkpoint,
     set_aside_previous_run,
 )
 from posttrain.entrypoints.records.files import write_json_atomic
+from posttrain.entrypoints.records.final_model import publish_final
 from posttrain.entrypoints.records.summary import SUMMARY_FILE
 
 INPUTS = {
