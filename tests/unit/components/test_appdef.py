@@ -1,5 +1,7 @@
 """The AppDef every component builds: launcher, rendezvous, resources, env, validation."""
 
+import dataclasses
+import doctest
 import inspect
 import json
 import shlex
@@ -11,8 +13,9 @@ from torchx.components.component_test_base import ComponentTestCase
 import posttrain.components
 from golden_messages import MORE_MIN_THAN_MAX_NODES, NO_NODES, TYPO_OVERRIDE
 from helpers import REPO, TEMPLATES
-from posttrain.components import algorithms
+from posttrain.components import algorithms, launch
 from posttrain.components.arguments import ARGS
+from posttrain.components.launch import Launch
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.registry import SPEC_CLASSES
 
@@ -303,3 +306,23 @@ def test_a_multi_node_job_checks_its_rendezvous_port_before_the_launcher_listens
         assert rendezvous_port.main([port, "0", "localhost", "pytest"]) == 0
         assert capsys.readouterr().err == ""
     assert rendezvous_port.main([port, "0", "localhost", "sft-x1"]) == 0
+
+
+def test_every_component_takes_the_launch_arguments_as_launch_defines_them() -> None:
+    """torchx needs each component to list its arguments; ``launch.Launch`` defines them once (a chain and an
+    evaluation run posttrain's launcher alone: no ``launcher``)."""
+    fields = {field.name: (field.default, field.type) for field in dataclasses.fields(Launch)}
+    for name in [*SPEC_CLASSES, "chain", "eval"]:
+        component = getattr(algorithms, name)
+        taken = {
+            key: (parameter.default, parameter.annotation)
+            for key, parameter in inspect.signature(component).parameters.items()
+            if key not in ("overrides", "spec") and not key.startswith("vllm_")
+        }
+        expected = {key: value for key, value in fields.items() if name not in ("chain", "eval") or key != "launcher"}
+        assert taken == expected, name
+
+
+def test_the_topology_doctests() -> None:
+    result = doctest.testmod(launch)
+    assert result.failed == 0 and result.attempted > 0
