@@ -12,10 +12,7 @@ from posttrain.components.spec.fields import config_fields
 from posttrain.components.spec.messages import SpecError, first_line
 from posttrain.components.spec.schema import CHECKPOINTING_OPTIONS, Spec
 from posttrain.entrypoints.generation import vllm_generation
-from posttrain.entrypoints.inputs.models import (
-    import_object,
-    model_config,
-)
+from posttrain.entrypoints.inputs.models import import_object, model_config
 from posttrain.entrypoints.job.sharding import may_leave_parameters_unused, strategy_for
 from posttrain.entrypoints.process import distributed
 from posttrain.entrypoints.speed import fast_paths

@@ -9,9 +9,7 @@ from posttrain.components.spec.evaluation import EvalSpec, of_training_run
 from posttrain.components.spec.generation import TrainingGeneration
 from posttrain.components.spec.schema import Spec
 from posttrain.components.spec.sections import EnvironmentSource, RewardSource, ToolSource
-from posttrain.entrypoints.inputs.models import (
-    ModelLoading,
-)
+from posttrain.entrypoints.inputs.models import ModelLoading
 from posttrain.entrypoints.job.config import fast_path_options
 from posttrain.entrypoints.records.checkpoints import Resume
 from posttrain.entrypoints.speed import fast_paths

@@ -8,10 +8,7 @@ from pathlib import Path
 from typing import Callable, List, Optional
 
 from posttrain.entrypoints.process.distributed import env_rank
-from posttrain.entrypoints.records.files import (
-    fsync_directory,
-    fsynced_tree,
-)
+from posttrain.entrypoints.records.files import fsync_directory, fsynced_tree
 from posttrain.entrypoints.records.fingerprints import is_weights, model_identity
 from posttrain.entrypoints.records.summary import SUMMARY_FILE
 

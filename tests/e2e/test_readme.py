@@ -15,18 +15,7 @@ from typing import Dict, Sequence
 import pytest
 
 from helpers import REPO, job_env
-from readme_code import (
-    COMMAND_TIMEOUT_S,
-    ITEMS,
-    LINKED,
-    RUN,
-    Item,
-    Plan,
-    Snippet,
-    item_id,
-    option,
-    where,
-)
+from readme_code import COMMAND_TIMEOUT_S, ITEMS, LINKED, RUN, Item, Plan, Snippet, item_id, option, where
 
 # --- fast checks: the parser, the plan, the YAML ---------------------------------------------------
 

@@ -20,14 +20,7 @@ from typing import Iterator, List
 
 import pytest
 
-from helpers import (
-    REPO,
-    build_trainer,
-    load_template,
-    stopped_in_process,
-    tiny_job,
-    trainer_with,
-)
+from helpers import REPO, build_trainer, load_template, stopped_in_process, tiny_job, trainer_with
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.registry import SPEC_CLASSES

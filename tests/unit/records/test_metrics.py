@@ -8,10 +8,7 @@ from typing import Any, Dict, List
 import pytest
 from transformers import TrainerControl, TrainerState
 
-from helpers import (
-    assert_valid_png,
-    lines,
-)
+from helpers import assert_valid_png, lines
 from posttrain.entrypoints.records import curves
 from posttrain.entrypoints.records.metrics import MetricsLog
 
