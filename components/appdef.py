@@ -19,9 +19,9 @@ from posttrain.components import vllm_role
 from posttrain.components.launch import (
     Launch,
     Topology,
+    Unquoted,
     args_join,
     check_request_size,
-    noquote,
     port_checked_first,
     rank0_address,
     valid_name,
@@ -107,7 +107,7 @@ def build_appdef(
     cmd = launch.deepspeed_command(topology) if launch.launcher == "deepspeed" else launch.torchrun_command(topology)
     cmd += ["-m", module, "--spec-json", spec_json]
     if serve:
-        cmd.insert(0, noquote(vllm_role.host_assignment(topology.max_nnodes)))
+        cmd.insert(0, Unquoted(vllm_role.host_assignment(topology.max_nnodes)))
     # after the vLLM host's assignment
     cmd = port_checked_first(cmd, topology, launch.rdzv_port, at=1 if serve else 0)
 
@@ -118,7 +118,7 @@ def build_appdef(
         # in the environment the job inherits, not in the AppDef
         vllm_role.make_job_token()
         # the host the trainers connect to, resolved by the role to the address it listens on
-        server_cmd = [noquote(vllm_role.host_assignment(topology.max_nnodes)), "python", "-m", vllm_role.MODULE]
+        server_cmd = [Unquoted(vllm_role.host_assignment(topology.max_nnodes)), "python", "-m", vllm_role.MODULE]
         server_cmd += ["--spec-json", spec_json]
         server_cmd += vllm_role.server_args(server, validated.distributed.timeout_s, launch.max_restarts)
         roles.append(
@@ -179,7 +179,7 @@ def build_chain_appdef(overrides: Sequence[str], *, spec: str, **launch_argument
     # torchx substitutes ${...} macros in args with string.Template: "$$" keeps a "$" of the spec literal
     chain_json = chain.to_json().replace("$", "$$")
     # the chain's process replaces bash, so a scheduler's SIGTERM reaches it (and it passes it to the stage's)
-    cmd = [noquote("exec"), "python", "-m", CHAIN_MODULE, "--spec-json", chain_json]
+    cmd = [Unquoted("exec"), "python", "-m", CHAIN_MODULE, "--spec-json", chain_json]
     cmd += ["--node", macros.replica_id, "--rank0-host", host, "--", *launcher]
     job_name = StructuredNameArgument.parse_from(name=launch.name or "/", m=CHAIN_MODULE)
     roles = [launch.trainers_role("chain", topology, resource, cmd, launch.role_env(job_name, topology))]

@@ -139,7 +139,7 @@ class Launch:
             "--rdzv_backend",
             self.rdzv_backend,
             "--rdzv_endpoint",
-            noquote("{}:{}".format(*rank0_address(topology, self.rdzv_port))),
+            Unquoted("{}:{}".format(*rank0_address(topology, self.rdzv_port))),
             "--rdzv_id",
             f"{macros.app_id}",
             "--nnodes",
@@ -154,7 +154,7 @@ class Launch:
             str(self.max_restarts),
         ]
         if self.rdzv_backend == "static":
-            cmd += ["--node_rank", noquote(macros.replica_id)]
+            cmd += ["--node_rank", Unquoted(macros.replica_id)]
         return cmd
 
     def deepspeed_command(self, topology: "Topology") -> List[str]:
@@ -169,7 +169,7 @@ class Launch:
             "--nproc_per_node",
             str(topology.nproc_per_node),
             "--node_rank",
-            noquote(macros.replica_id),
+            Unquoted(macros.replica_id),
             "--master_addr",
             host,
             "--master_port",
@@ -280,12 +280,12 @@ class Topology:
         return Topology(low, nodes, nproc)
 
 
-class noquote(str):
+class Unquoted(str):
     """An argument kept unquoted in the command line (a macro for bash to expand)."""
 
 
 def args_join(args: Iterable[str]) -> str:
-    return " ".join(arg if isinstance(arg, noquote) else shlex.quote(arg) for arg in args)
+    return " ".join(arg if isinstance(arg, Unquoted) else shlex.quote(arg) for arg in args)
 
 
 def valid_name(name: str, algorithm: str) -> str:
@@ -321,8 +321,8 @@ def rank0_address(topology: Topology, port: int) -> Tuple[str, int]:
     The host is left unquoted for bash to expand; "$$" escapes torchx's macro substitution.
     """
     if topology.max_nnodes == 1:
-        return noquote("localhost"), 0
-    return noquote(f"$${{{macros.rank0_env}:=localhost}}"), port
+        return Unquoted("localhost"), 0
+    return Unquoted(f"$${{{macros.rank0_env}:=localhost}}"), port
 
 
 def port_checked_first(cmd: List[Any], topology: Topology, rdzv_port: int, at: int = 0) -> List[Any]:
@@ -333,4 +333,4 @@ def port_checked_first(cmd: List[Any], topology: Topology, rdzv_port: int, at: i
         return cmd
     host = rank0_address(topology, rdzv_port)[0]
     check = ["python", "-m", "posttrain.entrypoints.rendezvous_port", str(rdzv_port), macros.replica_id]
-    return [*check, host, macros.app_id, noquote("&&"), *cmd[:at], noquote("exec"), *cmd[at:]]
+    return [*check, host, macros.app_id, Unquoted("&&"), *cmd[:at], Unquoted("exec"), *cmd[at:]]
