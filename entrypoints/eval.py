@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from posttrain.components.spec.evaluation import eval_from_json
+from posttrain.entrypoints.evaluation.parts import parts
 from posttrain.entrypoints.evaluation.run import check_required, evaluate
 from posttrain.entrypoints.process import distributed
 from posttrain.entrypoints.process.ending import ends_in_one_line, quiet_libraries
@@ -30,7 +31,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         spec = eval_from_json(options.spec_json)
         ending.logs = Path(spec.output_dir) / "logs"
         distributed.init_process_group(distributed.group_backend(), TIMEOUT)
-        evaluated = evaluate(spec)
+        evaluated = evaluate(parts(spec))
         if evaluated is not None:
             say_closing(evaluated.line)
         check_required(evaluated)

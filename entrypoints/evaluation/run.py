@@ -24,12 +24,12 @@ import torch
 import torch.distributed as dist
 
 from posttrain.components.spec import conditions
-from posttrain.components.spec.evaluation import EvalSpec
 from posttrain.components.spec.loading import spec_diff
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.sections import ModelSpec
 from posttrain.entrypoints.evaluation import benchmarks, sampling, scores
 from posttrain.entrypoints.evaluation.files import PARTS_DIR, PLOT_FILE, SAMPLES_FILE, SPEC_FILE, SUMMARY_FILE
+from posttrain.entrypoints.evaluation.parts import EvalParts
 from posttrain.entrypoints.evaluation.sampling import prompt_seed, sample, sample_with_vllm
 from posttrain.entrypoints.generation.sampling import prompt_ids
 from posttrain.entrypoints.inputs.data import load_split
@@ -50,8 +50,6 @@ from posttrain.entrypoints.records.summary import say_closing
 
 log = logging.getLogger("posttrain")
 
-# spec keys the results do not depend on
-NOT_RESULTS = ("output_dir", "overwrite_output_dir", "require")
 # the ranks wait this long at most for each other's sampling, or for rank 0's benchmarks (thousands of questions
 # per model)
 WAIT = timedelta(hours=12)
@@ -79,29 +77,29 @@ class Inputs:
     tasks: Any
 
 
-def check(spec: EvalSpec, made_later: Sequence[str] = ()) -> Inputs:
+def check(evaluation: EvalParts, made_later: Sequence[str] = ()) -> Inputs:
     """Everything an evaluation can check before a model loads, cheapest first, on every rank; no collective call
     and nothing written. ``made_later``: models not made yet (a training run's own, checked once saved)."""
     prompts: Any = []
-    if spec.data is not None:
-        prompts = load_split(spec.data, spec.data_formats, "eval", spec.generation.seed)
-        check_reward_columns(spec.rewards, False, [("data.eval", prompts)])
-    scorers = dict(zip(spec.scorer_names(), resolve_rewards(spec.rewards)))
-    engine = sampling.engine(spec.generation)
-    for where, name_or_path in spec.named_models():
+    if evaluation.data is not None:
+        prompts = load_split(evaluation.data, evaluation.data_formats, "eval", evaluation.generation.seed)
+        check_reward_columns(evaluation.rewards, False, [("data.eval", prompts)])
+    scorers = dict(zip(evaluation.scorer_names, resolve_rewards(evaluation.rewards)))
+    engine = sampling.engine(evaluation.generation)
+    for where, name_or_path in evaluation.named_models:
         if name_or_path not in made_later:
             check_model_path(name_or_path, where)
     # rank 0 runs the benchmarks: the harness's index of tasks is its alone (and takes seconds)
-    tasks = benchmarks.task_manager(spec.benchmarks) if spec.benchmarks and distributed.is_rank0() else None
+    tasks = benchmarks.task_manager(evaluation.benchmarks) if evaluation.benchmarks and distributed.is_rank0() else None
     return Inputs(prompts, scorers, engine, tasks)
 
 
-def evaluate(spec: EvalSpec, checked: Optional[Inputs] = None) -> Optional[Evaluated]:
+def evaluate(evaluation: EvalParts, checked: Optional[Inputs] = None) -> Optional[Evaluated]:
     """Runs the evaluation, or finds it finished (its conditions judged again), on every rank of the process
     group; rank 0's outcome (None on the others). ``require:``'s verdicts are in the summary:
     :func:`check_required` fails the job on them. ``checked``: what :func:`check` gave already (a training job
     checks its evaluation before training)."""
-    output_dir = Path(spec.output_dir)
+    output_dir = evaluation.output_dir
     world, rank = distributed.world_size(), distributed.env_rank()
     # every rank makes it: where the ranks wait for each other's sampling, or for rank 0's benchmarks, longer than
     # a training job's timeout allows
@@ -111,33 +109,35 @@ def evaluate(spec: EvalSpec, checked: Optional[Inputs] = None) -> Optional[Evalu
         with distributed.all_ranks_agree():
             if distributed.is_rank0():
                 held.callback(lease.acquire(output_dir, "output_dir").release)
-            inputs = checked if checked is not None else check(spec)
+            inputs = checked if checked is not None else check(evaluation)
             prompts, scorers, engine = inputs.prompts, inputs.scorers, inputs.engine
             record = {
                 # what the results depend on: not where they are written, nor whether they may replace others
-                "spec": {k: v for k, v in json.loads(spec.to_json()).items() if k not in NOT_RESULTS},
-                "models": model_fingerprints(spec.named_models(), None),
-                "data": split_fingerprint(spec.data, "eval", prompts) if spec.data is not None else None,
-                "benchmark_tasks": benchmarks.tasks_fingerprint(spec.benchmarks) if spec.benchmarks else None,
+                "spec": evaluation.results_spec,
+                "models": model_fingerprints(evaluation.named_models, None),
+                "data": split_fingerprint(evaluation.data, "eval", prompts) if evaluation.data is not None else None,
+                "benchmark_tasks": benchmarks.tasks_fingerprint(evaluation.benchmarks)
+                if evaluation.benchmarks
+                else None,
                 # what sampled: its samples are its own
                 "engine": engine,
             }
-            finished = _finished(output_dir, record, spec.overwrite_output_dir)
+            finished = _finished(output_dir, record, evaluation.overwrite)
         # nodes that do not share output_dir would not agree; check_shared_output says so below
         finished = distributed.rank0s(finished)
         if finished is not None:
             if not distributed.is_rank0():
                 return None
             said = finished.removeprefix("posttrain: ")
-            summary = _judge_again(spec, output_dir)
+            summary = _judge_again(evaluation, output_dir)
             return Evaluated(summary, f"posttrain: {output_dir} holds this evaluation, finished: {said}")
         if distributed.is_rank0():
             _start(output_dir, record)
         distributed.barrier()
         distributed.check_shared_output(output_dir, "output_dir")
 
-        models = list(spec.models)
-        if spec.data is not None:
+        models = list(evaluation.models)
+        if evaluation.data is not None:
             scorers = {name: _scorer(resolved) for name, resolved in scorers.items()}
             done = _done(output_dir / PARTS_DIR)
             mine = [index for index in range(len(prompts)) if index % world == rank]
@@ -146,16 +146,16 @@ def evaluate(spec: EvalSpec, checked: Optional[Inputs] = None) -> Optional[Evalu
                 for name in models:
                     left = [index for index in mine if (name, index) not in done]
                     if left:
-                        _evaluate_model(spec, name, prompts, left, scorers, part, engine)
+                        _evaluate_model(evaluation, name, prompts, left, scorers, part, engine)
         _wait(waiting)
-        if spec.benchmarks is not None:
+        if evaluation.benchmarks is not None:
             # rank 0 runs each model's tasks while the others wait
             if distributed.is_rank0():
-                _run_benchmarks(spec, output_dir, inputs.tasks)
+                _run_benchmarks(evaluation, output_dir, inputs.tasks)
             _wait(waiting)
         if not distributed.is_rank0():
             return None
-        summary = _summarise(spec, output_dir, len(prompts), list(scorers), world, engine)
+        summary = _summarise(evaluation, output_dir, len(prompts), list(scorers), world, engine)
         return Evaluated(summary, summary["closing_line"])
 
 
@@ -175,7 +175,7 @@ def check_required(evaluated: Optional[Evaluated]) -> None:
 
 
 def evaluate_run(
-    evaluation: EvalSpec, run_dir: Path, run_line: Optional[str], checked: Optional[Inputs] = None
+    evaluation: EvalParts, run_dir: Path, run_line: Optional[str], checked: Optional[Inputs] = None
 ) -> None:
     """A training spec's ``evaluate:`` (evaluation.of_training_run), once the run's model is saved (``run_line``:
     its closing line; ``checked``: its inputs, checked before training) or found finished (None): the evaluation,
@@ -192,9 +192,9 @@ def evaluate_run(
     check_required(evaluated)
 
 
-def verdicts(spec: EvalSpec, summary: Dict[str, Any]) -> List[Dict[str, Any]]:
+def verdicts(evaluation: EvalParts, summary: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Each ``require:`` condition judged on ``summary``."""
-    return [conditions.Condition.parse(text).verdict(summary) for text in spec.require]
+    return [conditions.Condition.parse(text).verdict(summary) for text in evaluation.require]
 
 
 def _failures(judged: List[Dict[str, Any]]) -> Optional[List[str]]:
@@ -205,13 +205,13 @@ def _failures(judged: List[Dict[str, Any]]) -> Optional[List[str]]:
     return failed or None
 
 
-def _judge_again(spec: EvalSpec, output_dir: Path) -> Dict[str, Any]:
+def _judge_again(evaluation: EvalParts, output_dir: Path) -> Dict[str, Any]:
     """Rank 0, on finished results: their summary, with this spec's conditions judged and recorded in it (they
     may have changed since)."""
     path = output_dir / SUMMARY_FILE
     remedy = "remove the directory's eval_* files to evaluate again, or use another output_dir"
     summary = read_record(path, remedy, keys=("models",))
-    summary["require"] = verdicts(spec, summary)
+    summary["require"] = verdicts(evaluation, summary)
     write_json_atomic(path, summary)
     return summary
 
@@ -280,10 +280,10 @@ def _done(parts_dir: Path) -> Set[Tuple[str, int]]:
     return {(result["model"], result["index"]) for result in _parts(parts_dir)}
 
 
-def _loaded(spec: EvalSpec, name: str) -> Tuple[Any, Any]:
+def _loaded(evaluation: EvalParts, name: str) -> Tuple[Any, Any]:
     """A model of the evaluation and its tokenizer (padding on the left, to generate), on this rank's GPU where it
     has one."""
-    model_spec = spec.models[name]
+    model_spec = evaluation.models[name]
     tokenizer = load_tokenizer(model_spec.name_or_path, model_spec, "left")
     loading = ModelLoading(model_spec, attention=model_spec.attn_implementation)
     model = load_model(model_spec.name_or_path, loading, tokenizer, CAUSAL_LM).eval()
@@ -309,22 +309,24 @@ def _scorer(resolved: Any) -> Callable[..., Any]:
     return scored
 
 
-def _run_benchmarks(spec: EvalSpec, output_dir: Path, manager: Any) -> None:
+def _run_benchmarks(evaluation: EvalParts, output_dir: Path, manager: Any) -> None:
     """Rank 0: each model's benchmark results not yet in ``eval_parts/`` (a rerun after a kill skips the models
     done), one file per model."""
-    assert spec.benchmarks is not None
-    for name in spec.models:
+    assert evaluation.benchmarks is not None
+    for name in evaluation.models:
         path = output_dir / PARTS_DIR / f"benchmarks-{name}.json"
         if path.is_file():
             continue
-        log.info("benchmarks of %s: %s (lm-evaluation-harness)", name, ", ".join(spec.benchmarks.tasks))
-        model, tokenizer = _loaded(spec, name)
-        write_json_atomic(path, benchmarks.run(model, tokenizer, spec.benchmarks, manager, spec.generation.seed))
+        log.info("benchmarks of %s: %s (lm-evaluation-harness)", name, ", ".join(evaluation.benchmarks.tasks))
+        model, tokenizer = _loaded(evaluation, name)
+        write_json_atomic(
+            path, benchmarks.run(model, tokenizer, evaluation.benchmarks, manager, evaluation.generation.seed)
+        )
         del model
 
 
 def _evaluate_model(
-    spec: EvalSpec,
+    evaluation: EvalParts,
     name: str,
     prompts: Any,
     indices: List[int],
@@ -334,16 +336,16 @@ def _evaluate_model(
 ) -> None:
     """One model's completions of this rank's ``indices``, scored, each prompt a line of ``part`` once done
     (with vLLM, once all this rank's prompts are sampled)."""
-    generation = spec.generation
+    generation = evaluation.generation
     if engine == "vllm":
-        model_spec = spec.models[name]
+        model_spec = evaluation.models[name]
         tokenizer = load_tokenizer(model_spec.name_or_path, model_spec, "left")
         tokens = [prompt_ids(tokenizer, prompts[index]["prompt"]) for index in indices]
         seeds = [prompt_seed(generation, index) for index in indices]
         for index, texts in zip(indices, sample_with_vllm(model_spec, tokens, seeds, generation)):
             _write_result(name, index, prompts[index], texts, scorers, part)
         return
-    model, tokenizer = _loaded(spec, name)
+    model, tokenizer = _loaded(evaluation, name)
     for index in indices:
         texts = sample(model, tokenizer, prompts[index]["prompt"], generation, prompt_seed(generation, index))
         _write_result(name, index, prompts[index], texts, scorers, part)
@@ -399,10 +401,10 @@ def _scores(
 
 
 def _summarise(
-    spec: EvalSpec, output_dir: Path, prompts: int, scorer_list: List[str], world: int, engine: str
+    evaluation: EvalParts, output_dir: Path, prompts: int, scorer_list: List[str], world: int, engine: str
 ) -> Dict[str, Any]:
     """Rank 0, once every rank has finished: the samples in order, the plot, and the summary last."""
-    models = list(spec.models)
+    models = list(evaluation.models)
     results = {(r["model"], r["index"]): r for r in _parts(output_dir / PARTS_DIR)}
     missing = [(m, i) for m in models for i in range(prompts) if (m, i) not in results]
     if missing:
@@ -426,22 +428,22 @@ def _summarise(
                     samples[-1]["extra"] = {column: values[number] for column, values in result["extra"].items()}
     with open(output_dir / SAMPLES_FILE, "w") as out:
         out.writelines(json.dumps(sample) + "\n" for sample in samples)
-    summary = scores.summarise(samples, models, scorer_list, spec.pass_at_k)
-    if spec.benchmarks is not None:
+    summary = scores.summarise(samples, models, scorer_list, evaluation.pass_at_k)
+    if evaluation.benchmarks is not None:
         summary["benchmarks"] = {
             model: json.loads((output_dir / PARTS_DIR / f"benchmarks-{model}.json").read_text()) for model in models
         }
-    tasks = spec.benchmarks.tasks if spec.benchmarks is not None else []
-    line = scores.closing_line(summary, models, scorer_list, prompts if spec.data is not None else None, tasks)
+    tasks = evaluation.benchmarks.tasks if evaluation.benchmarks is not None else []
+    line = scores.closing_line(summary, models, scorer_list, prompts if evaluation.data is not None else None, tasks)
     if len(models) > 1 and scorer_list:
         _plot(summary, models, scorer_list, output_dir / PLOT_FILE)
     summary.update(
         prompts=prompts,
-        num_samples=spec.generation.num_samples,
-        generation={**spec.generation.model_dump(), "engine": engine, "processes": world},
+        num_samples=evaluation.generation.num_samples,
+        generation={**evaluation.generation.model_dump(), "engine": engine, "processes": world},
         closing_line=line,
     )
-    summary["require"] = verdicts(spec, summary)
+    summary["require"] = verdicts(evaluation, summary)
     write_json_atomic(output_dir / SUMMARY_FILE, summary)
     shutil.rmtree(output_dir / PARTS_DIR, ignore_errors=True)
     return summary

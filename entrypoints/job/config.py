@@ -14,21 +14,9 @@ from posttrain.components.spec.schema import CHECKPOINTING_OPTIONS, Spec
 from posttrain.entrypoints.generation import vllm_generation
 from posttrain.entrypoints.inputs.models import import_object, model_config
 from posttrain.entrypoints.job.sharding import may_leave_parameters_unused, strategy_for
+from posttrain.entrypoints.job.spec_parts import parts
 from posttrain.entrypoints.process import distributed
 from posttrain.entrypoints.speed import fast_paths
-from posttrain.entrypoints.speed.fast_paths import FastPathOptions
-
-
-def fast_path_options(spec: Spec) -> FastPathOptions:
-    return FastPathOptions(
-        offered=spec.fast_paths,
-        config_class=spec.config_class,
-        model=spec.model,
-        training=dict(spec.training),
-        sharded=spec.distributed.sharding is not None,
-        # TRL's GRPO and RLOO trainers' passes (PPO's trainer packs its own)
-        rl_passes=spec.groups,
-    )
 
 
 def build_config(config_class: str, kwargs: Dict[str, Any]) -> Any:
@@ -147,7 +135,7 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
         # else the trainer takes them itself
         kwargs["reward_weights"] = [reward.weight for reward in rewards]
     kwargs.update(strategy_for(spec.distributed).trainer_arguments(spec.config_class, kwargs))
-    kwargs.update(fast_paths.config_defaults(fast_path_options(spec), on_cuda=not on_cpu, training=kwargs))
+    kwargs.update(fast_paths.config_defaults(parts(spec).fast_paths, on_cuda=not on_cpu, training=kwargs))
     if kwargs.get("use_vllm"):
         if importlib.util.find_spec("vllm") is None:
             raise SpecError(["training.use_vllm: vLLM is not installed in the job's environment (pip install vllm)"])

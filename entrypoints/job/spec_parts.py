@@ -5,12 +5,13 @@ import dataclasses
 from pathlib import Path
 from typing import Dict, Optional, Tuple, Union
 
-from posttrain.components.spec.evaluation import EvalSpec, of_training_run
+from posttrain.components.spec.evaluation import of_training_run
 from posttrain.components.spec.generation import TrainingGeneration
 from posttrain.components.spec.schema import Spec
 from posttrain.components.spec.sections import EnvironmentSource, RewardSource, ToolSource
+from posttrain.entrypoints.evaluation.parts import EvalParts
+from posttrain.entrypoints.evaluation.parts import parts as evaluation_parts
 from posttrain.entrypoints.inputs.models import ModelLoading
-from posttrain.entrypoints.job.config import fast_path_options
 from posttrain.entrypoints.records.checkpoints import Resume
 from posttrain.entrypoints.speed import fast_paths
 from posttrain.entrypoints.speed.fast_paths import FastPathOptions
@@ -30,14 +31,22 @@ class Parts:
     # the environment the model acts in (one, or several by name), or None
     environment: Union[EnvironmentSource, Dict[str, EnvironmentSource], None]
     # the evaluation of the saved model (evaluate:), or None
-    evaluation: Optional[EvalSpec]
+    evaluation: Optional[EvalParts]
     # how the trainers and the vllm role take turns (GRPO's and RLOO's generation:), or None
     generation: Optional[TrainingGeneration]
 
 
 def parts(spec: Spec) -> Parts:
     """The spec split into the parts the job's steps take."""
-    options = fast_path_options(spec)
+    options = FastPathOptions(
+        offered=spec.fast_paths,
+        config_class=spec.config_class,
+        model=spec.model,
+        training=dict(spec.training),
+        sharded=spec.distributed.sharding is not None,
+        # TRL's GRPO and RLOO trainers' passes (PPO's trainer packs its own)
+        rl_passes=spec.groups,
+    )
     models = ModelLoading(
         spec.model,
         model_class=spec.model_class,
@@ -62,6 +71,6 @@ def parts(spec: Spec) -> Parts:
         rewards=tuple(getattr(spec, "rewards", ())),
         tools=tuple(getattr(spec, "tools", ())),
         environment=getattr(spec, "environment", None),
-        evaluation=of_training_run(spec) if spec.evaluate is not None else None,
+        evaluation=evaluation_parts(of_training_run(spec)) if spec.evaluate is not None else None,
         generation=getattr(spec, "generation", None),
     )

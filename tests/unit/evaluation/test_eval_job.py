@@ -1,4 +1,5 @@
-"""posttrain.eval's job, its parts without a model: the part file a kill cut short, and the scorers' scores."""
+"""posttrain.eval's job, its parts without a model: its spec read once, the part file a kill cut short, and the
+scorers' scores."""
 
 import json
 import signal
@@ -7,9 +8,12 @@ from typing import Any, List
 
 import pytest
 
+from helpers import TEMPLATES
+from posttrain.components.spec.evaluation import load_eval
 from posttrain.components.spec.judging import GenerationSpec
 from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints import launcher
+from posttrain.entrypoints.evaluation import parts as eval_parts
 from posttrain.entrypoints.evaluation import run as eval_job
 from posttrain.entrypoints.evaluation import sampling
 from posttrain.entrypoints.inputs.rewards import RewardCheck
@@ -88,3 +92,27 @@ def test_the_engine_is_vllm_where_installed_unless_the_spec_names_one(monkeypatc
     assert sampling.engine(GenerationSpec()) == "transformers"
     with pytest.raises(SpecError, match="generation.engine: vllm is not installed in the job's environment"):
         sampling.engine(GenerationSpec(engine="vllm"))
+
+
+def test_an_evaluation_is_read_once_into_its_parts_and_its_results_do_not_depend_on_where_they_go() -> None:
+    spec = load_eval(str(TEMPLATES / "eval/sft-tiny.yaml"), ["models.sft.name_or_path=/runs/sft"])
+    read = eval_parts.parts(spec)
+    assert (read.output_dir, read.overwrite, list(read.models)) == (
+        Path("outputs/eval-sft-tiny"),
+        False,
+        ["base", "sft"],
+    )
+    assert read.named_models == (
+        ("models.base.name_or_path", "builtin:tiny-llama"),
+        ("models.sft.name_or_path", "/runs/sft"),
+    )
+    assert (read.scorer_names, read.pass_at_k) == (("contains", "regex_format"), (1, 4))
+    assert read.require == ("sft.regex_format - base.regex_format >= 0.3",)
+    # another place, the right to replace, other conditions: the same results
+    elsewhere = load_eval(
+        str(TEMPLATES / "eval/sft-tiny.yaml"),
+        ["models.sft.name_or_path=/runs/sft", "output_dir=/elsewhere", "overwrite_output_dir=true", "require=[]"],
+    )
+    assert eval_parts.parts(elsewhere).results_spec == read.results_spec
+    assert read.results_spec["models"]["sft"]["name_or_path"] == "/runs/sft"
+    assert not {"output_dir", "overwrite_output_dir", "require"} & set(read.results_spec)

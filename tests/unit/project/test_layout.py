@@ -147,21 +147,24 @@ def test_the_job_library_names_no_algorithm() -> None:
 
 
 def test_the_spec_is_read_once_where_the_job_splits_it() -> None:
-    """The whole ``Spec`` is a parameter only of the steps that split it into parts (job/spec_parts.py); every other
-    job function takes its part, as ``sharding.Strategy`` takes ``distributed``."""
+    """A whole spec (a training's ``Spec``, an evaluation's ``EvalSpec``, a chain's ``ChainSpec``) is a parameter of
+    five functions at most: those that split it into parts (job/spec_parts.py, evaluation/parts.py) and the training
+    steps that read the algorithm's class; every other job function takes its part, as ``sharding.Strategy`` takes
+    ``distributed``."""
     takers = []
     for path in (REPO / "entrypoints").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 arguments = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
                 if any(
-                    argument.annotation is not None and ast.unparse(argument.annotation) == "Spec"
+                    argument.annotation is not None
+                    and ast.unparse(argument.annotation) in ("Spec", "EvalSpec", "ChainSpec")
                     for argument in arguments
                 ):
                     takers.append(f"{path.relative_to(REPO)}:{node.name}")
     assert sorted(takers) == [
+        "entrypoints/evaluation/parts.py:parts",
         "entrypoints/job/checks.py:check_inputs",
-        "entrypoints/job/config.py:fast_path_options",
         "entrypoints/job/config.py:training_arguments",
         "entrypoints/job/runtime.py:_train",
         "entrypoints/job/spec_parts.py:parts",
