@@ -7,8 +7,10 @@ its ``posttrain:`` line, exit code 2) or left its crash's one-line summary
 in torchelastic's error file (exit code 1), which torchrun has copied for
 torchx's structured error. This runs torchrun's ``main`` (``@record``, so
 that copy still happens) and says only what no rank has said: a crash's
-line, or how a rank died that could not speak (a signal: killed, out of
-memory). The launcher exits with the failed rank's code.
+line, how a rank died that could not speak (a signal: killed, out of
+memory), or a check's line that rank 0, stopped by torchrun once another
+rank had ended on the same check, did not get to print. The launcher exits
+with the failed rank's code.
 
 It also keeps the run's logs: torchrun writes each process's output to files
 (``--tee`` reads them back), in a directory torchx's local_cwd deletes when
@@ -73,6 +75,17 @@ def failure_line(rank: int, failure: ProcessFailure) -> Optional[str]:
     if line is None and failure.exitcode not in (STOPPED, CRASHED):
         return f"posttrain: rank {rank} (pid {failure.pid}) exited with code {failure.exitcode} without saying why"
     return line if failure.exitcode == CRASHED else None
+
+
+def unsaid_line(failures: Mapping[int, ProcessFailure], done: Path) -> Optional[str]:
+    """The line of a check every rank met where no rank of this node printed it (``distributed.report_said`` leaves
+    a mark in ``done``): rank 0 prints such a line, and torchrun stops rank 0 (SIGTERM) as soon as another rank has
+    ended on it, maybe before rank 0 got there (a loaded machine). Said by the node of rank 0 alone: the other nodes'
+    ranks leave it to rank 0's."""
+    if 0 not in failures or any(done.glob("said-*")):
+        return None
+    lines = [posttrain_line(failure.error_file_data) for failure in failures.values() if failure.exitcode == STOPPED]
+    return next((line for line in lines if line), None)
 
 
 def root_cause(failures: Mapping[int, ProcessFailure]) -> Tuple[int, ProcessFailure]:
@@ -149,7 +162,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if kept is not None:
         # rank 0's first line names it
         os.environ[KEPT_LOGS] = str(kept)
-    # each rank says there that its run finished (distributed.report_done)
+    # each rank says there that its run finished (distributed.report_done), or that it printed its last line
     done = Path(tempfile.mkdtemp(prefix="posttrain-ranks-done-"))
     os.environ[DONE_DIR_ENV] = str(done)
     try:
@@ -178,7 +191,7 @@ def _launch(argv: Sequence[str], log_dir: Path, kept: Optional[Path], done: Path
     except ChildFailedError as failed:
         rank, failure = root_cause(failed.failures)
         ours = not lease.says_not_this_runs(posttrain_line(failure.error_file_data))
-        line = failure_line(rank, failure)
+        line = failure_line(rank, failure) or unsaid_line(failed.failures, done)
         if line:
             print(line, file=sys.stderr, flush=True)
         return failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode
@@ -198,7 +211,7 @@ def unfinished_line(done: Path, argv: Sequence[str]) -> Optional[str]:
     ended with exit code 0 before its end (``os._exit`` in user code, or a process that left quietly), and nothing
     the job wrote may be taken as finished; None where every rank said so."""
     ranks = int(argv[list(argv).index("--nproc_per_node") + 1]) if "--nproc_per_node" in argv else 1
-    reported = len(list(done.iterdir()))
+    reported = len(list(done.glob("rank-*")))
     if reported >= ranks:
         return None
     return (

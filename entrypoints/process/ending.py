@@ -38,6 +38,7 @@ def ends_in_one_line() -> Iterator[Ending]:
         # it; an error this rank may have met alone is said by this rank (else the job would end without a word)
         if distributed.env_rank() == 0 or error.this_rank_only:
             print(f"posttrain: {error}", file=sys.stderr, flush=True)
+            distributed.report_said()
         # every rank: whichever torchrun names the root cause
         record_error(f"posttrain: {error}")
         raise SystemExit(STOPPED) from None

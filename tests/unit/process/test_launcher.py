@@ -165,3 +165,37 @@ def test_torchs_collective_errors_are_a_lost_peer_only_with_peers(monkeypatch: p
     assert distributed.lost_a_peer(error) and not distributed.lost_a_peer(dist.DistBackendError("out of memory"))
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert not distributed.lost_a_peer(error)
+
+
+def test_a_checks_line_rank_0_was_stopped_before_printing_is_said_by_rank_0s_node_alone(tmp_path: Path) -> None:
+    line = "posttrain: distributed.fsdp: this job sees no GPU"
+    done = tmp_path / "done"
+    done.mkdir()
+    # rank 1 ended on the check first (recorded, not printed: rank 0 prints it), and torchrun stopped rank 0
+    unsaid = {0: _failure(tmp_path, -signal.SIGTERM, rank=0), 1: _failure(tmp_path, error_file.STOPPED, line, 1)}
+    assert launcher.unsaid_line(unsaid, done) == line
+    # another node's ranks leave it to rank 0's node
+    assert launcher.unsaid_line({2: _failure(tmp_path, error_file.STOPPED, line, 2)}, done) is None
+    # rank 0 printed it
+    (done / "said-0").touch()
+    assert launcher.unsaid_line(unsaid, done) is None
+    # and that is no rank's end of a finished run
+    assert launcher.unfinished_line(done, ["--nproc_per_node", "1"]) is not None
+
+
+def test_rank_0_alone_prints_a_checks_line_and_says_so_every_rank_records_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    from posttrain.components.spec.messages import SpecError
+    from posttrain.entrypoints.process.ending import ends_in_one_line
+
+    monkeypatch.setenv(distributed.DONE_DIR_ENV, str(tmp_path))
+    for rank, printed in (("0", True), ("1", False)):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / f"error-{rank}.json"))
+        with pytest.raises(SystemExit), ends_in_one_line():
+            raise SpecError(["distributed.fsdp: this job sees no GPU"])
+        data = json.loads((tmp_path / f"error-{rank}.json").read_text())
+        assert error_file.posttrain_line(data) == "posttrain: distributed.fsdp: this job sees no GPU"
+        assert ("posttrain: " in capsys.readouterr().err) is printed
+        assert (tmp_path / f"said-{rank}").exists() is printed
