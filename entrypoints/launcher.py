@@ -165,10 +165,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     # each rank says there that its run finished (distributed.report_done), or that it printed its last line
     done = Path(tempfile.mkdtemp(prefix="posttrain-ranks-done-"))
     os.environ[DONE_DIR_ENV] = str(done)
+    # torchx reads the replica's error file as soon as it exists, and torchrun writes it in place: written aside, it
+    # is moved in whole (a half-written file made torchx's log printer raise)
+    error_file = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if error_file:
+        os.environ["TORCHELASTIC_ERROR_FILE"] = f"{error_file}.{os.getpid()}.tmp"
     try:
         return _launch(argv, log_dir, kept, done)
     finally:
         shutil.rmtree(done, ignore_errors=True)
+        if error_file and os.path.exists(os.environ["TORCHELASTIC_ERROR_FILE"]):
+            os.replace(os.environ["TORCHELASTIC_ERROR_FILE"], error_file)
         # torchx's local scheduler names the parent
         if parent:
             time.sleep(LOG_COPY_S)
