@@ -80,14 +80,10 @@ def build_appdef(
     Raises SpecError listing every problem found.
     """
     launch = Launch(**launch_arguments)
-    resource = launch.resource()
+    resource, topology = launch.placed()
     server = VllmServer(vllm_h, vllm_gpu, vllm_replicas, vllm_tp)
-    problems = launch.problems()
-    if problems:
-        raise SpecError(problems)
-    topology = launch.topology(resource)
     validated = load_spec(_spec_file(spec), overrides, algorithm=algorithm, world_size=topology.world_size)
-    problems += _spec_problems(validated, launch, topology, resource)
+    problems = _spec_problems(validated, launch, topology, resource)
     serve = runs_vllm_server(validated.training)
     if serve:
         problems += server.problems(trainer_gpus=resource.gpu)
@@ -144,11 +140,7 @@ def build_chain_appdef(overrides: Sequence[str], *, spec: str, **launch_argument
     torchrun in turn. Every stage is checked here as if submitted alone; raises SpecError listing every problem,
     each naming its stage."""
     launch = Launch(**launch_arguments)
-    resource = launch.resource()
-    problems = launch.problems()
-    if problems:
-        raise SpecError(problems)
-    topology = launch.topology(resource)
+    resource, topology = launch.placed()
     j = launch.j
     if topology.min_nnodes != topology.max_nnodes:
         raise SpecError(
@@ -158,6 +150,7 @@ def build_chain_appdef(overrides: Sequence[str], *, spec: str, **launch_argument
             ]
         )
     chain = load_chain(_spec_file(spec), overrides, world_size=topology.world_size)
+    problems: List[str] = []
     # several nodes: each stage rendezvouses on a port of its own
     rdzv_port = launch.rdzv_port
     last_port = rdzv_port + len(chain.stages) - 1
@@ -192,13 +185,9 @@ def build_eval_appdef(overrides: Sequence[str], *, spec: str, **launch_arguments
     """The AppDef of an evaluation: torchrun's processes share the prompts (``posttrain.entrypoints.eval``).
     Raises SpecError listing every problem found."""
     launch = Launch(**launch_arguments)
-    resource = launch.resource()
-    problems = launch.problems()
-    if problems:
-        raise SpecError(problems)
-    topology = launch.topology(resource)
+    resource, topology = launch.placed()
     validated = load_eval(_spec_file(spec), overrides)
-    problems += local_model_problems(validated) + local_data_problems(validated)
+    problems = local_model_problems(validated) + local_data_problems(validated)
     if problems:
         raise SpecError(problems)
     # torchx substitutes ${...} macros in args with string.Template: "$$" keeps a "$" of the spec literal

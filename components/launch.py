@@ -115,6 +115,14 @@ class Launch:
             raise SpecError(problems)
         return specs.resource(cpu=self.cpu, gpu=self.gpu, memMB=self.memMB)
 
+    def placed(self) -> Tuple[specs.Resource, "Topology"]:
+        """Each node's resource and the topology, once the arguments have no problem (a SpecError lists them)."""
+        resource = self.resource()
+        problems = self.problems()
+        if problems:
+            raise SpecError(problems)
+        return resource, self.topology(resource)
+
     def topology(self, resource: specs.Resource) -> "Topology":
         """``-j`` on hosts of ``resource``."""
         topology = Topology.parse(self.j, gpus_per_host=resource.gpu)
