@@ -14,7 +14,7 @@ to the first host to find it.
 The runner's exit status is not the verdict: when its ``launch`` child dies
 by a signal it exits 0 and leaves the ranks running (measured with
 DeepSpeed 0.19.8). So every rank reports its success in a directory given
-to it here (``POSTTRAIN_RANKS_DONE_DIR``, see ``distributed.report_done``), and the node
+to it here (``POSTTRAIN_RANKS_DONE_DIR``, see ``error_file.report_done``), and the node
 succeeds only if the runner did and all of its ranks reported.
 """
 
@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from posttrain.entrypoints.process.distributed import DONE_DIR_ENV
+from posttrain.entrypoints.process.error_file import DONE_DIR_ENV
 
 # After a SIGTERM, how long the ranks get to save and exit (DeepSpeed's launch gives
 # them 30 s) before what is left of the node's processes is killed.

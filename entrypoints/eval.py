@@ -14,6 +14,7 @@ from posttrain.entrypoints.evaluation.parts import parts
 from posttrain.entrypoints.evaluation.run import check_required, evaluate
 from posttrain.entrypoints.process import distributed
 from posttrain.entrypoints.process.ending import ends_in_one_line, quiet_libraries
+from posttrain.entrypoints.process.error_file import report_done
 from posttrain.entrypoints.records.summary import say_closing
 
 # the processes wait for each other this long at most (rank 0 summarising, a slow model's prompts)
@@ -35,7 +36,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         if evaluated is not None:
             say_closing(evaluated.line)
         check_required(evaluated)
-    distributed.report_done()
+    report_done()
 
 
 if __name__ == "__main__":

@@ -43,9 +43,9 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, P
 from torch.distributed.run import main as torchrun
 
 from posttrain.entrypoints.process import lease
-from posttrain.entrypoints.process.distributed import DONE_DIR_ENV
 from posttrain.entrypoints.process.error_file import (
     CRASHED,
+    DONE_DIR_ENV,
     KEPT_LOGS,
     LAUNCHER_SAYS,
     STOPPED,
@@ -78,7 +78,7 @@ def failure_line(rank: int, failure: ProcessFailure) -> Optional[str]:
 
 
 def unsaid_line(failures: Mapping[int, ProcessFailure], done: Path) -> Optional[str]:
-    """The line of a check every rank met where no rank of this node printed it (``distributed.report_said`` leaves
+    """The line of a check every rank met where no rank of this node printed it (``error_file.say`` leaves
     a mark in ``done``): rank 0 prints such a line, and torchrun stops rank 0 (SIGTERM) as soon as another rank has
     ended on it, maybe before rank 0 got there (a loaded machine). Said by the node of rank 0 alone: the other nodes'
     ranks leave it to rank 0's."""
@@ -162,7 +162,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if kept is not None:
         # rank 0's first line names it
         os.environ[KEPT_LOGS] = str(kept)
-    # each rank says there that its run finished (distributed.report_done), or that it printed its last line
+    # each rank says there that its run finished (error_file.report_done), or that it printed its last line
     done = Path(tempfile.mkdtemp(prefix="posttrain-ranks-done-"))
     os.environ[DONE_DIR_ENV] = str(done)
     # torchx reads the replica's error file as soon as it exists, and torchrun writes it in place: written aside, it

@@ -80,7 +80,7 @@ from posttrain.entrypoints.job.sharding import strategy_for
 from posttrain.entrypoints.job.spec_parts import parts
 from posttrain.entrypoints.process import distributed, lease
 from posttrain.entrypoints.process.ending import ends_in_one_line, quiet_libraries
-from posttrain.entrypoints.process.error_file import KEPT_LOGS, Exit
+from posttrain.entrypoints.process.error_file import KEPT_LOGS, Exit, report_done
 from posttrain.entrypoints.records import checkpoints, disk, final_model
 from posttrain.entrypoints.records.checkpoints import SPEC_FILE
 from posttrain.entrypoints.records.files import write_json_atomic
@@ -161,7 +161,7 @@ def run(algorithm: str, build_trainer: Callable[[Job], Any], argv: Optional[Sequ
         # a job with a vllm role: rank 0 tells it when training ends
         with role_lease.lease(spec.training):
             _train(algorithm, spec, build_trainer)
-    distributed.report_done()
+    report_done()
 
 
 def main(algorithm: str, build_trainer: Callable[[Job], Any]) -> NoReturn:

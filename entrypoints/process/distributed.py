@@ -26,9 +26,6 @@ from posttrain.components.spec.messages import SpecError
 log = logging.getLogger("posttrain")
 T = TypeVar("T")
 
-# where posttrain's launchers have each rank say it finished (report_done), or printed its last line (report_said)
-DONE_DIR_ENV = "POSTTRAIN_RANKS_DONE_DIR"
-
 
 def device_backend() -> str:
     """The backend collectives use on this hardware: NCCL on GPUs, gloo on CPU."""
@@ -302,22 +299,6 @@ def check_shared_output(output_dir: Path, key: str = "training.output_dir") -> N
                 "volume) for multi-node jobs"
             ]
         )
-
-
-def report_done() -> None:
-    """Tells posttrain's launcher (torchrun's or DeepSpeed's) that this rank finished its run: a rank that ends with
-    exit code 0 without it (``os._exit`` in user code) fails the job there."""
-    done_dir = os.environ.get(DONE_DIR_ENV)
-    if done_dir:
-        (Path(done_dir) / f"rank-{os.environ.get('RANK', '0')}").touch()
-
-
-def report_said() -> None:
-    """Tells posttrain's launcher that this rank printed the line it stops with: where no rank of a node did (rank 0
-    was stopped first), the launcher of rank 0's node says it (``launcher.unsaid_line``)."""
-    done_dir = os.environ.get(DONE_DIR_ENV)
-    if done_dir:
-        (Path(done_dir) / f"said-{os.environ.get('RANK', '0')}").touch()
 
 
 def setup_logging() -> None:

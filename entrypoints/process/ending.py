@@ -15,7 +15,7 @@ from transformers.utils import logging as transformers_logging
 
 from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints.process import distributed
-from posttrain.entrypoints.process.error_file import CRASHED, STOPPED, Exit, record_crash, record_error
+from posttrain.entrypoints.process.error_file import CRASHED, STOPPED, Exit, record_crash, record_error, say
 
 
 @dataclasses.dataclass
@@ -37,8 +37,7 @@ def ends_in_one_line() -> Iterator[Ending]:
         # every rank meets the same error (the checks agree across ranks, see distributed.all_ranks_agree): one says
         # it; an error this rank may have met alone is said by this rank (else the job would end without a word)
         if distributed.env_rank() == 0 or error.this_rank_only:
-            print(f"posttrain: {error}", file=sys.stderr, flush=True)
-            distributed.report_said()
+            say(f"posttrain: {error}")
         # every rank: whichever torchrun names the root cause
         record_error(f"posttrain: {error}")
         raise SystemExit(STOPPED) from None
@@ -47,7 +46,7 @@ def ends_in_one_line() -> Iterator[Ending]:
     except SystemExit as exit:
         # sys.exit where posttrain does not bound the call (user_code.py does): a run never ends quietly half-done
         line = f"posttrain: rank {distributed.env_rank()}: {_called_exit(exit)}; the job stops"
-        print(line, file=sys.stderr, flush=True)
+        say(line)
         record_error(line)
         raise SystemExit(STOPPED) from None
     except Exception as error:

@@ -1,4 +1,5 @@
-"""Where torchrun and torchx look for why a process failed: torchelastic's error file.
+"""Where torchrun, torchx and posttrain's launcher look for how a process ended: torchelastic's error file, and the
+marks a rank leaves its launcher.
 
 torchrun gives each worker ``TORCHELASTIC_ERROR_FILE``, copies the root
 cause's file up to its own (which torchx gives the replica), and torchx
@@ -23,6 +24,27 @@ STOPPED, CRASHED = 2, 1
 LAUNCHER_SAYS = "POSTTRAIN_LAUNCHER_SAYS"
 # Set by posttrain's launcher: where it keeps the run's logs when the run ends (rank 0's first line names it)
 KEPT_LOGS = "POSTTRAIN_KEPT_LOGS"
+# where posttrain's launchers have each rank say it finished (report_done), or printed its last line (say)
+DONE_DIR_ENV = "POSTTRAIN_RANKS_DONE_DIR"
+
+
+def report_done() -> None:
+    """Tells posttrain's launcher (torchrun's or DeepSpeed's) that this rank finished its run: a rank that ends with
+    exit code 0 without it (``os._exit`` in user code) fails the job there."""
+    _mark("rank")
+
+
+def say(line: str) -> None:
+    """Prints the line this rank stops with, and tells posttrain's launcher it did: where no rank of a node did (rank
+    0 was stopped first), the launcher of rank 0's node says it (``launcher.unsaid_line``)."""
+    print(line, file=sys.stderr, flush=True)
+    _mark("said")
+
+
+def _mark(kind: str) -> None:
+    done_dir = os.environ.get(DONE_DIR_ENV)
+    if done_dir:
+        (Path(done_dir) / f"{kind}-{os.environ.get('RANK', '0')}").touch()
 
 
 def record_error(message: str) -> None:
@@ -39,7 +61,7 @@ def stop_now(line: str) -> NoReturn:
     for a thread that finds the job cannot go on while the main thread is where nothing interrupts it (a blocked
     collective, another run's directory)."""
     try:
-        print(line, file=sys.stderr, flush=True)
+        say(line)
         record_error(line)
     finally:
         # a closed stream or an unwritable file must not leave the process running
@@ -102,4 +124,4 @@ def record_crash(error: BaseException, rank: int, traceback_dir: Optional[Path])
     line = f"posttrain: rank {rank} crashed: {summary}{where}; traceback {f'in {kept}' if kept else 'above'}"
     record_error(line)
     if not os.environ.get(LAUNCHER_SAYS):
-        print(line, file=sys.stderr, flush=True)
+        say(line)

@@ -3,6 +3,7 @@
 import json
 import re
 import signal
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -189,7 +190,7 @@ def test_rank_0_alone_prints_a_checks_line_and_says_so_every_rank_records_it(
     from posttrain.components.spec.messages import SpecError
     from posttrain.entrypoints.process.ending import ends_in_one_line
 
-    monkeypatch.setenv(distributed.DONE_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(error_file.DONE_DIR_ENV, str(tmp_path))
     for rank, printed in (("0", True), ("1", False)):
         monkeypatch.setenv("RANK", rank)
         monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / f"error-{rank}.json"))
@@ -199,3 +200,22 @@ def test_rank_0_alone_prints_a_checks_line_and_says_so_every_rank_records_it(
         assert error_file.posttrain_line(data) == "posttrain: distributed.fsdp: this job sees no GPU"
         assert ("posttrain: " in capsys.readouterr().err) is printed
         assert (tmp_path / f"said-{rank}").exists() is printed
+
+
+def test_a_sys_exit_a_rank_says_is_marked_said_and_the_launcher_does_not_say_it_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    from posttrain.entrypoints.process.ending import ends_in_one_line
+
+    monkeypatch.setenv(error_file.DONE_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / "error-0.json"))
+    with pytest.raises(SystemExit), ends_in_one_line():
+        sys.exit(3)
+    assert capsys.readouterr().err.count("posttrain: rank 0: sys.exit(3) was called") == 1
+    data = json.loads((tmp_path / "error-0.json").read_text())
+    failure = ProcessFailure(
+        local_rank=0, pid=1, exitcode=error_file.STOPPED, error_file=str(tmp_path / "error-0.json")
+    )
+    assert error_file.posttrain_line(data) is not None
+    assert launcher.unsaid_line({0: failure}, tmp_path) is None
