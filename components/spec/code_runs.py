@@ -1,6 +1,6 @@
 """Running a completion's code against a row's tests, for the ``code_tests`` built-in reward.
 
-Two processes per completion, each ``code_harness.py`` in a sandbox of its own. The program's (P) runs the
+Two processes per completion, each ``code_sandbox`` (a folder run by path) in a sandbox of its own. The program's (P) runs the
 completion's code, then answers calls on a pipe pair. The tests' (T) runs the row's tests, which it alone is
 given (on its stdin), with the code's top-level names standing for P's objects: a call goes to P, plain data comes
 back, and T compares it itself. T's verdict comes on T's stdout, which P never holds: a program that exits early,
@@ -35,7 +35,7 @@ from typing import Any, Dict, FrozenSet, List, Optional, Sequence
 
 log = logging.getLogger("posttrain")
 
-HARNESS = Path(__file__).with_name("code_harness.py")
+HARNESS = Path(__file__).with_name("code_sandbox")
 # a user namespace (no privileges needed) for network (none), PID (a fresh /proc) and mount namespaces;
 # --kill-child: killing unshare kills what it runs
 UNSHARE = ("unshare", "--map-root-user", "--net", "--pid", "--fork", "--kill-child", "--mount", "--mount-proc")

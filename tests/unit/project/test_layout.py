@@ -104,6 +104,13 @@ def test_no_two_rooms_import_each_other() -> None:
     assert two_way == []
 
 
+def test_no_module_is_a_hub() -> None:
+    """A module over 500 lines holds more than one concern: split by concern (design.md, "Two sides, one import
+    root")."""
+    long = {name: lines for name, path in modules().items() if (lines := len(path.read_text().splitlines())) > 500}
+    assert long == {}
+
+
 def test_each_room_has_a_unit_room_of_its_name() -> None:
     """tests/unit mirrors the code: a room's fast tests in tests/unit/<room>/."""
     rooms = {path.parent.name for top in ROOTS for path in (REPO / top).glob("*/__init__.py")}

@@ -1,4 +1,4 @@
-"""What crosses between a completion's code and its tests (``code_harness.encode``/``decode``: plain data, objects as
+"""What crosses between a completion's code and its tests (``code_sandbox.crossing.encode``/``decode``: plain data, objects as
 handles), which code is taken from an answer, and how many programs a rank runs at once. The processes themselves:
 tests/integration/test_code_tests.py."""
 
@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from posttrain.components.spec import code_harness, code_runs
+from posttrain.components.spec import code_runs
+from posttrain.components.spec.code_sandbox import crossing, program_part
 
 
 def _no_handles(value: Any) -> Any:
@@ -35,18 +36,18 @@ def _no_handles(value: Any) -> Any:
     ],
 )
 def test_plain_data_crosses_as_it_was(value: Any) -> None:
-    line = json.dumps(code_harness.encode(value, _no_handles))
-    crossed = code_harness.decode(json.loads(line), _no_handles)
+    line = json.dumps(crossing.encode(value, _no_handles))
+    crossed = crossing.decode(json.loads(line), _no_handles)
     assert crossed == value and type(crossed) is type(value)
 
 
 def test_nan_crosses_and_any_other_object_is_a_handle_either_way() -> None:
-    [crossed] = code_harness.decode(code_harness.encode([math.nan], _no_handles), _no_handles)
+    [crossed] = crossing.decode(crossing.encode([math.nan], _no_handles), _no_handles)
     assert math.isnan(crossed)
     held = []
-    encoded = code_harness.encode([object(), 1], lambda value: held.append(value) or {"handle": len(held) - 1})
+    encoded = crossing.encode([object(), 1], lambda value: held.append(value) or {"handle": len(held) - 1})
     assert encoded == [{"handle": 0}, 1]
-    assert code_harness.decode(encoded, lambda number: f"handle {number}") == ["handle 0", 1]
+    assert crossing.decode(encoded, lambda number: f"handle {number}") == ["handle 0", 1]
 
 
 @pytest.mark.parametrize(
@@ -55,7 +56,7 @@ def test_nan_crosses_and_any_other_object_is_a_handle_either_way() -> None:
 )
 def test_anything_but_plain_data_and_handles_is_refused(data: Any) -> None:
     with pytest.raises(ValueError):
-        code_harness.decode(data, _no_handles)
+        crossing.decode(data, _no_handles)
 
 
 def test_a_subclass_of_a_plain_type_is_a_handle_whose_plain_data_is_its_base_types() -> None:
@@ -63,11 +64,11 @@ def test_a_subclass_of_a_plain_type_is_a_handle_whose_plain_data_is_its_base_typ
         def __eq__(self, other: object) -> bool:
             return True
 
-    assert code_harness.encode(Row([1]), lambda value: "handle") == "handle"
-    plain = code_harness.plain(Row([1, Row([2])]))
+    assert crossing.encode(Row([1]), lambda value: "handle") == "handle"
+    plain = program_part.plain(Row([1, Row([2])]))
     assert plain == [1, [2]] and type(plain[1]) is list
     with pytest.raises(TypeError):
-        code_harness.plain(object())
+        program_part.plain(object())
 
 
 def test_the_code_is_the_last_fenced_block_else_the_whole_answer() -> None:
