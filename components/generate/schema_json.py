@@ -55,6 +55,8 @@ _EVALUATION_NOTES: Dict[str, str] = {
     "benchmarks": "Tasks of lm-evaluation-harness run on each model (pip install 'posttrain[lm-eval]').",
     "generation": "How each model samples its completions.",
     "pass_at_k": "The k of pass@k: the chance that one of k samples scores 1, from generation.num_samples.",
+    "require_min_samples": "The scored samples a scorer's metric needs for a require condition to hold on it "
+    "(default 16): on fewer, the condition does not hold and says why.",
 }
 # Hover text for fields that have no docstring of their own (pydantic fields here carry none).
 FIELD_NOTES: Dict[str, Dict[str, str]] = {

@@ -8,13 +8,16 @@
 
 A metric is ``<model>.<scorer>`` (its mean), ``<model>.<scorer>.pass@<k>``
 or ``<model>.<task>.<metric>``; a condition compares one metric, or the
-difference of two, with a number.
+difference of two, with a number. A scorer's metric counts only on
+``require_min_samples`` scored samples at least (:data:`MIN_SAMPLES`
+unless set): on fewer, the condition does not hold, and says why; so
+does a metric the results lack.
 """
 
 import dataclasses
 import operator
 import re
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 _METRIC = r"[a-z][a-z0-9_]*\.[A-Za-z0-9_]+(?:\.(?:pass@\d+|[A-Za-z_]\w*))?"
 _CONDITION = re.compile(
@@ -27,6 +30,9 @@ COMPARISONS: Dict[str, Callable[[float, float], bool]] = {
     "<=": operator.le,
     "<": operator.lt,
 }
+# the scored samples a scorer's metric needs, where require_min_samples is not set: fewer say little (a mean of 0 or
+# 1 on a handful of samples is noise), and a tiny evaluation (a few prompts, 4 samples each) has as many
+MIN_SAMPLES = 16
 EXAMPLE = "e.g. sft.contains >= 0.5, sft.contains - base.contains >= 0.05, or sft.contains.pass@4 > 0.8"
 
 
@@ -51,13 +57,23 @@ class Metric:
         suffix = f".pass@{self.k}" if self.k is not None else f".{self.measure}" if self.measure else ""
         return f"{self.model}.{self.scorer}{suffix}"
 
-    def value(self, summary: Mapping[str, Any]) -> Optional[float]:
-        """Its value in an evaluation's summary (None: nothing was scored, or the task has no such metric)."""
+    def value(self, summary: Mapping[str, Any], min_samples: int) -> Tuple[Optional[float], str]:
+        """Its value in an evaluation's summary, and why there is none (nothing was scored, on too few samples, or
+        the results have no such metric)."""
         if self.measure is not None:
             task = summary.get("benchmarks", {}).get(self.model, {}).get(self.scorer, {})
-            return task.get(self.measure, {}).get("value")
-        result = summary["models"][self.model][self.scorer]
-        return result.get("mean") if self.k is None else result.get("pass_at_k", {}).get(str(self.k))
+            value = task.get(self.measure, {}).get("value")
+            return value, "" if value is not None else f"{self} is not in the results"
+        result = summary.get("models", {}).get(self.model, {}).get(self.scorer)
+        if result is None:
+            return None, f"{self} is not in the results"
+        if result.get("samples", 0) < min_samples:
+            return None, (
+                f"{self.model}.{self.scorer} scored {result.get('samples', 0)} sample(s), fewer than the "
+                f"{min_samples} a condition needs (require_min_samples)"
+            )
+        value = result.get("mean") if self.k is None else result.get("pass_at_k", {}).get(str(self.k))
+        return value, "" if value is not None else f"{self} is not in the results"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,14 +95,17 @@ class Condition:
     def metrics(self) -> List[Metric]:
         return [self.left] + ([self.right] if self.right is not None else [])
 
-    def verdict(self, summary: Mapping[str, Any]) -> Dict[str, Any]:
-        """Whether it holds in ``summary``, with the values it was judged on; a metric nothing scored fails it."""
-        values = {str(metric): metric.value(summary) for metric in self.metrics()}
+    def verdict(self, summary: Mapping[str, Any], min_samples: int = MIN_SAMPLES) -> Dict[str, Any]:
+        """Whether it holds in ``summary``, with the values it was judged on; a metric without a value (nothing
+        scored, too few samples, not in the results) fails it, and the verdict says why."""
+        judged = {str(metric): metric.value(summary, min_samples) for metric in self.metrics()}
+        values = {name: value for name, (value, _) in judged.items()}
         value: Optional[float] = None
         if None not in values.values():
             value = values[str(self.left)] - (values[str(self.right)] if self.right is not None else 0.0)
         held = value is not None and COMPARISONS[self.op](value, self.number)
-        return {"condition": self.text, "values": values, "value": value, "held": held}
+        why = "; ".join(reason for _, reason in judged.values() if reason)
+        return {"condition": self.text, "values": values, "value": value, "held": held, "why": why}
 
 
 def problems(
@@ -135,4 +154,5 @@ def failure(verdict: Mapping[str, Any]) -> str:
     shown = (
         f"; difference {verdict['value']:.4g}" if len(verdict["values"]) > 1 and verdict["value"] is not None else ""
     )
-    return f"require: {verdict['condition']} does not hold: {values}{shown}"
+    why = f" ({verdict['why']})" if verdict.get("why") else ""
+    return f"require: {verdict['condition']} does not hold: {values}{shown}{why}"

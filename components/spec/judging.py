@@ -107,6 +107,8 @@ class Evaluation(Strict):
     pass_at_k: List[int] = [1]
     # what the scores must show for the job to succeed (conditions.py)
     require: List[str] = []
+    # the scored samples a scorer's metric needs for a condition to hold on it
+    require_min_samples: int = conditions.MIN_SAMPLES
 
     # a prompt column, as GRPO's data
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PROMPT_FORMATS
@@ -161,6 +163,8 @@ class Evaluation(Strict):
         ]
         found += self.benchmarks.problems() if self.benchmarks is not None else []
         found += conditions.problems(self.require, models, names, self.pass_at_k, tasks)
+        if self.require_min_samples < 1:
+            found.append(f"require_min_samples: expected 1 or more scored samples; got {self.require_min_samples}")
         return found + (self.data.problems() if self.data is not None else [])
 
 

@@ -11,7 +11,7 @@ from posttrain.components.spec.judging import BenchmarksSpec, EvalData, Generati
 from posttrain.components.spec.sections import ModelSpec, RewardSource
 
 # spec keys the results do not depend on
-NOT_RESULTS = ("output_dir", "overwrite_output_dir", "require")
+NOT_RESULTS = ("output_dir", "overwrite_output_dir", "require", "require_min_samples")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +35,8 @@ class EvalParts:
     pass_at_k: Tuple[int, ...]
     # the conditions the scores must meet (conditions.py)
     require: Tuple[str, ...]
+    # the scored samples a scorer's metric needs for a condition to hold on it
+    require_min_samples: int
     # the spec as its results depend on it: not where they are written, nor whether they may replace others
     results_spec: Dict[str, Any]
 
@@ -54,5 +56,6 @@ def parts(spec: EvalSpec) -> EvalParts:
         generation=spec.generation,
         pass_at_k=tuple(spec.pass_at_k),
         require=tuple(spec.require),
+        require_min_samples=spec.require_min_samples,
         results_spec={key: value for key, value in json.loads(spec.to_json()).items() if key not in NOT_RESULTS},
     )

@@ -9,26 +9,22 @@ samples only the prompts left, on any number of processes. Then
 mark of a finished evaluation, ``eval_summary.json``.
 """
 
-import asyncio
 import contextlib
 import dataclasses
-import inspect
 import json
 import logging
 import shutil
 from datetime import timedelta
 from pathlib import Path
-from typing import IO, Any, Callable, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
 
 from posttrain.components.spec import conditions
-from posttrain.components.spec.loading import spec_diff
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.sections import ModelSpec
-from posttrain.entrypoints.evaluation import benchmarks, sampling, scores
-from posttrain.entrypoints.evaluation.files import PARTS_DIR, PLOT_FILE, SAMPLES_FILE, SPEC_FILE, SUMMARY_FILE
+from posttrain.entrypoints.evaluation import benchmarks, results, sampling, scores, scoring, trust
+from posttrain.entrypoints.evaluation.files import PARTS_DIR, PLOT_FILE, SAMPLES_FILE, SUMMARY_FILE
 from posttrain.entrypoints.evaluation.parts import EvalParts
 from posttrain.entrypoints.evaluation.sampling import prompt_seed, sample, sample_with_vllm
 from posttrain.entrypoints.generation.sampling import prompt_ids
@@ -36,9 +32,7 @@ from posttrain.entrypoints.inputs.data import load_split
 from posttrain.entrypoints.inputs.models import CAUSAL_LM, ModelLoading, check_model_path, load_model, load_tokenizer
 from posttrain.entrypoints.inputs.rewards import (
     check_reward_columns,
-    load_reward_models,
     resolve_rewards,
-    reward_model_scores,
 )
 from posttrain.entrypoints.process import distributed, lease
 from posttrain.entrypoints.records import curves
@@ -121,10 +115,12 @@ def evaluate(evaluation: EvalParts, checked: Optional[Inputs] = None) -> Optiona
                 else None,
                 # what sampled: its samples are its own
                 "engine": engine,
+                # what decides the scores of the samples (trust.py): new scorers re-score what was sampled
+                "scorers": trust.scorer_fingerprints(evaluation.rewards),
             }
-            finished = _finished(output_dir, record, evaluation.overwrite)
+            finished, rescore = results.finished(output_dir, record, evaluation.overwrite)
         # nodes that do not share output_dir would not agree; check_shared_output says so below
-        finished = distributed.rank0s(finished)
+        finished, rescore = distributed.rank0s((finished, rescore))
         if finished is not None:
             if not distributed.is_rank0():
                 return None
@@ -132,17 +128,19 @@ def evaluate(evaluation: EvalParts, checked: Optional[Inputs] = None) -> Optiona
             summary = _judge_again(evaluation, output_dir)
             return Evaluated(summary, f"posttrain: {output_dir} holds this evaluation, finished: {said}")
         if distributed.is_rank0():
-            _start(output_dir, record)
+            if rescore:
+                results.rescore(output_dir, record, prompts, scorers)
+            results.start(output_dir, record)
         distributed.barrier()
         distributed.check_shared_output(output_dir, "output_dir")
 
         models = list(evaluation.models)
         if evaluation.data is not None:
-            scorers = {name: _scorer(resolved) for name, resolved in scorers.items()}
-            done = _done(output_dir / PARTS_DIR)
+            scorers = {name: scoring.scorer(resolved) for name, resolved in scorers.items()}
+            done = results.done(output_dir / PARTS_DIR)
             mine = [index for index in range(len(prompts)) if index % world == rank]
             log.info("evaluating %d model(s) on %d prompts, %d process(es)", len(models), len(prompts), world)
-            with _part(output_dir / PARTS_DIR / f"rank-{rank}.jsonl") as part:
+            with results.part(output_dir / PARTS_DIR / f"rank-{rank}.jsonl") as part:
                 for name in models:
                     left = [index for index in mine if (name, index) not in done]
                     if left:
@@ -194,7 +192,9 @@ def evaluate_run(
 
 def verdicts(evaluation: EvalParts, summary: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Each ``require:`` condition judged on ``summary``."""
-    return [conditions.Condition.parse(text).verdict(summary) for text in evaluation.require]
+    return [
+        conditions.Condition.parse(text).verdict(summary, evaluation.require_min_samples) for text in evaluation.require
+    ]
 
 
 def _failures(judged: List[Dict[str, Any]]) -> Optional[List[str]]:
@@ -209,75 +209,11 @@ def _judge_again(evaluation: EvalParts, output_dir: Path) -> Dict[str, Any]:
     """Rank 0, on finished results: their summary, with this spec's conditions judged and recorded in it (they
     may have changed since)."""
     path = output_dir / SUMMARY_FILE
-    remedy = "remove the directory's eval_* files to evaluate again, or use another output_dir"
-    summary = read_record(path, remedy, keys=("models",))
+    summary = read_record(path, trust.REMEDY, keys=("models",))
+    trust.check_sealed(summary, output_dir)
     summary["require"] = verdicts(evaluation, summary)
     write_json_atomic(path, summary)
     return summary
-
-
-def _finished(output_dir: Path, record: Dict[str, Any], overwrite: bool) -> Optional[str]:
-    """The closing line of this evaluation where ``output_dir`` holds it finished; None where there is nothing or
-    this evaluation's parts to go on from (or ``overwrite``); raises where another run's results are there."""
-    written = output_dir / SPEC_FILE
-    if not written.is_file():
-        # overwrite_output_dir replaces another evaluation's results, never a training run
-        held = [name for name in ("posttrain_spec.json", "run_summary.json") if (output_dir / name).exists()]
-        if held:
-            raise SpecError(
-                [f"output_dir: {output_dir} holds a training run ({held[0]}); use another output_dir for the eval"]
-            )
-        return None
-    remedy = "remove the directory's eval_* files to evaluate again, or use another output_dir"
-    differences = [key for key, _, _ in spec_diff(read_record(written, remedy), record)]
-    if differences:
-        if overwrite:
-            return None
-        raise SpecError(
-            [
-                f"output_dir: {output_dir} holds another evaluation's results (they differ in "
-                f"{', '.join(differences[:4])}); use another output_dir, or overwrite_output_dir: true to replace them"
-            ]
-        )
-    summary = output_dir / SUMMARY_FILE
-    return read_record(summary, remedy, keys=("closing_line",))["closing_line"] if summary.is_file() else None
-
-
-def _start(output_dir: Path, record: Dict[str, Any]) -> None:
-    """Rank 0: a fresh directory for a new evaluation (another's results cleared), or this one's to go on with."""
-    written = output_dir / SPEC_FILE
-    if not (written.is_file() and not spec_diff(json.loads(written.read_text()), record)):
-        for name in (SUMMARY_FILE, SAMPLES_FILE, PLOT_FILE):
-            (output_dir / name).unlink(missing_ok=True)
-        shutil.rmtree(output_dir / PARTS_DIR, ignore_errors=True)
-        write_json_atomic(written, record)
-    (output_dir / PARTS_DIR).mkdir(exist_ok=True)
-
-
-def _parts(parts_dir: Path) -> List[Dict[str, Any]]:
-    """Every prompt's result written so far, by any process of any run of this evaluation; a line a kill cut short
-    is not one."""
-    found = []
-    for path in sorted(parts_dir.glob("rank-*.jsonl")):
-        for line in path.read_text().splitlines():
-            with contextlib.suppress(json.JSONDecodeError):
-                found.append(json.loads(line))
-    return found
-
-
-def _part(path: Path) -> IO[str]:
-    """This rank's part file, to append to: a last line a kill cut short (no newline) is cut off first, so the next
-    result starts a line of its own."""
-    if path.is_file():
-        text = path.read_bytes()
-        if text and not text.endswith(b"\n"):
-            with open(path, "r+b") as cut:
-                cut.truncate(text.rfind(b"\n") + 1)
-    return open(path, "a")
-
-
-def _done(parts_dir: Path) -> Set[Tuple[str, int]]:
-    return {(result["model"], result["index"]) for result in _parts(parts_dir)}
 
 
 def _loaded(evaluation: EvalParts, name: str) -> Tuple[Any, Any]:
@@ -290,23 +226,6 @@ def _loaded(evaluation: EvalParts, name: str) -> Tuple[Any, Any]:
     if torch.cuda.is_available():
         model.to(torch.device("cuda", torch.cuda.current_device()))
     return model, tokenizer
-
-
-def _scorer(resolved: Any) -> Callable[..., Any]:
-    """A scorer as a function: a reward model (its path) loaded on this rank's GPU where it has one, scoring as
-    TRL's online trainers do."""
-    if not isinstance(resolved, str):
-        return resolved
-    [model], [tokenizer] = load_reward_models([resolved], ModelLoading(ModelSpec(name_or_path=resolved)))
-    model.eval().requires_grad_(False)
-    if torch.cuda.is_available():
-        model.to(torch.device("cuda", torch.cuda.current_device()))
-
-    def scored(prompts: List[Any], completions: List[Any], **columns: Any) -> List[float]:
-        with torch.inference_mode():
-            return reward_model_scores(model, tokenizer, prompts, completions).tolist()
-
-    return scored
 
 
 def _run_benchmarks(evaluation: EvalParts, output_dir: Path, manager: Any) -> None:
@@ -343,61 +262,12 @@ def _evaluate_model(
         tokens = [prompt_ids(tokenizer, prompts[index]["prompt"]) for index in indices]
         seeds = [prompt_seed(generation, index) for index in indices]
         for index, texts in zip(indices, sample_with_vllm(model_spec, tokens, seeds, generation)):
-            _write_result(name, index, prompts[index], texts, scorers, part)
+            results.write(part, scoring.result(name, index, prompts[index], texts, scorers))
         return
     model, tokenizer = _loaded(evaluation, name)
     for index in indices:
         texts = sample(model, tokenizer, prompts[index]["prompt"], generation, prompt_seed(generation, index))
-        _write_result(name, index, prompts[index], texts, scorers, part)
-
-
-def _write_result(
-    name: str, index: int, row: Dict[str, Any], texts: List[str], scorers: Dict[str, Callable[..., Any]], part: Any
-) -> None:
-    """A prompt's completions, scored, as a line of ``part``."""
-    prompt = row["prompt"]
-    # as TRL's trainers give them: a chat prompt's completion is the assistant's message
-    completions = [[{"role": "assistant", "content": t}] for t in texts] if not isinstance(prompt, str) else texts
-    columns = {key: [value] * len(texts) for key, value in row.items() if key != "prompt"}
-    # what the scorers logged of each completion (TRL's log_extra: code_tests' failures), kept with it
-    extra: Dict[str, List[Any]] = {}
-    scored = {
-        scorer: _scores(function, [prompt] * len(texts), completions, columns, extra)
-        for scorer, function in scorers.items()
-    }
-    result = {"model": name, "index": index, "prompt": prompt, "completions": texts, "scores": scored}
-    if extra:
-        result["extra"] = extra
-    part.write(json.dumps(result) + "\n")
-    part.flush()
-
-
-def _scores(
-    function: Callable[..., Any],
-    prompts: List[Any],
-    completions: List[Any],
-    columns: Dict[str, Any],
-    extra: Optional[Dict[str, List[Any]]] = None,
-) -> List[Any]:
-    """A scorer's scores of one prompt's completions, as numbers (None: not scored); a bad one is this rank's to
-    say (the others' prompts may be fine). What it logs through ``log_extra``, as TRL's GRPO and RLOO offer it,
-    goes into ``extra`` (a column's values, one per completion), where the scorer takes that argument."""
-    offered = {}
-    if extra is not None:
-        try:
-            parameters = inspect.signature(function).parameters.values()
-        except (TypeError, ValueError):
-            parameters = []
-        if any(parameter.name == "log_extra" or parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
-            offered["log_extra"] = lambda column, values: extra.setdefault(column, []).extend(values)
-    try:
-        scored = function(prompts=prompts, completions=completions, **columns, **offered)
-        # an async scorer, as TRL's trainers take them: awaited here
-        if inspect.isawaitable(scored):
-            scored = asyncio.run(scored)
-    except SpecError as error:
-        raise SpecError(error.problems, this_rank_only=True) from None
-    return [None if score is None else float(score) for score in scored]
+        results.write(part, scoring.result(name, index, prompts[index], texts, scorers))
 
 
 def _summarise(
@@ -405,14 +275,14 @@ def _summarise(
 ) -> Dict[str, Any]:
     """Rank 0, once every rank has finished: the samples in order, the plot, and the summary last."""
     models = list(evaluation.models)
-    results = {(r["model"], r["index"]): r for r in _parts(output_dir / PARTS_DIR)}
-    missing = [(m, i) for m in models for i in range(prompts) if (m, i) not in results]
+    kept = {(r["model"], r["index"]): r for r in results.parts(output_dir / PARTS_DIR)}
+    missing = [(m, i) for m in models for i in range(prompts) if (m, i) not in kept]
     if missing:
         raise RuntimeError(f"eval: {len(missing)} prompt results missing after every rank finished: {missing[:3]}")
     samples = []
     for model in models:
         for index in range(prompts):
-            result = results[(model, index)]
+            result = kept[(model, index)]
             for number, text in enumerate(result["completions"]):
                 samples.append(
                     {
@@ -443,6 +313,7 @@ def _summarise(
         generation={**evaluation.generation.model_dump(), "engine": engine, "processes": world},
         closing_line=line,
     )
+    trust.sealed(summary, output_dir / SAMPLES_FILE)
     summary["require"] = verdicts(evaluation, summary)
     write_json_atomic(output_dir / SUMMARY_FILE, summary)
     shutil.rmtree(output_dir / PARTS_DIR, ignore_errors=True)

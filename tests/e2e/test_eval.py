@@ -6,6 +6,7 @@ benchmark of lm-evaluation-harness defined from a local file; a reward model as 
 import collections
 import json
 import re
+import subprocess
 from pathlib import Path
 from typing import List
 
@@ -13,7 +14,16 @@ import pytest
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-from helpers import assert_succeeded, assert_valid_png, free_port, read_json, run_template, torchx
+from helpers import (
+    REPO,
+    assert_stopped_once,
+    assert_succeeded,
+    assert_valid_png,
+    free_port,
+    read_json,
+    run_template,
+    torchx,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -200,3 +210,65 @@ def finished(samples: List[str], prompts: int) -> List[dict]:
         }
         for (model, index), group in grouped.items()
     ]
+
+
+SCORER = "def mine(completions, **columns):\n    return [{score} for _ in completions]\n"
+
+
+def test_a_gate_judges_only_what_the_evaluation_wrote_with_the_scorers_it_names(tmp_path: Path) -> None:
+    """Through real runs of posttrain.eval: a scorer's code changed re-scores the samples kept, without sampling
+    again; a condition on too few scored samples does not hold, and says why; a summary edited by hand is refused
+    in one line."""
+    (tmp_path / "scorers").mkdir()
+    scorer = tmp_path / "scorers" / "my_scorer.py"
+    scorer.write_text(SCORER.format(score="1.0"))
+    rows = (REPO / "templates/data/questions_heldout.jsonl").read_text().splitlines()[:8]
+    (tmp_path / "prompts.jsonl").write_text("\n".join(rows) + "\n")
+    output_dir = tmp_path / "eval"
+    spec = tmp_path / "eval.yaml"
+    spec.write_text(
+        f"algorithm: eval\noutput_dir: {output_dir}\nmodels:\n  base: {{name_or_path: 'builtin:tiny-llama'}}\n"
+        f"data:\n  eval: {{path: {tmp_path / 'prompts.jsonl'}}}\n"
+        "generation: {num_samples: 2, temperature: 1.0, max_new_tokens: 8}\n"
+        "rewards:\n  - function: my_scorer:mine\nrequire: [base.mine >= 0.5]\n"
+    )
+
+    def run(*overrides: str) -> subprocess.CompletedProcess:
+        args = ["run", "-s", "local_cwd", "posttrain.eval", "--spec", str(spec), "-j", "1x1"]
+        return torchx([*args, "--rdzv_port", str(free_port()), *overrides], tmp_path, PYTHONPATH=str(scorer.parent))
+
+    assert_succeeded(run())
+    sampled = [json.loads(line) for line in (output_dir / "eval_samples.jsonl").read_text().splitlines()]
+    assert len(sampled) == 16 and {sample["scores"]["mine"] for sample in sampled} == {1.0}
+
+    # the scorer's code changed: the same completions, scored again; the gate judges the new scores
+    scorer.write_text(SCORER.format(score="0.25"))
+    result = run()
+    assert result.returncode == 1
+    said = result.stdout + result.stderr
+    assert "re-scoring the 8 prompt result(s) kept, without sampling again" in said, said[-3000:]
+    assert "posttrain: require: base.mine >= 0.5 does not hold: base.mine 0.25" in said, said[-3000:]
+    rescored = [json.loads(line) for line in (output_dir / "eval_samples.jsonl").read_text().splitlines()]
+    assert [s["completion"] for s in rescored] == [s["completion"] for s in sampled]
+    assert {sample["scores"]["mine"] for sample in rescored} == {0.25}
+
+    # too few scored samples for a condition: it does not hold, whatever the scores, and says why
+    scorer.write_text(SCORER.format(score="1.0"))
+    result = run("require_min_samples=17")
+    assert result.returncode == 1
+    assert (
+        "posttrain: require: base.mine >= 0.5 does not hold: base.mine n/a (base.mine scored 16 sample(s), fewer "
+        "than the 17 a condition needs (require_min_samples))" in result.stdout + result.stderr
+    )
+    assert_succeeded(run())
+
+    # a summary edited by hand: no gate judges it
+    summary = read_json(output_dir / "eval_summary.json")
+    summary["models"]["base"]["mine"]["mean"] = 0.9
+    (output_dir / "eval_summary.json").write_text(json.dumps(summary))
+    assert_stopped_once(
+        run(),
+        f"output_dir: {output_dir / 'eval_summary.json'} is not as the evaluation wrote it (edited by hand, or "
+        "written by another tool), so no gate judges it; remove the directory's eval_* files to evaluate again, or "
+        "use another output_dir",
+    )

@@ -14,8 +14,7 @@ from posttrain.components.spec.judging import GenerationSpec
 from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints import launcher
 from posttrain.entrypoints.evaluation import parts as eval_parts
-from posttrain.entrypoints.evaluation import run as eval_job
-from posttrain.entrypoints.evaluation import sampling
+from posttrain.entrypoints.evaluation import results, sampling, scoring
 from posttrain.entrypoints.inputs.rewards import RewardCheck
 
 
@@ -23,10 +22,10 @@ def test_a_line_a_kill_cut_short_is_cut_off_before_the_next_result(tmp_path: Pat
     path = tmp_path / "rank-0.jsonl"
     first = {"model": "base", "index": 0, "prompt": "p", "completions": ["a"], "scores": {"s": [1.0]}}
     path.write_text(json.dumps(first) + "\n" + '{"model": "base", "index": 2, "pro')
-    with eval_job._part(path) as part:
+    with results.part(path) as part:
         part.write(json.dumps({**first, "index": 4}) + "\n")
-    assert [result["index"] for result in eval_job._parts(tmp_path)] == [0, 4]
-    assert eval_job._done(tmp_path) == {("base", 0), ("base", 4)}
+    assert [result["index"] for result in results.parts(tmp_path)] == [0, 4]
+    assert results.done(tmp_path) == {("base", 0), ("base", 4)}
 
 
 def numpy_like(prompts: List[Any], completions: List[Any], **columns: Any) -> List[Any]:
@@ -41,10 +40,10 @@ async def awaited(prompts: List[Any], completions: List[Any], **columns: Any) ->
 
 def test_scores_are_numbers_an_async_scorer_is_awaited_and_a_bad_score_is_this_ranks_to_say() -> None:
     check = RewardCheck(stop_at_step_end=False)
-    assert eval_job._scores(check.wrap(numpy_like, "rewards.0"), ["p", "p"], ["a", "b"], {}) == [1.0, None]
-    assert eval_job._scores(check.wrap(awaited, "rewards.1"), ["p", "p"], ["a", "b"], {}) == [0.0, 1.0]
+    assert scoring.scores(check.wrap(numpy_like, "rewards.0"), ["p", "p"], ["a", "b"], {}) == [1.0, None]
+    assert scoring.scores(check.wrap(awaited, "rewards.1"), ["p", "p"], ["a", "b"], {}) == [0.0, 1.0]
     with pytest.raises(SpecError) as error:
-        eval_job._scores(check.wrap(lambda prompts, completions: ["high"] * 2, "rewards.2"), ["p"] * 2, ["a", "b"], {})
+        scoring.scores(check.wrap(lambda prompts, completions: ["high"] * 2, "rewards.2"), ["p"] * 2, ["a", "b"], {})
     assert error.value.this_rank_only and error.value.problems[0].startswith("rewards.2")
 
 
@@ -61,7 +60,7 @@ def test_another_evaluation_or_a_training_run_in_output_dir_is_one_line_naming_t
     record = {"spec": {"pass_at_k": [1]}, "models": {}, "data": {}}
     (tmp_path / "run_summary.json").write_text("{}")
     with pytest.raises(SpecError) as error:
-        eval_job._finished(tmp_path, record, overwrite=True)
+        results.finished(tmp_path, record, overwrite=True)
     assert error.value.problems == [
         f"output_dir: {tmp_path} holds a training run (run_summary.json); use another output_dir for the eval"
     ]
@@ -69,15 +68,17 @@ def test_another_evaluation_or_a_training_run_in_output_dir_is_one_line_naming_t
     other.mkdir()
     (other / "eval_spec.json").write_text(json.dumps({**record, "spec": {"pass_at_k": [2]}}))
     with pytest.raises(SpecError) as error:
-        eval_job._finished(other, record, overwrite=False)
+        results.finished(other, record, overwrite=False)
     assert error.value.problems == [
         f"output_dir: {other} holds another evaluation's results (they differ in spec.pass_at_k); use another "
         "output_dir, or overwrite_output_dir: true to replace them"
     ]
-    # replaced when told; the same evaluation, unfinished, goes on
-    assert eval_job._finished(other, record, overwrite=True) is None
+    # replaced when told; the same evaluation, unfinished, goes on; its scorers alone changed: re-scored
+    assert results.finished(other, record, overwrite=True) == (None, False)
     (other / "eval_spec.json").write_text(json.dumps(record))
-    assert eval_job._finished(other, record, overwrite=False) is None
+    assert results.finished(other, record, overwrite=False) == (None, False)
+    scored_anew = {**record, "scorers": {"0": {"code": "another digest"}}}
+    assert results.finished(other, scored_anew, overwrite=False) == (None, True)
 
 
 def test_the_engine_is_vllm_where_installed_unless_the_spec_names_one(monkeypatch: pytest.MonkeyPatch) -> None:

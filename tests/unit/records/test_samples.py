@@ -11,7 +11,7 @@ from typing import Any, Dict, List
 
 from transformers import TrainerControl, TrainerState
 
-from posttrain.entrypoints.evaluation import run as eval_job
+from posttrain.entrypoints.evaluation import results, scoring
 from posttrain.entrypoints.records.samples import SAMPLES_FILE, SAMPLES_PER_LOG, RolloutSamples
 
 
@@ -63,7 +63,7 @@ def test_an_evaluations_result_keeps_what_its_scorers_logged_and_a_scorer_withou
 
     part = io.StringIO()
     row = {"prompt": "p", "answer": "a"}
-    eval_job._write_result("base", 0, row, ["a", "b"], {"logging": logging, "strict": strict}, part)
+    results.write(part, scoring.result("base", 0, row, ["a", "b"], {"logging": logging, "strict": strict}))
     result = json.loads(part.getvalue())
     assert result["scores"] == {"logging": [0.0, 0.0], "strict": [1.0, 0.0]}
     assert result["extra"] == {"code_tests/tests": ["why a", "why b"]}

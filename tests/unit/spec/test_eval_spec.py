@@ -118,8 +118,12 @@ def test_an_eval_makes_a_valid_volcano_job() -> None:
 
 SUMMARY = {
     "models": {
-        "base": {"contains": {"mean": 0.25, "pass_at_k": {"4": 0.5}}},
-        "sft": {"contains": {"mean": 0.75, "pass_at_k": {"4": 1.0}}, "never": {"prompts": 0, "samples": 0}},
+        "base": {"contains": {"mean": 0.25, "pass_at_k": {"4": 0.5}, "samples": 32}},
+        "sft": {
+            "contains": {"mean": 0.75, "pass_at_k": {"4": 1.0}, "samples": 32},
+            "never": {"prompts": 0, "samples": 0},
+            "few": {"mean": 1.0, "samples": 3},
+        },
     }
 }
 
@@ -149,7 +153,23 @@ def test_a_condition_that_fails_is_one_line_with_its_values() -> None:
         "difference 0.5"
     )
     verdict = conditions.Condition.parse("sft.never > 0").verdict(SUMMARY)
-    assert conditions.failure(verdict) == "require: sft.never > 0 does not hold: sft.never n/a"
+    assert conditions.failure(verdict) == (
+        "require: sft.never > 0 does not hold: sft.never n/a (sft.never scored 0 sample(s), fewer than the 16 a "
+        "condition needs (require_min_samples))"
+    )
+
+
+def test_a_condition_on_too_few_scored_samples_does_not_hold_and_says_so_whatever_their_scores() -> None:
+    verdict = conditions.Condition.parse("sft.few >= 0.5").verdict(SUMMARY)
+    assert not verdict["held"] and "sft.few scored 3 sample(s), fewer than the 16" in conditions.failure(verdict)
+    assert conditions.Condition.parse("sft.few >= 0.5").verdict(SUMMARY, min_samples=3)["held"]
+
+
+@pytest.mark.parametrize("text", ["sft.absent >= 0", "other.contains >= 0", "sft.contains.pass@2 >= 0"])
+def test_a_condition_on_a_metric_the_results_lack_is_one_line_never_a_traceback(text: str) -> None:
+    verdict = conditions.Condition.parse(text).verdict(SUMMARY)
+    assert not verdict["held"]
+    assert conditions.failure(verdict).endswith("is not in the results)")
 
 
 def test_numbers_yaml_1_1_reads_as_text_are_numbers(tmp_path: Path) -> None:

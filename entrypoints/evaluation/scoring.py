@@ -1,0 +1,78 @@
+"""Scoring a prompt's completions: each scorer as a function (a reward model loaded to score as TRL's online trainers
+do), called as GRPO calls a reward, its scores as numbers."""
+
+import asyncio
+import inspect
+from typing import Any, Callable, Dict, List, Optional
+
+import torch
+
+from posttrain.components.spec.messages import SpecError
+from posttrain.components.spec.sections import ModelSpec
+from posttrain.entrypoints.inputs.models import ModelLoading
+from posttrain.entrypoints.inputs.rewards import load_reward_models, reward_model_scores
+
+
+def scorer(resolved: Any) -> Callable[..., Any]:
+    """A scorer as a function: a reward model (its path) loaded on this rank's GPU where it has one, scoring as
+    TRL's online trainers do."""
+    if not isinstance(resolved, str):
+        return resolved
+    [model], [tokenizer] = load_reward_models([resolved], ModelLoading(ModelSpec(name_or_path=resolved)))
+    model.eval().requires_grad_(False)
+    if torch.cuda.is_available():
+        model.to(torch.device("cuda", torch.cuda.current_device()))
+
+    def scored(prompts: List[Any], completions: List[Any], **columns: Any) -> List[float]:
+        with torch.inference_mode():
+            return reward_model_scores(model, tokenizer, prompts, completions).tolist()
+
+    return scored
+
+
+def result(
+    name: str, index: int, row: Dict[str, Any], texts: List[str], scorers: Dict[str, Callable[..., Any]]
+) -> Dict[str, Any]:
+    """A prompt's completions, scored: a line of a part file."""
+    prompt = row["prompt"]
+    # as TRL's trainers give them: a chat prompt's completion is the assistant's message
+    completions = [[{"role": "assistant", "content": t}] for t in texts] if not isinstance(prompt, str) else texts
+    columns = {key: [value] * len(texts) for key, value in row.items() if key != "prompt"}
+    # what the scorers logged of each completion (TRL's log_extra: code_tests' failures), kept with it
+    extra: Dict[str, List[Any]] = {}
+    scored = {
+        scorer: scores(function, [prompt] * len(texts), completions, columns, extra)
+        for scorer, function in scorers.items()
+    }
+    result = {"model": name, "index": index, "prompt": prompt, "completions": texts, "scores": scored}
+    if extra:
+        result["extra"] = extra
+    return result
+
+
+def scores(
+    function: Callable[..., Any],
+    prompts: List[Any],
+    completions: List[Any],
+    columns: Dict[str, Any],
+    extra: Optional[Dict[str, List[Any]]] = None,
+) -> List[Any]:
+    """A scorer's scores of one prompt's completions, as numbers (None: not scored); a bad one is this rank's to
+    say (the others' prompts may be fine). What it logs through ``log_extra``, as TRL's GRPO and RLOO offer it,
+    goes into ``extra`` (a column's values, one per completion), where the scorer takes that argument."""
+    offered = {}
+    if extra is not None:
+        try:
+            parameters = inspect.signature(function).parameters.values()
+        except (TypeError, ValueError):
+            parameters = []
+        if any(parameter.name == "log_extra" or parameter.kind is parameter.VAR_KEYWORD for parameter in parameters):
+            offered["log_extra"] = lambda column, values: extra.setdefault(column, []).extend(values)
+    try:
+        scored = function(prompts=prompts, completions=completions, **columns, **offered)
+        # an async scorer, as TRL's trainers take them: awaited here
+        if inspect.isawaitable(scored):
+            scored = asyncio.run(scored)
+    except SpecError as error:
+        raise SpecError(error.problems, this_rank_only=True) from None
+    return [None if score is None else float(score) for score in scored]
