@@ -280,7 +280,7 @@ def stopped_as_it_appears(parent: psutil.Process, command: str, within: float) -
     while time.monotonic() < deadline:
         parent.suspend()
         try:
-            for child in parent.children():
+            for child in parent.children(recursive=True):
                 with contextlib.suppress(psutil.Error):
                     if command in " ".join(child.cmdline()):
                         child.suspend()
@@ -298,9 +298,12 @@ def job_processes(hf_home: str, command: str, client: subprocess.Popen, within: 
     while time.monotonic() < deadline and client.poll() is None:
         for process in psutil.process_iter():
             with contextlib.suppress(psutil.Error):
+                # not a child it forked before that child ran a program of its own (its cmdline is the parent's
+                # until then: multiprocessing's resource tracker, vLLM's engine core)
                 if (
                     process.pid not in seen
                     and command in " ".join(process.cmdline())
+                    and command not in " ".join(process.parent().cmdline() if process.parent() else [])
                     and process.environ().get("HF_HOME") == hf_home
                 ):
                     seen.add(process.pid)
