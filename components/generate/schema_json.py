@@ -55,6 +55,10 @@ _EVALUATION_NOTES: Dict[str, str] = {
     "benchmarks": "Tasks of lm-evaluation-harness run on each model (pip install 'posttrain[lm-eval]').",
     "generation": "How each model samples its completions.",
     "pass_at_k": "The k of pass@k: the chance that one of k samples scores 1, from generation.num_samples.",
+    "tools": "Functions the model may call in each episode, as in GRPO (default, in a training spec's evaluate: "
+    "the spec's own); the prompts must be chat messages.",
+    "environment": "What the model acts in, each sample an episode, as in GRPO (default, in a training spec's "
+    "evaluate: the spec's own); get_reward() is a scorer named by its class, or by its name among several.",
     "require_min_samples": "The scored samples a scorer's metric needs for a require condition to hold on it "
     "(default 16): on fewer, the condition does not hold and says why.",
 }
@@ -136,6 +140,8 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "vllm_gpu_memory_utilization": "vLLM's share of the device's memory (on CPU, of the machine's).",
         "vllm_timeout_s": "How long vLLM's sampling of one model (a process's prompts, in a process of its own) may "
         "take before the job ends in one line naming the model.",
+        "max_tool_calling_iterations": "With tools or an environment: the rounds of calls and results in an "
+        "episode at most (unset: as many as max_new_tokens allows), as GRPO's training.max_tool_calling_iterations.",
     },
     "ModelSpec": {
         "name_or_path": "A local path, a hub id, or builtin:tiny-llama.",

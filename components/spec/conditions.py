@@ -6,8 +6,10 @@
       - sft.contains.pass@4 > 0.2                    # its pass@k (a k of pass_at_k)
       - sft.gsm8k.exact_match >= 0.3                 # a benchmark task's metric (lm-evaluation-harness)
 
-A metric is ``<model>.<scorer>`` (its mean), ``<model>.<scorer>.pass@<k>``
-or ``<model>.<task>.<metric>``; a condition compares one metric, or the
+A metric is ``<model>.<scorer>`` (its mean), ``<model>.<scorer>.pass@<k>``,
+``<model>.<task>.<metric>`` or, where the samples are episodes,
+``<model>.episodes.<count>`` (calls, failed_calls, turns, hit_limit,
+tokens); a condition compares one metric, or the
 difference of two, with a number. A scorer's metric counts only on
 ``require_min_samples`` scored samples at least (:data:`MIN_SAMPLES`
 unless set): on fewer, the condition does not hold, and says why; so
@@ -30,6 +32,10 @@ COMPARISONS: Dict[str, Callable[[float, float], bool]] = {
     "<=": operator.le,
     "<": operator.lt,
 }
+# where an evaluation's episodes are counted (a sample is one where the spec gives tools or an environment):
+# <model>.episodes.<count>, a count of scores.episode_counts
+EPISODES = "episodes"
+EPISODE_COUNTS = ("calls", "failed_calls", "turns", "hit_limit", "tokens")
 # the scored samples a scorer's metric needs, where require_min_samples is not set: fewer say little (a mean of 0 or
 # 1 on a handful of samples is noise), and a tiny evaluation (a few prompts, 4 samples each) has as many
 MIN_SAMPLES = 16
@@ -60,6 +66,16 @@ class Metric:
     def value(self, summary: Mapping[str, Any], min_samples: int) -> Tuple[Optional[float], str]:
         """Its value in an evaluation's summary, and why there is none (nothing was scored, on too few samples, or
         the results have no such metric)."""
+        if self.scorer == EPISODES and self.measure is not None:
+            counted = summary.get("episodes", {}).get(self.model)
+            if counted is None or self.measure not in counted or self.measure == "episodes":
+                return None, f"{self} is not in the results"
+            if counted["episodes"] < min_samples:
+                return None, (
+                    f"{self.model} played {counted['episodes']} episode(s), fewer than the {min_samples} a condition "
+                    "needs (require_min_samples)"
+                )
+            return counted[self.measure], ""
         if self.measure is not None:
             task = summary.get("benchmarks", {}).get(self.model, {}).get(self.scorer, {})
             value = task.get(self.measure, {}).get("value")
@@ -137,6 +153,8 @@ def problems(
                     f"{where}: no scorer or benchmark task {metric.scorer!r} in this evaluation; it has "
                     f"{', '.join(named)}"
                 )
+            elif metric.scorer == EPISODES and metric.measure not in EPISODE_COUNTS:
+                found.append(f"{where}: {metric} is not counted; an episode counts {', '.join(EPISODE_COUNTS)}")
             elif metric.scorer in tasks and metric.measure is None:
                 found.append(f"{where}: name the task's metric: {metric}.<metric> (e.g. {metric}.exact_match)")
             elif metric.scorer in scorers and metric.measure is not None:

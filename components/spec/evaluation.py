@@ -87,7 +87,8 @@ class EvalSpec(Evaluation):
 def of_training_run(spec: Spec) -> EvalSpec:
     """The evaluation a training spec's ``evaluate:`` section asks for, its job's to run once the model is saved:
     the saved model as ``after`` (and the starting one as ``before``) into ``<output_dir>/eval``, which belongs to
-    the run (another ``evaluate:`` replaces what is there)."""
+    the run (another ``evaluate:`` replaces what is there); with the spec's tools, environment and rounds of calls,
+    where the section gives none of its own."""
     assert spec.evaluate is not None
     output_dir = str(spec.training["output_dir"]).rstrip("/")
     # as the models generate: torch_varlen trains only (it takes no KV cache); an adapter's base as it was, in its dtype
@@ -101,7 +102,7 @@ def of_training_run(spec: Spec) -> EvalSpec:
     )
     models = {"before": start} if spec.evaluate.before else {}
     models["after"] = start.model_copy(update={"name_or_path": output_dir, "revision": None})
-    section = spec.evaluate.model_dump(exclude={"before"})
+    section = spec.evaluation_section().model_dump(exclude={"before"})
     return EvalSpec.model_validate(
         {
             **section,

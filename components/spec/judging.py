@@ -6,7 +6,14 @@ from typing import ClassVar, List, Literal, Optional, Sequence, Tuple, Union
 
 from posttrain.components.spec import conditions
 from posttrain.components.spec.messages import cut
-from posttrain.components.spec.sections import PROMPT_FORMATS, DataSource, DataSpec, RewardSource, Strict
+from posttrain.components.spec.sections import (
+    PROMPT_FORMATS,
+    AgentSection,
+    DataSource,
+    DataSpec,
+    RewardSource,
+    Strict,
+)
 
 
 class EvalData(DataSpec):
@@ -32,6 +39,9 @@ class GenerationSpec(Strict):
     # how long vLLM's sampling of one model (a rank's prompts, in a process of its own, its engine's start included)
     # may take
     vllm_timeout_s: float = 3600.0
+    # with tools or an environment: the rounds of calls and results in an episode at most (None: as many as
+    # max_new_tokens allows), as GRPO's training.max_tool_calling_iterations
+    max_tool_calling_iterations: Optional[int] = None
 
     def problems(self) -> List[str]:
         found = []
@@ -44,6 +54,11 @@ class GenerationSpec(Strict):
             found.append(f"generation.vllm_timeout_s: expected seconds above 0; got {self.vllm_timeout_s:g}")
         if self.num_samples < 1:
             found.append(f"generation.num_samples: expected 1 or more; got {self.num_samples}")
+        if self.max_tool_calling_iterations is not None and self.max_tool_calling_iterations < 1:
+            found.append(
+                "generation.max_tool_calling_iterations: expected 1 or more rounds of calls; got "
+                f"{self.max_tool_calling_iterations}"
+            )
         if self.max_new_tokens < 1:
             found.append(f"generation.max_new_tokens: expected 1 or more; got {self.max_new_tokens}")
         if self.temperature < 0:
@@ -93,10 +108,11 @@ class BenchmarksSpec(Strict):
         return found
 
 
-class Evaluation(Strict):
+class Evaluation(AgentSection):
     """What an evaluation samples and scores: held-out prompts, the scorers (GRPO's rewards vocabulary), how
-    each model samples, pass@k's k and the conditions the scores must meet. ``posttrain.eval``'s spec
-    (evaluation.py) and a training spec's ``evaluate:`` section are each one."""
+    each model samples, pass@k's k and the conditions the scores must meet; with ``tools`` or an ``environment``,
+    each sample is an episode, as GRPO's rollouts are. ``posttrain.eval``'s spec (evaluation.py) and a training
+    spec's ``evaluate:`` section are each one."""
 
     # held-out prompts the models complete and the scorers score; or only benchmarks, or both
     data: Optional[EvalData] = None
@@ -114,7 +130,8 @@ class Evaluation(Strict):
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PROMPT_FORMATS
 
     def scorer_names(self) -> List[str]:
-        """Each scorer's name in the summary: its built-in's or function's name, numbered where two share one."""
+        """Each scorer's name in the summary: its built-in's or function's name, numbered where two share one;
+        then each environment's, whose ``get_reward`` scores its episodes (:meth:`environment_scorers`)."""
         # a function's own name (my_scores:Judge.correct: correct), a reward model's folder's (outputs/reward-tiny:
         # reward_tiny), as require's conditions can write them
         names = [
@@ -123,7 +140,15 @@ class Evaluation(Strict):
             or re.sub(r"\W", "_", str(reward.model).rstrip("/").rpartition("/")[2])
             for reward in self.rewards
         ]
-        return [f"{name}_{index}" if names.count(name) > 1 else name for index, name in enumerate(names)]
+        numbered = [f"{name}_{index}" if names.count(name) > 1 else name for index, name in enumerate(names)]
+        return numbered + self.environment_scorers()
+
+    def environment_scorers(self) -> List[str]:
+        """The scorer each environment's ``get_reward`` is (where its class has one): named by its class (``Room``
+        for ``my_env:Room``), or by its name among several."""
+        if isinstance(self.environment, dict):
+            return list(self.environment)
+        return [self.environment.factory.rpartition(":")[2].rpartition(".")[2]] if self.environment else []
 
     def evaluation_problems(self, models: Sequence[str]) -> List[str]:
         """What is wrong with the scorers, the generation settings, pass@k and ``require`` (naming ``models``),
@@ -134,7 +159,7 @@ class Evaluation(Strict):
                 "data.eval: give held-out prompts (data.eval) and scorers (rewards), or benchmarks (tasks of "
                 "lm-evaluation-harness), or both"
             )
-        elif self.data is not None and not self.rewards:
+        elif self.data is not None and not self.rewards and self.environment is None:
             found.append("rewards: name at least one scorer (e.g. - builtin: contains, args: {column: answer})")
         elif self.data is None and self.rewards:
             found.append("data.eval: the scorers (rewards) score completions of held-out prompts; give them there")
@@ -148,7 +173,18 @@ class Evaluation(Strict):
                 )
             if reward.weight != 1.0:
                 found.append(f"rewards.{index}.weight: an evaluation reports each scorer apart, unweighted; drop it")
-        found += self.generation.problems()
+        found += self.generation.problems() + self.agent_problems()
+        rounds = self.generation.max_tool_calling_iterations
+        if rounds is not None and not self.is_agentic():
+            found.append(
+                f"generation.max_tool_calling_iterations: {rounds} bounds the rounds of tool calls in an episode, and "
+                "the spec gives no tools and no environment; add them, or drop it"
+            )
+        if self.is_agentic() and self.generation.engine == "vllm":
+            found.append(
+                "generation.engine: vllm does not run an evaluation's tools or environments yet; use engine: "
+                "transformers (auto picks it for them)"
+            )
         for k in self.pass_at_k:
             if not 1 <= k <= self.generation.num_samples:
                 found.append(
@@ -162,7 +198,8 @@ class Evaluation(Strict):
             if task in names
         ]
         found += self.benchmarks.problems() if self.benchmarks is not None else []
-        found += conditions.problems(self.require, models, names, self.pass_at_k, tasks)
+        counted = [conditions.EPISODES] if self.is_agentic() else []
+        found += conditions.problems(self.require, models, names, self.pass_at_k, [*tasks, *counted])
         if self.require_min_samples < 1:
             found.append(f"require_min_samples: expected 1 or more scored samples; got {self.require_min_samples}")
         return found + (self.data.problems() if self.data is not None else [])

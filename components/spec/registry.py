@@ -11,7 +11,7 @@ algorithm means a class here, its description, a component in
 
 import difflib
 import fnmatch
-from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple, Type, Union
+from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple, Type
 
 from posttrain.components.spec.families import GroupSpec, OnlineSpec, ReferenceSpec
 from posttrain.components.spec.fields import config_fields, config_value
@@ -22,7 +22,7 @@ from posttrain.components.spec.schema import (
     REFUSED_KEYS,
     Spec,
 )
-from posttrain.components.spec.sections import PROMPT_FORMATS, EnvironmentSource, ToolSource
+from posttrain.components.spec.sections import PROMPT_FORMATS, AgentSection
 
 PREFERENCE_FORMATS: Tuple[Tuple[str, ...], ...] = (("prompt", "chosen", "rejected"), ("chosen", "rejected"))
 LANGUAGE_MODELLING_FORMATS: Tuple[Tuple[str, ...], ...] = (("messages",), ("text",), ("prompt", "completion"))
@@ -129,15 +129,12 @@ class ORPOSpec(Spec):
     }
 
 
-class GRPOSpec(GroupSpec):
+class GRPOSpec(GroupSpec, AgentSection):
     """Group relative policy optimisation with ``trl.GRPOTrainer`` (GSPO: importance_sampling_level: sequence);
     with ``tools`` or an ``environment``, the model may call them while it answers, rounds of calls and results in
     one completion."""
 
     algorithm: Literal["grpo"]
-    tools: List[ToolSource] = []
-    # one environment for every row, or several by name (each row's ``environment`` column names its own)
-    environment: Union[EnvironmentSource, Dict[str, EnvironmentSource], None] = None
     config_class: ClassVar[str] = "trl:GRPOConfig"
     data_formats: ClassVar[Tuple[Tuple[str, ...], ...]] = PROMPT_FORMATS
     corrects_stale_samples: ClassVar[bool] = True
@@ -155,22 +152,14 @@ class GRPOSpec(GroupSpec):
         return found
 
     def problems(self, world_size: Optional[int]) -> List[str]:
-        found = super().problems(world_size)
-        for index, tool in enumerate(self.tools):
-            found += tool.problems(f"tools.{index}")
-        environments = self.environment if isinstance(self.environment, dict) else {"": self.environment}
-        for name, environment in environments.items():
-            if environment is not None:
-                found += environment.problems(f"environment.{name}" if name else "environment")
-        if isinstance(self.environment, dict) and not self.environment:
-            found.append("environment: name at least one environment, or give one (factory: module:Class)")
+        found = super().problems(world_size) + self.agent_problems()
         if self.environment is not None and self.keeps_only_prompts:
             found.append(
                 "training.remove_unused_columns: true leaves each row its prompt alone, and the environment reads "
                 "the whole row (reset(**row); several environments, its environment column); set it false"
             )
         rounds = self.training.get("max_tool_calling_iterations")
-        if rounds is not None and not self.tools and self.environment is None:
+        if rounds is not None and not self.is_agentic():
             found.append(
                 f"training.max_tool_calling_iterations: {rounds} bounds the rounds of tool calls in a completion, "
                 "and the spec gives no tools and no environment; add them, or drop it"

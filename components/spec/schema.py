@@ -17,7 +17,7 @@ from posttrain.components.spec.fields import config_fields, config_value
 from posttrain.components.spec.generation import runs_vllm_server
 from posttrain.components.spec.judging import EvaluateSection
 from posttrain.components.spec.messages import cut
-from posttrain.components.spec.sections import DataSpec, DistributedSpec, ModelSpec, Strict
+from posttrain.components.spec.sections import AgentSection, DataSpec, DistributedSpec, ModelSpec, Strict
 from posttrain.components.spec.values import least_per_device_batch
 
 # Keys of TRL's config classes that posttrain owns (sets itself) for every algorithm: where to go instead.
@@ -168,6 +168,20 @@ class Spec(Strict):
         """Canonical JSON: sorted keys, no whitespace. ``from_json`` inverts it."""
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
 
+    def evaluation_section(self) -> EvaluateSection:
+        """The ``evaluate:`` section as the job runs it: a model trained with tools or an environment is judged with
+        them, and with its rounds of calls, where the section names none of its own."""
+        assert self.evaluate is not None
+        if not isinstance(self, AgentSection) or not self.is_agentic() or self.evaluate.is_agentic():
+            return self.evaluate
+        generation = self.evaluate.generation
+        if generation.max_tool_calling_iterations is None:
+            rounds = self.training.get("max_tool_calling_iterations")
+            generation = generation.model_copy(update={"max_tool_calling_iterations": rounds})
+        return self.evaluate.model_copy(
+            update={"tools": self.tools, "environment": self.environment, "generation": generation}
+        )
+
     def problems(self, world_size: Optional[int]) -> List[str]:
         """Checks across fields; subclasses add their own."""
         found = []
@@ -195,7 +209,7 @@ class Spec(Strict):
                 "which an evaluation cannot sample from; evaluate a policy it scores (rewards: [{model: ...}])"
             )
         elif self.evaluate is not None:
-            found += self.evaluate.problems()
+            found += self.evaluation_section().problems()
         for key, why in self.refused_sections.items():
             section, _, name = key.partition(".")
             if getattr(getattr(self, section), name) is not None:

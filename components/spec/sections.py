@@ -162,6 +162,29 @@ class EnvironmentSource(Strict):
         return ([problem] if problem is not None else []) + timeout_problems(where, self.timeout_s)
 
 
+class AgentSection(Strict):
+    """What a model may call while it answers, as GRPO trains it and an evaluation judges it: ``tools``, and one
+    ``environment`` for every row or several by name (each row's ``environment`` column names its own)."""
+
+    tools: List[ToolSource] = []
+    environment: Union[EnvironmentSource, Dict[str, EnvironmentSource], None] = None
+
+    def is_agentic(self) -> bool:
+        return bool(self.tools) or self.environment is not None
+
+    def agent_problems(self) -> List[str]:
+        found = []
+        for index, tool in enumerate(self.tools):
+            found += tool.problems(f"tools.{index}")
+        environments = self.environment if isinstance(self.environment, dict) else {"": self.environment}
+        for name, environment in environments.items():
+            if environment is not None:
+                found += environment.problems(f"environment.{name}" if name else "environment")
+        if isinstance(self.environment, dict) and not self.environment:
+            found.append("environment: name at least one environment, or give one (factory: module:Class)")
+        return found
+
+
 class DeepSpeedSpec(Strict):
     """DeepSpeed ZeRO: a stage with optional CPU offload, or the path of your own DeepSpeed JSON."""
 

@@ -4,11 +4,11 @@
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Union
 
 from posttrain.components.spec.evaluation import EvalSpec
 from posttrain.components.spec.judging import BenchmarksSpec, EvalData, GenerationSpec
-from posttrain.components.spec.sections import ModelSpec, RewardSource
+from posttrain.components.spec.sections import EnvironmentSource, ModelSpec, RewardSource, ToolSource
 
 # spec keys the results do not depend on
 NOT_RESULTS = ("output_dir", "overwrite_output_dir", "require", "require_min_samples")
@@ -28,6 +28,9 @@ class EvalParts:
     data: Optional[EvalData]
     data_formats: Tuple[Tuple[str, ...], ...]
     rewards: Tuple[RewardSource, ...]
+    # what each sample may call, where it is an episode (episodes.py)
+    tools: Tuple[ToolSource, ...]
+    environment: Union[EnvironmentSource, Dict[str, EnvironmentSource], None]
     # each scorer's name in the summary, in the order of rewards
     scorer_names: Tuple[str, ...]
     benchmarks: Optional[BenchmarksSpec]
@@ -51,6 +54,8 @@ def parts(spec: EvalSpec) -> EvalParts:
         data=spec.data,
         data_formats=spec.data_formats,
         rewards=tuple(spec.rewards),
+        tools=tuple(spec.tools),
+        environment=spec.environment,
         scorer_names=tuple(spec.scorer_names()),
         benchmarks=spec.benchmarks,
         generation=spec.generation,

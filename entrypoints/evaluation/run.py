@@ -20,10 +20,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
+from trl.chat_template_utils import add_response_schema
 
 from posttrain.components.spec import conditions
 from posttrain.components.spec.messages import SpecError
-from posttrain.entrypoints.evaluation import benchmarks, results, sampling, scores, scoring, trust
+from posttrain.entrypoints.evaluation import benchmarks, episodes, results, sampling, scores, scoring, trust
 from posttrain.entrypoints.evaluation.files import PARTS_DIR, PLOT_FILE, SAMPLES_FILE, SUMMARY_FILE
 from posttrain.entrypoints.evaluation.parts import EvalParts
 from posttrain.entrypoints.evaluation.sampling import prompt_seed, sample, sample_with_vllm
@@ -33,6 +34,13 @@ from posttrain.entrypoints.inputs.models import CAUSAL_LM, ModelLoading, check_m
 from posttrain.entrypoints.inputs.rewards import (
     check_reward_columns,
     resolve_rewards,
+)
+from posttrain.entrypoints.inputs.tools import (
+    check_environment_column,
+    check_tool_data,
+    check_tool_template,
+    resolve_environment,
+    resolve_tools,
 )
 from posttrain.entrypoints.process import distributed, lease
 from posttrain.entrypoints.records import curves
@@ -69,6 +77,8 @@ class Inputs:
     engine: str
     # rank 0's index of the benchmarks' tasks, or None
     tasks: Any
+    # what each sample may call, where it is an episode; None: a completion
+    agent: Optional[episodes.Agent] = None
 
 
 def check(evaluation: EvalParts, made_later: Sequence[str] = ()) -> Inputs:
@@ -79,13 +89,39 @@ def check(evaluation: EvalParts, made_later: Sequence[str] = ()) -> Inputs:
         prompts = load_split(evaluation.data, evaluation.data_formats, "eval", evaluation.generation.seed)
         check_reward_columns(evaluation.rewards, False, [("data.eval", prompts)])
     scorers = dict(zip(evaluation.scorer_names, resolve_rewards(evaluation.rewards)))
-    engine = sampling.engine(evaluation.generation)
+    agent = None
+    if evaluation.tools or evaluation.environment is not None:
+        agent = _agent(evaluation, prompts)
+        scorers.update(_environment_scorers(evaluation, agent))
+    engine = sampling.engine(evaluation.generation, agentic=agent is not None)
     for where, name_or_path in evaluation.named_models:
         if name_or_path not in made_later:
             check_model_path(name_or_path, where)
     # rank 0 runs the benchmarks: the harness's index of tasks is its alone (and takes seconds)
     tasks = benchmarks.task_manager(evaluation.benchmarks) if evaluation.benchmarks and distributed.is_rank0() else None
-    return Inputs(prompts, scorers, engine, tasks)
+    return Inputs(prompts, scorers, engine, tasks, agent)
+
+
+def _agent(evaluation: EvalParts, prompts: Any) -> episodes.Agent:
+    """The spec's tools and environments, imported and checked as GRPO's are (inputs/tools.py), and the prompts
+    checked for them."""
+    tools = resolve_tools(evaluation.tools)
+    environments = resolve_environment(evaluation.environment, scored=bool(evaluation.rewards))
+    check_tool_data([("data.eval", prompts)])
+    if isinstance(environments, dict):
+        check_environment_column(environments, [("data.eval", prompts)])
+    return episodes.Agent(tools, environments)
+
+
+def _environment_scorers(evaluation: EvalParts, agent: episodes.Agent) -> Dict[str, Any]:
+    """Each environment whose class has ``get_reward``, as a scorer by its name (``EvalSpec.environment_scorers``)."""
+    factories = agent.environments if isinstance(agent.environments, dict) else {None: agent.environments}
+    names = evaluation.scorer_names[len(evaluation.rewards) :]
+    return {
+        name: scoring.environment_scorer(key)
+        for name, (key, factory) in zip(names, factories.items())
+        if factory is not None and hasattr(factory(), "get_reward")
+    }
 
 
 def evaluate(evaluation: EvalParts, checked: Optional[Inputs] = None) -> Optional[Evaluated]:
@@ -115,9 +151,16 @@ def evaluate(evaluation: EvalParts, checked: Optional[Inputs] = None) -> Optiona
                 else None,
                 # what sampled: its samples are its own
                 "engine": engine,
-                # what decides the scores of the samples (trust.py): new scorers re-score what was sampled
-                "scorers": trust.scorer_fingerprints(evaluation.rewards),
             }
+            scorers_code = trust.scorer_fingerprints(evaluation.rewards)
+            if inputs.agent is None:
+                # what decides the scores of the samples (trust.py): new scorers re-score what was sampled
+                record["scorers"] = scorers_code
+            else:
+                record["agent"] = {
+                    **trust.agent_fingerprints(evaluation.tools, evaluation.environment),
+                    "scorers": scorers_code,
+                }
             finished, rescore = results.finished(output_dir, record, evaluation.overwrite)
         # nodes that do not share output_dir would not agree; check_shared_output says so below
         finished, rescore = distributed.rank0s((finished, rescore))
@@ -144,7 +187,7 @@ def evaluate(evaluation: EvalParts, checked: Optional[Inputs] = None) -> Optiona
                 for name in models:
                     left = [index for index in mine if (name, index) not in done]
                     if left:
-                        _evaluate_model(evaluation, name, prompts, left, scorers, part, engine)
+                        _evaluate_model(evaluation, name, prompts, left, scorers, part, engine, inputs.agent)
         _wait(waiting)
         if evaluation.benchmarks is not None:
             # rank 0 runs each model's tasks while the others wait
@@ -252,6 +295,7 @@ def _evaluate_model(
     scorers: Dict[str, Callable[..., Any]],
     part: Any,
     engine: str,
+    agent: Optional[episodes.Agent],
 ) -> None:
     """One model's completions of this rank's ``indices``, scored, each prompt a line of ``part`` once done
     (with vLLM, once all this rank's prompts are sampled)."""
@@ -265,6 +309,15 @@ def _evaluate_model(
             results.write(part, scoring.result(name, index, prompts[index], texts, scorers))
         return
     model, tokenizer = _loaded(evaluation, name)
+    if agent is not None:
+        check_tool_template(tokenizer, evaluation.models[name].name_or_path)
+        if not (getattr(tokenizer, "response_template", None) or getattr(tokenizer, "response_schema", None)):
+            add_response_schema(tokenizer)
+        for index in indices:
+            played = episodes.play(model, tokenizer, prompts[index], agent, generation, prompt_seed(generation, index))
+            texts = [str(episode.messages[-1].get("content", "")) for episode in played]
+            results.write(part, scoring.result(name, index, prompts[index], texts, scorers, played))
+        return
     for index in indices:
         texts = sample(model, tokenizer, prompts[index]["prompt"], generation, prompt_seed(generation, index))
         results.write(part, scoring.result(name, index, prompts[index], texts, scorers))
@@ -296,9 +349,13 @@ def _summarise(
                 )
                 if "extra" in result:
                     samples[-1]["extra"] = {column: values[number] for column, values in result["extra"].items()}
+                if "episodes" in result:
+                    samples[-1]["episode"] = result["episodes"][number]
     with open(output_dir / SAMPLES_FILE, "w") as out:
         out.writelines(json.dumps(sample) + "\n" for sample in samples)
     summary = scores.summarise(samples, models, scorer_list, evaluation.pass_at_k)
+    if evaluation.tools or evaluation.environment is not None:
+        summary["episodes"] = scores.episode_counts(samples, models)
     if evaluation.benchmarks is not None:
         summary["benchmarks"] = {
             model: json.loads((output_dir / PARTS_DIR / f"benchmarks-{model}.json").read_text()) for model in models

@@ -33,8 +33,9 @@ def prompt_seed(generation: GenerationSpec, index: int) -> int:
     return generation.seed * SEED_STRIDE + index
 
 
-def engine(generation: GenerationSpec) -> str:
-    """What samples: the spec's engine, auto being vLLM where the job's environment has it."""
+def engine(generation: GenerationSpec, agentic: bool = False) -> str:
+    """What samples: the spec's engine, auto being vLLM where the job's environment has it (transformers for
+    episodes: ``agentic``, which vLLM does not play yet)."""
     installed = importlib.util.find_spec("vllm") is not None
     if generation.engine == "vllm" and not installed:
         raise SpecError(
@@ -44,7 +45,7 @@ def engine(generation: GenerationSpec) -> str:
             ]
         )
     if generation.engine == "auto":
-        return "vllm" if installed else "transformers"
+        return "vllm" if installed and not agentic else "transformers"
     return generation.engine
 
 

@@ -11,6 +11,8 @@ import math
 import statistics
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from posttrain.components.spec.conditions import EPISODE_COUNTS
+
 # a score this close to 1 passes (a float sum of weighted parts may fall short by a rounding error)
 PASS = 1.0 - 1e-9
 
@@ -114,3 +116,22 @@ def closing_line(
 
 def _number(value: Optional[float]) -> str:
     return "n/a" if value is None else f"{value:.2f}"
+
+
+def episode_counts(samples: Sequence[Mapping[str, Any]], models: Sequence[str]) -> Dict[str, Dict[str, Any]]:
+    """Per model, what its episodes did: calls, turns and tokens generated per episode, the share of calls that
+    failed and of episodes that hit the limit (rounds or tokens), and the episodes counted."""
+    found: Dict[str, Dict[str, Any]] = {}
+    for model in models:
+        played = [sample["episode"] for sample in samples if sample["model"] == model]
+        totals = {count: sum(float(episode[count]) for episode in played) for count in EPISODE_COUNTS}
+        per_episode = max(len(played), 1)
+        found[model] = {
+            "episodes": len(played),
+            "calls": totals["calls"] / per_episode,
+            "failed_calls": totals["failed_calls"] / totals["calls"] if totals["calls"] else 0.0,
+            "turns": totals["turns"] / per_episode,
+            "hit_limit": totals["hit_limit"] / per_episode,
+            "tokens": totals["tokens"] / per_episode,
+        }
+    return found

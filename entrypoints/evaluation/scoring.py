@@ -9,6 +9,7 @@ import torch
 
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.sections import ModelSpec
+from posttrain.entrypoints.evaluation.episodes import Episode
 from posttrain.entrypoints.inputs.models import ModelLoading
 from posttrain.entrypoints.inputs.rewards import load_reward_models, reward_model_scores
 
@@ -30,14 +31,37 @@ def scorer(resolved: Any) -> Callable[..., Any]:
     return scored
 
 
+def environment_scorer(name: Optional[str]) -> Callable[..., List[Any]]:
+    """An environment's ``get_reward`` as a scorer, as TRL's GRPO makes it one: each episode's environment asked,
+    where it is this one (``name``: among several, the row's ``environment`` column; None: the only one)."""
+
+    def get_reward(environments: List[Any], environment: Optional[List[str]] = None, **columns: Any) -> List[Any]:
+        return [
+            played.get_reward() if name is None or (environment or [])[number] == name else None
+            for number, played in enumerate(environments)
+        ]
+
+    return get_reward
+
+
 def result(
-    name: str, index: int, row: Dict[str, Any], texts: List[str], scorers: Dict[str, Callable[..., Any]]
+    name: str,
+    index: int,
+    row: Dict[str, Any],
+    texts: List[str],
+    scorers: Dict[str, Callable[..., Any]],
+    episodes: Optional[List[Episode]] = None,
 ) -> Dict[str, Any]:
-    """A prompt's completions, scored: a line of a part file."""
+    """A prompt's completions, scored: a line of a part file. ``episodes``: the samples as episodes (the texts their
+    last turns), which the scorers see whole, with their environments, as GRPO's rewards do."""
     prompt = row["prompt"]
     # as TRL's trainers give them: a chat prompt's completion is the assistant's message
     completions = [[{"role": "assistant", "content": t}] for t in texts] if not isinstance(prompt, str) else texts
     columns = {key: [value] * len(texts) for key, value in row.items() if key != "prompt"}
+    if episodes is not None:
+        completions = [episode.messages for episode in episodes]
+        if any(episode.environment is not None for episode in episodes):
+            columns["environments"] = [episode.environment for episode in episodes]
     # what the scorers logged of each completion (TRL's log_extra: code_tests' failures), kept with it
     extra: Dict[str, List[Any]] = {}
     scored = {
@@ -45,6 +69,8 @@ def result(
         for scorer, function in scorers.items()
     }
     result = {"model": name, "index": index, "prompt": prompt, "completions": texts, "scores": scored}
+    if episodes is not None:
+        result["episodes"] = [{"messages": episode.messages, **episode.counts()} for episode in episodes]
     if extra:
         result["extra"] = extra
     return result

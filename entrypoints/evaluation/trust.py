@@ -2,11 +2,14 @@
 evaluation wrote it.
 
 A score is decided by the samples (the models, the data, the generation
-settings, the engine: ``run.py``'s record) and by the scorers' code: a
-function's module (its file's bytes), a built-in's module and posttrain's
-version, a reward model's weights (by content). The scorers' fingerprints
-are kept apart from the rest, so that new scorers re-score the samples
-kept, and new samples are drawn only where what samples changed.
+settings, the engine, and for episodes the tools' and environments' code:
+``run.py``'s record) and by the scorers' code: a function's module (its
+file's bytes), a built-in's module and posttrain's version, a reward
+model's weights (by content). The scorers' fingerprints are kept apart from
+the rest, so that new scorers re-score the samples kept, and new samples
+are drawn only where what samples changed. An episode's scores are not
+re-scored (its environment, which scores it, is gone): for episodes the
+scorers are part of what samples.
 
 A finished summary carries a seal: the digest of its own content and of
 the samples it was computed from. A summary, or samples, edited by hand no
@@ -19,11 +22,11 @@ import inspect
 import json
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.rewards import BUILTIN_REWARDS
-from posttrain.components.spec.sections import RewardSource
+from posttrain.components.spec.sections import EnvironmentSource, RewardSource, ToolSource
 from posttrain.entrypoints.evaluation.files import SAMPLES_FILE, SUMMARY_FILE
 from posttrain.entrypoints.records.fingerprints import file_digest, model_fingerprint
 
@@ -44,6 +47,19 @@ def scorer_fingerprints(rewards: Sequence[RewardSource]) -> Dict[str, Any]:
         else:
             found[str(index)] = {"model": model_fingerprint(str(reward.model))}
     return found
+
+
+def agent_fingerprints(
+    tools: Sequence[ToolSource], environment: Union[EnvironmentSource, Dict[str, EnvironmentSource], None]
+) -> Dict[str, Any]:
+    """What decides an episode besides the model: each tool's and environment's module (its file's bytes)."""
+    environments = environment if isinstance(environment, dict) else {"": environment} if environment else {}
+    return {
+        "tools": [_module_digest(tool.function.partition(":")[0]) for tool in tools],
+        "environments": {
+            name: _module_digest(source.factory.partition(":")[0]) for name, source in environments.items()
+        },
+    }
 
 
 def _module_digest(module: str) -> Optional[str]:

@@ -192,6 +192,8 @@ def main() -> None:
     write_jsonl(HERE / "questions_heldout.jsonl", question_rows(random.Random(9), 60))
     write_jsonl(HERE / "peek_demos.jsonl", peek_demo_rows(random.Random(6), 800, calls=0.3))
     write_jsonl(HERE / "hidden_values.jsonl", hidden_value_rows(random.Random(7), 400))
+    # rooms never trained in, to evaluate a model's use of the tool (templates/eval/tools-tiny.yaml)
+    write_jsonl(HERE / "hidden_values_heldout.jsonl", hidden_value_rows(random.Random(10), 32))
     write_jsonl(HERE / "tool_use_demos.jsonl", tool_use_demo_rows(random.Random(8), 800, calls=0.3))
     for task, (request, _, _) in TOOL_USE_TASKS.items():
         requests = ({"prompt": [{"role": "user", "content": request}]} for _ in range(400))

@@ -3,26 +3,53 @@ where the answer is only known from the tool's result, and templates/chain/tool-
 earn the reward: one call for the lamp, two in order for the safe. (Generation in vLLM: tests/e2e/test_vllm.py.)"""
 
 import json
+import re
+import subprocess
 from pathlib import Path
+from typing import List
 
 import pytest
 
-from helpers import CHAIN_PORTS, assert_calls_the_rooms_tool, assert_succeeded, ends, free_port, run_template, torchx
+from helpers import (
+    CHAIN_PORTS,
+    assert_calls_the_rooms_tool,
+    assert_succeeded,
+    ends,
+    free_port,
+    read_json,
+    run_template,
+    torchx,
+)
 
 pytestmark = pytest.mark.e2e
 
 
-def test_grpo_teaches_the_model_to_read_the_value_it_can_only_know_from_the_tool(tmp_path: Path) -> None:
-    """Each room hides a digit drawn per row. The SFT model peeks in about a third of its answers and guesses the
-    rest; GRPO raises the reward by 0.3 as it learns to peek and answer what it read. A run without the tool, from
-    the same SFT model, stays at a guess's one in ten or below: the task needs the tool."""
+@pytest.fixture(scope="module")
+def tools_chain(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """templates/chain/tools-tiny.yaml run whole, on two processes: SFT, GRPO, and its gate."""
+    tmp_path = tmp_path_factory.mktemp("tools-chain")
     output_dir = tmp_path / "tools"
     args = ["run", "-s", "local_cwd", "posttrain.chain", "--spec", "templates/chain/tools-tiny.yaml", "-j", "1x2"]
     args += ["--rdzv_port", str(free_port(CHAIN_PORTS)), f"output_dir={output_dir}"]
     assert_succeeded(torchx(args, tmp_path, timeout=900))
+    return output_dir
+
+
+def test_grpo_teaches_the_model_to_read_the_value_it_can_only_know_from_the_tool(
+    tools_chain: Path, tmp_path: Path
+) -> None:
+    """Each room hides a digit drawn per row. The SFT model peeks in about a third of its answers and guesses the
+    rest; GRPO raises the reward by 0.3 as it learns to peek and answer what it read. A run without the tool, from
+    the same SFT model, stays at a guess's one in ten or below: the task needs the tool."""
+    output_dir = tools_chain
     first, last = ends(output_dir / "grpo", "rewards/exact_match/mean")
     assert last - first >= 0.3, (first, last)
     assert_calls_the_rooms_tool(output_dir / "grpo")
+    # the chain's gate: both models in rooms never trained in, as GRPO played them (templates/eval/tools-tiny.yaml)
+    check = read_json(output_dir / "check" / "eval_summary.json")
+    assert [verdict["held"] for verdict in check["require"]] == [True, True], check["require"]
+    assert check["episodes"]["grpo"]["calls"] > check["episodes"]["sft"]["calls"] + 0.5, check["episodes"]
+    assert_counted_by_hand(output_dir / "check")
 
     without_tool = tmp_path / "without-tool"
     # a guess stays a guess: 10 steps say so as well as 40
@@ -48,3 +75,92 @@ def test_grpo_teaches_the_model_to_switch_the_lamp_on_and_to_open_the_safe(tmp_p
             sample = json.loads(line)
             results = [message["content"] for message in sample["completion"] if message["role"] == "tool"]
             assert sample["rewards"][environment] == float(done in results), sample
+
+
+# written against docs/pages/eval.md (Agents), in a module the project never ships: a tool that answers 7 whatever
+# the room, and a vault scored by its own get_reward; each named peek, with peek's docstring, as the model was
+# trained to call (the tiny model calls only what it was trained on)
+VAULT = """
+def peek() -> str:
+    \"\"\"The value hidden in this room.\"\"\"
+    return "7"
+
+
+class Vault:
+    def reset(self, answer, **row):
+        self.answer, self.opened = str(answer), 0
+
+    def peek(self) -> str:
+        \"\"\"The value hidden in this room.\"\"\"
+        self.opened += 1
+        return self.answer
+
+    def get_reward(self) -> float:
+        return 1.0 if self.opened == 1 else 0.0
+"""
+
+
+def assert_counted_by_hand(output_dir: Path) -> List[dict]:
+    """The summary's episode counts are what a count of the transcripts in eval_samples.jsonl gives; the samples."""
+    samples = [json.loads(line) for line in (output_dir / "eval_samples.jsonl").read_text().splitlines()]
+    summary = read_json(output_dir / "eval_summary.json")
+    for model, counted in summary["episodes"].items():
+        played = [sample["episode"]["messages"] for sample in samples if sample["model"] == model]
+        calls = [sum(len(m.get("tool_calls") or []) for m in messages) for messages in played]
+        results = [sum(m["role"] == "tool" for m in messages) for messages in played]
+        turns = [sum(m["role"] == "assistant" for m in messages) for messages in played]
+        failed = sum("'error'" in str(m["content"]) for messages in played for m in messages if m["role"] == "tool")
+        # every call answered: none of these episodes hit the rounds' or tokens' limit
+        assert calls == results and counted["hit_limit"] == 0, model
+        assert counted["episodes"] == len(played)
+        assert counted["calls"] == pytest.approx(sum(calls) / len(played))
+        assert counted["turns"] == pytest.approx(sum(turns) / len(played))
+        assert counted["failed_calls"] == pytest.approx(failed / max(sum(calls), 1))
+    return samples
+
+
+def test_an_environment_and_a_tool_the_project_never_saw_evaluate_as_counted_by_hand_on_any_number_of_processes(
+    tools_chain: Path, tmp_path: Path
+) -> None:
+    """The tools chain's trained model in a vault of the test's own: its get_reward is a scorer, its calls and turns
+    are counted as its transcripts show, and one process gives the samples two do."""
+    (tmp_path / "user_code").mkdir()
+    (tmp_path / "user_code" / "vault.py").write_text(VAULT)
+    models = [f"models.{stage}.name_or_path={tools_chain / stage}" for stage in ("sft", "grpo")]
+
+    def evaluate(j: str, output_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+        args = ["run", "-s", "local_cwd", "posttrain.eval", "--spec", "templates/eval/tools-tiny.yaml", "-j", j]
+        args += ["--rdzv_port", str(free_port()), *models, f"output_dir={output_dir}", *overrides]
+        return torchx(args, tmp_path, PYTHONPATH=str(tmp_path / "user_code"))
+
+    vault = ["environment={factory: 'vault:Vault'}", "require=[grpo.Vault - sft.Vault >= 0.3]"]
+    for j in ("1x1", "1x2"):
+        assert_succeeded(evaluate(j, tmp_path / j, *vault))
+    one, two = (assert_counted_by_hand(tmp_path / j) for j in ("1x1", "1x2"))
+    assert one == two
+    # the vault's own reward: 1 where the episode peeked once, as its transcript shows
+    for sample in one:
+        peeks = sum(m["role"] == "tool" and m["name"] == "peek" for m in sample["episode"]["messages"])
+        assert sample["scores"]["Vault"] == float(peeks == 1), sample
+
+    # a tool alone: its calls counted as the transcripts show, each answered 7
+    tool = ["~environment", "tools=[{function: 'vault:peek'}]", "require=[grpo.episodes.calls >= 0.5]"]
+    assert_succeeded(evaluate("1x1", tmp_path / "tool", *tool))
+    results = [
+        m["content"]
+        for s in assert_counted_by_hand(tmp_path / "tool")
+        for m in s["episode"]["messages"]
+        if m["role"] == "tool"
+    ]
+    assert results and set(results) == {"7"}
+
+    # the gate without the GRPO stage (the SFT model in its place): it fails, in one line naming the condition
+    models[1] = f"models.grpo.name_or_path={tools_chain / 'sft'}"
+    result = evaluate("1x1", tmp_path / "without", *vault)
+    assert result.returncode == 1
+    said = result.stdout + result.stderr
+    assert re.search(
+        r"posttrain: require: grpo.Vault - sft.Vault >= 0.3 does not hold: grpo.Vault [\d.]+, sft.Vault [\d.]+; difference 0$",
+        said,
+        re.M,
+    ), said[-3000:]

@@ -300,3 +300,73 @@ def test_an_evaluate_section_on_a_reward_model_is_refused() -> None:
         "evaluate: posttrain.reward trains a SequenceClassification model, which an evaluation cannot sample from; "
         "evaluate a policy it scores (rewards: [{model: ...}])"
     ]
+
+
+def test_an_evaluation_of_agents_takes_grpos_tools_environments_and_turn_limit() -> None:
+    spec = load_eval("eval/tools-tiny")
+    assert spec.environment is not None and spec.generation.max_tool_calling_iterations == 2
+    assert spec.scorer_names() == ["exact_match", "Room"]
+    named = load_template("eval/tools-tiny.yaml")
+    named["environment"] = {"lamp": {"factory": "my_env:Lamp"}, "safe": {"factory": "my_env:Safe"}}
+    named["require"] = ["grpo.lamp >= 0.5", "grpo.episodes.turns <= 2"]
+    assert validate_eval(named).scorer_names() == ["exact_match", "lamp", "safe"]
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (
+            {"environment": None},
+            "generation.max_tool_calling_iterations: 2 bounds the rounds of tool calls in an episode, and the spec gives "
+            "no tools and no environment; add them, or drop it",
+        ),
+        (
+            {"generation": {"engine": "vllm", "max_tool_calling_iterations": 2}},
+            "generation.engine: vllm does not run an evaluation's tools or environments yet; use engine: transformers "
+            "(auto picks it for them)",
+        ),
+        (
+            {"require": ["grpo.episodes.calls_made >= 1"]},
+            "require.0: grpo.episodes.calls_made is not counted; an episode counts calls, failed_calls, turns, "
+            "hit_limit, tokens",
+        ),
+        (
+            {"tools": [{"function": "not a path"}]},
+            "tools.0.function: expected module:function (e.g. my_tools:lookup); got 'not a path'",
+        ),
+    ],
+)
+def test_an_evaluation_of_agents_is_checked_at_submit_as_grpo_is(change: Dict[str, Any], problem: str) -> None:
+    raw = {**load_template("eval/tools-tiny.yaml"), **change}
+    with pytest.raises(SpecError) as error:
+        validate_eval(raw)
+    assert problem in error.value.problems, error.value.problems
+
+
+def test_episode_counts_are_metrics_only_where_the_samples_are_episodes() -> None:
+    raw = {**load_template("eval/sft-tiny.yaml"), "require": ["sft.episodes.calls >= 1"]}
+    with pytest.raises(SpecError) as error:
+        validate_eval(raw)
+    assert error.value.problems[0].startswith("require.0: no scorer or benchmark task 'episodes' in this evaluation")
+    summary = {"episodes": {"grpo": {"episodes": 128, "calls": 0.9}}}
+    verdict = conditions.Condition.parse("grpo.episodes.calls >= 0.8").verdict(summary)
+    assert verdict["held"] and verdict["value"] == 0.9
+    verdict = conditions.Condition.parse("grpo.episodes.calls >= 0.8").verdict(summary, min_samples=200)
+    assert not verdict["held"] and "grpo played 128 episode(s), fewer than the 200" in verdict["why"]
+
+
+def test_a_model_trained_with_an_environment_is_evaluated_in_it_unless_the_section_names_its_own() -> None:
+    evaluate = (
+        "evaluate={data: {eval: {path: templates/data/hidden_values_heldout.jsonl}}, rewards: [{builtin: exact_match}],"
+        " generation: {num_samples: 4}, require: [after.episodes.calls >= 0.8]}"
+    )
+    spec = load_spec(str(TEMPLATES / "grpo/tiny-tools.yaml"), [evaluate])
+    evaluation = of_training_run(spec)
+    assert evaluation.environment == spec.environment and evaluation.generation.max_tool_calling_iterations == 2
+    own = load_spec(
+        str(TEMPLATES / "grpo/tiny-tools.yaml"), [evaluate, "evaluate.environment={factory: 'my_env:Other'}"]
+    )
+    assert of_training_run(own).environment.factory == "my_env:Other"
+    with pytest.raises(SpecError) as error:
+        load_spec(str(TEMPLATES / "sft/tiny-evaluated.yaml"), ["evaluate.require=[after.episodes.calls >= 0.8]"])
+    assert "evaluate.require.0: no scorer or benchmark task 'episodes'" in error.value.problems[0]

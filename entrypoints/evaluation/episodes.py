@@ -1,0 +1,192 @@
+"""An evaluation's samples as episodes, where the spec gives tools or an environment: the model writes calls,
+posttrain runs them and returns their results, the model goes on, as GRPO's rollouts do (TRL's
+``GRPOTrainer._tool_call_loop``), so that a model is judged as it was trained.
+
+As in training: the prompt is rendered with the tools' schemas (the
+environment's public methods among them, after its ``reset(**row)``, whose
+text is added to the last message); the calls are read back with TRL's
+parser; a call's error is its result (``{'error': ...}``); the results'
+tokens are appended to the episode's, never re-rendered; ``max_new_tokens``
+bounds the whole episode (its results' tokens included), and a round of
+results that would pass it ends the episode before them;
+``max_tool_calling_iterations`` bounds the rounds. The samples of a prompt
+come from its seed, one after the other, so an episode is the same on any
+number of processes.
+"""
+
+import asyncio
+import copy
+import dataclasses
+import inspect
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+import torch
+from trl.chat_template_utils import parse_response
+
+from posttrain.components.spec.judging import GenerationSpec
+from posttrain.entrypoints.generation.sampling import sampling_from_the_logits
+from posttrain.entrypoints.inputs.tools import ENVIRONMENT_HOOKS
+
+# how the environments an evaluation names are made: one factory, or one per name (each row's environment column)
+Factories = Union[None, Callable[[], Any], Dict[str, Callable[[], Any]]]
+
+
+@dataclasses.dataclass
+class Episode:
+    """One sample of a prompt, played out: what the scorers see, and what is counted of it."""
+
+    # the completion as GRPO's rewards see it: the model's messages and the tools' results, in order
+    messages: List[Dict[str, Any]]
+    # the environment it played in (its get_reward scores it), or None
+    environment: Any
+    calls: int = 0
+    failed_calls: int = 0
+    # the model's turns: one, and one more after each round of results
+    turns: int = 0
+    # whether it ended with calls left unanswered (the rounds' limit, or the tokens' budget)
+    hit_limit: bool = False
+    # the tokens the model wrote (the results' tokens not counted)
+    tokens: int = 0
+
+    def counts(self) -> Dict[str, Any]:
+        return {
+            "calls": self.calls,
+            "failed_calls": self.failed_calls,
+            "turns": self.turns,
+            "hit_limit": self.hit_limit,
+            "tokens": self.tokens,
+        }
+
+
+@dataclasses.dataclass(frozen=True)
+class Agent:
+    """What an episode may call: the spec's tools (resolved and guarded, inputs/tools.py) and environments."""
+
+    tools: Sequence[Callable[..., Any]]
+    environments: Factories
+
+    def environment_for(self, row: Dict[str, Any]) -> Any:
+        if self.environments is None:
+            return None
+        if isinstance(self.environments, dict):
+            return self.environments[row["environment"]]()
+        return self.environments()
+
+
+@torch.no_grad()
+def play(
+    model: Any, tokenizer: Any, row: Dict[str, Any], agent: Agent, generation: GenerationSpec, seed: int
+) -> List[Episode]:
+    """``generation.num_samples`` episodes of ``row``'s prompt, one after the other, from ``seed``."""
+    torch.manual_seed(seed)
+    return [_episode(model, tokenizer, row, agent, generation) for _ in range(generation.num_samples)]
+
+
+def _episode(model: Any, tokenizer: Any, row: Dict[str, Any], agent: Agent, generation: GenerationSpec) -> Episode:
+    prompt = copy.deepcopy(row["prompt"])
+    environment = agent.environment_for(row)
+    tools = list(agent.tools)
+    if environment is not None:
+        observation = environment.reset(**{key: value for key, value in row.items() if key != "environment"})
+        if isinstance(observation, str):
+            prompt[-1] = {**prompt[-1], "content": prompt[-1]["content"] + observation}
+        tools += [
+            getattr(environment, name)
+            for name, _ in inspect.getmembers(type(environment), predicate=inspect.isfunction)
+            if name not in ENVIRONMENT_HOOKS and not name.startswith("_")
+        ]
+    by_name = {tool.__name__: tool for tool in tools}
+    ids = _rendered(tokenizer, prompt, tools or None, add_generation_prompt=True)
+    episode = Episode(messages=[], environment=environment)
+    written: List[int] = []
+    rounds = generation.max_tool_calling_iterations
+    while True:
+        new = _generate(model, tokenizer, ids + written, generation, generation.max_new_tokens - len(written))
+        episode.turns += 1
+        episode.tokens += len(new)
+        message = _parsed(tokenizer, new, ids + written, tools)
+        written += new
+        episode.messages.append(message)
+        calls = message.get("tool_calls") or []
+        if not calls:
+            return episode
+        if rounds is not None and episode.turns > rounds:
+            episode.hit_limit = True
+            return episode
+        results = [_called(call, by_name, episode) for call in calls]
+        suffix = _tool_suffix(tokenizer, results)
+        if len(written) + len(suffix) >= generation.max_new_tokens:
+            # as TRL drops a round of results that would pass max_completion_length: the episode ends before it
+            episode.hit_limit = True
+            return episode
+        episode.messages += results
+        written += suffix
+
+
+def _called(call: Dict[str, Any], by_name: Dict[str, Callable[..., Any]], episode: Episode) -> Dict[str, Any]:
+    """A tool call's result as a tool message; an error (an unknown tool, bad arguments, the tool's own) is the
+    result, as the model reads it in training."""
+    episode.calls += 1
+    function = call.get("function", {}) if call.get("type") == "function" else {}
+    name = function.get("name", call.get("name", "unknown"))
+    try:
+        if not function:
+            raise ValueError(f"Unsupported tool call type: {call.get('type')}")
+        if name not in by_name:
+            raise ValueError(f"Tool {name} not found.")
+        result: Any = by_name[name](**function.get("arguments", {}))
+        if inspect.isawaitable(result):
+            result = asyncio.run(result)
+    except Exception as error:  # noqa: BLE001 -- the model's call failed: its result says so, as in training
+        episode.failed_calls += 1
+        result = {"error": str(error)}
+    return {"role": "tool", "name": name, "content": result if isinstance(result, list) else str(result)}
+
+
+def _rendered(tokenizer: Any, messages: List[Dict[str, Any]], tools: Optional[List[Any]], **options: Any) -> List[int]:
+    return list(
+        tokenizer.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True, **options)["input_ids"]
+    )
+
+
+def _tool_suffix(tokenizer: Any, results: List[Dict[str, Any]]) -> List[int]:
+    """The tokens that follow the model's turn for these results, up to the next turn's opening, as TRL's trainer
+    takes them (``_get_tool_suffix_ids``): the template's rendering of a call and its results, less the call's."""
+    call = {"type": "function", "function": {"name": results[0]["name"], "arguments": {}}}
+    before = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
+    prefix = _rendered(tokenizer, before, None, add_generation_prompt=False)
+    ends = [index for index, token in enumerate(prefix) if token == tokenizer.eos_token_id]
+    if ends:
+        prefix = prefix[: ends[-1] + 1]
+    full = _rendered(tokenizer, before + results, None, add_generation_prompt=True)
+    if full[: len(prefix)] != prefix:
+        raise ValueError("the chat template renders a tool call's turn differently once its results follow")
+    return full[len(prefix) :]
+
+
+def _generate(model: Any, tokenizer: Any, ids: List[int], generation: GenerationSpec, budget: int) -> List[int]:
+    """The model's next turn after ``ids``: up to ``budget`` tokens, its end token included (as TRL keeps it)."""
+    input_ids = torch.tensor([ids], device=model.device)
+    greedy = generation.temperature == 0
+    settings = {"do_sample": False} if greedy else {"do_sample": True, "temperature": generation.temperature}
+    if not greedy:
+        settings.update(top_p=generation.top_p, top_k=0)
+    with sampling_from_the_logits(model):
+        generated = model.generate(
+            input_ids=input_ids,
+            attention_mask=torch.ones_like(input_ids),
+            max_new_tokens=max(budget, 1),
+            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
+            use_cache=True,
+            **settings,
+        )
+    ends = model.generation_config.eos_token_id
+    ends = set(ends if isinstance(ends, list) else [ends]) | {tokenizer.eos_token_id}
+    new = generated[0, len(ids) :].tolist()
+    cut = next((index + 1 for index, token in enumerate(new) if token in ends), len(new))
+    return new[:cut]
+
+
+def _parsed(tokenizer: Any, new: List[int], prefix: List[int], tools: List[Any]) -> Dict[str, Any]:
+    """The model's turn as a message, its calls read back with TRL's parser (the one training uses)."""
+    return parse_response(tokenizer, new, prefix=prefix, tools=tools)
