@@ -97,6 +97,13 @@ def check(evaluation: EvalParts, made_later: Sequence[str] = ()) -> Inputs:
     for where, name_or_path in evaluation.named_models:
         if name_or_path not in made_later:
             check_model_path(name_or_path, where)
+    if agent is not None:
+        # the chat template renders calls and TRL reads them back: known from the tokenizer, before a model loads
+        for name, model_spec in evaluation.models.items():
+            if model_spec.name_or_path not in made_later:
+                check_tool_template(
+                    load_tokenizer(model_spec.name_or_path, model_spec, "left"), model_spec.name_or_path
+                )
     # rank 0 runs the benchmarks: the harness's index of tasks is its alone (and takes seconds)
     tasks = benchmarks.task_manager(evaluation.benchmarks) if evaluation.benchmarks and distributed.is_rank0() else None
     return Inputs(prompts, scorers, engine, tasks, agent)
@@ -310,7 +317,6 @@ def _evaluate_model(
         return
     model, tokenizer = _loaded(evaluation, name)
     if agent is not None:
-        check_tool_template(tokenizer, evaluation.models[name].name_or_path)
         if not (getattr(tokenizer, "response_template", None) or getattr(tokenizer, "response_schema", None)):
             add_response_schema(tokenizer)
         for index in indices:

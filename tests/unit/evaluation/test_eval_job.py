@@ -15,6 +15,7 @@ from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints import launcher
 from posttrain.entrypoints.evaluation import parts as eval_parts
 from posttrain.entrypoints.evaluation import results, sampling, scoring
+from posttrain.entrypoints.evaluation import run as eval_job
 from posttrain.entrypoints.inputs.rewards import RewardCheck
 
 
@@ -117,3 +118,21 @@ def test_an_evaluation_is_read_once_into_its_parts_and_its_results_do_not_depend
     assert eval_parts.parts(elsewhere).results_spec == read.results_spec
     assert read.results_spec["models"]["sft"]["name_or_path"] == "/runs/sft"
     assert not {"output_dir", "overwrite_output_dir", "require"} & set(read.results_spec)
+
+
+def test_episodes_of_a_model_whose_template_renders_no_calls_are_one_line_before_it_loads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As GRPO's check: the tokenizer alone says it, before any model loads (the run's own, made later, skipped)."""
+    monkeypatch.chdir(TEMPLATES.parent)
+    spec = load_eval("eval/tools-tiny", ["models={base: {name_or_path: 'builtin:tiny-llama'}}", "require=[]"])
+    with pytest.raises(SpecError) as error:
+        eval_job.check(eval_parts.parts(spec))
+    assert error.value.problems[0].startswith(
+        "tools: builtin:tiny-llama's chat template does not render tool calls and their results"
+    )
+    assert eval_job.check(eval_parts.parts(spec), made_later=["builtin:tiny-llama"]).agent is not None
+    # a template that renders them: episodes, and transformers samples them even where vLLM is installed
+    tools = load_eval("eval/tools-tiny", ["models={base: {name_or_path: 'builtin:tiny-tools'}}", "require=[]"])
+    monkeypatch.setattr(sampling.importlib.util, "find_spec", lambda name: object())
+    assert eval_job.check(eval_parts.parts(tools)).engine == "transformers"
