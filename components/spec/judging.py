@@ -180,6 +180,15 @@ class Evaluation(AgentSection):
                 f"generation.max_tool_calling_iterations: {rounds} bounds the rounds of tool calls in an episode, and "
                 "the spec gives no tools and no environment; add them, or drop it"
             )
+        if self.is_agentic() and self.data is None:
+            found.append(
+                "data.eval: tools and environments play episodes of held-out prompts; give them (data.eval), or drop "
+                "tools and environment"
+            )
+        if self.is_agentic() and conditions.EPISODES in names:
+            found.append(
+                f"rewards: a scorer named {conditions.EPISODES} would be read as the episodes' counts; rename it"
+            )
         if self.is_agentic() and self.generation.engine == "vllm":
             found.append(
                 "generation.engine: vllm does not run an evaluation's tools or environments yet; use engine: "

@@ -174,6 +174,9 @@ class Spec(Strict):
         assert self.evaluate is not None
         if not isinstance(self, AgentSection) or not self.is_agentic() or self.evaluate.is_agentic():
             return self.evaluate
+        # benchmarks alone: no held-out prompts to play episodes of
+        if self.evaluate.data is None:
+            return self.evaluate
         generation = self.evaluate.generation
         if generation.max_tool_calling_iterations is None:
             rounds = self.training.get("max_tool_calling_iterations")

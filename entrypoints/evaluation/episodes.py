@@ -4,14 +4,16 @@ posttrain runs them and returns their results, the model goes on, as GRPO's roll
 
 As in training: the prompt is rendered with the tools' schemas (the
 environment's public methods among them, after its ``reset(**row)``, whose
-text is added to the last message); the calls are read back with TRL's
+text is added to the last message), through the chat template TRL trains
+with (:func:`training_template`); the calls are read back with TRL's
 parser; a call's error is its result (``{'error': ...}``); the results'
 tokens are appended to the episode's, never re-rendered; ``max_new_tokens``
 bounds the whole episode (its results' tokens included), and a round of
 results that would pass it ends the episode before them;
 ``max_tool_calling_iterations`` bounds the rounds. The samples of a prompt
 come from its seed, one after the other, so an episode is the same on any
-number of processes.
+number of processes (where the tools and environments draw no unseeded
+random numbers).
 """
 
 import asyncio
@@ -21,7 +23,7 @@ import inspect
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import torch
-from trl.chat_template_utils import parse_response
+from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving, parse_response
 
 from posttrain.components.spec.judging import GenerationSpec
 from posttrain.entrypoints.generation.sampling import sampling_from_the_logits
@@ -35,6 +37,8 @@ Factories = Union[None, Callable[[], Any], Dict[str, Callable[[], Any]]]
 class Episode:
     """One sample of a prompt, played out: what the scorers see, and what is counted of it."""
 
+    # the prompt the model was given (an environment's reset may add to it), as GRPO's rewards see it
+    prompt: Any
     # the completion as GRPO's rewards see it: the model's messages and the tools' results, in order
     messages: List[Dict[str, Any]]
     # the environment it played in (its get_reward scores it), or None
@@ -47,6 +51,11 @@ class Episode:
     hit_limit: bool = False
     # the tokens the model wrote (the results' tokens not counted)
     tokens: int = 0
+
+    def answer(self) -> str:
+        """The text of the model's last turn."""
+        said = [message for message in self.messages if message["role"] == "assistant"]
+        return str(said[-1].get("content") or "") if said else ""
 
     def counts(self) -> Dict[str, Any]:
         return {
@@ -73,21 +82,40 @@ class Agent:
         return self.environments()
 
 
+def training_template(tokenizer: Any) -> Optional[str]:
+    """The chat template GRPO's rollouts were rendered with: TRL's patched one where the model's own renders a
+    turn differently once later messages follow (Qwen3's), else the model's own (None)."""
+    return None if is_chat_template_prefix_preserving(tokenizer) else get_training_chat_template(tokenizer)
+
+
 @torch.no_grad()
 def play(
-    model: Any, tokenizer: Any, row: Dict[str, Any], agent: Agent, generation: GenerationSpec, seed: int
+    model: Any,
+    tokenizer: Any,
+    template: Optional[str],
+    row: Dict[str, Any],
+    agent: Agent,
+    generation: GenerationSpec,
+    seed: int,
 ) -> List[Episode]:
-    """``generation.num_samples`` episodes of ``row``'s prompt, one after the other, from ``seed``."""
+    """``generation.num_samples`` episodes of ``row``'s prompt, one after the other, from ``seed``, rendered
+    with ``template`` (:func:`training_template`)."""
     torch.manual_seed(seed)
-    return [_episode(model, tokenizer, row, agent, generation) for _ in range(generation.num_samples)]
+    return [_episode(model, tokenizer, template, row, agent, generation) for _ in range(generation.num_samples)]
 
 
-def _episode(model: Any, tokenizer: Any, row: Dict[str, Any], agent: Agent, generation: GenerationSpec) -> Episode:
+def _episode(
+    model: Any, tokenizer: Any, template: Optional[str], row: Dict[str, Any], agent: Agent, generation: GenerationSpec
+) -> Episode:
     prompt = copy.deepcopy(row["prompt"])
     environment = agent.environment_for(row)
     tools = list(agent.tools)
     if environment is not None:
-        observation = environment.reset(**{key: value for key, value in row.items() if key != "environment"})
+        # as TRL: the row as it is, less the column that picks one of several environments
+        several = isinstance(agent.environments, dict)
+        observation = environment.reset(
+            **{key: value for key, value in row.items() if key != "environment" or not several}
+        )
         if isinstance(observation, str):
             prompt[-1] = {**prompt[-1], "content": prompt[-1]["content"] + observation}
         tools += [
@@ -96,11 +124,11 @@ def _episode(model: Any, tokenizer: Any, row: Dict[str, Any], agent: Agent, gene
             if name not in ENVIRONMENT_HOOKS and not name.startswith("_")
         ]
     by_name = {tool.__name__: tool for tool in tools}
-    ids = _rendered(tokenizer, prompt, tools or None, add_generation_prompt=True)
-    episode = Episode(messages=[], environment=environment)
+    ids = _rendered(tokenizer, template, prompt, tools or None, add_generation_prompt=True)
+    episode = Episode(prompt=prompt, messages=[], environment=environment)
     written: List[int] = []
     rounds = generation.max_tool_calling_iterations
-    while True:
+    while len(written) < generation.max_new_tokens:
         new = _generate(model, tokenizer, ids + written, generation, generation.max_new_tokens - len(written))
         episode.turns += 1
         episode.tokens += len(new)
@@ -114,13 +142,15 @@ def _episode(model: Any, tokenizer: Any, row: Dict[str, Any], agent: Agent, gene
             episode.hit_limit = True
             return episode
         results = [_called(call, by_name, episode) for call in calls]
-        suffix = _tool_suffix(tokenizer, results)
-        if len(written) + len(suffix) >= generation.max_new_tokens:
+        suffix = _tool_suffix(tokenizer, template, results)
+        if len(written) + len(suffix) > generation.max_new_tokens:
             # as TRL drops a round of results that would pass max_completion_length: the episode ends before it
             episode.hit_limit = True
             return episode
         episode.messages += results
         written += suffix
+    # the results took the last of the budget: the model has no turn left, as in TRL's loop
+    return episode
 
 
 def _called(call: Dict[str, Any], by_name: Dict[str, Callable[..., Any]], episode: Episode) -> Dict[str, Any]:
@@ -143,22 +173,25 @@ def _called(call: Dict[str, Any], by_name: Dict[str, Callable[..., Any]], episod
     return {"role": "tool", "name": name, "content": result if isinstance(result, list) else str(result)}
 
 
-def _rendered(tokenizer: Any, messages: List[Dict[str, Any]], tools: Optional[List[Any]], **options: Any) -> List[int]:
-    return list(
-        tokenizer.apply_chat_template(messages, tools=tools, tokenize=True, return_dict=True, **options)["input_ids"]
+def _rendered(
+    tokenizer: Any, template: Optional[str], messages: List[Dict[str, Any]], tools: Optional[List[Any]], **options: Any
+) -> List[int]:
+    rendered = tokenizer.apply_chat_template(
+        messages, tools=tools, chat_template=template, tokenize=True, return_dict=True, **options
     )
+    return list(rendered["input_ids"])
 
 
-def _tool_suffix(tokenizer: Any, results: List[Dict[str, Any]]) -> List[int]:
+def _tool_suffix(tokenizer: Any, template: Optional[str], results: List[Dict[str, Any]]) -> List[int]:
     """The tokens that follow the model's turn for these results, up to the next turn's opening, as TRL's trainer
     takes them (``_get_tool_suffix_ids``): the template's rendering of a call and its results, less the call's."""
     call = {"type": "function", "function": {"name": results[0]["name"], "arguments": {}}}
     before = [{"role": "user", "content": "dummy"}, {"role": "assistant", "content": "", "tool_calls": [call]}]
-    prefix = _rendered(tokenizer, before, None, add_generation_prompt=False)
+    prefix = _rendered(tokenizer, template, before, None, add_generation_prompt=False)
     ends = [index for index, token in enumerate(prefix) if token == tokenizer.eos_token_id]
     if ends:
         prefix = prefix[: ends[-1] + 1]
-    full = _rendered(tokenizer, before + results, None, add_generation_prompt=True)
+    full = _rendered(tokenizer, template, before + results, None, add_generation_prompt=True)
     if full[: len(prefix)] != prefix:
         raise ValueError("the chat template renders a tool call's turn differently once its results follow")
     return full[len(prefix) :]
@@ -175,7 +208,7 @@ def _generate(model: Any, tokenizer: Any, ids: List[int], generation: Generation
         generated = model.generate(
             input_ids=input_ids,
             attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=max(budget, 1),
+            max_new_tokens=budget,
             pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
             use_cache=True,
             **settings,

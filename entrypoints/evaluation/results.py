@@ -15,7 +15,7 @@ from posttrain.entrypoints.evaluation import trust
 from posttrain.entrypoints.evaluation.files import PARTS_DIR, PLOT_FILE, SAMPLES_FILE, SPEC_FILE, SUMMARY_FILE
 from posttrain.entrypoints.evaluation.scoring import result, scorer
 from posttrain.entrypoints.records.checkpoints import read_record
-from posttrain.entrypoints.records.files import write_json_atomic
+from posttrain.entrypoints.records.files import replacing, write_json_atomic
 
 log = logging.getLogger("posttrain")
 
@@ -34,7 +34,11 @@ def finished(output_dir: Path, record: Dict[str, Any], overwrite: bool) -> Tuple
             )
         return None, False
     differences = [key for key, _, _ in spec_diff(read_record(written, trust.REMEDY), record)]
+    summary = output_dir / SUMMARY_FILE
     if differences and all(key.partition(".")[0] == "scorers" for key in differences):
+        # only what is judged as this evaluation wrote it is re-scored: every rank says so alike
+        if summary.is_file():
+            trust.check_sealed(read_record(summary, trust.REMEDY, keys=("models",)), output_dir)
         return None, True
     if differences:
         if overwrite:
@@ -45,7 +49,6 @@ def finished(output_dir: Path, record: Dict[str, Any], overwrite: bool) -> Tuple
                 f"{', '.join(differences[:4])}); use another output_dir, or overwrite_output_dir: true to replace them"
             ]
         )
-    summary = output_dir / SUMMARY_FILE
     return (
         read_record(summary, trust.REMEDY, keys=("closing_line",))["closing_line"] if summary.is_file() else None
     ), False
@@ -60,8 +63,8 @@ def rescore(output_dir: Path, record: Dict[str, Any], prompts: Any, scorers: Dic
     (output_dir / PARTS_DIR).mkdir(exist_ok=True)
     summary_path, samples_path = output_dir / SUMMARY_FILE, output_dir / SAMPLES_FILE
     if summary_path.is_file() and samples_path.is_file():
+        # sealed: finished() checked it
         summary = read_record(summary_path, trust.REMEDY, keys=("models",))
-        trust.check_sealed(summary, output_dir)
         kept += _results_of(samples_path)
         for model, results in summary.get("benchmarks", {}).items():
             write_json_atomic(output_dir / PARTS_DIR / f"benchmarks-{model}.json", results)
@@ -70,8 +73,9 @@ def rescore(output_dir: Path, record: Dict[str, Any], prompts: Any, scorers: Dic
     rescored = [result(r["model"], r["index"], prompts[r["index"]], r["completions"], functions) for r in kept]
     # read after the others (_parts reads them in order, a later result of a prompt replacing an earlier)
     written = output_dir / PARTS_DIR / "rank-rescored.jsonl"
-    with open(written, "w") as part:
-        part.writelines(json.dumps(result) + "\n" for result in rescored)
+    # whole or not at all: it may be the only copy of the completions (a kill after the rest was removed)
+    with replacing(written) as staging, open(staging, "w") as part:
+        part.writelines(json.dumps(line) + "\n" for line in rescored)
     for path in (output_dir / PARTS_DIR).glob("rank-*.jsonl"):
         if path != written:
             path.unlink()

@@ -36,6 +36,7 @@ from posttrain.entrypoints.inputs.rewards import (
     resolve_rewards,
 )
 from posttrain.entrypoints.inputs.tools import (
+    TOOL_TEMPLATES,
     check_environment_column,
     check_tool_data,
     check_tool_template,
@@ -99,14 +100,28 @@ def check(evaluation: EvalParts, made_later: Sequence[str] = ()) -> Inputs:
             check_model_path(name_or_path, where)
     if agent is not None:
         # the chat template renders calls and TRL reads them back: known from the tokenizer, before a model loads
-        for name, model_spec in evaluation.models.items():
+        for model_spec in evaluation.models.values():
             if model_spec.name_or_path not in made_later:
-                check_tool_template(
-                    load_tokenizer(model_spec.name_or_path, model_spec, "left"), model_spec.name_or_path
-                )
+                tokenizer = load_tokenizer(model_spec.name_or_path, model_spec, "left")
+                _check_episode_template(tokenizer, model_spec.name_or_path)
     # rank 0 runs the benchmarks: the harness's index of tasks is its alone (and takes seconds)
     tasks = benchmarks.task_manager(evaluation.benchmarks) if evaluation.benchmarks and distributed.is_rank0() else None
     return Inputs(prompts, scorers, engine, tasks, agent)
+
+
+def _check_episode_template(tokenizer: Any, name_or_path: str) -> None:
+    """The model's chat template renders calls, TRL reads them back, and TRL has the template its rollouts were
+    rendered with (episodes.training_template)."""
+    check_tool_template(tokenizer, name_or_path)
+    try:
+        episodes.training_template(tokenizer)
+    except ValueError:
+        raise SpecError(
+            [
+                f"tools: {name_or_path}'s chat template renders a turn differently once later messages follow, and "
+                f"TRL has no training version of it to play episodes with; evaluate a model with one ({TOOL_TEMPLATES})"
+            ]
+        ) from None
 
 
 def _agent(evaluation: EvalParts, prompts: Any) -> episodes.Agent:
@@ -181,6 +196,9 @@ def evaluate(evaluation: EvalParts, checked: Optional[Inputs] = None) -> Optiona
             if rescore:
                 results.rescore(output_dir, record, prompts, scorers)
             results.start(output_dir, record)
+        # the others wait for rank 0's re-scoring (reward models, sandboxes) longer than the job's timeout allows
+        if rescore:
+            _wait(waiting)
         distributed.barrier()
         distributed.check_shared_output(output_dir, "output_dir")
 
@@ -319,9 +337,11 @@ def _evaluate_model(
     if agent is not None:
         if not (getattr(tokenizer, "response_template", None) or getattr(tokenizer, "response_schema", None)):
             add_response_schema(tokenizer)
+        template = episodes.training_template(tokenizer)
         for index in indices:
-            played = episodes.play(model, tokenizer, prompts[index], agent, generation, prompt_seed(generation, index))
-            texts = [str(episode.messages[-1].get("content", "")) for episode in played]
+            seed = prompt_seed(generation, index)
+            played = episodes.play(model, tokenizer, template, prompts[index], agent, generation, seed)
+            texts = [episode.answer() for episode in played]
             results.write(part, scoring.result(name, index, prompts[index], texts, scorers, played))
         return
     for index in indices:

@@ -36,10 +36,12 @@ def environment_scorer(name: Optional[str]) -> Callable[..., List[Any]]:
     where it is this one (``name``: among several, the row's ``environment`` column; None: the only one)."""
 
     def get_reward(environments: List[Any], environment: Optional[List[str]] = None, **columns: Any) -> List[Any]:
-        return [
-            played.get_reward() if name is None or (environment or [])[number] == name else None
-            for number, played in enumerate(environments)
-        ]
+        scores = []
+        for number, played in enumerate(environments):
+            score = played.get_reward() if name is None or (environment or [])[number] == name else None
+            # an async get_reward, as TRL's GRPO awaits it
+            scores.append(asyncio.run(score) if inspect.isawaitable(score) else score)
+        return scores
 
     return get_reward
 
@@ -58,16 +60,16 @@ def result(
     # as TRL's trainers give them: a chat prompt's completion is the assistant's message
     completions = [[{"role": "assistant", "content": t}] for t in texts] if not isinstance(prompt, str) else texts
     columns = {key: [value] * len(texts) for key, value in row.items() if key != "prompt"}
+    prompts = [prompt] * len(texts)
     if episodes is not None:
+        # the prompts as each episode's model was given them (an environment's reset may add to them)
+        prompts = [episode.prompt for episode in episodes]
         completions = [episode.messages for episode in episodes]
         if any(episode.environment is not None for episode in episodes):
             columns["environments"] = [episode.environment for episode in episodes]
     # what the scorers logged of each completion (TRL's log_extra: code_tests' failures), kept with it
     extra: Dict[str, List[Any]] = {}
-    scored = {
-        scorer: scores(function, [prompt] * len(texts), completions, columns, extra)
-        for scorer, function in scorers.items()
-    }
+    scored = {scorer: scores(function, prompts, completions, columns, extra) for scorer, function in scorers.items()}
     result = {"model": name, "index": index, "prompt": prompt, "completions": texts, "scores": scored}
     if episodes is not None:
         result["episodes"] = [{"messages": episode.messages, **episode.counts()} for episode in episodes]

@@ -6,8 +6,9 @@ settings, the engine, and for episodes the tools' and environments' code:
 ``run.py``'s record) and by the scorers' code: a function's module (its
 file's bytes), a built-in's module and posttrain's version, a reward
 model's weights (by content). The scorers' fingerprints are kept apart from
-the rest, so that new scorers re-score the samples kept, and new samples
-are drawn only where what samples changed. An episode's scores are not
+the rest, so that a scorer whose code changed re-scores the samples kept
+(the spec's rewards themselves are part of what samples: other rewards are
+another evaluation). An episode's scores are not
 re-scored (its environment, which scores it, is gone): for episodes the
 scorers are part of what samples.
 
@@ -24,12 +25,17 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
+from posttrain.components.spec import code_runs
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.rewards import BUILTIN_REWARDS
 from posttrain.components.spec.sections import EnvironmentSource, RewardSource, ToolSource
 from posttrain.entrypoints.evaluation.files import SAMPLES_FILE, SUMMARY_FILE
 from posttrain.entrypoints.records.fingerprints import file_digest, model_fingerprint
 
+# what a built-in scores with beside its function's module (components/spec/rewards.py): code_tests' runner and
+# sandbox, math_verify's package
+BUILTIN_CODE = {"code_tests": [Path(code_runs.__file__), *sorted(code_runs.HARNESS.glob("*.py"))]}
+BUILTIN_PACKAGES = {"math_verify": ["math-verify"]}
 # the summary's keys its seal does not cover: the conditions are judged again on every run (they may change)
 NOT_SEALED = ("require", "seal")
 REMEDY = "remove the directory's eval_* files to evaluate again, or use another output_dir"
@@ -40,8 +46,12 @@ def scorer_fingerprints(rewards: Sequence[RewardSource]) -> Dict[str, Any]:
     found: Dict[str, Any] = {}
     for index, reward in enumerate(rewards):
         if reward.builtin is not None:
-            module = Path(inspect.getfile(BUILTIN_REWARDS[reward.builtin]))
-            found[str(index)] = {"code": file_digest(module), "posttrain": metadata.version("posttrain")}
+            files = [Path(inspect.getfile(BUILTIN_REWARDS[reward.builtin])), *BUILTIN_CODE.get(reward.builtin, [])]
+            found[str(index)] = {
+                "code": [file_digest(path) for path in files],
+                "posttrain": metadata.version("posttrain"),
+                **{package: metadata.version(package) for package in BUILTIN_PACKAGES.get(reward.builtin, [])},
+            }
         elif reward.function is not None:
             found[str(index)] = {"code": _module_digest(reward.function.partition(":")[0])}
         else:
@@ -78,6 +88,13 @@ def sealed(summary: Dict[str, Any], samples: Path) -> Dict[str, Any]:
 
 def check_sealed(summary: Mapping[str, Any], output_dir: Path) -> None:
     """Raises, in one line, where ``summary`` or its samples are not as the evaluation wrote them."""
+    if "seal" not in summary:
+        raise SpecError(
+            [
+                f"output_dir: {output_dir / SUMMARY_FILE} has no seal (written before posttrain sealed its results, "
+                f"or by another tool), so no gate judges it; {REMEDY}"
+            ]
+        )
     if summary.get("seal") != _digest(summary):
         raise SpecError(
             [

@@ -17,7 +17,7 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Tuple
 
 import psutil
 import pytest
@@ -249,8 +249,9 @@ def test_an_evaluation_whose_vllm_engine_hangs_ends_in_one_line_naming_the_model
     client = start_training([*args, f"generation.vllm_timeout_s={bound_s}"], tmp_path, log_path, steps=0)
     try:
         sampler = next(job_processes(hf_home, "posttrain.entrypoints.vllm_sampler", client, within=120))
-        # vLLM's engine core: the sampler's child that multiprocessing spawned (the other is its resource tracker)
-        stopped_as_it_appears(sampler, "spawn_main", within=bound_s)
+        # vLLM's engine core: the sampler's child that multiprocessing spawned (the other is its resource tracker),
+        # which names itself VLLM::EngineCore as it starts (setproctitle), maybe between two looks
+        stopped_as_it_appears(sampler, ("spawn_main", "EngineCore"), within=bound_s)
         started = sampler.create_time()
         started_by_it = sampler.children(recursive=True)
         client.wait(timeout=bound_s + 120)
@@ -271,24 +272,27 @@ def test_an_evaluation_whose_vllm_engine_hangs_ends_in_one_line_naming_the_model
     assert bound_s < log_path.stat().st_mtime - started < bound_s + 30
 
 
-def stopped_as_it_appears(parent: psutil.Process, command: str, within: float) -> None:
-    """Stops (SIGSTOP) ``parent``'s child running ``command`` as soon as it appears. ``parent`` runs in slices of 0.1 s
+def stopped_as_it_appears(parent: psutil.Process, commands: Tuple[str, ...], within: float) -> None:
+    """Stops (SIGSTOP) ``parent``'s descendant whose command line holds one of ``commands`` as soon as it appears. ``parent`` runs in slices of 0.1 s
     meanwhile, stopped while its children are looked at: a child that needs it (vLLM's engine core, to be sent the
     prompts) cannot finish unseen, however loaded the machine (on CI's 2 cores a whole evaluation once ended, in 23 s,
     before scans of every process saw its engine)."""
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        parent.suspend()
+        try:
+            parent.suspend()
+        except psutil.NoSuchProcess:
+            raise AssertionError(f"{parent.pid} ended before any {' or '.join(commands)} descendant was seen") from None
         try:
             for child in parent.children(recursive=True):
                 with contextlib.suppress(psutil.Error):
-                    if command in " ".join(child.cmdline()):
+                    if any(command in " ".join(child.cmdline()) for command in commands):
                         child.suspend()
                         return
         finally:
             parent.resume()
         time.sleep(0.1)
-    raise AssertionError(f"no {command} child of {parent.pid} within {within} s")
+    raise AssertionError(f"no {' or '.join(commands)} descendant of {parent.pid} within {within} s")
 
 
 def job_processes(hf_home: str, command: str, client: subprocess.Popen, within: float) -> Iterator[psutil.Process]:

@@ -7,7 +7,7 @@ import pytest
 
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.sections import RewardSource
-from posttrain.entrypoints.evaluation import trust
+from posttrain.entrypoints.evaluation import scoring, trust
 
 
 def written(output_dir: Path) -> dict:
@@ -72,3 +72,25 @@ def test_a_scorer_is_known_by_its_code_and_a_reward_model_by_its_weights(
     after = trust.scorer_fingerprints(rewards)
     assert after["0"] == before["0"]
     assert after["1"] != before["1"] and after["2"] != before["2"]
+
+
+def test_a_summary_written_before_seals_is_named_so(tmp_path: Path) -> None:
+    summary = written(tmp_path)
+    del summary["seal"]
+    with pytest.raises(SpecError) as error:
+        trust.check_sealed(summary, tmp_path)
+    assert "has no seal (written before posttrain sealed its results, or by another tool)" in error.value.problems[0]
+
+
+def test_an_environments_get_reward_scores_its_own_episodes_and_is_awaited_where_async() -> None:
+    class Room:
+        async def get_reward(self) -> float:
+            return 1.0
+
+    class Lamp:
+        def get_reward(self) -> float:
+            return 0.5
+
+    scorer = scoring.environment_scorer("room")
+    assert scorer(environments=[Room(), Lamp()], environment=["room", "lamp"]) == [1.0, None]
+    assert scoring.environment_scorer(None)(environments=[Lamp()]) == [0.5]

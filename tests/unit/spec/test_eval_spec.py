@@ -370,3 +370,21 @@ def test_a_model_trained_with_an_environment_is_evaluated_in_it_unless_the_secti
     with pytest.raises(SpecError) as error:
         load_spec(str(TEMPLATES / "sft/tiny-evaluated.yaml"), ["evaluate.require=[after.episodes.calls >= 0.8]"])
     assert "evaluate.require.0: no scorer or benchmark task 'episodes'" in error.value.problems[0]
+
+
+def test_benchmarks_alone_play_no_episodes_and_a_scorer_name_is_one_scorers() -> None:
+    grpo = str(TEMPLATES / "grpo/tiny-tools.yaml")
+    benchmarks = "evaluate={benchmarks: {tasks: [answer_form], include_path: templates/eval/tasks}}"
+    assert load_spec(grpo, [benchmarks]).evaluation_section().environment is None
+    raw = {**load_template("eval/tools-tiny.yaml"), "data": None, "rewards": [], "require": []}
+    raw["benchmarks"] = {"tasks": ["answer_form"], "include_path": "templates/eval/tasks"}
+    with pytest.raises(SpecError) as error:
+        validate_eval(raw)
+    assert error.value.problems[0].startswith("data.eval: tools and environments play episodes of held-out prompts")
+    raw = {**load_template("eval/tools-tiny.yaml"), "rewards": [{"function": "my_scores:Room"}], "require": []}
+    with pytest.raises(SpecError) as error:
+        validate_eval(raw)
+    assert (
+        error.value.problems[0]
+        == "rewards.0: its name in the summary, Room, is another scorer's too; give the function another name"
+    )
