@@ -1,6 +1,7 @@
 """What an evaluation keeps in its output_dir between runs: its record (what its results depend on), each finished
 prompt's result (``eval_parts/``, one file per process), and what a rerun does with them: go on, find them
-finished, re-score them (only the scorers changed), or refuse another run's."""
+finished, re-score them (only the scorers changed), sample them again (what they were sampled from changed), or
+refuse another run's."""
 
 import contextlib
 import json
@@ -21,9 +22,10 @@ log = logging.getLogger("posttrain")
 
 
 def finished(output_dir: Path, record: Dict[str, Any], overwrite: bool) -> Tuple[Optional[str], bool]:
-    """The closing line of this evaluation where ``output_dir`` holds it finished (None where there is nothing or
-    this evaluation's parts to go on from, or ``overwrite``), and whether what it holds is to be re-scored (its
-    samples are this evaluation's, its scorers are not); raises where another run's results are there."""
+    """The closing line of this evaluation where ``output_dir`` holds it finished (None where there is nothing,
+    this evaluation's parts to go on from, results out of date, or ``overwrite``), and whether what it holds is to
+    be re-scored (its samples are this evaluation's, its scorers are not); raises where another run's results are
+    there (another spec)."""
     written = output_dir / SPEC_FILE
     if not written.is_file():
         # overwrite_output_dir replaces another evaluation's results, never a training run
@@ -40,9 +42,14 @@ def finished(output_dir: Path, record: Dict[str, Any], overwrite: bool) -> Tuple
         if summary.is_file():
             trust.check_sealed(read_record(summary, trust.REMEDY, keys=("models",)), output_dir)
         return None, True
+    if differences and overwrite:
+        return None, False
+    if differences and all(key.partition(".")[0] != "spec" for key in differences):
+        # the same evaluation, what it samples from changed since (a model's weights, the data, a tool's code):
+        # what it wrote is out of date, and start() clears it
+        log.info("%s changed since its results were written: sampling them again", ", ".join(differences[:4]))
+        return None, False
     if differences:
-        if overwrite:
-            return None, False
         raise SpecError(
             [
                 f"output_dir: {output_dir} holds another evaluation's results (they differ in "

@@ -8,9 +8,11 @@ file's bytes), a built-in's module and posttrain's version, a reward
 model's weights (by content). The scorers' fingerprints are kept apart from
 the rest, so that a scorer whose code changed re-scores the samples kept
 (the spec's rewards themselves are part of what samples: other rewards are
-another evaluation). An episode's scores are not
-re-scored (its environment, which scores it, is gone): for episodes the
-scorers are part of what samples.
+another evaluation). An episode's scores are not re-scored (its
+environment, which scores it, is gone): for episodes the scorers are part
+of what samples. Where what samples changed and the spec did not (a model
+trained again in place, a tool's code edited), the results are sampled
+again (``results.finished``).
 
 A finished summary carries a seal: the digest of its own content and of
 the samples it was computed from. A summary, or samples, edited by hand no

@@ -153,6 +153,18 @@ def test_an_environment_and_a_tool_the_project_never_saw_evaluate_as_counted_by_
         if m["role"] == "tool"
     ]
     assert results and set(results) == {"7"}
+    # the tool's code edited: the same evaluation samples its episodes again, with the tool as it is now
+    (tmp_path / "user_code" / "vault.py").write_text(VAULT.replace('return "7"', 'return "8"'))
+    again = evaluate("1x1", tmp_path / "tool", *tool)
+    assert_succeeded(again)
+    assert "agent.tools changed since its results were written: sampling them again" in again.stdout + again.stderr
+    again_results = [
+        m["content"]
+        for s in assert_counted_by_hand(tmp_path / "tool")
+        for m in s["episode"]["messages"]
+        if m["role"] == "tool"
+    ]
+    assert again_results and set(again_results) == {"8"}
 
     # the gate without the GRPO stage (the SFT model in its place): it fails, in one line naming the condition
     models[1] = f"models.grpo.name_or_path={tools_chain / 'sft'}"

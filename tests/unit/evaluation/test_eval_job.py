@@ -80,6 +80,9 @@ def test_another_evaluation_or_a_training_run_in_output_dir_is_one_line_naming_t
     assert results.finished(other, record, overwrite=False) == (None, False)
     scored_anew = {**record, "scorers": {"0": {"code": "another digest"}}}
     assert results.finished(other, scored_anew, overwrite=False) == (None, True)
+    # what it samples from changed (a model's weights, an episode's tool): the same evaluation, sampled again
+    for changed in ({"models": {"a": {"files": {"model.safetensors": "new"}}}}, {"agent": {"tools": ["new"]}}):
+        assert results.finished(other, {**record, **changed}, overwrite=False) == (None, False)
 
 
 def test_the_engine_is_vllm_where_installed_unless_the_spec_names_one(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -132,7 +135,7 @@ def test_episodes_of_a_model_whose_template_renders_no_calls_are_one_line_before
         "tools: builtin:tiny-llama's chat template does not render tool calls and their results"
     )
     assert eval_job.check(eval_parts.parts(spec), made_later=["builtin:tiny-llama"]).agent is not None
-    # a template that renders them: episodes, and transformers samples them even where vLLM is installed
+    # a template that renders them: episodes, played in vLLM where it is installed, as completions are
     tools = load_eval("eval/tools-tiny", ["models={base: {name_or_path: 'builtin:tiny-tools'}}", "require=[]"])
     monkeypatch.setattr(sampling.importlib.util, "find_spec", lambda name: object())
-    assert eval_job.check(eval_parts.parts(tools)).engine == "transformers"
+    assert eval_job.check(eval_parts.parts(tools)).engine == "vllm"
