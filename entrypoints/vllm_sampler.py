@@ -7,49 +7,65 @@ world: each model gets a fresh engine (vLLM keeps one model's parallel state
 per process), on the rank's own GPU, and its memory is given back when it
 ends. Each prompt is sampled with its own seed, as the transformers path
 samples it, so the samples do not depend on how many processes share the
-prompts.
+prompts. With ``--serve`` it writes the turns of an evaluation's episodes
+instead, a round at a time, as the evaluation asks (its tools and
+environments run in the evaluation's process, between rounds).
 
     python -m posttrain.entrypoints.vllm_sampler --request request.json --out completions.json
 """
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence
 
 from posttrain.components.spec.judging import GenerationSpec
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.sections import ModelSpec
 from posttrain.entrypoints.generation.vllm_generation import builtin_directory, head_size_problem, runs_eagerly
 from posttrain.entrypoints.inputs import tiny
+from posttrain.entrypoints.records.files import write_json_atomic
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m posttrain.entrypoints.vllm_sampler")
     parser.add_argument("--request", type=Path, required=True, help="the model, the settings, the prompts' tokens")
-    parser.add_argument("--out", type=Path, required=True, help="where each prompt's completions go, as JSON")
+    parser.add_argument("--out", type=Path, help="where each prompt's completions go, as JSON")
+    parser.add_argument(
+        "--serve",
+        type=int,
+        nargs=2,
+        metavar=("ASKED", "ANSWERS"),
+        help="write rounds of turns instead: the file descriptors where each round's number is read, and said back "
+        "once its tokens are written (beside --request: round-N.json in, round-N-tokens.json out)",
+    )
     options = parser.parse_args(argv)
+    if (options.out is None) == (options.serve is None):
+        parser.error("give --out or --serve")
     request = json.loads(options.request.read_text())
+    model = ModelSpec.model_validate(request["model"])
+    generation = GenerationSpec.model_validate(request["generation"])
     try:
-        completions = sample(
-            ModelSpec.model_validate(request["model"]),
-            GenerationSpec.model_validate(request["generation"]),
-            request["prompts"],
-            request["seeds"],
-        )
+        if options.serve:
+            llm = engine(model, generation, request["longest"])
+            serve(llm, generation, options.request.parent, *options.serve)
+            return
+        prompts = request["prompts"]
+        llm = engine(model, generation, max(len(ids) for ids in prompts) + generation.max_new_tokens)
+        completions = sample(llm, generation, prompts, request["seeds"])
     except SpecError as error:
         print(f"posttrain: {error}", file=sys.stderr, flush=True)
         raise SystemExit(2) from None
     options.out.write_text(json.dumps(completions))
 
 
-def sample(model: ModelSpec, generation: GenerationSpec, prompts: List[List[int]], seeds: List[int]) -> List[List[str]]:
-    """Each prompt's ``generation.num_samples`` completions (token ids in, text out), each from its own seed."""
+def engine(model: ModelSpec, generation: GenerationSpec, longest: int) -> Any:
+    """vLLM's engine of ``model``, for sequences of ``longest`` tokens at most."""
     import torch
     from transformers import AutoConfig
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm import LLM
 
     path = builtin_directory(model) if model.name_or_path in tiny.BUILTINS else model.name_or_path
     config = AutoConfig.from_pretrained(path, revision=model.revision, trust_remote_code=model.trust_remote_code)
@@ -58,29 +74,60 @@ def sample(model: ModelSpec, generation: GenerationSpec, prompts: List[List[int]
     if problem:
         raise SpecError([problem.replace("model.name_or_path", "models")])
     dtype = model.dtype if model.dtype != "auto" else str(getattr(config, "dtype", None) or "float32")
-    llm = LLM(
+    return LLM(
         model=path,
         revision=model.revision,
         trust_remote_code=model.trust_remote_code,
         dtype=dtype.removeprefix("torch."),
         seed=0,
         gpu_memory_utilization=generation.vllm_gpu_memory_utilization,
-        max_model_len=max(len(ids) for ids in prompts) + generation.max_new_tokens,
+        max_model_len=longest,
         # the spec's settings only, as the transformers path samples (not the model's generation_config.json)
         generation_config="vllm",
         enforce_eager=runs_eagerly(on_cpu),
     )
-    settings: Dict[str, Any] = {"n": generation.num_samples, "max_tokens": generation.max_new_tokens}
-    if generation.temperature == 0:
-        settings["temperature"] = 0.0
-    else:
-        settings.update(temperature=generation.temperature, top_p=generation.top_p)
+
+
+def sample(llm: Any, generation: GenerationSpec, prompts: List[List[int]], seeds: List[int]) -> List[List[str]]:
+    """Each prompt's ``generation.num_samples`` completions (token ids in, text out), each from its own seed."""
+    from vllm.inputs import TokensPrompt
+
     outputs = llm.generate(
         [TokensPrompt(prompt_token_ids=ids) for ids in prompts],
-        [SamplingParams(**settings, seed=seed) for seed in seeds],
+        [
+            sampling(generation, n=generation.num_samples, max_tokens=generation.max_new_tokens, seed=seed)
+            for seed in seeds
+        ],
         use_tqdm=False,
     )
     return [[completion.text for completion in output.outputs] for output in outputs]
+
+
+def serve(llm: Any, generation: GenerationSpec, scratch: Path, asked: int, answers: int) -> None:
+    """Each round of turns the evaluation asks for (``evaluation/episodes.py``: ``play_together``), written: its
+    tokens, up to each turn's end token, until the evaluation closes ``asked``."""
+    from vllm.inputs import TokensPrompt
+
+    with open(asked) as rounds:
+        for number in rounds:
+            turns = json.loads((scratch / f"round-{int(number)}.json").read_text())
+            outputs = llm.generate(
+                [TokensPrompt(prompt_token_ids=turn["ids"]) for turn in turns],
+                [sampling(generation, n=1, max_tokens=turn["budget"], seed=turn["seed"]) for turn in turns],
+                use_tqdm=False,
+            )
+            tokens = [list(output.outputs[0].token_ids) for output in outputs]
+            write_json_atomic(scratch / f"round-{int(number)}-tokens.json", tokens)
+            os.write(answers, f"{int(number)}\n".encode())
+
+
+def sampling(generation: GenerationSpec, **settings: Any) -> Any:
+    """vLLM's sampling parameters for the spec's temperature and top-p, and ``settings``."""
+    from vllm import SamplingParams
+
+    if generation.temperature == 0:
+        return SamplingParams(temperature=0.0, **settings)
+    return SamplingParams(temperature=generation.temperature, top_p=generation.top_p, **settings)
 
 
 if __name__ == "__main__":

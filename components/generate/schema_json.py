@@ -138,8 +138,8 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "engine": "What samples: auto (vLLM where the job's environment has it, else transformers' generate), "
         "transformers or vllm.",
         "vllm_gpu_memory_utilization": "vLLM's share of the device's memory (on CPU, of the machine's).",
-        "vllm_timeout_s": "How long vLLM's sampling of one model (a process's prompts, in a process of its own) may "
-        "take before the job ends in one line naming the model.",
+        "vllm_timeout_s": "How long vLLM's sampling of one model (a process's prompts or episodes, in a process of its "
+        "own) may take before the job ends in one line naming the model.",
         "max_tool_calling_iterations": "With tools or an environment: the rounds of calls and results in an "
         "episode at most (unset: as many as max_new_tokens allows), as GRPO's training.max_tool_calling_iterations.",
     },

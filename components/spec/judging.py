@@ -36,8 +36,8 @@ class GenerationSpec(Strict):
     engine: Literal["auto", "transformers", "vllm"] = "auto"
     # vLLM's share of the device's memory (on CPU, of the machine's)
     vllm_gpu_memory_utilization: float = 0.3
-    # how long vLLM's sampling of one model (a rank's prompts, in a process of its own, its engine's start included)
-    # may take
+    # how long vLLM's sampling of one model (a rank's prompts or episodes, in a process of its own, its engine's
+    # start included) may take
     vllm_timeout_s: float = 3600.0
     # with tools or an environment: the rounds of calls and results in an episode at most (None: as many as
     # max_new_tokens allows), as GRPO's training.max_tool_calling_iterations
@@ -188,11 +188,6 @@ class Evaluation(AgentSection):
         if self.is_agentic() and conditions.EPISODES in names:
             found.append(
                 f"rewards: a scorer named {conditions.EPISODES} would be read as the episodes' counts; rename it"
-            )
-        if self.is_agentic() and self.generation.engine == "vllm":
-            found.append(
-                "generation.engine: vllm does not run an evaluation's tools or environments yet; use engine: "
-                "transformers (auto picks it for them)"
             )
         for k in self.pass_at_k:
             if not 1 <= k <= self.generation.num_samples:

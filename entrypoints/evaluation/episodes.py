@@ -10,17 +10,20 @@ parser; a call's error is its result (``{'error': ...}``); the results'
 tokens are appended to the episode's, never re-rendered; ``max_new_tokens``
 bounds the whole episode (its results' tokens included), and a round of
 results that would pass it ends the episode before them;
-``max_tool_calling_iterations`` bounds the rounds. The samples of a prompt
-come from its seed, one after the other, so an episode is the same on any
-number of processes (where the tools and environments draw no unseeded
-random numbers).
+``max_tool_calling_iterations`` bounds the rounds. In transformers the samples of a prompt come from its
+seed, one after the other; in vLLM a process's episodes are played
+together, a round of turns at a time, each turn from a seed of its own. So
+an episode is the same on any number of processes (where the tools and
+environments draw no unseeded random numbers).
 """
 
 import asyncio
 import copy
 import dataclasses
+import hashlib
 import inspect
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+import itertools
+from typing import Any, Callable, ContextManager, Dict, Generator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving, parse_response
@@ -88,6 +91,30 @@ def training_template(tokenizer: Any) -> Optional[str]:
     return None if is_chat_template_prefix_preserving(tokenizer) else get_training_chat_template(tokenizer)
 
 
+@dataclasses.dataclass(frozen=True)
+class Turn:
+    """A turn asked of an engine: the episode's tokens so far, the most it may write, its seed."""
+
+    ids: List[int]
+    budget: int
+    seed: int
+
+
+def turn_seed(seed: int, sample: int, turn: int) -> int:
+    """The seed of a turn of a prompt's sample (the prompt's ``seed``): the same on any number of processes."""
+    digest = hashlib.sha256(f"{seed}/{sample}/{turn}".encode()).digest()
+    return int.from_bytes(digest[:7], "big")
+
+
+# an engine's round of turns: what each wrote
+Turns = Callable[[List[Turn]], List[List[int]]]
+
+
+# an episode as it is played: it yields each turn's request (the tokens so far, the most the turn may write) and
+# is sent the tokens written; it returns the episode
+Playing = Generator[Tuple[List[int], int], List[int], Episode]
+
+
 @torch.no_grad()
 def play(
     model: Any,
@@ -98,15 +125,70 @@ def play(
     generation: GenerationSpec,
     seed: int,
 ) -> List[Episode]:
-    """``generation.num_samples`` episodes of ``row``'s prompt, one after the other, from ``seed``, rendered
-    with ``template`` (:func:`training_template`)."""
+    """``generation.num_samples`` episodes of ``row``'s prompt in transformers, one after the other, from ``seed``,
+    rendered with ``template`` (:func:`training_template`)."""
     torch.manual_seed(seed)
-    return [_episode(model, tokenizer, template, row, agent, generation) for _ in range(generation.num_samples)]
+    return [
+        _played(
+            _playing(tokenizer, template, row, agent, generation),
+            lambda ids, budget: _generate(model, tokenizer, ids, generation, budget),
+        )
+        for _ in range(generation.num_samples)
+    ]
 
 
-def _episode(
-    model: Any, tokenizer: Any, template: Optional[str], row: Dict[str, Any], agent: Agent, generation: GenerationSpec
-) -> Episode:
+def _played(playing: Playing, write: Callable[[List[int], int], List[int]]) -> Episode:
+    """An episode played to its end, each turn written by ``write``."""
+    asked = next(playing)
+    while True:
+        try:
+            asked = playing.send(write(*asked))
+        except StopIteration as ended:
+            return ended.value
+
+
+def play_together(
+    engine: Callable[[int], ContextManager[Turns]],
+    tokenizer: Any,
+    template: Optional[str],
+    rows: Sequence[Dict[str, Any]],
+    seeds: Sequence[int],
+    agent: Agent,
+    generation: GenerationSpec,
+) -> List[List[Episode]]:
+    """Each row's ``generation.num_samples`` episodes, played together: each round, the next turn of every episode
+    still going, from ``engine(longest)`` (vLLM: evaluation/sampling.py), which takes a round's turns and gives
+    what each wrote; ``longest``, the most tokens an episode may hold. Each turn is drawn from a seed of its own
+    (:func:`turn_seed`), so an episode does not depend on the others played beside it."""
+    playing = {
+        (number, sample): _playing(tokenizer, template, row, agent, generation)
+        for number, row in enumerate(rows)
+        for sample in range(generation.num_samples)
+    }
+    # every episode's first turn: its prompt, rendered (an environment's reset among it)
+    going = {game: next(episode) for game, episode in playing.items()}
+    ended: Dict[Tuple[int, int], Episode] = {}
+    if going:
+        longest = max(len(ids) for ids, _ in going.values()) + generation.max_new_tokens
+        with engine(longest) as turns:
+            # each round gives every episode still going its next turn: the round is that turn's number
+            for turn in itertools.count():
+                if not going:
+                    break
+                asked = list(going)
+                written = turns([Turn(*going[game], turn_seed(seeds[game[0]], game[1], turn)) for game in asked])
+                for game, new in zip(asked, written):
+                    try:
+                        going[game] = playing[game].send(new)
+                    except StopIteration as stopped:
+                        del going[game]
+                        ended[game] = stopped.value
+    return [[ended[(number, sample)] for sample in range(generation.num_samples)] for number in range(len(rows))]
+
+
+def _playing(
+    tokenizer: Any, template: Optional[str], row: Dict[str, Any], agent: Agent, generation: GenerationSpec
+) -> Playing:
     prompt = copy.deepcopy(row["prompt"])
     environment = agent.environment_for(row)
     tools = list(agent.tools)
@@ -129,7 +211,7 @@ def _episode(
     written: List[int] = []
     rounds = generation.max_tool_calling_iterations
     while len(written) < generation.max_new_tokens:
-        new = _generate(model, tokenizer, ids + written, generation, generation.max_new_tokens - len(written))
+        new = yield ids + written, generation.max_new_tokens - len(written)
         episode.turns += 1
         episode.tokens += len(new)
         message = _parsed(tokenizer, new, ids + written, tools)

@@ -11,6 +11,7 @@ mark of a finished evaluation, ``eval_summary.json``.
 
 import contextlib
 import dataclasses
+import functools
 import json
 import logging
 import shutil
@@ -27,7 +28,7 @@ from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints.evaluation import benchmarks, episodes, results, sampling, scores, scoring, trust
 from posttrain.entrypoints.evaluation.files import PARTS_DIR, PLOT_FILE, SAMPLES_FILE, SUMMARY_FILE
 from posttrain.entrypoints.evaluation.parts import EvalParts
-from posttrain.entrypoints.evaluation.sampling import prompt_seed, sample, sample_with_vllm
+from posttrain.entrypoints.evaluation.sampling import prompt_seed, sample, sample_with_vllm, vllm_turns
 from posttrain.entrypoints.generation.sampling import prompt_ids
 from posttrain.entrypoints.inputs.data import load_split
 from posttrain.entrypoints.inputs.models import CAUSAL_LM, ModelLoading, check_model_path, load_model, load_tokenizer
@@ -94,7 +95,7 @@ def check(evaluation: EvalParts, made_later: Sequence[str] = ()) -> Inputs:
     if evaluation.tools or evaluation.environment is not None:
         agent = _agent(evaluation, prompts)
         scorers.update(_environment_scorers(evaluation, agent))
-    engine = sampling.engine(evaluation.generation, agentic=agent is not None)
+    engine = sampling.engine(evaluation.generation)
     for where, name_or_path in evaluation.named_models:
         if name_or_path not in made_later:
             check_model_path(name_or_path, where)
@@ -322,31 +323,46 @@ def _evaluate_model(
     engine: str,
     agent: Optional[episodes.Agent],
 ) -> None:
-    """One model's completions of this rank's ``indices``, scored, each prompt a line of ``part`` once done
-    (with vLLM, once all this rank's prompts are sampled)."""
+    """One model's completions (or episodes) of this rank's ``indices``, scored, each prompt a line of ``part`` once
+    done (with vLLM, once all this rank's prompts are sampled)."""
     generation = evaluation.generation
+    model_spec = evaluation.models[name]
+    seeds = [prompt_seed(generation, index) for index in indices]
+    if engine == "vllm" and agent is not None:
+        tokenizer = _episodes_tokenizer(load_tokenizer(model_spec.name_or_path, model_spec, "left"))
+        rows = [prompts[index] for index in indices]
+        template = episodes.training_template(tokenizer)
+        engine_of = functools.partial(vllm_turns, model_spec, generation)
+        all_played = episodes.play_together(engine_of, tokenizer, template, rows, seeds, agent, generation)
+        for index, played in zip(indices, all_played):
+            texts = [episode.answer() for episode in played]
+            results.write(part, scoring.result(name, index, prompts[index], texts, scorers, played))
+        return
     if engine == "vllm":
-        model_spec = evaluation.models[name]
         tokenizer = load_tokenizer(model_spec.name_or_path, model_spec, "left")
         tokens = [prompt_ids(tokenizer, prompts[index]["prompt"]) for index in indices]
-        seeds = [prompt_seed(generation, index) for index in indices]
         for index, texts in zip(indices, sample_with_vllm(model_spec, tokens, seeds, generation)):
             results.write(part, scoring.result(name, index, prompts[index], texts, scorers))
         return
     model, tokenizer = _loaded(evaluation, name)
     if agent is not None:
-        if not (getattr(tokenizer, "response_template", None) or getattr(tokenizer, "response_schema", None)):
-            add_response_schema(tokenizer)
+        tokenizer = _episodes_tokenizer(tokenizer)
         template = episodes.training_template(tokenizer)
-        for index in indices:
-            seed = prompt_seed(generation, index)
+        for index, seed in zip(indices, seeds):
             played = episodes.play(model, tokenizer, template, prompts[index], agent, generation, seed)
             texts = [episode.answer() for episode in played]
             results.write(part, scoring.result(name, index, prompts[index], texts, scorers, played))
         return
-    for index in indices:
-        texts = sample(model, tokenizer, prompts[index]["prompt"], generation, prompt_seed(generation, index))
+    for index, seed in zip(indices, seeds):
+        texts = sample(model, tokenizer, prompts[index]["prompt"], generation, seed)
         results.write(part, scoring.result(name, index, prompts[index], texts, scorers))
+
+
+def _episodes_tokenizer(tokenizer: Any) -> Any:
+    """``tokenizer`` with the schema TRL reads a model's calls back with, where it has none of its own."""
+    if not (getattr(tokenizer, "response_template", None) or getattr(tokenizer, "response_schema", None)):
+        add_response_schema(tokenizer)
+    return tokenizer
 
 
 def _summarise(

@@ -3,14 +3,18 @@ the spec's settings only; in transformers one prompt at a time (no padding), or 
 model (entrypoints/vllm_sampler.py), where the job's environment has it."""
 
 import contextlib
+import dataclasses
 import importlib.util
+import itertools
 import json
 import os
+import select
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
-from typing import Any, List
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import psutil
 import torch
@@ -18,7 +22,9 @@ import torch
 from posttrain.components.spec.judging import GenerationSpec
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.sections import ModelSpec
+from posttrain.entrypoints.evaluation import episodes
 from posttrain.entrypoints.generation.sampling import prompt_ids, sampling_from_the_logits
+from posttrain.entrypoints.records.files import write_json_atomic
 
 # a prompt's seed: the spec's, then its place in the data (each model draws with the same seeds: paired samples)
 SEED_STRIDE = 1_000_003
@@ -33,9 +39,8 @@ def prompt_seed(generation: GenerationSpec, index: int) -> int:
     return generation.seed * SEED_STRIDE + index
 
 
-def engine(generation: GenerationSpec, agentic: bool = False) -> str:
-    """What samples: the spec's engine, auto being vLLM where the job's environment has it (transformers for
-    episodes: ``agentic``, which vLLM does not play yet)."""
+def engine(generation: GenerationSpec) -> str:
+    """What samples: the spec's engine, auto being vLLM where the job's environment has it."""
     installed = importlib.util.find_spec("vllm") is not None
     if generation.engine == "vllm" and not installed:
         raise SpecError(
@@ -45,7 +50,7 @@ def engine(generation: GenerationSpec, agentic: bool = False) -> str:
             ]
         )
     if generation.engine == "auto":
-        return "vllm" if installed and not agentic else "transformers"
+        return "vllm" if installed else "transformers"
     return generation.engine
 
 
@@ -54,47 +59,119 @@ def sample_with_vllm(
 ) -> List[List[str]]:
     """Each prompt's completions (its tokens, its seed) from vLLM, in a process of its own on this rank's GPU; past
     ``generation.vllm_timeout_s`` it is killed with its engine, and this rank stops in one line naming the model."""
+    request = {"prompts": prompts, "seeds": seeds}
+    with _sampler(model, generation, request) as (sampler, scratch, deadline):
+        try:
+            sampler.wait(timeout=max(deadline - time.monotonic(), 0))
+        except subprocess.TimeoutExpired:
+            raise _timed_out(model, generation) from None
+        _check_ran(sampler, scratch)
+        return json.loads((scratch / "completions.json").read_text())
+
+
+@contextlib.contextmanager
+def vllm_turns(model: ModelSpec, generation: GenerationSpec, longest: int) -> Iterator[episodes.Turns]:
+    """An engine for :func:`episodes.play_together`: vLLM, in a process of its own on this rank's GPU, that writes
+    each round of turns it is given (episodes of at most ``longest`` tokens); past ``generation.vllm_timeout_s``
+    from its start it is killed with its engine, and this rank stops in one line naming the model."""
+    asks, asked = os.pipe()
+    answered, answers = os.pipe()
+    with _sampler(model, generation, {"longest": longest}, serve=(asks, answers)) as (sampler, scratch, deadline):
+        os.close(asks)
+        os.close(answers)
+        rounds = itertools.count()
+        pending = b""
+
+        def turns(round_: List[episodes.Turn]) -> List[List[int]]:
+            nonlocal pending
+            number = next(rounds)
+            write_json_atomic(scratch / f"round-{number}.json", [dataclasses.asdict(turn) for turn in round_])
+            os.write(asked, f"{number}\n".encode())
+            # the sampler says a round's number once it wrote that round's tokens
+            while b"\n" not in pending:
+                left = deadline - time.monotonic()
+                if left <= 0 or not select.select([answered], [], [], left)[0]:
+                    raise _timed_out(model, generation)
+                said = os.read(answered, 4096)
+                if not said:
+                    sampler.wait()
+                    _check_ran(sampler, scratch)
+                    raise RuntimeError("vLLM's sampling process ended before it answered a round of turns")
+                pending += said
+            line, _, pending = pending.partition(b"\n")
+            assert int(line) == number, (line, number)
+            return json.loads((scratch / f"round-{number}-tokens.json").read_text())
+
+        try:
+            yield turns
+        finally:
+            os.close(asked)
+            os.close(answered)
+        # its end of the rounds read, it ends
+        try:
+            sampler.wait(timeout=max(deadline - time.monotonic(), 0))
+        except subprocess.TimeoutExpired:
+            raise _timed_out(model, generation) from None
+        _check_ran(sampler, scratch)
+
+
+@contextlib.contextmanager
+def _sampler(
+    model: ModelSpec, generation: GenerationSpec, request: Dict[str, Any], serve: Optional[Tuple[int, int]] = None
+) -> Iterator[Tuple[subprocess.Popen, Path, float]]:
+    """The sampling process (entrypoints/vllm_sampler.py), started on ``request``, its scratch directory, and when
+    it must have ended (``generation.vllm_timeout_s`` from now); killed with its engine if still running after."""
     env = {key: value for key, value in os.environ.items() if key not in TORCHRUN_VARIABLES}
     env = {key: value for key, value in env.items() if not key.startswith("TORCHELASTIC_")}
     if torch.cuda.is_available():
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         device = torch.cuda.current_device()
         env["CUDA_VISIBLE_DEVICES"] = visible.split(",")[device] if visible else str(device)
-    with tempfile.TemporaryDirectory(prefix="posttrain-vllm-sampling-") as scratch:
-        request, out = Path(scratch) / "request.json", Path(scratch) / "completions.json"
-        request.write_text(
-            json.dumps(
-                {
-                    "model": model.model_dump(mode="json"),
-                    "generation": generation.model_dump(mode="json"),
-                    "prompts": prompts,
-                    "seeds": seeds,
-                }
-            )
-        )
-        command = [sys.executable, "-m", "posttrain.entrypoints.vllm_sampler", "--request", str(request)]
+    with tempfile.TemporaryDirectory(prefix="posttrain-vllm-sampling-") as directory:
+        scratch = Path(directory)
+        settings = {"model": model.model_dump(mode="json"), "generation": generation.model_dump(mode="json")}
+        (scratch / "request.json").write_text(json.dumps({**settings, **request}))
+        command = [
+            sys.executable,
+            "-m",
+            "posttrain.entrypoints.vllm_sampler",
+            "--request",
+            str(scratch / "request.json"),
+        ]
+        command += ["--serve", *map(str, serve)] if serve else ["--out", str(scratch / "completions.json")]
         # in this process's group, not a session of its own: torchrun, stopping the job, signals the group, and a
-        # sampler out of it (its engine's processes with it) would outlive the job, holding the GPU
-        sampler = subprocess.Popen([*command, "--out", str(out)], env=env, stderr=subprocess.PIPE, text=True)
+        # sampler out of it (its engine's processes with it) would outlive the job, holding the GPU; its stderr in a
+        # file, where its last line is read back (a pipe, left unread while it serves, would fill and stop it)
+        with open(scratch / "stderr.log", "w") as stderr:
+            sampler = subprocess.Popen(command, env=env, stderr=stderr, pass_fds=serve or ())
         try:
-            _, stderr = sampler.communicate(timeout=generation.vllm_timeout_s)
-        except subprocess.TimeoutExpired:
-            kill_tree(sampler.pid)
-            sampler.communicate()
-            raise SpecError(
-                [
-                    f"generation.vllm_timeout_s: vLLM's sampling of {model.name_or_path} did not end within "
-                    f"{generation.vllm_timeout_s:g} s: its engine hung, or this process's prompts need longer (raise it)"
-                ],
-                this_rank_only=True,
-            ) from None
-        if sampler.returncode != 0:
-            said = [line for line in stderr.splitlines() if line.startswith("posttrain: ")]
-            if said:
-                raise SpecError([said[-1].removeprefix("posttrain: ")], this_rank_only=True)
-            tail = stderr.strip().splitlines()[-20:]
-            raise RuntimeError(f"vLLM's sampling process exited {sampler.returncode}:\n" + "\n".join(tail))
-        return json.loads(out.read_text())
+            yield sampler, scratch, time.monotonic() + generation.vllm_timeout_s
+        finally:
+            if sampler.poll() is None:
+                kill_tree(sampler.pid)
+                sampler.wait()
+
+
+def _timed_out(model: ModelSpec, generation: GenerationSpec) -> SpecError:
+    return SpecError(
+        [
+            f"generation.vllm_timeout_s: vLLM's sampling of {model.name_or_path} did not end within "
+            f"{generation.vllm_timeout_s:g} s: its engine hung, or this process's prompts need longer (raise it)"
+        ],
+        this_rank_only=True,
+    )
+
+
+def _check_ran(sampler: subprocess.Popen, scratch: Path) -> None:
+    """Where the sampling process failed: its own ``posttrain:`` line, as this rank's, or the end of its stderr."""
+    if sampler.returncode == 0:
+        return
+    stderr = (scratch / "stderr.log").read_text(errors="replace")
+    said = [line for line in stderr.splitlines() if line.startswith("posttrain: ")]
+    if said:
+        raise SpecError([said[-1].removeprefix("posttrain: ")], this_rank_only=True)
+    tail = stderr.strip().splitlines()[-20:]
+    raise RuntimeError(f"vLLM's sampling process exited {sampler.returncode}:\n" + "\n".join(tail))
 
 
 def kill_tree(pid: int) -> None:

@@ -171,8 +171,9 @@ def assert_learned_with_vllm(output_dir: Path, mode: str, weight_sync: str) -> N
 
 
 def test_tools_with_vllm_colocated_and_as_the_server_role(tmp_path: Path) -> None:
-    """The tools chain with GRPO generating in colocated vLLM, then more GRPO of its model with the ``vllm`` role:
-    TRL's tool loop generates each turn after a tool's result in vLLM, the result's tokens as prompt."""
+    """The tools chain with GRPO generating in colocated vLLM and its gate's episodes played in vLLM, then more GRPO
+    of its model with the ``vllm`` role: TRL's tool loop generates each turn after a tool's result in vLLM, the
+    result's tokens as prompt, and so does the evaluation's."""
     output_dir = tmp_path / "tools"
     vllm = {"use_vllm": "true", "vllm_gpu_memory_utilization": "0.15", "vllm_max_model_length": "1024"}
     args = ["run", "-s", "local_cwd", "posttrain.chain", "--spec", "templates/chain/tools-tiny.yaml", "-j", "1x1"]
@@ -181,6 +182,23 @@ def test_tools_with_vllm_colocated_and_as_the_server_role(tmp_path: Path) -> Non
     assert_succeeded(torchx(args, tmp_path, timeout=900))
     assert_calls_the_rooms_tool(output_dir / "grpo")
     assert read_json(output_dir / "grpo" / "run_summary.json")["generation"]["mode"] == "colocate"
+    # the gate's episodes played in vLLM (auto, where it is installed), its conditions held
+    check = read_json(output_dir / "check" / "eval_summary.json")
+    assert check["generation"]["engine"] == "vllm" and all(verdict["held"] for verdict in check["require"]), check
+    assert check["episodes"]["grpo"]["calls"] >= 0.8, check["episodes"]
+
+    # greedy, vLLM plays the episodes transformers plays, call for call
+    played = {}
+    for engine in ("transformers", "vllm"):
+        args = ["run", "-s", "local_cwd", "posttrain.eval", "--spec", "templates/eval/tools-tiny.yaml", "-j", "1x1"]
+        args += ["--rdzv_port", str(free_port()), f"output_dir={tmp_path / engine}", "require=[]"]
+        args += [f"models={{grpo: {{name_or_path: '{output_dir / 'grpo'}'}}}}", "data.eval.max_rows=8"]
+        args += ["generation.num_samples=1", "generation.temperature=0", f"generation.engine={engine}"]
+        assert_succeeded(torchx([*args, "generation.vllm_gpu_memory_utilization=0.15"], tmp_path))
+        samples = (tmp_path / engine / "eval_samples.jsonl").read_text().splitlines()
+        played[engine] = [json.loads(line)["episode"] for line in samples]
+    assert len(played["vllm"]) == 8 and played["vllm"] == played["transformers"]
+    assert sum(episode["calls"] for episode in played["vllm"]) >= 4, played["vllm"]
 
     server = tmp_path / "server"
     overrides = [f"model.name_or_path={output_dir / 'grpo'}", "training.max_steps=8", "training.vllm_mode=server"]

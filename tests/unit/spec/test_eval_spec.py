@@ -321,11 +321,6 @@ def test_an_evaluation_of_agents_takes_grpos_tools_environments_and_turn_limit()
             "no tools and no environment; add them, or drop it",
         ),
         (
-            {"generation": {"engine": "vllm", "max_tool_calling_iterations": 2}},
-            "generation.engine: vllm does not run an evaluation's tools or environments yet; use engine: transformers "
-            "(auto picks it for them)",
-        ),
-        (
             {"require": ["grpo.episodes.calls_made >= 1"]},
             "require.0: grpo.episodes.calls_made is not counted; an episode counts calls, failed_calls, turns, "
             "hit_limit, tokens",
