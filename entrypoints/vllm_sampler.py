@@ -74,6 +74,9 @@ def engine(model: ModelSpec, generation: GenerationSpec, longest: int) -> Any:
     if problem:
         raise SpecError([problem.replace("model.name_or_path", "models")])
     dtype = model.dtype if model.dtype != "auto" else str(getattr(config, "dtype", None) or "float32")
+    # on CPU, a seeded request whose prefill is cut in chunks kills the engine (vLLM rewinds the request's generator,
+    # and a CPU generator has no offset to rewind: "CPU Generator does not use offset"): each prefill whole
+    whole_prefills = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(longest, 8192)} if on_cpu else {}
     return LLM(
         model=path,
         revision=model.revision,
@@ -85,6 +88,7 @@ def engine(model: ModelSpec, generation: GenerationSpec, longest: int) -> Any:
         # the spec's settings only, as the transformers path samples (not the model's generation_config.json)
         generation_config="vllm",
         enforce_eager=runs_eagerly(on_cpu),
+        **whole_prefills,
     )
 
 
