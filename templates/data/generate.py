@@ -198,6 +198,13 @@ def main() -> None:
     for task, (request, _, _) in TOOL_USE_TASKS.items():
         requests = ({"prompt": [{"role": "user", "content": request}]} for _ in range(400))
         write_jsonl(HERE / f"{task}_requests.jsonl", requests)
+    # both tasks, each request naming its environment, for the gate of templates/chain/tool-use-tiny.yaml
+    tasks = (
+        {"prompt": [{"role": "user", "content": request}], "environment": task}
+        for task, (request, _, _) in TOOL_USE_TASKS.items()
+        for _ in range(8)
+    )
+    write_jsonl(HERE / "tool_use_requests.jsonl", tasks)
 
 
 if __name__ == "__main__":

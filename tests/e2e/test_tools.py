@@ -75,6 +75,14 @@ def test_grpo_teaches_the_model_to_switch_the_lamp_on_and_to_open_the_safe(tmp_p
             sample = json.loads(line)
             results = [message["content"] for message in sample["completion"] if message["role"] == "tool"]
             assert sample["rewards"][environment] == float(done in results), sample
+    # the gate: each GRPO model plays both tasks, and does its own more often than the SFT model, by its calls
+    check = read_json(output_dir / "check" / "eval_summary.json")
+    assert all(verdict["held"] for verdict in check["require"]), check["require"]
+    for model, calls in (("lamp", 1), ("safe", 2)):
+        assert check["models"][model][model]["mean"] - check["models"]["sft"][model]["mean"] >= 0.3
+        episodes = [json.loads(line) for line in (output_dir / "check" / "eval_samples.jsonl").read_text().splitlines()]
+        done = [e for e in episodes if e["model"] == model and e["scores"][model] == 1.0]
+        assert done and all(e["episode"]["calls"] >= calls for e in done)
 
 
 # written against docs/pages/eval.md (Agents), in a module the project never ships: a tool that answers 7 whatever

@@ -161,9 +161,16 @@ def test_templates_point_at_shipped_data() -> None:
 
 
 def test_every_local_model_a_template_reads_is_another_templates_output() -> None:
-    """A template that starts from a trained model names one a shipped template writes (run that first)."""
+    """A template that starts from a trained model names one a shipped template writes (run that first), or a
+    stage of a shipped chain (``<output_dir>/<stage>``)."""
     templates = {path: load_template(str(path.relative_to(TEMPLATES))) for path in TEMPLATES.glob("*/*.yaml")}
     written = {raw["training"]["output_dir"] for raw in templates.values() if "training" in raw}
+    written |= {
+        f"{raw['output_dir']}/{stage}"
+        for raw in templates.values()
+        if raw["algorithm"] == "chain"
+        for stage in raw["stages"]
+    }
     for path, raw in templates.items():
         if raw["algorithm"] == "chain":
             # its stages hand their models on: components/spec/chain.py checks them
