@@ -12,6 +12,7 @@ instead, a round at a time, as the evaluation asks (its tools and
 environments run in the evaluation's process, between rounds).
 
     python -m posttrain.entrypoints.vllm_sampler --request request.json --out completions.json
+    python -m posttrain.entrypoints.vllm_sampler --request request.json --serve ASKED ANSWERS
 """
 
 import argparse
@@ -109,20 +110,23 @@ def sample(llm: Any, generation: GenerationSpec, prompts: List[List[int]], seeds
 
 def serve(llm: Any, generation: GenerationSpec, scratch: Path, asked: int, answers: int) -> None:
     """Each round of turns the evaluation asks for (``evaluation/episodes.py``: ``play_together``), written: its
-    tokens, up to each turn's end token, until the evaluation closes ``asked``."""
+    tokens, up to each turn's end token, until the evaluation says ``end`` (or closes ``asked``)."""
     from vllm.inputs import TokensPrompt
 
     with open(asked) as rounds:
-        for number in rounds:
-            turns = json.loads((scratch / f"round-{int(number)}.json").read_text())
+        for line in rounds:
+            if line.strip() == "end":
+                return
+            number = int(line)
+            turns = json.loads((scratch / f"round-{number}.json").read_text())
             outputs = llm.generate(
                 [TokensPrompt(prompt_token_ids=turn["ids"]) for turn in turns],
                 [sampling(generation, n=1, max_tokens=turn["budget"], seed=turn["seed"]) for turn in turns],
                 use_tqdm=False,
             )
             tokens = [list(output.outputs[0].token_ids) for output in outputs]
-            write_json_atomic(scratch / f"round-{int(number)}-tokens.json", tokens)
-            os.write(answers, f"{int(number)}\n".encode())
+            write_json_atomic(scratch / f"round-{number}-tokens.json", tokens)
+            os.write(answers, f"{number}\n".encode())
 
 
 def sampling(generation: GenerationSpec, **settings: Any) -> Any:

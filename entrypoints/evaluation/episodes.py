@@ -10,11 +10,12 @@ parser; a call's error is its result (``{'error': ...}``); the results'
 tokens are appended to the episode's, never re-rendered; ``max_new_tokens``
 bounds the whole episode (its results' tokens included), and a round of
 results that would pass it ends the episode before them;
-``max_tool_calling_iterations`` bounds the rounds. In transformers the samples of a prompt come from its
-seed, one after the other; in vLLM a process's episodes are played
-together, a round of turns at a time, each turn from a seed of its own. So
-an episode is the same on any number of processes (where the tools and
-environments draw no unseeded random numbers).
+``max_tool_calling_iterations`` bounds the rounds. In transformers the
+samples of a prompt come from its seed, one after the other; in vLLM a
+process's episodes are played together, a round of turns at a time, each
+turn from a seed of its own. So an episode is the same on any number of
+processes (where the tools and environments draw no unseeded random
+numbers).
 """
 
 import asyncio
@@ -158,8 +159,9 @@ def play_together(
 ) -> List[List[Episode]]:
     """Each row's ``generation.num_samples`` episodes, played together: each round, the next turn of every episode
     still going, from ``engine(longest)`` (vLLM: evaluation/sampling.py), which takes a round's turns and gives
-    what each wrote; ``longest``, the most tokens an episode may hold. Each turn is drawn from a seed of its own
-    (:func:`turn_seed`), so an episode does not depend on the others played beside it."""
+    what each wrote; ``longest``, the most tokens an episode may hold. Every episode's environment is made (and
+    reset) before the first round and kept until the last. Each turn is drawn from a seed of its own
+    (:func:`turn_seed`), so an episode's draws do not depend on the others played beside it."""
     playing = {
         (number, sample): _playing(tokenizer, template, row, agent, generation)
         for number, row in enumerate(rows)
@@ -177,7 +179,7 @@ def play_together(
                     break
                 asked = list(going)
                 written = turns([Turn(*going[game], turn_seed(seeds[game[0]], game[1], turn)) for game in asked])
-                for game, new in zip(asked, written):
+                for game, new in zip(asked, written, strict=True):
                     try:
                         going[game] = playing[game].send(new)
                     except StopIteration as stopped:

@@ -15,6 +15,7 @@ from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints.evaluation import trust
 from posttrain.entrypoints.evaluation.files import PARTS_DIR, PLOT_FILE, SAMPLES_FILE, SPEC_FILE, SUMMARY_FILE
 from posttrain.entrypoints.evaluation.scoring import result, scorer
+from posttrain.entrypoints.process import distributed
 from posttrain.entrypoints.records.checkpoints import read_record
 from posttrain.entrypoints.records.files import replacing, write_json_atomic
 
@@ -47,7 +48,8 @@ def finished(output_dir: Path, record: Dict[str, Any], overwrite: bool) -> Tuple
     if differences and all(key.partition(".")[0] != "spec" for key in differences):
         # the same evaluation, what it samples from changed since (a model's weights, the data, a tool's code):
         # what it wrote is out of date, and start() clears it
-        log.info("%s changed since its results were written: sampling them again", ", ".join(differences[:4]))
+        if distributed.is_rank0():
+            log.warning("%s changed since its results were written: sampling them again", ", ".join(differences[:4]))
         return None, False
     if differences:
         raise SpecError(

@@ -1,12 +1,14 @@
 """Sampling a prompt's completions the same way on any number of processes: from a seed of the prompt's own, with
 the spec's settings only; in transformers one prompt at a time (no padding), or in vLLM, a process of its own per
-model (entrypoints/vllm_sampler.py), where the job's environment has it."""
+model (entrypoints/vllm_sampler.py), where the job's environment has it: all the process's prompts at once, or an
+evaluation's episodes a round of turns at a time (:func:`vllm_turns`)."""
 
 import contextlib
 import dataclasses
 import importlib.util
 import itertools
 import json
+import logging
 import os
 import select
 import subprocess
@@ -14,7 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, NoReturn, Optional, Tuple
 
 import psutil
 import torch
@@ -26,8 +28,12 @@ from posttrain.entrypoints.evaluation import episodes
 from posttrain.entrypoints.generation.sampling import prompt_ids, sampling_from_the_logits
 from posttrain.entrypoints.records.files import write_json_atomic
 
+log = logging.getLogger("posttrain")
+
 # a prompt's seed: the spec's, then its place in the data (each model draws with the same seeds: paired samples)
 SEED_STRIDE = 1_000_003
+# how long a sampling process that answered every round may take to end before it is stopped
+ENDING_S = 60.0
 
 
 # torchrun's variables, which the vLLM process must not see: it is a world of its own
@@ -73,46 +79,79 @@ def sample_with_vllm(
 def vllm_turns(model: ModelSpec, generation: GenerationSpec, longest: int) -> Iterator[episodes.Turns]:
     """An engine for :func:`episodes.play_together`: vLLM, in a process of its own on this rank's GPU, that writes
     each round of turns it is given (episodes of at most ``longest`` tokens); past ``generation.vllm_timeout_s``
-    from its start it is killed with its engine, and this rank stops in one line naming the model."""
+    from its start (its rounds and the tools' time between them) it is killed with its engine, and this rank stops
+    in one line naming the model."""
     asks, asked = os.pipe()
     answered, answers = os.pipe()
-    with _sampler(model, generation, {"longest": longest}, serve=(asks, answers)) as (sampler, scratch, deadline):
-        os.close(asks)
-        os.close(answers)
-        rounds = itertools.count()
-        pending = b""
+    held = {asks, asked, answered, answers}
 
-        def turns(round_: List[episodes.Turn]) -> List[List[int]]:
-            nonlocal pending
-            number = next(rounds)
-            write_json_atomic(scratch / f"round-{number}.json", [dataclasses.asdict(turn) for turn in round_])
-            os.write(asked, f"{number}\n".encode())
-            # the sampler says a round's number once it wrote that round's tokens
-            while b"\n" not in pending:
-                left = deadline - time.monotonic()
-                if left <= 0 or not select.select([answered], [], [], left)[0]:
-                    raise _timed_out(model, generation)
-                said = os.read(answered, 4096)
-                if not said:
-                    sampler.wait()
-                    _check_ran(sampler, scratch)
-                    raise RuntimeError("vLLM's sampling process ended before it answered a round of turns")
-                pending += said
-            line, _, pending = pending.partition(b"\n")
-            assert int(line) == number, (line, number)
-            return json.loads((scratch / f"round-{number}-tokens.json").read_text())
+    def close(descriptor: int) -> None:
+        if descriptor in held:
+            held.discard(descriptor)
+            os.close(descriptor)
 
-        try:
+    try:
+        with _sampler(model, generation, {"longest": longest}, serve=(asks, answers)) as (sampler, scratch, deadline):
+            # the sampler's ends are its own: a write to a sampler that died breaks the pipe
+            close(asks)
+            close(answers)
+            rounds = itertools.count()
+            pending = b""
+
+            def turns(round_: List[episodes.Turn]) -> List[List[int]]:
+                nonlocal pending
+                number = next(rounds)
+                asked_path = scratch / f"round-{number}.json"
+                write_json_atomic(asked_path, [dataclasses.asdict(turn) for turn in round_])
+                try:
+                    os.write(asked, f"{number}\n".encode())
+                except BrokenPipeError:
+                    _ended(sampler, scratch)
+                # the sampler says a round's number once it wrote that round's tokens; it is looked at every few
+                # seconds besides (its engine, forked, may hold the pipe open after it died)
+                while b"\n" not in pending:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise _timed_out(model, generation)
+                    if not select.select([answered], [], [], min(left, 5.0))[0]:
+                        if sampler.poll() is not None:
+                            _ended(sampler, scratch)
+                        continue
+                    said = os.read(answered, 4096)
+                    if not said:
+                        _ended(sampler, scratch)
+                    pending += said
+                line, _, pending = pending.partition(b"\n")
+                if int(line) != number:
+                    raise RuntimeError(f"vLLM's sampling process answered round {int(line)} for round {number}")
+                tokens_path = scratch / f"round-{number}-tokens.json"
+                written = json.loads(tokens_path.read_text())
+                asked_path.unlink()
+                tokens_path.unlink()
+                return written
+
             yield turns
-        finally:
-            os.close(asked)
-            os.close(answered)
-        # its end of the rounds read, it ends
-        try:
-            sampler.wait(timeout=max(deadline - time.monotonic(), 0))
-        except subprocess.TimeoutExpired:
-            raise _timed_out(model, generation) from None
-        _check_ran(sampler, scratch)
+            # every round answered: the sampler is told to end (not left to see its pipe closed: a process forked
+            # meanwhile, a tool's, holds a copy), and given a while to; its tokens are in hand whatever it does then
+            with contextlib.suppress(BrokenPipeError):
+                os.write(asked, b"end\n")
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                sampler.wait(timeout=ENDING_S)
+            if sampler.returncode != 0:
+                log.warning(
+                    "vLLM's sampling process of %s did not end cleanly once done; it is stopped", model.name_or_path
+                )
+    finally:
+        for descriptor in list(held):
+            close(descriptor)
+
+
+def _ended(sampler: subprocess.Popen, scratch: Path) -> NoReturn:
+    """The sampling process ended before it answered a round: its own line, or the end of its stderr."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        sampler.wait(timeout=ENDING_S)
+    _check_ran(sampler, scratch)
+    raise RuntimeError("vLLM's sampling process ended before it answered a round of turns")
 
 
 @contextlib.contextmanager
@@ -120,7 +159,8 @@ def _sampler(
     model: ModelSpec, generation: GenerationSpec, request: Dict[str, Any], serve: Optional[Tuple[int, int]] = None
 ) -> Iterator[Tuple[subprocess.Popen, Path, float]]:
     """The sampling process (entrypoints/vllm_sampler.py), started on ``request``, its scratch directory, and when
-    it must have ended (``generation.vllm_timeout_s`` from now); killed with its engine if still running after."""
+    it must have ended (``generation.vllm_timeout_s`` from now); killed with its engine where it still runs as
+    the context ends."""
     env = {key: value for key, value in os.environ.items() if key not in TORCHRUN_VARIABLES}
     env = {key: value for key, value in env.items() if not key.startswith("TORCHELASTIC_")}
     if torch.cuda.is_available():
