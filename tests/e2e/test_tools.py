@@ -6,7 +6,7 @@ import json
 import re
 import subprocess
 from pathlib import Path
-from typing import List
+from typing import Any, List
 
 import pytest
 
@@ -108,6 +108,16 @@ class Vault:
 """
 
 
+def tool_results(output_dir: Path) -> List[Any]:
+    """Every tool result in the evaluation's transcripts, once their counts are checked by hand."""
+    return [
+        message["content"]
+        for sample in assert_counted_by_hand(output_dir)
+        for message in sample["episode"]["messages"]
+        if message["role"] == "tool"
+    ]
+
+
 def assert_counted_by_hand(output_dir: Path) -> List[dict]:
     """The summary's episode counts are what a count of the transcripts in eval_samples.jsonl gives; the samples."""
     samples = [json.loads(line) for line in (output_dir / "eval_samples.jsonl").read_text().splitlines()]
@@ -154,24 +164,14 @@ def test_an_environment_and_a_tool_the_project_never_saw_evaluate_as_counted_by_
     # a tool alone: its calls counted as the transcripts show, each answered 7
     tool = ["~environment", "tools=[{function: 'vault:peek'}]", "require=[grpo.episodes.calls >= 0.5]"]
     assert_succeeded(evaluate("1x1", tmp_path / "tool", *tool))
-    results = [
-        m["content"]
-        for s in assert_counted_by_hand(tmp_path / "tool")
-        for m in s["episode"]["messages"]
-        if m["role"] == "tool"
-    ]
+    results = tool_results(tmp_path / "tool")
     assert results and set(results) == {"7"}
     # the tool's code edited: the same evaluation samples its episodes again, with the tool as it is now
     (tmp_path / "user_code" / "vault.py").write_text(VAULT.replace('return "7"', 'return "8"'))
     again = evaluate("1x1", tmp_path / "tool", *tool)
     assert_succeeded(again)
     assert "agent.tools changed since its results were written: sampling them again" in again.stdout + again.stderr
-    again_results = [
-        m["content"]
-        for s in assert_counted_by_hand(tmp_path / "tool")
-        for m in s["episode"]["messages"]
-        if m["role"] == "tool"
-    ]
+    again_results = tool_results(tmp_path / "tool")
     assert again_results and set(again_results) == {"8"}
 
     # the gate without the GRPO stage (the SFT model in its place): it fails, in one line naming the condition
