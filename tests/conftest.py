@@ -6,7 +6,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Dict, Iterator
+from typing import Any, Dict, Iterator
 
 # No hub access, ever: in-process tests too (huggingface_hub reads these when it is first imported, so here,
 # before any test module imports it). Jobs get their own through helpers.job_env.
@@ -14,6 +14,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="posttrain-tests-hf-")
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 # the job side's logging set-up (bitsandbytes' import-time warning quieted) before any test imports PEFT
 import posttrain.entrypoints  # noqa: F401
@@ -152,6 +153,29 @@ def pytest_configure(config: pytest.Config) -> None:
 
 # what a test needs that a run gets only by asking for it with -m (any -m that names it, e.g. "gpu and not vllm")
 ASKED_FOR = ("gpu", "vllm")
+
+
+# README's `pytest -n 2` runs the end-to-end modules in two lanes side by side, each lane on one worker, in order:
+# a module's tests and the session's shared runs stay on one worker. This lane's modules use no shared run, and
+# take about as long as the other lane's (2026-12-06, 2 cores).
+BESIDE_LANE = ("test_readme", "test_installed", "test_slurm", "test_tools", "test_chain", "test_benchmarks")
+
+
+class Lanes(LoadScopeScheduling):
+    """xdist's load by module (``--dist loadscope``), in the order collected (``--no-loadscope-reorder``, in
+    setup.cfg: the fast tests first, on both workers), with each lane of end-to-end modules one unit of work.
+    (xdist's own ``--dist loadgroup`` groups nothing under pytest 9, which keeps node ids elsewhere.)"""
+
+    def _split_scope(self, nodeid: str) -> str:
+        module = super()._split_scope(nodeid)
+        if not module.startswith("tests/e2e/"):
+            return module
+        return "e2e-beside" if Path(module).stem in BESIDE_LANE else "e2e"
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Lanes:
+    return Lanes(config, log)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list) -> None:

@@ -5,6 +5,7 @@ import doctest
 import inspect
 import json
 import shlex
+from pathlib import Path
 
 import pytest
 import torchx.specs as specs
@@ -299,11 +300,13 @@ def test_a_multi_node_job_checks_its_rendezvous_port_before_the_launcher_listens
         assert rendezvous_port.main([port, "1", "localhost", "sft-x1"]) == 2
         # another host's port
         assert rendezvous_port.main([port, "1", "node-0.elsewhere", "sft-x1"]) == 0
-        # node 0's own launcher, up already: the listener's command line names the job (here: this pytest's)
-        assert "pytest" in rendezvous_port.listener_command(int(port))
-        assert rendezvous_port.main([port, "1", "localhost", "pytest"]) == 0
+        # node 0's own launcher, up already: the listener's command line names the job (here: this process's, whose
+        # program stands for the run id in torchrun's)
+        own = Path("/proc/self/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        assert rendezvous_port.listener_command(int(port)) == own
+        assert rendezvous_port.main([port, "1", "localhost", own.split()[0]]) == 0
         # node 1's torchrun on the same host started first and hosts the store: node 0 goes on and joins it
-        assert rendezvous_port.main([port, "0", "localhost", "pytest"]) == 0
+        assert rendezvous_port.main([port, "0", "localhost", own.split()[0]]) == 0
         assert capsys.readouterr().err == ""
     assert rendezvous_port.main([port, "0", "localhost", "sft-x1"]) == 0
 
