@@ -1,0 +1,409 @@
+"""An OpenAI-compatible endpoint inside the job, over posttrain's own generation: what an agent program (an async
+function given an ``openai`` client, a verifiers harness) calls the policy through.
+
+Paths, each refused with 401 without ``Authorization: Bearer <key>``:
+
+- ``GET /v1/models``: the one model served (another name is refused with 404);
+- ``POST /v1/chat/completions``: ``messages``, ``tools``, ``n``, ``temperature``, ``top_p``, ``max_tokens`` /
+  ``max_completion_tokens``, ``stop`` (the tokens kept end with the one that completes the stop string, the text
+  before it returned), ``logprobs``, ``return_token_ids`` (``prompt_token_ids`` and each choice's ``token_ids``,
+  as vLLM returns them) and ``stream`` (the whole reply in one chunk);
+- ``POST /inference/v1/generate``: vLLM's token-in/token-out API, which verifiers' train client speaks
+  (``token_ids`` and ``sampling_params`` in; each choice's ``token_ids`` and log-probs out).
+
+The same paths under ``/episodes/<id>/`` record their calls under that episode (``calls(id)``): an agent's client
+gets the episode's base URL. A chat request is rendered with the policy's chat template (the one it trained with)
+and the tools' schemas, and the reply's tool calls are read back with TRL's parser, the one training uses. Every
+call's exact prompt and completion tokens and their log-probs are recorded: what a trainer trains on is what was
+sampled, never the text tokenized again. Requests that arrive together are generated in one batch.
+"""
+
+import contextlib
+import dataclasses
+import http.server
+import json
+import queue
+import re
+import secrets
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from trl.chat_template_utils import parse_response
+
+from posttrain.entrypoints.generation.engine import Completion, Engine, Request
+from posttrain.entrypoints.generation.vllm_token import matches
+
+# a request waits this long for others to join its batch (an agent's episodes call side by side)
+GATHER_S = 0.05
+EPISODE_PATH = re.compile(r"^/episodes/([A-Za-z0-9_.-]{1,128})(/.*)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """One completion the endpoint gave: exactly the tokens of its prompt and of what the model wrote."""
+
+    prompt_ids: List[int]
+    completion_ids: List[int]
+    logprobs: List[float]
+    finish_reason: str
+
+
+class BadRequest(ValueError):
+    """A request the endpoint refuses, with the status it answers."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class Endpoint:
+    """The endpoint, serving ``model_name`` from ``engine`` while :meth:`serving`; ``template``: the chat template
+    to render with (None: the tokenizer's own); ``stop_token_ids``: the model's end tokens, where every
+    completion stops (besides a request's own)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        template: Optional[str],
+        model_name: str,
+        max_model_len: int,
+        stop_token_ids: Sequence[int],
+        key: Optional[str] = None,
+    ) -> None:
+        self.engine, self.tokenizer, self.template = engine, tokenizer, template
+        self.model_name, self.max_model_len = model_name, max_model_len
+        self.stop_token_ids = tuple(stop_token_ids)
+        self.key = key or secrets.token_urlsafe(24)
+        self._calls: Dict[str, List[Call]] = {}
+        self._lock = threading.Lock()
+        self._waiting: "queue.Queue[Optional[Tuple[Request, Future]]]" = queue.Queue()
+        self._server: Optional[http.server.ThreadingHTTPServer] = None
+
+    @contextlib.contextmanager
+    def serving(self, host: str = "127.0.0.1", port: int = 0) -> Iterator["Endpoint"]:
+        endpoint = self
+
+        class Handler(_Handler):
+            served = endpoint
+
+        self._server = http.server.ThreadingHTTPServer((host, port), Handler)
+        self._server.daemon_threads = True
+        threads = [threading.Thread(target=self._server.serve_forever, daemon=True)]
+        threads.append(threading.Thread(target=self._batches, daemon=True))
+        for thread in threads:
+            thread.start()
+        try:
+            yield self
+        finally:
+            self._server.shutdown()
+            self._server.server_close()
+            self._waiting.put(None)
+            for thread in threads:
+                thread.join()
+
+    def base_url(self, episode: Optional[str] = None) -> str:
+        """The OpenAI base URL (``.../v1``), under ``episode``'s path where one is given."""
+        assert self._server is not None, "base_url() is known while serving()"
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}" + (f"/episodes/{episode}" if episode else "") + "/v1"
+
+    def calls(self, episode: Optional[str] = None) -> List[Call]:
+        """The completions given under ``episode``'s path (None: outside any), in the order they were given."""
+        with self._lock:
+            return list(self._calls.get(episode or "", []))
+
+    def complete(self, requests: Sequence[Request], episode: str, stops: Sequence[str] = ()) -> List[Completion]:
+        """``requests`` generated (together with any others waiting), each cut where its text first holds one of
+        ``stops``, and recorded under ``episode``."""
+        futures = []
+        for request in requests:
+            future: Future = Future()
+            self._waiting.put((request, future))
+            futures.append(future)
+        completions = [self._cut(future.result(), stops) for future in futures]
+        with self._lock:
+            self._calls.setdefault(episode, []).extend(
+                Call(list(r.prompt_ids), c.ids, c.logprobs, c.finish_reason) for r, c in zip(requests, completions)
+            )
+        return completions
+
+    def _cut(self, completion: Completion, stops: Sequence[str]) -> Completion:
+        """``completion`` up to the token that completes its first stop string, if any: the tokens the caller saw."""
+        if stops:
+            for end in range(1, len(completion.ids) + 1):
+                if any(stop in self.tokenizer.decode(completion.ids[:end]) for stop in stops):
+                    return Completion(completion.ids[:end], completion.logprobs[:end], "stop")
+        return completion
+
+    def _batches(self) -> None:
+        while True:
+            first = self._waiting.get()
+            if first is None:
+                return
+            batch, gathered = [first], time.monotonic() + GATHER_S
+            with contextlib.suppress(queue.Empty):
+                while True:
+                    waiting = self._waiting.get(timeout=max(0.0, gathered - time.monotonic()))
+                    if waiting is None:
+                        self._waiting.put(None)
+                        break
+                    batch.append(waiting)
+            try:
+                completions = self.engine([request for request, _ in batch])
+            except Exception as error:  # noqa: BLE001 -- each caller answers it as the server's error
+                for _, future in batch:
+                    future.set_exception(error)
+                continue
+            for (_, future), completion in zip(batch, completions, strict=True):
+                future.set_result(completion)
+
+    # ------------------------------------------------------------------ the API's requests and replies
+
+    def models(self) -> Dict[str, Any]:
+        model = {"id": self.model_name, "object": "model", "owned_by": "posttrain", "max_model_len": self.max_model_len}
+        return {"object": "list", "data": [model]}
+
+    def chat(self, body: Dict[str, Any], episode: str) -> Dict[str, Any]:
+        self._check_model(body)
+        tools = body.get("tools") or None
+        messages = _template_messages(body.get("messages") or [])
+        if not messages:
+            raise BadRequest("messages: at least one message")
+        prompt_ids = self.tokenizer.apply_chat_template(
+            messages,
+            tools=tools,
+            chat_template=self.template,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=True,
+        )["input_ids"]
+        request = self._request(prompt_ids, body, body.get("max_completion_tokens") or body.get("max_tokens"))
+        stops = body.get("stop") or []
+        stops = [stops] if isinstance(stops, str) else list(stops)
+        completions = self.complete([request] * _count(body), episode, stops)
+        choices = []
+        for index, completion in enumerate(completions):
+            message, finish_reason = self._message(completion, list(prompt_ids), tools, stops)
+            choice: Dict[str, Any] = {"index": index, "message": message, "finish_reason": finish_reason}
+            if body.get("logprobs"):
+                choice["logprobs"] = {"content": self._logprobs(completion)}
+            if body.get("return_token_ids"):
+                choice["token_ids"] = completion.ids
+            choices.append(choice)
+        reply = self._reply("chat.completion", choices, prompt_ids, completions)
+        if body.get("return_token_ids"):
+            reply["prompt_token_ids"] = list(prompt_ids)
+        return reply
+
+    def generate(self, body: Dict[str, Any], episode: str) -> Dict[str, Any]:
+        if body.get("model") is not None:
+            self._check_model(body)
+        prompt_ids = body.get("token_ids")
+        if not isinstance(prompt_ids, list) or not prompt_ids or not all(isinstance(t, int) for t in prompt_ids):
+            raise BadRequest("token_ids: a list of at least one token id")
+        sampling = body.get("sampling_params") or {}
+        request = self._request(prompt_ids, sampling, sampling.get("max_tokens"))
+        completions = self.complete([request] * _count(sampling), episode)
+        choices = [
+            {
+                "index": index,
+                "token_ids": completion.ids,
+                "logprobs": {"content": self._logprobs(completion)},
+                "finish_reason": completion.finish_reason,
+            }
+            for index, completion in enumerate(completions)
+        ]
+        reply = self._reply("generate", choices, prompt_ids, completions)
+        reply.update(output_mode="tokens", prompt_token_ids=list(prompt_ids))
+        return reply
+
+    def _check_model(self, body: Dict[str, Any]) -> None:
+        if body.get("model") != self.model_name:
+            raise BadRequest(
+                f"The model `{body.get('model')}` does not exist: this endpoint serves `{self.model_name}`", 404
+            )
+
+    def _request(self, prompt_ids: Sequence[int], sampling: Dict[str, Any], max_tokens: Optional[int]) -> Request:
+        room = self.max_model_len - len(prompt_ids)
+        if room <= 0:
+            raise BadRequest(f"the prompt is {len(prompt_ids)} tokens; the model takes {self.max_model_len} in all")
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+            raise BadRequest(f"max_tokens: a whole number of at least 1, not {max_tokens!r}")
+        temperature = sampling.get("temperature")
+        top_p = sampling.get("top_p")
+        return Request(
+            prompt_ids=tuple(prompt_ids),
+            max_tokens=min(max_tokens or room, room),
+            temperature=1.0 if temperature is None else float(temperature),
+            top_p=1.0 if top_p is None else float(top_p),
+            stop_token_ids=self.stop_token_ids + tuple(sampling.get("stop_token_ids") or ()),
+        )
+
+    def _message(
+        self, completion: Completion, prompt_ids: List[int], tools: Optional[List[Any]], stops: List[str]
+    ) -> Tuple[Dict[str, Any], str]:
+        parsed = parse_response(self.tokenizer, completion.ids, prefix=prompt_ids, tools=tools)
+        content = parsed.get("content") or ""
+        finish_reason = completion.finish_reason
+        # as OpenAI's: the text up to the stop string, which it leaves out
+        cut = min((content.find(stop) for stop in stops if stop in content), default=-1)
+        if cut >= 0:
+            content = content[:cut]
+        calls = [
+            {
+                "id": f"call_{secrets.token_hex(8)}",
+                "type": "function",
+                "function": {"name": call["function"]["name"], "arguments": json.dumps(call["function"]["arguments"])},
+            }
+            for call in parsed.get("tool_calls") or []
+        ]
+        message: Dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
+        if calls:
+            message["tool_calls"] = calls
+            finish_reason = "tool_calls"
+        return message, finish_reason
+
+    def _logprobs(self, completion: Completion) -> List[Dict[str, Any]]:
+        return [
+            {"token": f"token_id:{token}", "token_id": token, "logprob": logprob, "top_logprobs": []}
+            for token, logprob in zip(completion.ids, completion.logprobs)
+        ]
+
+    def _reply(
+        self, kind: str, choices: List[Dict[str, Any]], prompt_ids: Sequence[int], completions: List[Completion]
+    ) -> Dict[str, Any]:
+        written = sum(len(completion.ids) for completion in completions)
+        usage = {"prompt_tokens": len(prompt_ids), "completion_tokens": written}
+        usage["total_tokens"] = len(prompt_ids) + written
+        return {
+            "id": f"{kind}-{secrets.token_hex(12)}",
+            "object": kind,
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": usage,
+        }
+
+
+def _count(body: Dict[str, Any]) -> int:
+    n = body.get("n")
+    if n is None:
+        return 1
+    if not isinstance(n, int) or not 1 <= n <= 64:
+        raise BadRequest(f"n: a whole number from 1 to 64, not {n!r}")
+    return n
+
+
+def _template_messages(messages: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """OpenAI's messages as chat templates take them: text parts joined, a call's arguments parsed from their JSON,
+    a tool result named by the call it answers."""
+    names: Dict[str, str] = {}
+    taken = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            content = "".join(part.get("text", "") for part in content if part.get("type") == "text")
+        turn: Dict[str, Any] = {"role": message.get("role"), "content": content or ""}
+        calls = []
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {}
+            arguments = function.get("arguments") or {}
+            if isinstance(arguments, str):
+                try:
+                    arguments = json.loads(arguments or "{}")
+                except json.JSONDecodeError as error:
+                    raise BadRequest(f"tool_calls: the arguments of {function.get('name')} are not JSON: {error}")
+            names[call.get("id", "")] = function.get("name", "")
+            calls.append({"type": "function", "function": {"name": function.get("name"), "arguments": arguments}})
+        if calls:
+            turn["tool_calls"] = calls
+        if turn["role"] == "tool":
+            turn["name"] = message.get("name") or names.get(message.get("tool_call_id", ""), "")
+        taken.append(turn)
+    return taken
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    served: Endpoint
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, format: str, *args: Any) -> None:
+        # the job's console is for the run; an agent's every call would drown it
+        pass
+
+    def do_GET(self) -> None:
+        self._answer("GET")
+
+    def do_POST(self) -> None:
+        self._answer("POST")
+
+    def _answer(self, method: str) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        scheme, _, given = (self.headers.get("Authorization") or "").partition(" ")
+        if scheme.lower() != "bearer" or not matches(given.encode(), self.served.key):
+            self._send(401, _error("Unauthorized: this endpoint answers its job's own agents only", 401))
+            return
+        found = EPISODE_PATH.match(self.path.split("?", 1)[0])
+        episode, path = (found.group(1), found.group(2)) if found else ("", self.path.split("?", 1)[0])
+        routes = {
+            ("GET", "/v1/models"): lambda _: self.served.models(),
+            ("POST", "/v1/chat/completions"): lambda request: self.served.chat(request, episode),
+            ("POST", "/inference/v1/generate"): lambda request: self.served.generate(request, episode),
+        }
+        route = routes.get((method, path.rstrip("/")))
+        if route is None:
+            self._send(404, _error(f"no {method} {path} here", 404))
+            return
+        try:
+            request = json.loads(body or b"{}")
+            if not isinstance(request, dict):
+                raise BadRequest("the request's body: a JSON object")
+            reply = route(request)
+        except json.JSONDecodeError as error:
+            self._send(400, _error(f"the request's body is not JSON: {error}", 400))
+        except BadRequest as error:
+            self._send(error.status, _error(str(error), error.status))
+        except Exception as error:  # noqa: BLE001 -- the caller gets the engine's error as the server's
+            self._send(500, _error(f"{type(error).__name__}: {error}", 500))
+        else:
+            if request.get("stream"):
+                self._stream(reply, request)
+            else:
+                self._send(200, reply)
+
+    def _send(self, status: int, reply: Dict[str, Any]) -> None:
+        data = json.dumps(reply).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _stream(self, reply: Dict[str, Any], request: Dict[str, Any]) -> None:
+        """A reply as server-sent events, as OpenAI streams it: each choice whole in one chunk, its end in the
+        next, the usage last where asked for."""
+        kind = "chat.completion.chunk" if reply["object"] == "chat.completion" else reply["object"]
+        chunks = []
+        for choice in reply["choices"]:
+            delta = dict(choice.pop("message", {}))
+            for index, call in enumerate(delta.get("tool_calls") or []):
+                call["index"] = index
+            chunks.append([{**choice, "delta": delta, "finish_reason": None}])
+            chunks.append([{"index": choice["index"], "delta": {}, "finish_reason": choice["finish_reason"]}])
+        events = [{**reply, "object": kind, "choices": choices, "usage": None} for choices in chunks]
+        if (request.get("stream_options") or {}).get("include_usage"):
+            events.append({**reply, "object": kind, "choices": []})
+        data = b"".join(b"data: " + json.dumps(event).encode() + b"\n\n" for event in events) + b"data: [DONE]\n\n"
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def _error(message: str, status: int) -> Dict[str, Any]:
+    kinds = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 500: "InternalServerError"}
+    return {"error": {"message": message, "type": kinds.get(status, "Error"), "code": status}}
