@@ -14,11 +14,15 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_HOME"] = tempfile.mkdtemp(prefix="posttrain-tests-hf-")
 
 import pytest
+from trl.chat_template_utils import add_response_schema
 from xdist.scheduler import LoadScopeScheduling
 
 # the job side's logging set-up (bitsandbytes' import-time warning quieted) before any test imports PEFT
 import posttrain.entrypoints  # noqa: F401
 from helpers import HEARTBEAT_S, JOB_TOKEN, MISTRAL_FORMATS, REPO, STALE_S, assert_succeeded, run_template
+from posttrain.components.spec.sections import ModelSpec
+from posttrain.entrypoints.inputs.models import load_tokenizer
+from posttrain.entrypoints.inputs.tiny import NAME_TOOLS
 
 
 @pytest.fixture
@@ -115,6 +119,14 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], check=True)
     yield mount
     subprocess.run(["umount", str(mount)], check=True)
+
+
+@pytest.fixture(scope="session")
+def tools_tokenizer() -> Any:
+    """The tiny tools model's real tokenizer, with the schema TRL reads its calls back with."""
+    found = load_tokenizer(NAME_TOOLS, ModelSpec(name_or_path=NAME_TOOLS), "left")
+    add_response_schema(found)
+    return found
 
 
 @pytest.fixture(scope="session")

@@ -61,6 +61,9 @@ _EVALUATION_NOTES: Dict[str, str] = {
     "evaluate: the spec's own); get_reward() is a scorer named by its class, or by its name among several.",
     "require_min_samples": "The scored samples a scorer's metric needs for a require condition to hold on it "
     "(default 16): on fewer, the condition does not hold and says why.",
+    "agent": "An agent written as a program plays each sample's episode (function: module:solve, an async "
+    "function of (client, model, row) talking to the model through the job's OpenAI-compatible endpoint); its "
+    "reward is a scorer named by the function (docs: Agents).",
 }
 # Hover text for fields that have no docstring of their own (pydantic fields here carry none).
 FIELD_NOTES: Dict[str, Dict[str, str]] = {
@@ -209,6 +212,12 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "args": "The keyword arguments the class is built with.",
         "timeout_s": f"Seconds building it, or one call of a method, may take (unset: {USER_CODE_TIMEOUT_S:g}); past "
         "it the job ends in one line naming it.",
+    },
+    "AgentProgram": {
+        "function": "module:function, importable in the job: async def solve(client, model, row) -> reward, or "
+        "{'reward': ..., 'metrics': {...}}; client is an openai.AsyncOpenAI pointed at the job's endpoint.",
+        "timeout_s": f"Seconds one episode may take (unset: {USER_CODE_TIMEOUT_S:g}); an episode past it scores 0 "
+        "and is counted in episodes.errors.",
     },
     "ToolSource": {
         "function": "module:function, importable in the job; its name, typed arguments and docstring (Args:) are "

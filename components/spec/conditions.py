@@ -35,7 +35,7 @@ COMPARISONS: Dict[str, Callable[[float, float], bool]] = {
 # where an evaluation's episodes are counted (a sample is one where the spec gives tools or an environment):
 # <model>.episodes.<count>, a count of scores.episode_counts
 EPISODES = "episodes"
-EPISODE_COUNTS = ("calls", "failed_calls", "turns", "hit_limit", "tokens")
+EPISODE_COUNTS = ("calls", "failed_calls", "turns", "hit_limit", "tokens", "errors")
 # the scored samples a scorer's metric needs, where require_min_samples is not set: fewer say little (a mean of 0 or
 # 1 on a handful of samples is noise), and a tiny evaluation (a few prompts, 4 samples each) has as many
 MIN_SAMPLES = 16

@@ -8,6 +8,7 @@ from posttrain.components.spec import conditions
 from posttrain.components.spec.messages import cut
 from posttrain.components.spec.sections import (
     PROMPT_FORMATS,
+    AgentProgram,
     AgentSection,
     DataSource,
     DataSpec,
@@ -114,6 +115,8 @@ class Evaluation(AgentSection):
     each sample is an episode, as GRPO's rollouts are. ``posttrain.eval``'s spec (evaluation.py) and a training
     spec's ``evaluate:`` section are each one."""
 
+    # an agent written as a program plays each sample's episode (its own tools, if any), scored by its reward
+    agent: Optional[AgentProgram] = None
     # held-out prompts the models complete and the scorers score; or only benchmarks, or both
     data: Optional[EvalData] = None
     rewards: List[RewardSource] = []
@@ -141,7 +144,10 @@ class Evaluation(AgentSection):
             for reward in self.rewards
         ]
         numbered = [f"{name}_{index}" if names.count(name) > 1 else name for index, name in enumerate(names)]
-        return numbered + self.environment_scorers()
+        return numbered + self.environment_scorers() + ([self.agent.scorer_name()] if self.agent else [])
+
+    def is_agentic(self) -> bool:
+        return super().is_agentic() or self.agent is not None
 
     def environment_scorers(self) -> List[str]:
         """The scorer each environment's ``get_reward`` is (where its class has one): named by its class (``Room``
@@ -149,6 +155,29 @@ class Evaluation(AgentSection):
         if isinstance(self.environment, dict):
             return list(self.environment)
         return [self.environment.factory.rpartition(":")[2].rpartition(".")[2]] if self.environment else []
+
+    def _program_problems(self, names: List[str]) -> List[str]:
+        """An agent program beside what would play the episodes for it, or named as another scorer is."""
+        assert self.agent is not None
+        found = []
+        if self.tools or self.environment is not None:
+            found.append(
+                "agent: an agent program makes its own calls through the endpoint; give tools and environment, or "
+                "agent, not both"
+            )
+        if self.generation.max_tool_calling_iterations is not None:
+            found.append("generation.max_tool_calling_iterations: an agent program bounds its own rounds; drop it")
+        if self.generation.engine == "vllm":
+            found.append(
+                "generation.engine: vllm does not serve agent programs yet (their endpoint generates in "
+                "transformers); use auto or transformers"
+            )
+        if names.count(self.agent.scorer_name()) > 1:
+            found.append(
+                f"agent.function: its reward's name in the summary, {self.agent.scorer_name()}, is another scorer's "
+                "too; give the function another name"
+            )
+        return found
 
     def evaluation_problems(self, models: Sequence[str]) -> List[str]:
         """What is wrong with the scorers, the generation settings, pass@k and ``require`` (naming ``models``),
@@ -159,7 +188,7 @@ class Evaluation(AgentSection):
                 "data.eval: give held-out prompts (data.eval) and scorers (rewards), or benchmarks (tasks of "
                 "lm-evaluation-harness), or both"
             )
-        elif self.data is not None and not self.rewards and self.environment is None:
+        elif self.data is not None and not self.rewards and self.environment is None and self.agent is None:
             found.append("rewards: name at least one scorer (e.g. - builtin: contains, args: {column: answer})")
         elif self.data is None and self.rewards:
             found.append("data.eval: the scorers (rewards) score completions of held-out prompts; give them there")
@@ -175,6 +204,8 @@ class Evaluation(AgentSection):
                 found.append(f"rewards.{index}.weight: an evaluation reports each scorer apart, unweighted; drop it")
         found += self.generation.problems() + self.agent_problems()
         rounds = self.generation.max_tool_calling_iterations
+        if self.agent is not None:
+            found += self.agent.problems("agent") + self._program_problems(names)
         if rounds is not None and not self.is_agentic():
             found.append(
                 f"generation.max_tool_calling_iterations: {rounds} bounds the rounds of tool calls in an episode, and "
@@ -182,8 +213,8 @@ class Evaluation(AgentSection):
             )
         if self.is_agentic() and self.data is None:
             found.append(
-                "data.eval: tools and environments play episodes of held-out prompts; give them (data.eval), or drop "
-                "tools and environment"
+                "data.eval: tools, environments and agents play episodes of held-out prompts; give them (data.eval), "
+                "or drop tools, environment and agent"
             )
         if self.is_agentic() and conditions.EPISODES in names:
             found.append(

@@ -162,6 +162,26 @@ class EnvironmentSource(Strict):
         return ([problem] if problem is not None else []) + timeout_problems(where, self.timeout_s)
 
 
+class AgentProgram(Strict):
+    """An agent written as a program that talks to the model through an OpenAI-compatible endpoint: ``async def
+    solve(client, model, row)``, called once per episode with an ``openai.AsyncOpenAI`` pointed at the job's
+    endpoint, the model's name to pass, and the row; it returns the episode's reward, or ``{"reward": ...,
+    "metrics": {...}}`` (docs: Agents)."""
+
+    # "module:function", an async function importable in the job
+    function: str
+    # how long one episode may take (None: USER_CODE_TIMEOUT_S); an episode past it scores 0
+    timeout_s: Optional[float] = None
+
+    def problems(self, where: str) -> List[str]:
+        problem = import_path_problem(f"{where}.function", self.function, "module:function (e.g. my_agent:solve)")
+        return ([problem] if problem is not None else []) + timeout_problems(where, self.timeout_s)
+
+    def scorer_name(self) -> str:
+        """Its reward's name in a summary: the function's (``solve`` for ``my_agent:solve``)."""
+        return self.function.rpartition(":")[2].rpartition(".")[2]
+
+
 class AgentSection(Strict):
     """What a model may call while it answers, as GRPO trains it and an evaluation judges it: ``tools``, and one
     ``environment`` for every row or several by name (each row's ``environment`` column names its own)."""

@@ -30,6 +30,7 @@ import torch
 from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving, parse_response
 
 from posttrain.components.spec.judging import GenerationSpec
+from posttrain.entrypoints.generation.engine import end_tokens
 from posttrain.entrypoints.generation.sampling import sampling_from_the_logits
 from posttrain.entrypoints.inputs.tools import ENVIRONMENT_HOOKS
 
@@ -55,6 +56,10 @@ class Episode:
     hit_limit: bool = False
     # the tokens the model wrote (the results' tokens not counted)
     tokens: int = 0
+    # an agent program's own outcome (programs.py): its reward (0 where it failed), its metrics, its error
+    reward: Optional[float] = None
+    metrics: Dict[str, float] = dataclasses.field(default_factory=dict)
+    error: Optional[str] = None
 
     def answer(self) -> str:
         """The text of the model's last turn."""
@@ -68,6 +73,7 @@ class Episode:
             "turns": self.turns,
             "hit_limit": self.hit_limit,
             "tokens": self.tokens,
+            "errors": int(self.error is not None),
         }
 
 
@@ -297,8 +303,7 @@ def _generate(model: Any, tokenizer: Any, ids: List[int], generation: Generation
             use_cache=True,
             **settings,
         )
-    ends = model.generation_config.eos_token_id
-    ends = set(ends if isinstance(ends, list) else [ends]) | {tokenizer.eos_token_id}
+    ends = end_tokens(model, tokenizer)
     new = generated[0, len(ids) :].tolist()
     cut = next((index + 1 for index, token in enumerate(new) if token in ends), len(new))
     return new[:cut]

@@ -25,10 +25,11 @@ from trl.chat_template_utils import add_response_schema
 
 from posttrain.components.spec import conditions
 from posttrain.components.spec.messages import SpecError
-from posttrain.entrypoints.evaluation import benchmarks, episodes, results, sampling, scores, scoring, trust
+from posttrain.entrypoints.evaluation import benchmarks, episodes, programs, results, sampling, scores, scoring, trust
 from posttrain.entrypoints.evaluation.files import PARTS_DIR, PLOT_FILE, SAMPLES_FILE, SUMMARY_FILE
 from posttrain.entrypoints.evaluation.parts import EvalParts
 from posttrain.entrypoints.evaluation.sampling import prompt_seed, sample, sample_with_vllm, vllm_turns
+from posttrain.entrypoints.generation.endpoint import over_model
 from posttrain.entrypoints.generation.sampling import prompt_ids
 from posttrain.entrypoints.inputs.data import load_split
 from posttrain.entrypoints.inputs.models import CAUSAL_LM, ModelLoading, check_model_path, load_model, load_tokenizer
@@ -81,6 +82,8 @@ class Inputs:
     tasks: Any
     # what each sample may call, where it is an episode; None: a completion
     agent: Optional[episodes.Agent] = None
+    # the agent program that plays each episode instead
+    program: Optional[programs.Program] = None
 
 
 def check(evaluation: EvalParts, made_later: Sequence[str] = ()) -> Inputs:
@@ -91,11 +94,15 @@ def check(evaluation: EvalParts, made_later: Sequence[str] = ()) -> Inputs:
         prompts = load_split(evaluation.data, evaluation.data_formats, "eval", evaluation.generation.seed)
         check_reward_columns(evaluation.rewards, False, [("data.eval", prompts)])
     scorers = dict(zip(evaluation.scorer_names, resolve_rewards(evaluation.rewards)))
-    agent = None
+    agent, program = None, None
     if evaluation.tools or evaluation.environment is not None:
         agent = _agent(evaluation, prompts)
         scorers.update(_environment_scorers(evaluation, agent))
-    engine = sampling.engine(evaluation.generation)
+    if evaluation.agent is not None:
+        program = programs.resolve(evaluation.agent)
+        scorers[evaluation.agent.scorer_name()] = scoring.program_scorer()
+    # an agent program's endpoint generates in transformers (the spec refuses engine: vllm for it)
+    engine = sampling.engine(evaluation.generation) if program is None else "transformers"
     for where, name_or_path in evaluation.named_models:
         if name_or_path not in made_later:
             check_model_path(name_or_path, where)
@@ -107,7 +114,7 @@ def check(evaluation: EvalParts, made_later: Sequence[str] = ()) -> Inputs:
                 _check_episode_template(tokenizer, model_spec.name_or_path)
     # rank 0 runs the benchmarks: the harness's index of tasks is its alone (and takes seconds)
     tasks = benchmarks.task_manager(evaluation.benchmarks) if evaluation.benchmarks and distributed.is_rank0() else None
-    return Inputs(prompts, scorers, engine, tasks, agent)
+    return Inputs(prompts, scorers, engine, tasks, agent, program)
 
 
 def _check_episode_template(tokenizer: Any, name_or_path: str) -> None:
@@ -176,12 +183,12 @@ def evaluate(evaluation: EvalParts, checked: Optional[Inputs] = None) -> Optiona
                 "engine": engine,
             }
             scorers_code = trust.scorer_fingerprints(evaluation.rewards)
-            if inputs.agent is None:
+            if not evaluation.is_agentic:
                 # what decides the scores of the samples (trust.py): new scorers re-score what was sampled
                 record["scorers"] = scorers_code
             else:
                 record["agent"] = {
-                    **trust.agent_fingerprints(evaluation.tools, evaluation.environment),
+                    **trust.agent_fingerprints(evaluation.tools, evaluation.environment, evaluation.agent),
                     "scorers": scorers_code,
                 }
             finished, rescore = results.finished(output_dir, record, evaluation.overwrite)
@@ -213,7 +220,7 @@ def evaluate(evaluation: EvalParts, checked: Optional[Inputs] = None) -> Optiona
                 for name in models:
                     left = [index for index in mine if (name, index) not in done]
                     if left:
-                        _evaluate_model(evaluation, name, prompts, left, scorers, part, engine, inputs.agent)
+                        _evaluate_model(evaluation, name, inputs, left, scorers, part)
         _wait(waiting)
         if evaluation.benchmarks is not None:
             # rank 0 runs each model's tasks while the others wait
@@ -316,16 +323,14 @@ def _run_benchmarks(evaluation: EvalParts, output_dir: Path, manager: Any) -> No
 def _evaluate_model(
     evaluation: EvalParts,
     name: str,
-    prompts: Any,
+    inputs: Inputs,
     indices: List[int],
     scorers: Dict[str, Callable[..., Any]],
     part: Any,
-    engine: str,
-    agent: Optional[episodes.Agent],
 ) -> None:
     """One model's completions (or episodes) of this rank's ``indices``, scored, each prompt a line of ``part`` once
-    done (with vLLM, once all this rank's prompts are sampled)."""
-    generation = evaluation.generation
+    done (with vLLM, or an agent program, once all this rank's prompts are played)."""
+    generation, prompts, engine, agent = evaluation.generation, inputs.prompts, inputs.engine, inputs.agent
     model_spec = evaluation.models[name]
     seeds = [prompt_seed(generation, index) for index in indices]
     if engine == "vllm" and agent is not None:
@@ -345,6 +350,18 @@ def _evaluate_model(
             results.write(part, scoring.result(name, index, prompts[index], texts, scorers))
         return
     model, tokenizer = _loaded(evaluation, name)
+    if inputs.program is not None:
+        tokenizer = _episodes_tokenizer(tokenizer)
+        torch.manual_seed(seeds[0])
+        template = episodes.training_template(tokenizer)
+        sampled = (generation.temperature, generation.top_p)
+        rows = [prompts[index] for index in indices]
+        with over_model(model, tokenizer, template, name, sampled, generation.max_new_tokens).serving() as endpoint:
+            all_played = programs.play(endpoint, inputs.program, name, rows, generation.num_samples)
+        for index, played in zip(indices, all_played):
+            texts = [episode.answer() for episode in played]
+            results.write(part, scoring.result(name, index, prompts[index], texts, scorers, played))
+        return
     if agent is not None:
         tokenizer = _episodes_tokenizer(tokenizer)
         template = episodes.training_template(tokenizer)
@@ -396,7 +413,7 @@ def _summarise(
     with open(output_dir / SAMPLES_FILE, "w") as out:
         out.writelines(json.dumps(sample) + "\n" for sample in samples)
     summary = scores.summarise(samples, models, scorer_list, evaluation.pass_at_k)
-    if evaluation.tools or evaluation.environment is not None:
+    if evaluation.is_agentic:
         summary["episodes"] = scores.episode_counts(samples, models)
     if evaluation.benchmarks is not None:
         summary["benchmarks"] = {

@@ -124,7 +124,7 @@ def episode_counts(samples: Sequence[Mapping[str, Any]], models: Sequence[str]) 
     found: Dict[str, Dict[str, Any]] = {}
     for model in models:
         played = [sample["episode"] for sample in samples if sample["model"] == model]
-        totals = {count: sum(float(episode[count]) for episode in played) for count in EPISODE_COUNTS}
+        totals = {count: sum(float(episode.get(count, 0)) for episode in played) for count in EPISODE_COUNTS}
         per_episode = max(len(played), 1)
         found[model] = {
             "episodes": len(played),
@@ -133,5 +133,7 @@ def episode_counts(samples: Sequence[Mapping[str, Any]], models: Sequence[str]) 
             "turns": totals["turns"] / per_episode,
             "hit_limit": totals["hit_limit"] / per_episode,
             "tokens": totals["tokens"] / per_episode,
+            # the share of an agent program's episodes that raised or ran out of time (each scored 0)
+            "errors": totals["errors"] / per_episode,
         }
     return found

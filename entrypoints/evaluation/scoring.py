@@ -46,6 +46,15 @@ def environment_scorer(name: Optional[str]) -> Callable[..., List[Any]]:
     return get_reward
 
 
+def program_scorer() -> Callable[..., List[Any]]:
+    """An agent program's reward as a scorer: what each episode's program returned (0 where it failed)."""
+
+    def reward(agent_rewards: List[float], **columns: Any) -> List[float]:
+        return agent_rewards
+
+    return reward
+
+
 def result(
     name: str,
     index: int,
@@ -67,12 +76,17 @@ def result(
         completions = [episode.messages for episode in episodes]
         if any(episode.environment is not None for episode in episodes):
             columns["environments"] = [episode.environment for episode in episodes]
+        if any(episode.reward is not None for episode in episodes):
+            columns["agent_rewards"] = [episode.reward for episode in episodes]
     # what the scorers logged of each completion (TRL's log_extra: code_tests' failures), kept with it
     extra: Dict[str, List[Any]] = {}
     scored = {scorer: scores(function, prompts, completions, columns, extra) for scorer, function in scorers.items()}
     result = {"model": name, "index": index, "prompt": prompt, "completions": texts, "scores": scored}
     if episodes is not None:
         result["episodes"] = [{"messages": episode.messages, **episode.counts()} for episode in episodes]
+        for kept, episode in zip(result["episodes"], episodes):
+            if episode.reward is not None:
+                kept.update(error=episode.error, metrics=episode.metrics)
     if extra:
         result["extra"] = extra
     return result

@@ -30,7 +30,7 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Union
 from posttrain.components.spec import code_runs
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.rewards import BUILTIN_REWARDS
-from posttrain.components.spec.sections import EnvironmentSource, RewardSource, ToolSource
+from posttrain.components.spec.sections import AgentProgram, EnvironmentSource, RewardSource, ToolSource
 from posttrain.entrypoints.evaluation.files import SAMPLES_FILE, SUMMARY_FILE
 from posttrain.entrypoints.records.fingerprints import file_digest, model_fingerprint
 
@@ -62,16 +62,22 @@ def scorer_fingerprints(rewards: Sequence[RewardSource]) -> Dict[str, Any]:
 
 
 def agent_fingerprints(
-    tools: Sequence[ToolSource], environment: Union[EnvironmentSource, Dict[str, EnvironmentSource], None]
+    tools: Sequence[ToolSource],
+    environment: Union[EnvironmentSource, Dict[str, EnvironmentSource], None],
+    program: Optional[AgentProgram],
 ) -> Dict[str, Any]:
-    """What decides an episode besides the model: each tool's and environment's module (its file's bytes)."""
+    """What decides an episode besides the model: each tool's, environment's and agent program's module (its
+    file's bytes)."""
     environments = environment if isinstance(environment, dict) else {"": environment} if environment else {}
-    return {
+    found: Dict[str, Any] = {
         "tools": [_module_digest(tool.function.partition(":")[0]) for tool in tools],
         "environments": {
             name: _module_digest(source.factory.partition(":")[0]) for name, source in environments.items()
         },
     }
+    if program is not None:
+        found["program"] = _module_digest(program.function.partition(":")[0])
+    return found
 
 
 def _module_digest(module: str) -> Optional[str]:

@@ -32,7 +32,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from trl.chat_template_utils import parse_response
 
-from posttrain.entrypoints.generation.engine import Completion, Engine, Request
+from posttrain.entrypoints.generation.engine import Completion, Engine, Request, end_tokens, transformers_engine
 from posttrain.entrypoints.generation.vllm_token import matches
 
 # a request waits this long for others to join its batch (an agent's episodes call side by side)
@@ -48,6 +48,9 @@ class Call:
     completion_ids: List[int]
     logprobs: List[float]
     finish_reason: str
+    # a chat call's: its messages as rendered, and the reply (None: a call of the token API)
+    messages: Optional[List[Dict[str, Any]]] = None
+    reply: Optional[Dict[str, Any]] = None
 
 
 class BadRequest(ValueError):
@@ -61,7 +64,8 @@ class BadRequest(ValueError):
 class Endpoint:
     """The endpoint, serving ``model_name`` from ``engine`` while :meth:`serving`; ``template``: the chat template
     to render with (None: the tokenizer's own); ``stop_token_ids``: the model's end tokens, where every
-    completion stops (besides a request's own)."""
+    completion stops (besides a request's own); ``sampling``: the temperature and top-p of a request that gives
+    none; ``max_tokens``: the most tokens a completion may have (None: what the model's length leaves)."""
 
     def __init__(
         self,
@@ -72,15 +76,18 @@ class Endpoint:
         max_model_len: int,
         stop_token_ids: Sequence[int],
         key: Optional[str] = None,
+        sampling: Tuple[float, float] = (1.0, 1.0),
+        max_tokens: Optional[int] = None,
     ) -> None:
         self.engine, self.tokenizer, self.template = engine, tokenizer, template
         self.model_name, self.max_model_len = model_name, max_model_len
         self.stop_token_ids = tuple(stop_token_ids)
+        self.sampling, self.max_tokens = sampling, max_tokens
         self.key = key or secrets.token_urlsafe(24)
         self._calls: Dict[str, List[Call]] = {}
         self._lock = threading.Lock()
         self._waiting: "queue.Queue[Optional[Tuple[Request, Future]]]" = queue.Queue()
-        self._server: Optional[http.server.ThreadingHTTPServer] = None
+        self._server: Optional[_Server] = None
 
     @contextlib.contextmanager
     def serving(self, host: str = "127.0.0.1", port: int = 0) -> Iterator["Endpoint"]:
@@ -89,8 +96,7 @@ class Endpoint:
         class Handler(_Handler):
             served = endpoint
 
-        self._server = http.server.ThreadingHTTPServer((host, port), Handler)
-        self._server.daemon_threads = True
+        self._server = _Server((host, port), Handler)
         threads = [threading.Thread(target=self._server.serve_forever, daemon=True)]
         threads.append(threading.Thread(target=self._batches, daemon=True))
         for thread in threads:
@@ -115,20 +121,19 @@ class Endpoint:
         with self._lock:
             return list(self._calls.get(episode or "", []))
 
-    def complete(self, requests: Sequence[Request], episode: str, stops: Sequence[str] = ()) -> List[Completion]:
+    def complete(self, requests: Sequence[Request], stops: Sequence[str] = ()) -> List[Completion]:
         """``requests`` generated (together with any others waiting), each cut where its text first holds one of
-        ``stops``, and recorded under ``episode``."""
+        ``stops``."""
         futures = []
         for request in requests:
             future: Future = Future()
             self._waiting.put((request, future))
             futures.append(future)
-        completions = [self._cut(future.result(), stops) for future in futures]
+        return [self._cut(future.result(), stops) for future in futures]
+
+    def _record(self, episode: str, calls: List[Call]) -> None:
         with self._lock:
-            self._calls.setdefault(episode, []).extend(
-                Call(list(r.prompt_ids), c.ids, c.logprobs, c.finish_reason) for r, c in zip(requests, completions)
-            )
-        return completions
+            self._calls.setdefault(episode, []).extend(calls)
 
     def _cut(self, completion: Completion, stops: Sequence[str]) -> Completion:
         """``completion`` up to the token that completes its first stop string, if any: the tokens the caller saw."""
@@ -183,16 +188,19 @@ class Endpoint:
         request = self._request(prompt_ids, body, body.get("max_completion_tokens") or body.get("max_tokens"))
         stops = body.get("stop") or []
         stops = [stops] if isinstance(stops, str) else list(stops)
-        completions = self.complete([request] * _count(body), episode, stops)
-        choices = []
+        completions = self.complete([request] * _count(body), stops)
+        choices, calls = [], []
         for index, completion in enumerate(completions):
             message, finish_reason = self._message(completion, list(prompt_ids), tools, stops)
+            said = _template_messages([message])[0]
+            calls.append(Call(list(prompt_ids), completion.ids, completion.logprobs, finish_reason, messages, said))
             choice: Dict[str, Any] = {"index": index, "message": message, "finish_reason": finish_reason}
             if body.get("logprobs"):
                 choice["logprobs"] = {"content": self._logprobs(completion)}
             if body.get("return_token_ids"):
                 choice["token_ids"] = completion.ids
             choices.append(choice)
+        self._record(episode, calls)
         reply = self._reply("chat.completion", choices, prompt_ids, completions)
         if body.get("return_token_ids"):
             reply["prompt_token_ids"] = list(prompt_ids)
@@ -206,7 +214,8 @@ class Endpoint:
             raise BadRequest("token_ids: a list of at least one token id")
         sampling = body.get("sampling_params") or {}
         request = self._request(prompt_ids, sampling, sampling.get("max_tokens"))
-        completions = self.complete([request] * _count(sampling), episode)
+        completions = self.complete([request] * _count(sampling))
+        self._record(episode, [Call(list(prompt_ids), c.ids, c.logprobs, c.finish_reason) for c in completions])
         choices = [
             {
                 "index": index,
@@ -232,13 +241,12 @@ class Endpoint:
             raise BadRequest(f"the prompt is {len(prompt_ids)} tokens; the model takes {self.max_model_len} in all")
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise BadRequest(f"max_tokens: a whole number of at least 1, not {max_tokens!r}")
-        temperature = sampling.get("temperature")
-        top_p = sampling.get("top_p")
+        temperature, top_p = sampling.get("temperature"), sampling.get("top_p")
         return Request(
             prompt_ids=tuple(prompt_ids),
-            max_tokens=min(max_tokens or room, room),
-            temperature=1.0 if temperature is None else float(temperature),
-            top_p=1.0 if top_p is None else float(top_p),
+            max_tokens=min(max_tokens or room, self.max_tokens or room, room),
+            temperature=self.sampling[0] if temperature is None else float(temperature),
+            top_p=self.sampling[1] if top_p is None else float(top_p),
             stop_token_ids=self.stop_token_ids + tuple(sampling.get("stop_token_ids") or ()),
         )
 
@@ -288,6 +296,16 @@ class Endpoint:
         }
 
 
+def over_model(
+    model: Any, tokenizer: Any, template: Optional[str], name: str, sampling: Tuple[float, float], max_tokens: int
+) -> Endpoint:
+    """An endpoint serving ``model`` as ``name`` from transformers' ``generate``, up to its length, stopping where
+    its turn ends."""
+    engine = transformers_engine(model, tokenizer)
+    length = model.config.max_position_embeddings
+    return Endpoint(engine, tokenizer, template, name, length, end_tokens(model, tokenizer), None, sampling, max_tokens)
+
+
 def _count(body: Dict[str, Any]) -> int:
     n = body.get("n")
     if n is None:
@@ -324,6 +342,12 @@ def _template_messages(messages: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             turn["name"] = message.get("name") or names.get(message.get("tool_call_id", ""), "")
         taken.append(turn)
     return taken
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    # every episode of a process may connect at once: the default backlog of 5 would refuse them
+    request_queue_size = 1024
+    daemon_threads = True
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):

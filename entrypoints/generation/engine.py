@@ -39,6 +39,13 @@ class Completion:
 Engine = Callable[[Sequence[Request]], List[Completion]]
 
 
+def end_tokens(model: Any, tokenizer: Any) -> List[int]:
+    """Where the model's turn ends: its generation config's end tokens and its tokenizer's."""
+    ends = model.generation_config.eos_token_id
+    ends = ends if isinstance(ends, list) else [] if ends is None else [ends]
+    return sorted(set(ends) | {tokenizer.eos_token_id})
+
+
 def ended(request: Request, ids: List[int], logprobs: List[float]) -> Completion:
     """``ids`` (at least as many as the request may write, unless the model ended) cut at its first stop token, kept,
     or at its ``max_tokens``."""

@@ -12,6 +12,7 @@ import pytest
 
 from helpers import (
     CHAIN_PORTS,
+    REPO,
     assert_calls_the_rooms_tool,
     assert_succeeded,
     ends,
@@ -184,3 +185,42 @@ def test_an_environment_and_a_tool_the_project_never_saw_evaluate_as_counted_by_
         said,
         re.M,
     ), said[-3000:]
+
+
+def test_an_agent_program_plays_the_rooms_through_the_endpoint_as_the_episodes_loop_does(
+    tools_chain: Path, tmp_path: Path
+) -> None:
+    """templates/eval/agent-rooms-tiny.yaml: the chain's models played by an agent written as a program, which calls
+    each model through the job's OpenAI-compatible endpoint and runs the model's calls itself. Its reward shows what
+    GRPO taught, and its gate holds; greedy, every transcript is the one posttrain's own episode loop plays with the
+    room as an environment: the endpoint renders and reads back the conversation as training does."""
+    models = [f"models.{stage}.name_or_path={tools_chain / stage}" for stage in ("sft", "grpo")]
+
+    def evaluate(spec: str, output_dir: Path, *overrides: str) -> Path:
+        args = ["run", "-s", "local_cwd", "posttrain.eval", "--spec", spec, "-j", "1x2"]
+        args += ["--rdzv_port", str(free_port()), *models, f"output_dir={output_dir}", *overrides]
+        assert_succeeded(torchx(args, tmp_path))
+        return output_dir
+
+    played = evaluate("templates/eval/agent-rooms-tiny.yaml", tmp_path / "program")
+    summary = read_json(played / "eval_summary.json")
+    assert [verdict["held"] for verdict in summary["require"]] == [True], summary["require"]
+    assert all(summary["episodes"][model]["errors"] == 0 for model in ("sft", "grpo")), summary["episodes"]
+    assert summary["episodes"]["grpo"]["calls"] > summary["episodes"]["sft"]["calls"] + 0.5, summary["episodes"]
+    # the program's reward is its own verdict on the transcript the endpoint kept: 1 where the last reply is the value
+    rows = (REPO / "templates/data/hidden_values_heldout.jsonl").read_text().splitlines()
+    for sample in assert_counted_by_hand(played):
+        said = sample["episode"]["messages"][-1]
+        answer = json.loads(rows[sample["index"]])["answer"]
+        assert sample["scores"]["solve"] == float(said["role"] == "assistant" and said["content"].strip() == answer)
+
+    greedy = ["generation.temperature=0", "generation.num_samples=1", "require=[]", "~models.sft"]
+    program = evaluate("templates/eval/agent-rooms-tiny.yaml", tmp_path / "greedy-program", *greedy)
+    loop = evaluate(
+        "templates/eval/tools-tiny.yaml", tmp_path / "greedy-loop", *greedy, "generation.engine=transformers"
+    )
+    transcripts = [
+        [json.loads(line)["episode"]["messages"] for line in (where / "eval_samples.jsonl").read_text().splitlines()]
+        for where in (program, loop)
+    ]
+    assert transcripts[0] == transcripts[1] and len(transcripts[0]) == 32

@@ -12,13 +12,10 @@ import openai
 import pytest
 import torch
 import transformers
-from trl.chat_template_utils import add_response_schema
 
-from posttrain.components.spec.sections import ModelSpec
 from posttrain.entrypoints.generation.endpoint import Endpoint
 from posttrain.entrypoints.generation.engine import Completion, Request, transformers_engine
 from posttrain.entrypoints.inputs import tiny
-from posttrain.entrypoints.inputs.models import load_tokenizer
 
 SERVED = "policy"
 PEEK = '<tool_call>\n{"name": "peek", "arguments": {"room": 3}}\n</tool_call><|im_end|>'
@@ -33,10 +30,8 @@ PEEK_TOOL = {
 
 
 @pytest.fixture(scope="module")
-def tokenizer() -> Any:
-    found = load_tokenizer(tiny.NAME_TOOLS, ModelSpec(name_or_path=tiny.NAME_TOOLS), "left")
-    add_response_schema(found)
-    return found
+def tokenizer(tools_tokenizer: Any) -> Any:
+    return tools_tokenizer
 
 
 @pytest.fixture(scope="module")

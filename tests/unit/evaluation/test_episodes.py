@@ -4,16 +4,12 @@ model's part: tests/e2e/test_vllm.py plays the trained model in vLLM)."""
 
 import contextlib
 import re
-from typing import Iterator, List
+from typing import Any, Iterator, List
 
 import pytest
-from trl.chat_template_utils import add_response_schema
 
 from posttrain.components.spec.judging import GenerationSpec
-from posttrain.components.spec.sections import ModelSpec
 from posttrain.entrypoints.evaluation import episodes
-from posttrain.entrypoints.inputs.models import load_tokenizer
-from posttrain.entrypoints.inputs.tiny import NAME_TOOLS
 from posttrain.templates.tools.hidden_value import Room
 
 PEEK = '<tool_call>\n{"name": "peek", "arguments": {}}\n</tool_call><|im_end|>'
@@ -44,10 +40,8 @@ class Scripted:
 
 
 @pytest.fixture(scope="module")
-def tokenizer() -> object:
-    found = load_tokenizer(NAME_TOOLS, ModelSpec(name_or_path=NAME_TOOLS), "left")
-    add_response_schema(found)
-    return found
+def tokenizer(tools_tokenizer: Any) -> Any:
+    return tools_tokenizer
 
 
 def test_episodes_played_together_each_in_its_room_turn_by_turn_with_seeds_of_their_own(tokenizer: object) -> None:
@@ -71,6 +65,7 @@ def test_episodes_played_together_each_in_its_room_turn_by_turn_with_seeds_of_th
                 "turns": 2,
                 "hit_limit": False,
                 "tokens": episode.tokens,
+                "errors": 0,
             }
     # two rounds of the four episodes: a call each, then an answer each, every turn from a seed of its own
     assert [len(asked) for asked in engine.rounds] == [4, 4]

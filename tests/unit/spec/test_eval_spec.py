@@ -323,7 +323,7 @@ def test_an_evaluation_of_agents_takes_grpos_tools_environments_and_turn_limit()
         (
             {"require": ["grpo.episodes.calls_made >= 1"]},
             "require.0: grpo.episodes.calls_made is not counted; an episode counts calls, failed_calls, turns, "
-            "hit_limit, tokens",
+            "hit_limit, tokens, errors",
         ),
         (
             {"tools": [{"function": "not a path"}]},
@@ -333,6 +333,54 @@ def test_an_evaluation_of_agents_takes_grpos_tools_environments_and_turn_limit()
 )
 def test_an_evaluation_of_agents_is_checked_at_submit_as_grpo_is(change: Dict[str, Any], problem: str) -> None:
     raw = {**load_template("eval/tools-tiny.yaml"), **change}
+    with pytest.raises(SpecError) as error:
+        validate_eval(raw)
+    assert problem in error.value.problems, error.value.problems
+
+
+def test_an_agent_program_scores_by_its_function_and_plays_alone() -> None:
+    spec = load_eval("eval/agent-rooms-tiny")
+    assert spec.is_agentic() and spec.scorer_names() == ["exact_match", "solve"]
+    assert spec.agent is not None and spec.agent.function == "posttrain.templates.agents.rooms:solve"
+    raw = load_template("eval/agent-rooms-tiny.yaml")
+    # its reward alone scores: no rewards needed, and its episodes counted for conditions
+    assert validate_eval({**raw, "rewards": [], "require": ["grpo.episodes.errors <= 0.1"]}).scorer_names() == ["solve"]
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (
+            {"environment": {"factory": "posttrain.templates.tools.hidden_value:Room"}},
+            "agent: an agent program makes its own calls through the endpoint; give tools and environment, or agent, "
+            "not both",
+        ),
+        (
+            {"generation": {"max_tool_calling_iterations": 2}},
+            "generation.max_tool_calling_iterations: an agent program bounds its own rounds; drop it",
+        ),
+        (
+            {"generation": {"engine": "vllm"}},
+            "generation.engine: vllm does not serve agent programs yet (their endpoint generates in transformers); "
+            "use auto or transformers",
+        ),
+        (
+            {"rewards": [{"function": "my_scores:solve"}]},
+            "agent.function: its reward's name in the summary, solve, is another scorer's too; give the function "
+            "another name",
+        ),
+        (
+            {"agent": {"function": "rooms.solve"}},
+            "agent.function: expected module:function (e.g. my_agent:solve); got 'rooms.solve'",
+        ),
+        (
+            {"agent": {"function": "rooms:solve", "timeout_s": 0}},
+            "agent.timeout_s: expected seconds above 0 (unset: 600); got 0",
+        ),
+    ],
+)
+def test_an_agent_program_is_checked_at_submit(change: Dict[str, Any], problem: str) -> None:
+    raw = {**load_template("eval/agent-rooms-tiny.yaml"), **change}
     with pytest.raises(SpecError) as error:
         validate_eval(raw)
     assert problem in error.value.problems, error.value.problems
@@ -375,7 +423,9 @@ def test_benchmarks_alone_play_no_episodes_and_a_scorer_name_is_one_scorers() ->
     raw["benchmarks"] = {"tasks": ["answer_form"], "include_path": "templates/eval/tasks"}
     with pytest.raises(SpecError) as error:
         validate_eval(raw)
-    assert error.value.problems[0].startswith("data.eval: tools and environments play episodes of held-out prompts")
+    assert error.value.problems[0].startswith(
+        "data.eval: tools, environments and agents play episodes of held-out prompts"
+    )
     raw = {**load_template("eval/tools-tiny.yaml"), "rewards": [{"function": "my_scores:Room"}], "require": []}
     with pytest.raises(SpecError) as error:
         validate_eval(raw)

@@ -1,0 +1,1 @@
+"""The agent programs the templates run (``agent: {function: posttrain.templates.agents.<module>:<name>}``)."""
