@@ -86,6 +86,8 @@ class Endpoint:
         self.key = key or secrets.token_urlsafe(24)
         self._calls: Dict[str, List[Call]] = {}
         self._lock = threading.Lock()
+        # a fast tokenizer used from two threads at once can fail ("Already borrowed"): one request's at a time
+        self._tokenizing = threading.Lock()
         self._waiting: "queue.Queue[Optional[Tuple[Request, Future]]]" = queue.Queue()
         self._server: Optional[_Server] = None
 
@@ -139,7 +141,9 @@ class Endpoint:
         """``completion`` up to the token that completes its first stop string, if any: the tokens the caller saw."""
         if stops:
             for end in range(1, len(completion.ids) + 1):
-                if any(stop in self.tokenizer.decode(completion.ids[:end]) for stop in stops):
+                with self._tokenizing:
+                    text = self.tokenizer.decode(completion.ids[:end])
+                if any(stop in text for stop in stops):
                     return Completion(completion.ids[:end], completion.logprobs[:end], "stop")
         return completion
 
@@ -177,14 +181,15 @@ class Endpoint:
         messages = _template_messages(body.get("messages") or [])
         if not messages:
             raise BadRequest("messages: at least one message")
-        prompt_ids = self.tokenizer.apply_chat_template(
-            messages,
-            tools=tools,
-            chat_template=self.template,
-            add_generation_prompt=True,
-            tokenize=True,
-            return_dict=True,
-        )["input_ids"]
+        with self._tokenizing:
+            prompt_ids = self.tokenizer.apply_chat_template(
+                messages,
+                tools=tools,
+                chat_template=self.template,
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=True,
+            )["input_ids"]
         request = self._request(prompt_ids, body, body.get("max_completion_tokens") or body.get("max_tokens"))
         stops = body.get("stop") or []
         stops = [stops] if isinstance(stops, str) else list(stops)
@@ -253,7 +258,8 @@ class Endpoint:
     def _message(
         self, completion: Completion, prompt_ids: List[int], tools: Optional[List[Any]], stops: List[str]
     ) -> Tuple[Dict[str, Any], str]:
-        parsed = parse_response(self.tokenizer, completion.ids, prefix=prompt_ids, tools=tools)
+        with self._tokenizing:
+            parsed = parse_response(self.tokenizer, completion.ids, prefix=prompt_ids, tools=tools)
         content = parsed.get("content") or ""
         finish_reason = completion.finish_reason
         # as OpenAI's: the text up to the stop string, which it leaves out

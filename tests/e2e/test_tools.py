@@ -214,7 +214,13 @@ def test_an_agent_program_plays_the_rooms_through_the_endpoint_as_the_episodes_l
         answer = json.loads(rows[sample["index"]])["answer"]
         assert sample["scores"]["solve"] == float(said["role"] == "assistant" and said["content"].strip() == answer)
 
-    greedy = ["generation.temperature=0", "generation.num_samples=1", "require=[]", "~models.sft"]
+    greedy = [
+        "generation.temperature=0",
+        "generation.num_samples=1",
+        "require=[]",
+        "~models.sft",
+        "data.eval.max_rows=16",
+    ]
     program = evaluate("templates/eval/agent-rooms-tiny.yaml", tmp_path / "greedy-program", *greedy)
     loop = evaluate(
         "templates/eval/tools-tiny.yaml", tmp_path / "greedy-loop", *greedy, "generation.engine=transformers"
@@ -223,4 +229,4 @@ def test_an_agent_program_plays_the_rooms_through_the_endpoint_as_the_episodes_l
         [json.loads(line)["episode"]["messages"] for line in (where / "eval_samples.jsonl").read_text().splitlines()]
         for where in (program, loop)
     ]
-    assert transcripts[0] == transcripts[1] and len(transcripts[0]) == 32
+    assert transcripts[0] == transcripts[1] and len(transcripts[0]) == 16
