@@ -14,6 +14,7 @@ import asyncio
 import copy
 import dataclasses
 import inspect
+import math
 import traceback
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -66,7 +67,13 @@ def play(
         async def episode(number: int, sample: int) -> Episode:
             async with at_once:
                 name = f"row{number}-sample{sample}"
-                client = openai.AsyncOpenAI(base_url=endpoint.base_url(name), api_key=endpoint.key, max_retries=0)
+                # the endpoint is this host's: no proxy of the environment's may see the key
+                client = openai.AsyncOpenAI(
+                    base_url=endpoint.base_url(name),
+                    api_key=endpoint.key,
+                    max_retries=0,
+                    http_client=openai.DefaultAsyncHttpxClient(trust_env=False),
+                )
                 async with client:
                     reward, metrics, error = await _outcome(program, client, model, rows[number])
                 return _episode(endpoint, name, rows[number], reward, metrics, error)
@@ -91,13 +98,15 @@ async def _outcome(
     reward, metrics = returned, {}
     if isinstance(returned, dict):
         reward, metrics = returned.get("reward"), returned.get("metrics") or {}
-    if isinstance(reward, bool) or not isinstance(reward, (int, float)):
-        return (
-            0.0,
-            {},
-            f"the program returned {returned!r}; expected a number or {{'reward': <number>, 'metrics': {{...}}}}",
-        )
-    return float(reward), {key: float(value) for key, value in metrics.items()}, None
+    numbers = isinstance(metrics, dict) and all(_number(value) for value in metrics.values())
+    if not _number(reward) or not numbers:
+        expected = "expected a number or {'reward': <number>, 'metrics': {<name>: <number>, ...}}"
+        return 0.0, {}, f"the program returned {returned!r}; {expected}"
+    return float(reward), {str(key): float(value) for key, value in metrics.items()}, None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _episode(

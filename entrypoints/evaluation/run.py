@@ -106,27 +106,27 @@ def check(evaluation: EvalParts, made_later: Sequence[str] = ()) -> Inputs:
     for where, name_or_path in evaluation.named_models:
         if name_or_path not in made_later:
             check_model_path(name_or_path, where)
-    if agent is not None:
+    if agent is not None or program is not None:
         # the chat template renders calls and TRL reads them back: known from the tokenizer, before a model loads
         for model_spec in evaluation.models.values():
             if model_spec.name_or_path not in made_later:
                 tokenizer = load_tokenizer(model_spec.name_or_path, model_spec, "left")
-                _check_episode_template(tokenizer, model_spec.name_or_path)
+                _check_episode_template(tokenizer, model_spec.name_or_path, "agent" if program else "tools")
     # rank 0 runs the benchmarks: the harness's index of tasks is its alone (and takes seconds)
     tasks = benchmarks.task_manager(evaluation.benchmarks) if evaluation.benchmarks and distributed.is_rank0() else None
     return Inputs(prompts, scorers, engine, tasks, agent, program)
 
 
-def _check_episode_template(tokenizer: Any, name_or_path: str) -> None:
+def _check_episode_template(tokenizer: Any, name_or_path: str, where: str) -> None:
     """The model's chat template renders calls, TRL reads them back, and TRL has the template its rollouts were
-    rendered with (episodes.training_template)."""
-    check_tool_template(tokenizer, name_or_path)
+    rendered with (episodes.training_template); ``where``: the spec key that plays episodes (tools or agent)."""
+    check_tool_template(tokenizer, name_or_path, where)
     try:
         episodes.training_template(tokenizer)
     except ValueError:
         raise SpecError(
             [
-                f"tools: {name_or_path}'s chat template renders a turn differently once later messages follow, and "
+                f"{where}: {name_or_path}'s chat template renders a turn differently once later messages follow, and "
                 f"TRL has no training version of it to play episodes with; evaluate a model with one ({TOOL_TEMPLATES})"
             ]
         ) from None

@@ -25,6 +25,7 @@ import json
 import queue
 import re
 import secrets
+import sys
 import threading
 import time
 from concurrent.futures import Future
@@ -90,6 +91,7 @@ class Endpoint:
         self._tokenizing = threading.Lock()
         self._waiting: "queue.Queue[Optional[Tuple[Request, Future]]]" = queue.Queue()
         self._server: Optional[_Server] = None
+        self._closed = threading.Event()
 
     @contextlib.contextmanager
     def serving(self, host: str = "127.0.0.1", port: int = 0) -> Iterator["Endpoint"]:
@@ -106,6 +108,7 @@ class Endpoint:
         try:
             yield self
         finally:
+            self._closed.set()
             self._server.shutdown()
             self._server.server_close()
             self._waiting.put(None)
@@ -126,6 +129,8 @@ class Endpoint:
     def complete(self, requests: Sequence[Request], stops: Sequence[str] = ()) -> List[Completion]:
         """``requests`` generated (together with any others waiting), each cut where its text first holds one of
         ``stops``."""
+        if self._closed.is_set():
+            raise BadRequest("the endpoint is closing: its job's episodes have ended", 503)
         futures = []
         for request in requests:
             future: Future = Future()
@@ -151,6 +156,12 @@ class Endpoint:
         while True:
             first = self._waiting.get()
             if first is None:
+                # what came after the end: failed, not left waiting
+                with contextlib.suppress(queue.Empty):
+                    while True:
+                        late = self._waiting.get_nowait()
+                        if late is not None:
+                            late[1].set_exception(BadRequest("the endpoint closed before generating it", 503))
                 return
             batch, gathered = [first], time.monotonic() + GATHER_S
             with contextlib.suppress(queue.Empty):
@@ -178,7 +189,10 @@ class Endpoint:
     def chat(self, body: Dict[str, Any], episode: str) -> Dict[str, Any]:
         self._check_model(body)
         tools = body.get("tools") or None
-        messages = _template_messages(body.get("messages") or [])
+        given = body.get("messages") or []
+        if not isinstance(given, list) or not all(isinstance(message, dict) for message in given):
+            raise BadRequest("messages: a list of message objects")
+        messages = _template_messages(given)
         if not messages:
             raise BadRequest("messages: at least one message")
         with self._tokenizing:
@@ -192,7 +206,9 @@ class Endpoint:
             )["input_ids"]
         request = self._request(prompt_ids, body, body.get("max_completion_tokens") or body.get("max_tokens"))
         stops = body.get("stop") or []
-        stops = [stops] if isinstance(stops, str) else list(stops)
+        stops = [stops] if isinstance(stops, str) else stops
+        if not isinstance(stops, list) or not all(isinstance(stop, str) and stop for stop in stops):
+            raise BadRequest(f"stop: a string or a list of strings, none empty, not {body.get('stop')!r}")
         completions = self.complete([request] * _count(body), stops)
         choices, calls = [], []
         for index, completion in enumerate(completions):
@@ -215,9 +231,11 @@ class Endpoint:
         if body.get("model") is not None:
             self._check_model(body)
         prompt_ids = body.get("token_ids")
-        if not isinstance(prompt_ids, list) or not prompt_ids or not all(isinstance(t, int) for t in prompt_ids):
-            raise BadRequest("token_ids: a list of at least one token id")
+        if not isinstance(prompt_ids, list) or not prompt_ids or not all(self._token(t) for t in prompt_ids):
+            raise BadRequest(f"token_ids: a list of at least one token id, each below {len(self.tokenizer)}")
         sampling = body.get("sampling_params") or {}
+        if not isinstance(sampling, dict):
+            raise BadRequest("sampling_params: an object")
         request = self._request(prompt_ids, sampling, sampling.get("max_tokens"))
         completions = self.complete([request] * _count(sampling))
         self._record(episode, [Call(list(prompt_ids), c.ids, c.logprobs, c.finish_reason) for c in completions])
@@ -244,16 +262,29 @@ class Endpoint:
         room = self.max_model_len - len(prompt_ids)
         if room <= 0:
             raise BadRequest(f"the prompt is {len(prompt_ids)} tokens; the model takes {self.max_model_len} in all")
-        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+        if max_tokens is not None and (not _whole(max_tokens) or max_tokens < 1):
             raise BadRequest(f"max_tokens: a whole number of at least 1, not {max_tokens!r}")
         temperature, top_p = sampling.get("temperature"), sampling.get("top_p")
+        temperature = self.sampling[0] if temperature is None else temperature
+        top_p = self.sampling[1] if top_p is None else top_p
+        # what one request gets wrong fails its own call, not the batch it would have joined
+        if not _real(temperature) or temperature < 0:
+            raise BadRequest(f"temperature: 0 (greedy) or more, not {temperature!r}")
+        if not _real(top_p) or not 0 < top_p <= 1:
+            raise BadRequest(f"top_p: above 0, at most 1, not {top_p!r}")
+        stop_token_ids = sampling.get("stop_token_ids") or []
+        if not isinstance(stop_token_ids, list) or not all(self._token(token) for token in stop_token_ids):
+            raise BadRequest(f"stop_token_ids: a list of token ids below {len(self.tokenizer)}")
         return Request(
             prompt_ids=tuple(prompt_ids),
             max_tokens=min(max_tokens or room, self.max_tokens or room, room),
-            temperature=self.sampling[0] if temperature is None else float(temperature),
-            top_p=self.sampling[1] if top_p is None else float(top_p),
-            stop_token_ids=self.stop_token_ids + tuple(sampling.get("stop_token_ids") or ()),
+            temperature=float(temperature),
+            top_p=float(top_p),
+            stop_token_ids=self.stop_token_ids + tuple(stop_token_ids),
         )
+
+    def _token(self, token: Any) -> bool:
+        return _whole(token) and 0 <= token < len(self.tokenizer)
 
     def _message(
         self, completion: Completion, prompt_ids: List[int], tools: Optional[List[Any]], stops: List[str]
@@ -312,6 +343,14 @@ def over_model(
     return Endpoint(engine, tokenizer, template, name, length, end_tokens(model, tokenizer), None, sampling, max_tokens)
 
 
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+
+
 def _count(body: Dict[str, Any]) -> int:
     n = body.get("n")
     if n is None:
@@ -355,6 +394,11 @@ class _Server(http.server.ThreadingHTTPServer):
     request_queue_size = 1024
     daemon_threads = True
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a caller that went away (an episode past its time) before its reply: nothing to say on the job's console
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
+
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     served: Endpoint
@@ -371,10 +415,17 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._answer("POST")
 
     def _answer(self, method: str) -> None:
-        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
         scheme, _, given = (self.headers.get("Authorization") or "").partition(" ")
         if scheme.lower() != "bearer" or not matches(given.encode(), self.served.key):
+            # its body unread: the connection ends with the answer
+            self.close_connection = True
             self._send(401, _error("Unauthorized: this endpoint answers its job's own agents only", 401))
+            return
+        try:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        except ValueError:
+            self.close_connection = True
+            self._send(400, _error("Content-Length: a number of bytes", 400))
             return
         found = EPISODE_PATH.match(self.path.split("?", 1)[0])
         episode, path = (found.group(1), found.group(2)) if found else ("", self.path.split("?", 1)[0])
@@ -436,4 +487,5 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
 def _error(message: str, status: int) -> Dict[str, Any]:
     kinds = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 500: "InternalServerError"}
+    kinds[503] = "ServiceUnavailableError"
     return {"error": {"message": message, "type": kinds.get(status, "Error"), "code": status}}

@@ -90,7 +90,10 @@ def _generated(
         generated = model.generate(
             input_ids=input_ids.to(model.device),
             attention_mask=attention_mask.to(model.device),
-            max_new_tokens=max(request.max_tokens for request in batch),
+            # a shorter prompt's longer budget stops where the longest prompt reaches the model's length
+            max_new_tokens=min(
+                max(request.max_tokens for request in batch), model.config.max_position_embeddings - longest
+            ),
             pad_token_id=pad,
             output_logits=True,
             return_dict_in_generate=True,

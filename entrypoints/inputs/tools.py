@@ -130,10 +130,10 @@ def check_environment_column(environments: Dict[str, Any], datasets: Sequence[Tu
             )
 
 
-def check_tool_template(tokenizer: Any, name_or_path: str) -> None:
+def check_tool_template(tokenizer: Any, name_or_path: str, where: str = "tools") -> None:
     """The model's chat template renders a tool call and its result, and TRL reads the calls back from what the
     model writes (it knows the templates of :data:`TOOL_TEMPLATES`, verbatim); else TRL's trainer raises once
-    every model has loaded."""
+    every model has loaded. ``where``: the spec key the calls come from."""
     import copy
 
     from trl.chat_template_utils import add_response_schema, supports_tool_calling
@@ -141,7 +141,7 @@ def check_tool_template(tokenizer: Any, name_or_path: str) -> None:
     if not supports_tool_calling(tokenizer):
         raise SpecError(
             [
-                f"tools: {name_or_path}'s chat template does not render tool calls and their results; train a "
+                f"{where}: {name_or_path}'s chat template does not render tool calls and their results; train a "
                 f"model whose template does ({TOOL_TEMPLATES})"
             ]
         )
@@ -152,7 +152,7 @@ def check_tool_template(tokenizer: Any, name_or_path: str) -> None:
     except ValueError:
         raise SpecError(
             [
-                f"tools: TRL reads the model's tool calls back only for the chat templates it knows verbatim "
+                f"{where}: TRL reads the model's tool calls back only for the chat templates it knows verbatim "
                 f"({TOOL_TEMPLATES}), and {name_or_path}'s is not one of them; train a model with one"
             ]
         ) from None

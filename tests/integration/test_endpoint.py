@@ -219,6 +219,17 @@ def test_bad_requests_are_refused_in_one_line_each(tokenizer: Any) -> None:
             ),
             (raw(endpoint, "POST", "/inference/v1/generate", {"token_ids": [1] * 600}, key), 400),
             (raw(endpoint, "POST", "/inference/v1/generate", {"token_ids": "hi"}, key), 400),
+            (raw(endpoint, "POST", "/inference/v1/generate", {"token_ids": [len(tokenizer)]}, key), 400),
+            (raw(endpoint, "POST", "/inference/v1/generate", {"token_ids": [True]}, key), 400),
+            (
+                raw(
+                    endpoint, "POST", "/v1/chat/completions", {"model": SERVED, "messages": hi, "temperature": -1}, key
+                ),
+                400,
+            ),
+            (raw(endpoint, "POST", "/v1/chat/completions", {"model": SERVED, "messages": hi, "top_p": 0}, key), 400),
+            (raw(endpoint, "POST", "/v1/chat/completions", {"model": SERVED, "messages": hi, "stop": [""]}, key), 400),
+            (raw(endpoint, "POST", "/v1/chat/completions", {"model": SERVED, "messages": ["hi"]}, key), 400),
         ]
     for (status, reply), expected in refused:
         assert status == expected and "\n" not in reply["error"]["message"], reply

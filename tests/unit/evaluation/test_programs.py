@@ -75,6 +75,10 @@ async def says_yes(client: Any, model: str, row: Dict[str, Any]) -> str:
     return "yes"
 
 
+async def measures_in_words(client: Any, model: str, row: Dict[str, Any]) -> Dict[str, Any]:
+    return {"reward": 1.0, "metrics": {"calls": "n/a"}}
+
+
 async def asks_a_model_it_does_not_have(client: Any, model: str, row: Dict[str, Any]) -> float:
     await client.chat.completions.create(model="gpt-4o", messages=row["prompt"])
     return 1.0
@@ -85,7 +89,11 @@ async def asks_a_model_it_does_not_have(client: Any, model: str, row: Dict[str, 
     [
         (raises, "RuntimeError: the agent's own bug"),
         (hangs, "the episode ran past agent.timeout_s (0.5 s)"),
-        (says_yes, "the program returned 'yes'; expected a number or {'reward': <number>, 'metrics': {...}}"),
+        (
+            says_yes,
+            "the program returned 'yes'; expected a number or {'reward': <number>, 'metrics': {<name>: <number>",
+        ),
+        (measures_in_words, "the program returned {'reward': 1.0, 'metrics': {'calls': 'n/a'}}; expected a number"),
         (asks_a_model_it_does_not_have, "The model `gpt-4o` does not exist: this endpoint serves `policy`"),
     ],
 )
