@@ -66,7 +66,8 @@ class Endpoint:
     """The endpoint, serving ``model_name`` from ``engine`` while :meth:`serving`; ``template``: the chat template
     to render with (None: the tokenizer's own); ``stop_token_ids``: the model's end tokens, where every
     completion stops (besides a request's own); ``sampling``: the temperature and top-p of a request that gives
-    none; ``max_tokens``: the most tokens a completion may have (None: what the model's length leaves)."""
+    none; ``max_tokens``: the most tokens a completion may have (None: what the model's length leaves);
+    ``gather_s``: how long a request waits for others to join its batch."""
 
     def __init__(
         self,
@@ -79,11 +80,12 @@ class Endpoint:
         key: Optional[str] = None,
         sampling: Tuple[float, float] = (1.0, 1.0),
         max_tokens: Optional[int] = None,
+        gather_s: float = GATHER_S,
     ) -> None:
         self.engine, self.tokenizer, self.template = engine, tokenizer, template
         self.model_name, self.max_model_len = model_name, max_model_len
         self.stop_token_ids = tuple(stop_token_ids)
-        self.sampling, self.max_tokens = sampling, max_tokens
+        self.sampling, self.max_tokens, self.gather_s = sampling, max_tokens, gather_s
         self.key = key or secrets.token_urlsafe(24)
         self._calls: Dict[str, List[Call]] = {}
         self._lock = threading.Lock()
@@ -163,7 +165,7 @@ class Endpoint:
                         if late is not None:
                             late[1].set_exception(BadRequest("the endpoint closed before generating it", 503))
                 return
-            batch, gathered = [first], time.monotonic() + GATHER_S
+            batch, gathered = [first], time.monotonic() + self.gather_s
             with contextlib.suppress(queue.Empty):
                 while True:
                     waiting = self._waiting.get(timeout=max(0.0, gathered - time.monotonic()))

@@ -274,7 +274,9 @@ def test_episodes_calling_together_are_one_batch_and_each_gets_its_own_tokens_an
             )
         )
 
-    with endpoint_of(counted, tokenizer).serving() as endpoint:
+    # a second to gather in: four calls made at once arrive within it on a busy machine too
+    endpoint = Endpoint(counted, tokenizer, None, SERVED, 512, [tokenizer.eos_token_id], gather_s=1.0)
+    with endpoint.serving():
         sampled = asyncio.run(episodes(endpoint, 0.7))
         sampled_calls = [endpoint.calls(f"e{index}")[0] for index in range(4)]
         greedy = asyncio.run(episodes(endpoint, 0.0))
