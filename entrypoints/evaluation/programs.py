@@ -45,7 +45,8 @@ def resolve(program: AgentProgram) -> Program:
         kind = type(solve).__name__
         raise SpecError(
             [
-                f"agent.function: {program.function} is a {kind}, not an async function; write async def solve(client, model, row)"
+                f"agent.function: {program.function} is a {kind}, not an async function; write async def "
+                "solve(client, model, row)"
             ]
         )
     try:
