@@ -30,8 +30,7 @@ import torch
 from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving, parse_response
 
 from posttrain.components.spec.judging import GenerationSpec
-from posttrain.entrypoints.generation.engine import end_tokens
-from posttrain.entrypoints.generation.sampling import sampling_from_the_logits
+from posttrain.entrypoints.generation.engine import Request, end_tokens, transformers_engine
 from posttrain.entrypoints.inputs.tools import ENVIRONMENT_HOOKS
 
 # how the environments an evaluation names are made: one factory, or one per name (each row's environment column)
@@ -135,12 +134,14 @@ def play(
     """``generation.num_samples`` episodes of ``row``'s prompt in transformers, one after the other, from ``seed``,
     rendered with ``template`` (:func:`training_template`)."""
     torch.manual_seed(seed)
+    engine, ends = transformers_engine(model, tokenizer), tuple(end_tokens(model, tokenizer))
+
+    def write(ids: List[int], budget: int) -> List[int]:
+        # the model's next turn: up to budget tokens, its end token included (as TRL keeps it)
+        return engine([Request(tuple(ids), budget, generation.temperature, generation.top_p, ends)])[0].ids
+
     return [
-        _played(
-            _playing(tokenizer, template, row, agent, generation),
-            lambda ids, budget: _generate(model, tokenizer, ids, generation, budget),
-        )
-        for _ in range(generation.num_samples)
+        _played(_playing(tokenizer, template, row, agent, generation), write) for _ in range(generation.num_samples)
     ]
 
 
@@ -285,28 +286,6 @@ def _tool_suffix(tokenizer: Any, template: Optional[str], results: List[Dict[str
     if full[: len(prefix)] != prefix:
         raise ValueError("the chat template renders a tool call's turn differently once its results follow")
     return full[len(prefix) :]
-
-
-def _generate(model: Any, tokenizer: Any, ids: List[int], generation: GenerationSpec, budget: int) -> List[int]:
-    """The model's next turn after ``ids``: up to ``budget`` tokens, its end token included (as TRL keeps it)."""
-    input_ids = torch.tensor([ids], device=model.device)
-    greedy = generation.temperature == 0
-    settings = {"do_sample": False} if greedy else {"do_sample": True, "temperature": generation.temperature}
-    if not greedy:
-        settings.update(top_p=generation.top_p, top_k=0)
-    with sampling_from_the_logits(model):
-        generated = model.generate(
-            input_ids=input_ids,
-            attention_mask=torch.ones_like(input_ids),
-            max_new_tokens=budget,
-            pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id,
-            use_cache=True,
-            **settings,
-        )
-    ends = end_tokens(model, tokenizer)
-    new = generated[0, len(ids) :].tolist()
-    cut = next((index + 1 for index, token in enumerate(new) if token in ends), len(new))
-    return new[:cut]
 
 
 def _parsed(tokenizer: Any, new: List[int], prefix: List[int], tools: List[Any]) -> Dict[str, Any]:
