@@ -5,7 +5,7 @@ posttrain runs them and returns their results, the model goes on, as GRPO's roll
 As in training: the prompt is rendered with the tools' schemas (the
 environment's public methods among them, after its ``reset(**row)``, whose
 text is added to the last message), through the chat template TRL trains
-with (:func:`training_template`); the calls are read back with TRL's
+with (``chat_templates.training_template``); the calls are read back with TRL's
 parser; a call's error is its result (``{'error': ...}``); the results'
 tokens are appended to the episode's, never re-rendered; ``max_new_tokens``
 bounds the whole episode (its results' tokens included), and a round of
@@ -27,7 +27,7 @@ import itertools
 from typing import Any, Callable, ContextManager, Dict, Generator, List, Optional, Sequence, Tuple, Union
 
 import torch
-from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving, parse_response
+from trl.chat_template_utils import parse_response
 
 from posttrain.components.spec.judging import GenerationSpec
 from posttrain.entrypoints.generation.engine import Request, end_tokens, transformers_engine
@@ -55,7 +55,7 @@ class Episode:
     hit_limit: bool = False
     # the tokens the model wrote (the results' tokens not counted)
     tokens: int = 0
-    # an agent program's own outcome (programs.py): its reward (0 where it failed), its metrics, its error
+    # an agent program's own outcome (generation/agents.py): its reward (0 where it failed), its metrics, its error
     reward: Optional[float] = None
     metrics: Dict[str, float] = dataclasses.field(default_factory=dict)
     error: Optional[str] = None
@@ -89,12 +89,6 @@ class Agent:
         if isinstance(self.environments, dict):
             return self.environments[row["environment"]]()
         return self.environments()
-
-
-def training_template(tokenizer: Any) -> Optional[str]:
-    """The chat template GRPO's rollouts were rendered with: TRL's patched one where the model's own renders a
-    turn differently once later messages follow (Qwen3's), else the model's own (None)."""
-    return None if is_chat_template_prefix_preserving(tokenizer) else get_training_chat_template(tokenizer)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +126,7 @@ def play(
     seed: int,
 ) -> List[Episode]:
     """``generation.num_samples`` episodes of ``row``'s prompt in transformers, one after the other, from ``seed``,
-    rendered with ``template`` (:func:`training_template`)."""
+    rendered with ``template`` (``chat_templates.training_template``)."""
     torch.manual_seed(seed)
     engine, ends = transformers_engine(model, tokenizer), tuple(end_tokens(model, tokenizer))
 

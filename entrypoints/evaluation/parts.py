@@ -31,7 +31,7 @@ class EvalParts:
     # what each sample may call, where it is an episode (episodes.py)
     tools: Tuple[ToolSource, ...]
     environment: Union[EnvironmentSource, Dict[str, EnvironmentSource], None]
-    # an agent program that plays each episode instead (programs.py)
+    # an agent program that plays each episode instead (generation/agents.py)
     agent: Optional[AgentProgram]
     # whether each sample is an episode (tools, environments or an agent program)
     is_agentic: bool

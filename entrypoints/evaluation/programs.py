@@ -1,121 +1,31 @@
-"""An evaluation's episodes played by an agent program, the spec's ``agent: {function: module:solve}``: ``async def
-solve(client, model, row)``, called once per episode with an ``openai.AsyncOpenAI`` pointed at the job's endpoint
-(generation/endpoint.py) over the model being judged, the model's name to pass, and the row. It returns the
-episode's reward, or ``{"reward": ..., "metrics": {...}}``.
+"""An evaluation's episodes played by an agent program (generation/agents.py), kept as evaluations keep episodes.
 
-A process's episodes run side by side, so their calls are generated in
-batches. An episode whose program raises, returns no reward or runs past
+An episode whose program raises, returns no reward or runs past
 ``agent.timeout_s`` scores 0 and is counted (``episodes.errors``), its error
-kept in its sample: one agent's bad episode does not end the evaluation. The
-transcript an episode keeps is its last chat call's conversation and reply.
+kept in its sample. The transcript an episode keeps is its last chat call's
+conversation and reply.
 """
 
-import asyncio
-import copy
-import dataclasses
-import inspect
-import math
-import traceback
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Sequence
 
-import openai
-
-from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.sections import USER_CODE_TIMEOUT_S, AgentProgram
 from posttrain.entrypoints.evaluation.episodes import Episode
+from posttrain.entrypoints.generation import agents
+from posttrain.entrypoints.generation.agents import Outcome, Program
 from posttrain.entrypoints.generation.endpoint import Endpoint
-from posttrain.entrypoints.inputs.models import import_user_function
-
-# the most episodes of a process in flight at once: their calls make the endpoint's batches
-EPISODES_AT_ONCE = 64
-
-
-@dataclasses.dataclass(frozen=True)
-class Program:
-    """An agent program as the job runs it: its function, and how long one episode may take."""
-
-    solve: Callable[..., Any]
-    timeout_s: float
-
-
-def resolve(program: AgentProgram) -> Program:
-    """The spec's program: its function imported and checked to be an async function taking (client, model, row)."""
-    solve = import_user_function(program.function, "agent.function")
-    if not inspect.iscoroutinefunction(solve):
-        kind = type(solve).__name__
-        raise SpecError(
-            [
-                f"agent.function: {program.function} is a {kind}, not an async function; write async def "
-                "solve(client, model, row)"
-            ]
-        )
-    try:
-        inspect.signature(solve).bind(None, None, None)
-    except TypeError:
-        raise SpecError([f"agent.function: {program.function} must take (client, model, row)"]) from None
-    return Program(solve, program.timeout_s or USER_CODE_TIMEOUT_S)
 
 
 def play(
     endpoint: Endpoint, program: Program, model: str, rows: Sequence[Dict[str, Any]], num_samples: int
 ) -> List[List[Episode]]:
-    """Each row's ``num_samples`` episodes, every one of them in flight together (at most :data:`EPISODES_AT_ONCE`
-    at once), each with a client of its own under its own path of the endpoint."""
-
-    async def all_episodes() -> List[Episode]:
-        at_once = asyncio.Semaphore(EPISODES_AT_ONCE)
-
-        async def episode(number: int, sample: int) -> Episode:
-            async with at_once:
-                name = f"row{number}-sample{sample}"
-                # the endpoint is this host's: no proxy of the environment's may see the key
-                client = openai.AsyncOpenAI(
-                    base_url=endpoint.base_url(name),
-                    api_key=endpoint.key,
-                    max_retries=0,
-                    http_client=openai.DefaultAsyncHttpxClient(trust_env=False),
-                )
-                async with client:
-                    reward, metrics, error = await _outcome(program, client, model, rows[number])
-                return _episode(endpoint, name, rows[number], reward, metrics, error)
-
-        games = [(number, sample) for number in range(len(rows)) for sample in range(num_samples)]
-        return await asyncio.gather(*(episode(number, sample) for number, sample in games))
-
-    played = asyncio.run(all_episodes())
-    return [played[number * num_samples : (number + 1) * num_samples] for number in range(len(rows))]
+    """Each row's ``num_samples`` episodes, played together (``agents.play``)."""
+    played = agents.play(endpoint, program, model, rows, num_samples)
+    return [[_episode(endpoint, outcome, row) for outcome in outcomes] for outcomes, row in zip(played, rows)]
 
 
-async def _outcome(
-    program: Program, client: Any, model: str, row: Dict[str, Any]
-) -> Tuple[float, Dict[str, float], Optional[str]]:
-    """The program's reward and metrics for one episode, or 0 and why it has none."""
-    try:
-        returned = await asyncio.wait_for(program.solve(client, model, copy.deepcopy(row)), program.timeout_s)
-    except asyncio.TimeoutError:
-        return 0.0, {}, f"the episode ran past agent.timeout_s ({program.timeout_s:g} s)"
-    except Exception:  # noqa: BLE001 -- the program's own failure scores its episode 0; its traceback is kept
-        return 0.0, {}, traceback.format_exc()
-    reward, metrics = returned, {}
-    if isinstance(returned, dict):
-        reward, metrics = returned.get("reward"), returned.get("metrics") or {}
-    numbers = isinstance(metrics, dict) and all(_number(value) for value in metrics.values())
-    if not _number(reward) or not numbers:
-        expected = "expected a number or {'reward': <number>, 'metrics': {<name>: <number>, ...}}"
-        return 0.0, {}, f"the program returned {returned!r}; {expected}"
-    return float(reward), {str(key): float(value) for key, value in metrics.items()}, None
-
-
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def _episode(
-    endpoint: Endpoint, name: str, row: Dict[str, Any], reward: float, metrics: Dict[str, float], error: Optional[str]
-) -> Episode:
+def _episode(endpoint: Endpoint, outcome: Outcome, row: Dict[str, Any]) -> Episode:
     """The episode as an evaluation keeps it: its last chat call's conversation (the prompt: the messages before the
     model's first reply; the completion: the rest, its reply last), and what its calls wrote."""
-    calls = endpoint.calls(name)
+    calls = endpoint.calls(outcome.name)
     chats = [call for call in calls if call.messages is not None]
     conversation = (chats[-1].messages or []) + [chats[-1].reply or {}] if chats else []
     first_reply = next((i for i, message in enumerate(conversation) if message.get("role") == "assistant"), 0)
@@ -129,7 +39,7 @@ def _episode(
         turns=len(calls),
         hit_limit=any(call.finish_reason == "length" for call in calls),
         tokens=sum(len(call.completion_ids) for call in calls),
-        reward=reward,
-        metrics=metrics,
-        error=error,
+        reward=outcome.reward,
+        metrics=outcome.metrics,
+        error=outcome.error,
     )

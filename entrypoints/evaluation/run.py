@@ -21,7 +21,6 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
-from trl.chat_template_utils import add_response_schema
 
 from posttrain.components.spec import conditions
 from posttrain.components.spec.messages import SpecError
@@ -29,8 +28,10 @@ from posttrain.entrypoints.evaluation import benchmarks, episodes, programs, res
 from posttrain.entrypoints.evaluation.files import PARTS_DIR, PLOT_FILE, SAMPLES_FILE, SUMMARY_FILE
 from posttrain.entrypoints.evaluation.parts import EvalParts
 from posttrain.entrypoints.evaluation.sampling import prompt_seed, sample, sample_with_vllm, vllm_turns
+from posttrain.entrypoints.generation import agents
 from posttrain.entrypoints.generation.endpoint import over_model
 from posttrain.entrypoints.generation.sampling import prompt_ids
+from posttrain.entrypoints.inputs.chat_templates import training_template, with_response_schema
 from posttrain.entrypoints.inputs.data import load_split
 from posttrain.entrypoints.inputs.models import CAUSAL_LM, ModelLoading, check_model_path, load_model, load_tokenizer
 from posttrain.entrypoints.inputs.rewards import (
@@ -83,7 +84,7 @@ class Inputs:
     # what each sample may call, where it is an episode; None: a completion
     agent: Optional[episodes.Agent] = None
     # the agent program that plays each episode instead
-    program: Optional[programs.Program] = None
+    program: Optional[agents.Program] = None
 
 
 def check(evaluation: EvalParts, made_later: Sequence[str] = ()) -> Inputs:
@@ -99,7 +100,7 @@ def check(evaluation: EvalParts, made_later: Sequence[str] = ()) -> Inputs:
         agent = _agent(evaluation, prompts)
         scorers.update(_environment_scorers(evaluation, agent))
     if evaluation.agent is not None:
-        program = programs.resolve(evaluation.agent)
+        program = agents.resolve(evaluation.agent)
         scorers[evaluation.agent.scorer_name()] = scoring.program_scorer()
     # an agent program's endpoint generates in transformers (the spec refuses engine: vllm for it)
     engine = sampling.engine(evaluation.generation) if program is None else "transformers"
@@ -122,7 +123,7 @@ def _check_episode_template(tokenizer: Any, name_or_path: str, where: str) -> No
     rendered with (episodes.training_template); ``where``: the spec key that plays episodes (tools or agent)."""
     check_tool_template(tokenizer, name_or_path, where)
     try:
-        episodes.training_template(tokenizer)
+        training_template(tokenizer)
     except ValueError:
         raise SpecError(
             [
@@ -334,9 +335,9 @@ def _evaluate_model(
     model_spec = evaluation.models[name]
     seeds = [prompt_seed(generation, index) for index in indices]
     if engine == "vllm" and agent is not None:
-        tokenizer = _episodes_tokenizer(load_tokenizer(model_spec.name_or_path, model_spec, "left"))
+        tokenizer = with_response_schema(load_tokenizer(model_spec.name_or_path, model_spec, "left"))
         rows = [prompts[index] for index in indices]
-        template = episodes.training_template(tokenizer)
+        template = training_template(tokenizer)
         engine_of = functools.partial(vllm_turns, model_spec, generation)
         all_played = episodes.play_together(engine_of, tokenizer, template, rows, seeds, agent, generation)
         for index, played in zip(indices, all_played):
@@ -351,9 +352,9 @@ def _evaluate_model(
         return
     model, tokenizer = _loaded(evaluation, name)
     if inputs.program is not None:
-        tokenizer = _episodes_tokenizer(tokenizer)
+        tokenizer = with_response_schema(tokenizer)
         torch.manual_seed(seeds[0])
-        template = episodes.training_template(tokenizer)
+        template = training_template(tokenizer)
         sampled = (generation.temperature, generation.top_p)
         rows = [prompts[index] for index in indices]
         with over_model(model, tokenizer, template, name, sampled, generation.max_new_tokens).serving() as endpoint:
@@ -363,8 +364,8 @@ def _evaluate_model(
             results.write(part, scoring.result(name, index, prompts[index], texts, scorers, played))
         return
     if agent is not None:
-        tokenizer = _episodes_tokenizer(tokenizer)
-        template = episodes.training_template(tokenizer)
+        tokenizer = with_response_schema(tokenizer)
+        template = training_template(tokenizer)
         for index, seed in zip(indices, seeds):
             played = episodes.play(model, tokenizer, template, prompts[index], agent, generation, seed)
             texts = [episode.answer() for episode in played]
@@ -373,13 +374,6 @@ def _evaluate_model(
     for index, seed in zip(indices, seeds):
         texts = sample(model, tokenizer, prompts[index]["prompt"], generation, seed)
         results.write(part, scoring.result(name, index, prompts[index], texts, scorers))
-
-
-def _episodes_tokenizer(tokenizer: Any) -> Any:
-    """``tokenizer`` with the schema TRL reads a model's calls back with, where it has none of its own."""
-    if not (getattr(tokenizer, "response_template", None) or getattr(tokenizer, "response_schema", None)):
-        add_response_schema(tokenizer)
-    return tokenizer
 
 
 def _summarise(

@@ -14,7 +14,12 @@ import copy
 import os
 from typing import Any, List, Optional, Sequence, Tuple, Union
 
-from trl.chat_template_utils import get_training_chat_template, has_generation_markers
+from trl.chat_template_utils import (
+    add_response_schema,
+    get_training_chat_template,
+    has_generation_markers,
+    is_chat_template_prefix_preserving,
+)
 from trl.data_utils import is_conversational
 
 from posttrain.components.spec.messages import SpecError
@@ -98,3 +103,16 @@ def check_reward_templates(
 def _chat_rows(datasets: Sequence[Tuple[str, Any]]) -> List[str]:
     """Where the rows are chat messages."""
     return [where for where, dataset in datasets if len(dataset) and is_conversational(dataset[0])]
+
+
+def training_template(tokenizer: Any) -> Optional[str]:
+    """The chat template GRPO's rollouts are rendered with: TRL's patched one where the model's own renders a
+    turn differently once later messages follow (Qwen3's), else the model's own (None)."""
+    return None if is_chat_template_prefix_preserving(tokenizer) else get_training_chat_template(tokenizer)
+
+
+def with_response_schema(tokenizer: Any) -> Any:
+    """``tokenizer`` with the schema TRL reads a model's calls back with, where it has none of its own."""
+    if not (getattr(tokenizer, "response_template", None) or getattr(tokenizer, "response_schema", None)):
+        add_response_schema(tokenizer)
+    return tokenizer

@@ -10,6 +10,7 @@ import pytest
 
 from posttrain.components.spec.judging import GenerationSpec
 from posttrain.entrypoints.evaluation import episodes
+from posttrain.entrypoints.inputs.chat_templates import training_template
 from posttrain.templates.tools.hidden_value import Room
 
 PEEK = '<tool_call>\n{"name": "peek", "arguments": {}}\n</tool_call><|im_end|>'
@@ -51,7 +52,7 @@ def test_episodes_played_together_each_in_its_room_turn_by_turn_with_seeds_of_th
     agent = episodes.Agent(tools=[], environments=Room)
     generation = GenerationSpec(num_samples=2, max_new_tokens=64, max_tool_calling_iterations=2)
     engine = Scripted(tokenizer)
-    template = episodes.training_template(tokenizer)
+    template = training_template(tokenizer)
     played = episodes.play_together(engine, tokenizer, template, rows, [11, 12], agent, generation)
 
     assert [[episode.answer() for episode in row] for row in played] == [["It is 3."] * 2, ["It is 7."] * 2]
@@ -84,7 +85,7 @@ def test_an_episode_played_beside_others_is_the_one_played_alone(tokenizer: obje
     ]
     agent = episodes.Agent(tools=[], environments=Room)
     generation = GenerationSpec(num_samples=1, max_new_tokens=64)
-    template = episodes.training_template(tokenizer)
+    template = training_template(tokenizer)
     together = episodes.play_together(Scripted(tokenizer), tokenizer, template, rows, [5, 6, 7, 8], agent, generation)
     alone = episodes.play_together(Scripted(tokenizer), tokenizer, template, rows[2:3], [7], agent, generation)
     assert together[2][0].messages == alone[0][0].messages

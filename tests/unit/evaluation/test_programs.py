@@ -1,4 +1,4 @@
-"""Agent programs' episodes (entrypoints/evaluation/programs.py) against the endpoint over a scripted engine, with
+"""Agent programs' episodes (generation/agents.py, evaluation/programs.py) against the endpoint over a scripted engine, with
 the tiny tools model's real tokenizer: what an episode keeps and scores, and how a program that fails ends (the
 trained models play the template's program through ``torchx run``: tests/e2e/test_tools.py)."""
 
@@ -11,6 +11,7 @@ import pytest
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.sections import AgentProgram
 from posttrain.entrypoints.evaluation import programs
+from posttrain.entrypoints.generation import agents
 from posttrain.entrypoints.generation.endpoint import Endpoint
 from posttrain.entrypoints.generation.engine import Completion, Request
 from posttrain.templates.agents import rooms
@@ -42,7 +43,7 @@ def scripted(tokenizer: Any) -> Any:
 def played(tokenizer: Any, solve: Any, num_samples: int = 2, timeout_s: float = 30) -> List[List[Any]]:
     endpoint = Endpoint(scripted(tokenizer), tokenizer, None, "policy", 512, [tokenizer.eos_token_id])
     with endpoint.serving():
-        return programs.play(endpoint, programs.Program(solve, timeout_s), "policy", ROWS, num_samples)
+        return programs.play(endpoint, agents.Program(solve, timeout_s), "policy", ROWS, num_samples)
 
 
 def test_the_rooms_program_plays_each_episode_through_the_endpoint_and_keeps_its_transcript(tokenizer: Any) -> None:
@@ -121,7 +122,7 @@ def test_a_program_is_an_async_function_of_client_model_and_row(
         ("missing", "agent.function: cannot import my_agents:missing from"),
     ):
         with pytest.raises(SpecError) as error:
-            programs.resolve(AgentProgram(function=f"my_agents:{name}"))
+            agents.resolve(AgentProgram(function=f"my_agents:{name}"))
         assert error.value.problems[0].startswith(problem), error.value.problems
-    resolved = programs.resolve(AgentProgram(function="my_agents:solve"))
+    resolved = agents.resolve(AgentProgram(function="my_agents:solve"))
     assert resolved.solve.__name__ == "solve" and resolved.timeout_s == 600
