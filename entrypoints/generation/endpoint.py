@@ -33,6 +33,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from trl.chat_template_utils import parse_response
 
+from posttrain.entrypoints.generation.chat_messages import BadRequest, continued, rendered, template_messages
 from posttrain.entrypoints.generation.engine import Completion, Engine, Request, end_tokens, transformers_engine
 from posttrain.entrypoints.generation.vllm_token import matches
 
@@ -52,14 +53,6 @@ class Call:
     # a chat call's: its messages as rendered, and the reply (None: a call of the token API)
     messages: Optional[List[Dict[str, Any]]] = None
     reply: Optional[Dict[str, Any]] = None
-
-
-class BadRequest(ValueError):
-    """A request the endpoint refuses, with the status it answers."""
-
-    def __init__(self, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.status = status
 
 
 class Endpoint:
@@ -194,18 +187,13 @@ class Endpoint:
         given = body.get("messages") or []
         if not isinstance(given, list) or not all(isinstance(message, dict) for message in given):
             raise BadRequest("messages: a list of message objects")
-        messages = _template_messages(given)
+        messages = template_messages(given)
         if not messages:
             raise BadRequest("messages: at least one message")
         with self._tokenizing:
-            prompt_ids = self.tokenizer.apply_chat_template(
-                messages,
-                tools=tools,
-                chat_template=self.template,
-                add_generation_prompt=True,
-                tokenize=True,
-                return_dict=True,
-            )["input_ids"]
+            prompt_ids = self._continued(episode, messages, tools) or rendered(
+                self.tokenizer, self.template, tools, messages, add_generation_prompt=True
+            )
         request = self._request(prompt_ids, body, body.get("max_completion_tokens") or body.get("max_tokens"))
         stops = body.get("stop") or []
         stops = [stops] if isinstance(stops, str) else stops
@@ -215,7 +203,7 @@ class Endpoint:
         choices, calls = [], []
         for index, completion in enumerate(completions):
             message, finish_reason = self._message(completion, list(prompt_ids), tools, stops)
-            said = _template_messages([message])[0]
+            said = template_messages([message])[0]
             calls.append(Call(list(prompt_ids), completion.ids, completion.logprobs, finish_reason, messages, said))
             choice: Dict[str, Any] = {"index": index, "message": message, "finish_reason": finish_reason}
             if body.get("logprobs"):
@@ -228,6 +216,18 @@ class Endpoint:
         if body.get("return_token_ids"):
             reply["prompt_token_ids"] = list(prompt_ids)
         return reply
+
+    def _continued(
+        self, episode: str, messages: List[Dict[str, Any]], tools: Optional[List[Any]]
+    ) -> Optional[List[int]]:
+        """An episode's call that goes on with its latest earlier call whose conversation and reply its messages
+        start with: that call's tokens, then the new messages' (chat_messages.continued)."""
+        for call in reversed(self.calls(episode) if episode else []):
+            held = (call.messages or []) + [call.reply or {}]
+            if call.messages is not None and len(messages) > len(held) and messages[: len(held)] == held:
+                earlier = call.prompt_ids + call.completion_ids
+                return continued(self.tokenizer, self.template, tools, held, earlier, self.stop_token_ids, messages)
+        return None
 
     def generate(self, body: Dict[str, Any], episode: str) -> Dict[str, Any]:
         if body.get("model") is not None:
@@ -360,35 +360,6 @@ def _count(body: Dict[str, Any]) -> int:
     if not isinstance(n, int) or not 1 <= n <= 64:
         raise BadRequest(f"n: a whole number from 1 to 64, not {n!r}")
     return n
-
-
-def _template_messages(messages: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """OpenAI's messages as chat templates take them: text parts joined, a call's arguments parsed from their JSON,
-    a tool result named by the call it answers."""
-    names: Dict[str, str] = {}
-    taken = []
-    for message in messages:
-        content = message.get("content")
-        if isinstance(content, list):
-            content = "".join(part.get("text", "") for part in content if part.get("type") == "text")
-        turn: Dict[str, Any] = {"role": message.get("role"), "content": content or ""}
-        calls = []
-        for call in message.get("tool_calls") or []:
-            function = call.get("function") or {}
-            arguments = function.get("arguments") or {}
-            if isinstance(arguments, str):
-                try:
-                    arguments = json.loads(arguments or "{}")
-                except json.JSONDecodeError as error:
-                    raise BadRequest(f"tool_calls: the arguments of {function.get('name')} are not JSON: {error}")
-            names[call.get("id", "")] = function.get("name", "")
-            calls.append({"type": "function", "function": {"name": function.get("name"), "arguments": arguments}})
-        if calls:
-            turn["tool_calls"] = calls
-        if turn["role"] == "tool":
-            turn["name"] = message.get("name") or names.get(message.get("tool_call_id", ""), "")
-        taken.append(turn)
-    return taken
 
 
 class _Server(http.server.ThreadingHTTPServer):

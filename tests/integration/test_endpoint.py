@@ -44,8 +44,8 @@ class Scripted:
     """An engine that writes a call of ``peek`` where no result has come back yet, else what the result said; each
     batch it was given recorded."""
 
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: Any, peek: str = PEEK) -> None:
+        self.tokenizer, self.peek = tokenizer, peek
         self.batches: List[List[Request]] = []
 
     def __call__(self, requests: Sequence[Request]) -> List[Completion]:
@@ -53,7 +53,7 @@ class Scripted:
         written = []
         for request in requests:
             text = self.tokenizer.decode(request.prompt_ids)
-            said = "It is 7.<|im_end|>" if "<tool_response>" in text else PEEK
+            said = "It is 7.<|im_end|>" if "<tool_response>" in text else self.peek
             ids = self.tokenizer.encode(said, add_special_tokens=False)[: request.max_tokens]
             written.append(Completion(ids, [-0.5] * len(ids), "stop"))
         return written
@@ -150,6 +150,46 @@ def test_an_agent_calls_a_tool_through_the_openai_client_and_every_token_is_reco
         return_dict=True,
     )["input_ids"]
     assert calls[1].prompt_ids == list(rendered)
+
+
+def test_a_call_going_on_with_an_episode_keeps_the_model_s_tokens_where_its_text_would_render_otherwise(
+    tokenizer: Any,
+) -> None:
+    """The model writes its call without the template's spaces: rendered again, the conversation would hold other
+    tokens than it wrote; the next call's prompt holds the ones it wrote, then the result's, as TRL's tool loop."""
+    terse = '<tool_call>\n{"name":"peek","arguments":{"room":3}}\n</tool_call><|im_end|>'
+    engine = Scripted(tokenizer, terse)
+
+    async def agent(client: openai.AsyncOpenAI) -> None:
+        messages: List[Any] = [{"role": "user", "content": "What is in room 3?"}]
+        first = await client.chat.completions.create(model=SERVED, messages=messages, tools=[PEEK_TOOL])
+        call = first.choices[0].message.tool_calls[0]
+        messages += [first.choices[0].message.model_dump(exclude_none=True)]
+        messages += [{"role": "tool", "tool_call_id": call.id, "content": "7"}]
+        await client.chat.completions.create(model=SERVED, messages=messages, tools=[PEEK_TOOL])
+        # another conversation in the same episode: rendered whole
+        await client.chat.completions.create(model=SERVED, messages=messages[:1] + messages[2:], tools=[PEEK_TOOL])
+
+    with endpoint_of(engine, tokenizer).serving() as endpoint:
+        asyncio.run(agent(client_of(endpoint, "episode-1")))
+        first, second, third = endpoint.calls("episode-1")
+    written = tokenizer.encode(terse, add_special_tokens=False)
+    assert first.completion_ids == written
+    said = first.prompt_ids + written
+    assert second.prompt_ids[: len(said)] == said
+    assert tokenizer.decode(second.prompt_ids[len(said) :]) == (
+        "\n<|im_start|>user\n<tool_response>\n7\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+    whole = tokenizer.apply_chat_template(
+        (second.messages or []), tools=[PEEK_TOOL], add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
+    assert list(whole) != second.prompt_ids
+    assert (
+        third.prompt_ids
+        == tokenizer.apply_chat_template(
+            (third.messages or []), tools=[PEEK_TOOL], add_generation_prompt=True, tokenize=True, return_dict=True
+        )["input_ids"]
+    )
 
 
 def test_a_streamed_reply_is_the_whole_reply(tokenizer: Any) -> None:
