@@ -24,6 +24,7 @@ def build_trainer(job: Job) -> GRPOTrainer:
         peft_config=job.peft_config,
         tools=job.tools or None,
         environment_factory=job.environment_factory,
+        rollout_func=job.rollouts,
     )
 
 

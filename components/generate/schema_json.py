@@ -82,6 +82,7 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "environment": "What the model acts in (GRPO): one environment (factory: module:Class, args), or several "
         "by name, each row's chosen by its environment column. Each rollout gets its own instance: its public "
         "methods are the model's tools, reset(**row) starts it, get_reward() may score it.",
+        "agent": "An agent program (module:solve) plays each rollout, calling the model via the job's endpoint (docs: Agents).",
         "model": "The model to train, and how it is loaded.",
         "data": "The training data, optional evaluation data, and column renames.",
         "distributed": "How the job is sharded (DDP by default; DeepSpeed or FSDP) and its collectives' timeout.",

@@ -33,7 +33,7 @@ class ReferenceSpec(Spec):
 class OnlineSpec(Spec):
     """Algorithms that generate completions and score them with ``rewards``."""
 
-    rewards: List[RewardSource]
+    rewards: List[RewardSource] = []
     generates: ClassVar[bool] = True
     owned_keys: ClassVar[Dict[str, str]] = {**OWNED_KEYS, "reward_weights": "use rewards[].weight"}
 

@@ -8,7 +8,6 @@ from posttrain.components.spec import conditions
 from posttrain.components.spec.messages import cut
 from posttrain.components.spec.sections import (
     PROMPT_FORMATS,
-    AgentProgram,
     AgentSection,
     DataSource,
     DataSpec,
@@ -115,8 +114,6 @@ class Evaluation(AgentSection):
     each sample is an episode, as GRPO's rollouts are. ``posttrain.eval``'s spec (evaluation.py) and a training
     spec's ``evaluate:`` section are each one."""
 
-    # an agent written as a program plays each sample's episode (its own tools, if any), scored by its reward
-    agent: Optional[AgentProgram] = None
     # held-out prompts the models complete and the scorers score; or only benchmarks, or both
     data: Optional[EvalData] = None
     rewards: List[RewardSource] = []
@@ -146,9 +143,6 @@ class Evaluation(AgentSection):
         numbered = [f"{name}_{index}" if names.count(name) > 1 else name for index, name in enumerate(names)]
         return numbered + self.environment_scorers() + ([self.agent.scorer_name()] if self.agent else [])
 
-    def is_agentic(self) -> bool:
-        return super().is_agentic() or self.agent is not None
-
     def environment_scorers(self) -> List[str]:
         """The scorer each environment's ``get_reward`` is (where its class has one): named by its class (``Room``
         for ``my_env:Room``), or by its name among several."""
@@ -157,14 +151,9 @@ class Evaluation(AgentSection):
         return [self.environment.factory.rpartition(":")[2].rpartition(".")[2]] if self.environment else []
 
     def _program_problems(self, names: List[str]) -> List[str]:
-        """An agent program beside what would play the episodes for it, or named as another scorer is."""
+        """An agent program with rounds of calls to bound, vLLM to generate, or named as another scorer is."""
         assert self.agent is not None
         found = []
-        if self.tools or self.environment is not None:
-            found.append(
-                "agent: an agent program makes its own calls through the endpoint; give tools and environment, or "
-                "agent, not both"
-            )
         if self.generation.max_tool_calling_iterations is not None:
             found.append("generation.max_tool_calling_iterations: an agent program bounds its own rounds; drop it")
         if self.generation.engine == "vllm":
@@ -205,7 +194,7 @@ class Evaluation(AgentSection):
         found += self.generation.problems() + self.agent_problems()
         rounds = self.generation.max_tool_calling_iterations
         if self.agent is not None:
-            found += self.agent.problems("agent") + self._program_problems(names)
+            found += self._program_problems(names)
         if rounds is not None and not self.is_agentic():
             found.append(
                 f"generation.max_tool_calling_iterations: {rounds} bounds the rounds of tool calls in an episode, and "

@@ -169,8 +169,8 @@ class Spec(Strict):
         return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
 
     def evaluation_section(self) -> EvaluateSection:
-        """The ``evaluate:`` section as the job runs it: a model trained with tools or an environment is judged with
-        them, and with its rounds of calls, where the section names none of its own."""
+        """The ``evaluate:`` section as the job runs it: a model trained with tools, an environment or an agent program
+        is judged with them, and with its rounds of calls, where the section names none of its own."""
         assert self.evaluate is not None
         if not isinstance(self, AgentSection) or not self.is_agentic() or self.evaluate.is_agentic():
             return self.evaluate
@@ -182,7 +182,7 @@ class Spec(Strict):
             rounds = self.training.get("max_tool_calling_iterations")
             generation = generation.model_copy(update={"max_tool_calling_iterations": rounds})
         return self.evaluate.model_copy(
-            update={"tools": self.tools, "environment": self.environment, "generation": generation}
+            update={"tools": self.tools, "environment": self.environment, "agent": self.agent, "generation": generation}
         )
 
     def problems(self, world_size: Optional[int]) -> List[str]:

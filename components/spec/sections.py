@@ -183,17 +183,27 @@ class AgentProgram(Strict):
 
 
 class AgentSection(Strict):
-    """What a model may call while it answers, as GRPO trains it and an evaluation judges it: ``tools``, and one
-    ``environment`` for every row or several by name (each row's ``environment`` column names its own)."""
+    """What plays a sample's episode, as GRPO trains it and an evaluation judges it: the model calling ``tools``,
+    or acting in one ``environment`` for every row or several by name (each row's ``environment`` column names its
+    own); or an ``agent`` program calling the model."""
 
     tools: List[ToolSource] = []
     environment: Union[EnvironmentSource, Dict[str, EnvironmentSource], None] = None
+    # an agent written as a program plays each episode (its own tools, if any), scored by its reward
+    agent: Optional[AgentProgram] = None
 
     def is_agentic(self) -> bool:
-        return bool(self.tools) or self.environment is not None
+        return bool(self.tools) or self.environment is not None or self.agent is not None
 
     def agent_problems(self) -> List[str]:
         found = []
+        if self.agent is not None:
+            found += self.agent.problems("agent")
+            if self.tools or self.environment is not None:
+                found.append(
+                    "agent: an agent program makes its own calls through the endpoint; give tools and environment, "
+                    "or agent, not both"
+                )
         for index, tool in enumerate(self.tools):
             found += tool.problems(f"tools.{index}")
         environments = self.environment if isinstance(self.environment, dict) else {"": self.environment}

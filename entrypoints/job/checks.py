@@ -13,6 +13,8 @@ from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import Spec
 from posttrain.entrypoints.evaluation.run import Inputs as EvaluationInputs
 from posttrain.entrypoints.evaluation.run import check as check_evaluation
+from posttrain.entrypoints.generation import agents
+from posttrain.entrypoints.generation.agents import Program
 from posttrain.entrypoints.inputs.chat_templates import check_chat_template, check_reward_templates
 from posttrain.entrypoints.inputs.data import (
     check_length_column,
@@ -55,6 +57,8 @@ class Inputs:
     rewards: List[Any]
     tools: List[Callable[..., Any]]
     environment_factory: Union[None, Callable[[], Any], Dict[str, Callable[[], Any]]]
+    # the agent program that plays each rollout, imported and checked, or None
+    agent: Optional[Program]
     args: Any
     tokenizer: Any
     # what each checkpoint records it was trained on (checkpoints.job_inputs)
@@ -100,6 +104,7 @@ def check_inputs(spec: Spec, split: Parts, world_size: int, reward_check: Reward
     rewards = resolve_rewards(split.rewards, reward_check)
     tools = resolve_tools(split.tools)
     environment_factory = resolve_environment(split.environment, scored=bool(split.rewards))
+    agent = agents.resolve(split.agent) if split.agent is not None else None
     calls = bool(tools) or environment_factory is not None
     if calls:
         check_tool_data(datasets)
@@ -143,6 +148,7 @@ def check_inputs(spec: Spec, split: Parts, world_size: int, reward_check: Reward
         rewards,
         tools,
         environment_factory,
+        agent,
         args,
         tokenizer,
         inputs_record,

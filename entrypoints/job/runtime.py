@@ -71,6 +71,7 @@ from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.schema import Spec
 from posttrain.entrypoints.evaluation.run import evaluate_run
 from posttrain.entrypoints.generation import role_lease, run_ahead, turns, vllm_generation, vllm_token
+from posttrain.entrypoints.generation.agent_rollouts import AgentRollouts
 from posttrain.entrypoints.inputs.data import check_kept_rows
 from posttrain.entrypoints.inputs.models import ModelLoading, load_extra_model, load_model, lora_config
 from posttrain.entrypoints.inputs.rewards import RewardCheck, load_reward_models
@@ -116,6 +117,8 @@ class Job:
     environment_factory: Union[None, Callable[[], Any], Dict[str, Callable[[], Any]]]
     # how the trainers and the vllm role take turns, or None (Parts.generation)
     generation: Optional[TrainingGeneration] = None
+    # GRPO's rollout_func where an agent program plays the rollouts, or None
+    rollouts: Optional[AgentRollouts] = None
 
     def load_model(self) -> Any:
         """The model to train: ``model.name_or_path`` with the algorithm's ``model_class``, quantized where
@@ -128,8 +131,12 @@ class Job:
         return load_extra_model(field, self.models, self.tokenizer)
 
     def load_rewards(self) -> Tuple[List[Any], List[Optional[Any]]]:
-        """``(reward_funcs, reward_processing_classes)`` with the reward models loaded."""
-        return load_reward_models(self.rewards, self.models)
+        """``(reward_funcs, reward_processing_classes)`` with the reward models loaded; an agent program's reward
+        last."""
+        funcs, classes = load_reward_models(self.rewards, self.models)
+        if self.rollouts is None:
+            return funcs, classes
+        return [*funcs, self.rollouts.reward()], [*classes, None]
 
     def data_collator(self, model: Any) -> Optional[Any]:
         """The collator for ``model``: TRL's own, padding-free where that fast path takes it; None leaves TRL's
@@ -175,6 +182,8 @@ def built_trainer(job: Job, build_trainer: Callable[[Job], Any]) -> Any:
     (GRPO's, RLOO's: fast_paths.switch_passes_to_padding_free), its vLLM generation bounded in time and taking turns
     with the vllm role (run_ahead)."""
     trainer = build_trainer(job)
+    if job.rollouts is not None:
+        job.rollouts.attach(trainer)
     if job.fast_paths.rl_passes:
         fast_paths.switch_passes_to_padding_free(trainer)
     args = getattr(trainer, "args", None)
@@ -251,6 +260,9 @@ def _train(algorithm: str, spec: Spec, build: Callable[[Job], Any]) -> None:
             environment_factory=inputs.environment_factory,
             generation=split.generation,
         )
+        if inputs.agent is not None:
+            assert split.agent is not None
+            job.rollouts = AgentRollouts(inputs.agent, split.agent.scorer_name(), spec.model.name_or_path)
         trainer = built_trainer(job, build)
         # a run killed in its final save, after its last checkpoint: its end is all that is left to write
         if resume_from is not None and at_last_step(Path(resume_from), args.max_steps):

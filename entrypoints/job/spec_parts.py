@@ -8,7 +8,7 @@ from typing import Dict, Optional, Tuple, Union
 from posttrain.components.spec.evaluation import of_training_run
 from posttrain.components.spec.generation import TrainingGeneration
 from posttrain.components.spec.schema import Spec
-from posttrain.components.spec.sections import EnvironmentSource, RewardSource, ToolSource
+from posttrain.components.spec.sections import AgentProgram, EnvironmentSource, RewardSource, ToolSource
 from posttrain.entrypoints.evaluation.parts import EvalParts
 from posttrain.entrypoints.evaluation.parts import parts as evaluation_parts
 from posttrain.entrypoints.inputs.models import ModelLoading
@@ -30,6 +30,8 @@ class Parts:
     tools: Tuple[ToolSource, ...]
     # the environment the model acts in (one, or several by name), or None
     environment: Union[EnvironmentSource, Dict[str, EnvironmentSource], None]
+    # the agent program that plays each rollout, or None
+    agent: Optional[AgentProgram]
     # the evaluation of the saved model (evaluate:), or None
     evaluation: Optional[EvalParts]
     # how the trainers and the vllm role take turns (GRPO's and RLOO's generation:), or None
@@ -71,6 +73,7 @@ def parts(spec: Spec) -> Parts:
         rewards=tuple(getattr(spec, "rewards", ())),
         tools=tuple(getattr(spec, "tools", ())),
         environment=getattr(spec, "environment", None),
+        agent=getattr(spec, "agent", None),
         evaluation=evaluation_parts(of_training_run(spec)) if spec.evaluate is not None else None,
         generation=getattr(spec, "generation", None),
     )

@@ -68,11 +68,13 @@ def _called_exit(exit: SystemExit) -> str:
 
 def quiet_libraries() -> None:
     """What libraries print that tells a user nothing: DeepSpeed's warning from every rank that it found no GPU (on
-    a CPU job), the progress bars of saving and loading weights in a log (a file or a pipe, not a terminal), and
-    TRL's use of a name transformers deprecated."""
+    a CPU job), the progress bars of saving and loading weights in a log (a file or a pipe, not a terminal),
+    TRL's use of a name transformers deprecated, and its warning that a feature posttrain uses is experimental."""
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     if not sys.stderr.isatty():
         transformers_logging.disable_progress_bar()
     # TRL 1.16 asks transformers 5 for the flag by its old name, from every rank: nothing the user can change
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    # posttrain pins TRL, and its rollout_func (an agent program's rollouts) is experimental there: from every rank
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

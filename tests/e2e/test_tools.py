@@ -230,3 +230,27 @@ def test_an_agent_program_plays_the_rooms_through_the_endpoint_as_the_episodes_l
         for where in (program, loop)
     ]
     assert transcripts[0] == transcripts[1] and len(transcripts[0]) == 16
+
+
+def test_grpo_teaches_an_agent_program_s_model_to_peek_from_the_tokens_the_endpoint_gave(
+    tools_chain: Path, tmp_path: Path
+) -> None:
+    """The stages of templates/chain/agent-tiny.yaml after its SFT (the tools chain's): GRPO whose rollouts are the
+    episodes of templates/agents/rooms.py, a program calling the policy through the job's endpoint, on two
+    processes; the reward rises by 0.3 as the model learns to peek, and the gate of templates/eval/agent-rooms-tiny
+    .yaml holds between the SFT model and this one."""
+    output_dir = tmp_path / "grpo-agent"
+    overrides = [f"model.name_or_path={tools_chain / 'sft'}"]
+    assert_succeeded(run_template("grpo/tiny-agent.yaml", tmp_path, output_dir, j="1x2", overrides=overrides))
+    first, last = ends(output_dir, "rewards/solve/mean")
+    assert last - first >= 0.3, (first, last)
+    logged = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines()]
+    assert all(record.get("agent/errors", 0) == 0 for record in logged)
+    assert ends(output_dir, "agent/peeked")[1] >= 0.8
+
+    args = ["run", "-s", "local_cwd", "posttrain.eval", "--spec", "templates/eval/agent-rooms-tiny.yaml", "-j", "1x2"]
+    args += ["--rdzv_port", str(free_port()), f"models.sft.name_or_path={tools_chain / 'sft'}"]
+    args += [f"models.grpo.name_or_path={output_dir}", f"output_dir={tmp_path / 'check'}"]
+    assert_succeeded(torchx(args, tmp_path))
+    summary = read_json(tmp_path / "check" / "eval_summary.json")
+    assert [verdict["held"] for verdict in summary["require"]] == [True], summary["require"]

@@ -534,6 +534,52 @@ def test_a_tool_s_and_an_environment_s_timeout_is_checked_at_submit_time() -> No
     assert "tools.0.timeout_s: expected seconds above 0 (unset: 600); got -1" in problems_of(raw)
 
 
+def test_an_agent_program_plays_grpo_s_rollouts_scored_by_its_reward_and_its_evaluation() -> None:
+    raw = load_template("grpo/tiny-agent.yaml")
+    spec = validate(raw)
+    assert spec.rewards == [] and spec.agent is not None and spec.agent.scorer_name() == "solve"
+    # its evaluate: section plays the same program, where it names none of its own
+    evaluate = {"data": {"eval": {"path": "templates/data/hidden_values_heldout.jsonl"}}}
+    assert validate({**raw, "evaluate": evaluate}).evaluation_section().agent == spec.agent
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (
+            {"environment": {"factory": "posttrain.templates.tools.hidden_value:Room"}},
+            "agent: an agent program makes its own calls through the endpoint; give tools and environment, or agent, "
+            "not both",
+        ),
+        (
+            {"training": {"max_tool_calling_iterations": 2}},
+            "training.max_tool_calling_iterations: an agent program bounds its own rounds; drop it",
+        ),
+        (
+            {"training": {"use_vllm": True, "vllm_mode": "colocate"}},
+            "training.use_vllm: vLLM does not serve agent programs yet (their endpoint generates in transformers); "
+            "drop it",
+        ),
+        (
+            {"training": {"remove_unused_columns": True}},
+            "training.remove_unused_columns: true leaves each row its prompt alone, and the agent program reads the "
+            "whole row; set it false",
+        ),
+        (
+            {"rewards": [{"function": "my_scores:solve"}]},
+            "agent.function: its reward's name in the logs, solve, is another reward's too; give the function "
+            "another name",
+        ),
+        ({"agent": {"function": "rooms:solve", "timeout_s": -1}}, "agent.timeout_s: expected seconds above 0"),
+        ({"agent": None}, "rewards: give at least one reward (function, builtin or model)"),
+    ],
+)
+def test_an_agent_program_in_grpo_is_checked_at_submit(change: Dict[str, Any], problem: str) -> None:
+    raw = load_template("grpo/tiny-agent.yaml")
+    raw = {**raw, **change, "training": {**raw["training"], **change.get("training", {})}}
+    assert problem in problems_of(raw)
+
+
 def test_a_generation_timeout_the_other_processes_would_not_wait_for_is_refused_with_several() -> None:
     raw = load_template("grpo/tiny-vllm-server.yaml")
     raw["generation"] = {"generate_timeout_s": 300}
