@@ -5,7 +5,8 @@ pass, and the row. It returns the episode's reward, or ``{"reward": ..., "metric
 A process's episodes run side by side, so their calls are generated in
 batches. An episode whose program raises, returns no reward or runs past
 ``agent.timeout_s`` scores 0, with why kept (:class:`Outcome`): one bad
-episode does not end the job. What each episode's calls were, exactly, the
+episode does not end the job. A program that blocks its event loop, which
+no episode's timeout can then stop, ends the job in one line. What each episode's calls were, exactly, the
 endpoint keeps under the episode's name.
 """
 
@@ -23,9 +24,12 @@ from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.sections import USER_CODE_TIMEOUT_S, AgentProgram
 from posttrain.entrypoints.generation.endpoint import Endpoint
 from posttrain.entrypoints.inputs.models import import_user_function
+from posttrain.entrypoints.process.error_file import deadline
 
 # the most episodes of a process in flight at once: their calls make the endpoint's batches
 EPISODES_AT_ONCE = 64
+# past the episodes' own timeouts, before a play that has not ended ends the process
+GRACE_S = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +93,17 @@ def play(
         games = [(number, sample) for number in range(len(rows)) for sample in range(num_samples)]
         return await asyncio.gather(*(episode(number, sample) for number, sample in games))
 
-    played = asyncio.run(all_episodes())
+    # each episode is bounded on the event loop; a program that blocks the loop (time.sleep, a blocking client)
+    # stops every timer there, so the whole play is bounded apart, on a thread of its own
+    games = len(rows) * num_samples
+    seconds = math.ceil(games / EPISODES_AT_ONCE) * program.timeout_s + GRACE_S
+    line = (
+        f"posttrain: agent: {games} episode(s) did not end within {seconds:g} s, each bounded by agent.timeout_s "
+        f"({program.timeout_s:g} s): the program blocks its event loop (time.sleep, a blocking client?); await "
+        "the async client it is given"
+    )
+    with deadline(seconds, line):
+        played = asyncio.run(all_episodes())
     return [played[number * num_samples : (number + 1) * num_samples] for number in range(len(rows))]
 
 

@@ -105,6 +105,36 @@ def test_a_tool_that_never_returns_ends_the_process_within_its_timeout_naming_it
     assert time.monotonic() - started < 30
 
 
+def test_an_agent_program_that_blocks_its_event_loop_ends_the_process_in_one_line(user_module: Path) -> None:
+    """An episode's timeout runs on the event loop, which a blocking program stops: the play is bounded apart."""
+    (user_module / "user_agents.py").write_text(
+        "import time\n\nasync def solve(client, model, row):\n    time.sleep(3600)\n"
+    )
+    started = time.monotonic()
+    result = run_calls(
+        user_module,
+        """
+        from posttrain.components.spec.sections import AgentProgram
+        from posttrain.entrypoints.generation import agents
+        from posttrain.entrypoints.generation.endpoint import Endpoint
+
+        agents.GRACE_S = 1
+        program = agents.resolve(AgentProgram(function="user_agents:solve", timeout_s=1))
+        with Endpoint(lambda requests: [], None, None, "policy", 512, []).serving() as endpoint:
+            agents.play(endpoint, program, "policy", [{"prompt": "hi"}] * 3, 2)
+        print("went on", flush=True)
+        """,
+    )
+    assert "went on" not in result.stdout
+    assert_ended_in(
+        result,
+        user_module,
+        "posttrain: agent: 6 episode(s) did not end within 2 s, each bounded by agent.timeout_s (1 s): the program "
+        "blocks its event loop (time.sleep, a blocking client?); await the async client it is given",
+    )
+    assert time.monotonic() - started < 30
+
+
 def test_an_async_tool_that_calls_sys_exit_on_an_event_loop_thread_ends_the_process_naming_it(
     user_module: Path,
 ) -> None:
