@@ -3,6 +3,7 @@ the tiny tools model's real tokenizer: what an episode keeps and scores, and how
 trained models play the template's program through ``torchx run``: tests/e2e/test_tools.py)."""
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
@@ -14,7 +15,7 @@ from posttrain.entrypoints.evaluation import programs
 from posttrain.entrypoints.generation import agents
 from posttrain.entrypoints.generation.endpoint import Endpoint
 from posttrain.entrypoints.generation.engine import Completion, Request
-from posttrain.templates.agents import rooms
+from posttrain.templates.agents import calculator, rooms
 
 PEEK = '<tool_call>\n{"name": "peek", "arguments": {}}\n</tool_call><|im_end|>'
 ROWS = [{"prompt": [{"role": "user", "content": "What is the value hidden in the room?"}], "answer": a} for a in "37"]
@@ -126,3 +127,37 @@ def test_a_program_is_an_async_function_of_client_model_and_row(
         assert error.value.problems[0].startswith(problem), error.value.problems
     resolved = agents.resolve(AgentProgram(function="my_agents:solve"))
     assert resolved.solve.__name__ == "solve" and resolved.timeout_s == 600
+
+
+@pytest.mark.parametrize(
+    "expression, reward, failed",
+    [("57 * 47 - 281", 1.0, 0.0), ("57 ** 47", 0.0, 1.0)],
+    ids=["right", "not-arithmetic"],
+)
+def test_the_calculator_program_runs_the_model_s_calls_and_scores_its_last_reply(
+    tokenizer: Any, expression: str, reward: float, failed: float
+) -> None:
+    """templates/agents/calculator.py: the model's call runs, its result (or error) comes back, and math_verify
+    scores the reply after it."""
+    call = json.dumps({"name": "calculate", "arguments": {"expression": expression}})
+
+    def engine(requests: Sequence[Request]) -> List[Completion]:
+        written = []
+        for request in requests:
+            text = tokenizer.decode(request.prompt_ids)
+            result = text.rsplit("<tool_response>\n", 1)[1].split("\n")[0] if "<tool_response>" in text else None
+            said = f"<tool_call>\n{call}\n</tool_call><|im_end|>" if result is None else f"{result}<|im_end|>"
+            ids = tokenizer.encode(said, add_special_tokens=False)
+            written.append(Completion(ids, [-0.1] * len(ids), "stop"))
+        return written
+
+    problem = {"prompt": [{"role": "user", "content": "57 crates of 47 boxes, 281 sold: how many left?"}]}
+    endpoint = Endpoint(engine, tokenizer, None, "policy", 512, [tokenizer.eos_token_id])
+    with endpoint.serving():
+        [[episode]] = programs.play(
+            endpoint, agents.Program(calculator.solve, 60), "policy", [{**problem, "answer": "2398"}], 1
+        )
+    assert (episode.reward, episode.metrics, episode.error) == (reward, {"calls": 1.0, "failed_calls": failed}, None)
+    assert episode.messages[1]["content"] == (
+        "2398" if failed == 0 else "error: not arithmetic: '57 ** 47'; use numbers, + - * / and parentheses"
+    )
