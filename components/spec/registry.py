@@ -13,6 +13,7 @@ import difflib
 import fnmatch
 from typing import Any, ClassVar, Dict, List, Literal, Optional, Tuple, Type
 
+from posttrain.components.spec.agent_training import agent_training_problems
 from posttrain.components.spec.families import GroupSpec, OnlineSpec, ReferenceSpec
 from posttrain.components.spec.fields import config_fields, config_value
 from posttrain.components.spec.schema import (
@@ -159,38 +160,15 @@ class GRPOSpec(GroupSpec, AgentSection):
                 "the whole row (reset(**row); several environments, its environment column); set it false"
             )
         if self.agent is not None:
-            found += self._program_problems()
+            named = [r.builtin or (r.function or "").rpartition(":")[2].rpartition(".")[2] for r in self.rewards]
+            found += agent_training_problems(
+                self.agent, self.training, self.config_class, self.distributed, named, world_size or 1
+            )
         rounds = self.training.get("max_tool_calling_iterations")
         if rounds is not None and not self.is_agentic():
             found.append(
                 f"training.max_tool_calling_iterations: {rounds} bounds the rounds of tool calls in a completion, "
                 "and the spec gives no tools and no environment; add them, or drop it"
-            )
-        return found
-
-    def _program_problems(self) -> List[str]:
-        """An agent program where it cannot train yet, or with options it would not use."""
-        assert self.agent is not None
-        found = []
-        if self.keeps_only_prompts:
-            found.append(
-                "training.remove_unused_columns: true leaves each row its prompt alone, and the agent program reads "
-                "the whole row; set it false"
-            )
-        if self.training.get("max_tool_calling_iterations") is not None:
-            found.append("training.max_tool_calling_iterations: an agent program bounds its own rounds; drop it")
-        if self.training.get("use_vllm"):
-            found.append(
-                "training.use_vllm: vLLM does not serve agent programs yet (their endpoint generates in "
-                "transformers); drop it"
-            )
-        named = [
-            reward.builtin or (reward.function or "").rpartition(":")[2].rpartition(".")[2] for reward in self.rewards
-        ]
-        if self.agent.scorer_name() in named:
-            found.append(
-                f"agent.function: its reward's name in the logs, {self.agent.scorer_name()}, is another reward's "
-                "too; give the function another name"
             )
         return found
 

@@ -162,6 +162,19 @@ class EnvironmentSource(Strict):
         return ([problem] if problem is not None else []) + timeout_problems(where, self.timeout_s)
 
 
+# the most episodes of an agent program a process plays at once: their calls make the endpoint's batches
+EPISODES_AT_ONCE = 64
+# past the episodes' own timeouts, before a process's episodes that have not ended end the job
+PLAY_GRACE_S = 30.0
+
+
+def play_bound(timeout_s: float, episodes: int) -> float:
+    """How long a process's ``episodes`` of an agent program may take in all, :data:`EPISODES_AT_ONCE` at a time,
+    before the job ends: past each one's ``timeout_s`` (which a program blocking its event loop stops),
+    :data:`PLAY_GRACE_S`."""
+    return -(-episodes // EPISODES_AT_ONCE) * timeout_s + PLAY_GRACE_S
+
+
 class AgentProgram(Strict):
     """An agent written as a program that talks to the model through an OpenAI-compatible endpoint: ``async def
     solve(client, model, row)``, called once per episode with an ``openai.AsyncOpenAI`` pointed at the job's

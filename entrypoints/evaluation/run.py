@@ -39,10 +39,9 @@ from posttrain.entrypoints.inputs.rewards import (
     resolve_rewards,
 )
 from posttrain.entrypoints.inputs.tools import (
-    TOOL_TEMPLATES,
     check_environment_column,
+    check_episode_template,
     check_tool_data,
-    check_tool_template,
     resolve_environment,
     resolve_tools,
 )
@@ -112,25 +111,10 @@ def check(evaluation: EvalParts, made_later: Sequence[str] = ()) -> Inputs:
         for model_spec in evaluation.models.values():
             if model_spec.name_or_path not in made_later:
                 tokenizer = load_tokenizer(model_spec.name_or_path, model_spec, "left")
-                _check_episode_template(tokenizer, model_spec.name_or_path, "agent" if program else "tools")
+                check_episode_template(tokenizer, model_spec.name_or_path, "agent" if program else "tools")
     # rank 0 runs the benchmarks: the harness's index of tasks is its alone (and takes seconds)
     tasks = benchmarks.task_manager(evaluation.benchmarks) if evaluation.benchmarks and distributed.is_rank0() else None
     return Inputs(prompts, scorers, engine, tasks, agent, program)
-
-
-def _check_episode_template(tokenizer: Any, name_or_path: str, where: str) -> None:
-    """The model's chat template renders calls, TRL reads them back, and TRL has the template its rollouts were
-    rendered with (episodes.training_template); ``where``: the spec key that plays episodes (tools or agent)."""
-    check_tool_template(tokenizer, name_or_path, where)
-    try:
-        training_template(tokenizer)
-    except ValueError:
-        raise SpecError(
-            [
-                f"{where}: {name_or_path}'s chat template renders a turn differently once later messages follow, and "
-                f"TRL has no training version of it to play episodes with; evaluate a model with one ({TOOL_TEMPLATES})"
-            ]
-        ) from None
 
 
 def _agent(evaluation: EvalParts, prompts: Any) -> episodes.Agent:

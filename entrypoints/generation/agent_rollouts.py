@@ -3,25 +3,26 @@ takes them: each of a process's rows one episode, played against an endpoint ove
 and trained on exactly the tokens the endpoint gave.
 
 An episode whose calls each extend the one before (the next call's prompt
-starts with the last call's prompt and completion, token for token, as a
-program that sends back the conversation so far does) trains as one
-sequence: the first call's prompt, then everything after it, where only
+starts with the last call's prompt and completion, token for token, as
+the endpoint prompts a call that goes on with its conversation) trains as
+one sequence: the first call's prompt, then everything after it, where only
 what the model wrote counts in the loss (``env_mask``; tool results and
-other messages between the calls are masked out). An episode that made no
-call trains on nothing and keeps its reward (0 where its program failed);
-one whose calls do not extend each other ends the job in one line.
+other messages between the calls are masked out), cut at
+``max_completion_length`` as TRL's tool loop cuts its rollouts. An episode
+that made no call trains on nothing and keeps its reward (0 where its
+program failed); one whose calls do not extend each other trains on nothing
+and is left out of its group's scores (``agent/untrainable``).
 """
 
 import copy
 import dataclasses
 import functools
 import logging
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from accelerate.utils import gather_object
 from trl.models import unwrap_model_for_generation
 
-from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints.generation import agents
 from posttrain.entrypoints.generation.agents import Outcome, Program
 from posttrain.entrypoints.generation.endpoint import Call, over_model
@@ -44,8 +45,12 @@ class Sample:
     env_mask: List[int]
 
 
-def sample(calls: Sequence[Call], episode: str) -> Sample:
-    """The episode's calls as one sequence, each extending the one before; a :class:`SpecError` where one does
+class NotOneSequence(ValueError):
+    """An episode whose calls do not extend each other: it cannot train as one sequence."""
+
+
+def sample(calls: Sequence[Call]) -> Sample:
+    """The episode's calls as one sequence, each extending the one before; :class:`NotOneSequence` where one does
     not."""
     first = calls[0]
     completion, logprobs = list(first.completion_ids), list(first.logprobs)
@@ -53,14 +58,9 @@ def sample(calls: Sequence[Call], episode: str) -> Sample:
     so_far = first.prompt_ids + first.completion_ids
     for number, call in enumerate(calls[1:], 2):
         if call.prompt_ids[: len(so_far)] != so_far:
-            raise SpecError(
-                [
-                    f"agent: episode {episode}'s call {number} does not extend its call {number - 1} (its prompt does "
-                    "not start with that call's prompt and completion, token for token), so the episode cannot "
-                    "train as one sequence; send each call the conversation so far with the model's replies as "
-                    "received (docs: Agents)"
-                ],
-                this_rank_only=True,
+            raise NotOneSequence(
+                f"its call {number} does not extend its call {number - 1} (its prompt does not start with that "
+                "call's prompt and completion, token for token)"
             )
         between = call.prompt_ids[len(so_far) :]
         completion += between + call.completion_ids
@@ -104,37 +104,49 @@ class AgentRollouts:
             )
             with endpoint.serving():
                 outcomes = [outcome for [outcome] in agents.play(endpoint, self.program, self.model_name, rows, 1)]
-        samples = []
+        samples: List[Sample] = []
+        # None: an episode left out of its group's scores (TRL's unscorable rollout)
+        rewards: List[Optional[float]] = []
         for outcome, row in zip(outcomes, rows):
             calls = endpoint.calls(outcome.name)
-            samples.append(sample(calls, outcome.name) if calls else _nothing_trained(tokenizer, row))
-        self._log(trainer, outcomes)
+            try:
+                samples.append(sample(calls) if calls else _nothing_trained(tokenizer, row))
+                rewards.append(outcome.reward)
+            except NotOneSequence as why:
+                log.warning("agent: episode %s trains on nothing: %s (docs: Agents)", outcome.name, why)
+                samples.append(_nothing_trained(tokenizer, row))
+                rewards.append(None)
+        self._log(trainer, outcomes, untrainable=rewards.count(None))
+        cut = args.max_completion_length
         return {
             "prompt_ids": [s.prompt_ids for s in samples],
-            "completion_ids": [s.completion_ids for s in samples],
-            "logprobs": [s.logprobs for s in samples],
-            "env_mask": [s.env_mask for s in samples],
-            REWARD_COLUMN: [outcome.reward for outcome in outcomes],
+            "completion_ids": [s.completion_ids[:cut] for s in samples],
+            "logprobs": [s.logprobs[:cut] for s in samples],
+            "env_mask": [s.env_mask[:cut] for s in samples],
+            REWARD_COLUMN: rewards,
         }
 
-    def reward(self) -> Callable[..., List[float]]:
+    def reward(self) -> Callable[..., List[Optional[float]]]:
         """The reward function of the program's rewards, named as the program's function is (``solve``)."""
 
-        def reward(completions: List[Any], **columns: Any) -> List[float]:
+        def reward(completions: List[Any], **columns: Any) -> List[Optional[float]]:
             return list(columns[REWARD_COLUMN])
 
         reward.__name__ = reward.__qualname__ = self.scorer_name
         return reward
 
-    def _log(self, trainer: Any, outcomes: List[Outcome]) -> None:
-        """The share of episodes whose program failed (``agent/errors``) and the mean of each metric the programs
-        returned (``agent/<name>``), over every process's episodes; each failure's last line, where it happened."""
+    def _log(self, trainer: Any, outcomes: List[Outcome], untrainable: int) -> None:
+        """The shares of episodes whose program failed (``agent/errors``) and that trained on nothing for calls
+        not extending each other (``agent/untrainable``), and the mean of each metric the programs returned
+        (``agent/<name>``), over every process's episodes; each failure's last line, where it happened."""
         for outcome in outcomes:
             if outcome.error is not None:
                 log.warning("agent: episode %s scored 0: %s", outcome.name, outcome.error.strip().splitlines()[-1])
         everyone = gather_object([(o.error is not None, o.metrics) for o in outcomes])
+        left_out = sum(gather_object([untrainable]))
         metrics = trainer._metrics["train" if trainer.model.training else "eval"]
         metrics["agent/errors"].append(sum(failed for failed, _ in everyone) / len(everyone))
+        metrics["agent/untrainable"].append(left_out / len(everyone))
         names = sorted({name for _, returned in everyone for name in returned})
         for name in names:
             values = [returned[name] for _, returned in everyone if name in returned]

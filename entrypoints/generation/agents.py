@@ -21,15 +21,10 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 import openai
 
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.sections import USER_CODE_TIMEOUT_S, AgentProgram
+from posttrain.components.spec.sections import EPISODES_AT_ONCE, USER_CODE_TIMEOUT_S, AgentProgram, play_bound
 from posttrain.entrypoints.generation.endpoint import Endpoint
 from posttrain.entrypoints.inputs.models import import_user_function
 from posttrain.entrypoints.process.error_file import deadline
-
-# the most episodes of a process in flight at once: their calls make the endpoint's batches
-EPISODES_AT_ONCE = 64
-# past the episodes' own timeouts, before a play that has not ended ends the process
-GRACE_S = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,7 +91,7 @@ def play(
     # each episode is bounded on the event loop; a program that blocks the loop (time.sleep, a blocking client)
     # stops every timer there, so the whole play is bounded apart, on a thread of its own
     games = len(rows) * num_samples
-    seconds = math.ceil(games / EPISODES_AT_ONCE) * program.timeout_s + GRACE_S
+    seconds = play_bound(program.timeout_s, games)
     line = (
         f"posttrain: agent: {games} episode(s) did not end within {seconds:g} s, each bounded by agent.timeout_s "
         f"({program.timeout_s:g} s): the program blocks its event loop (time.sleep, a blocking client?); await "

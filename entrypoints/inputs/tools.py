@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, Sequence, Tuple, Union
 
 from posttrain.components.spec.messages import SpecError, first_line
 from posttrain.components.spec.sections import EnvironmentSource, ToolSource
+from posttrain.entrypoints.inputs.chat_templates import training_template
 from posttrain.entrypoints.inputs.models import import_user_function
 from posttrain.entrypoints.inputs.user_code import guarded, guarded_environment
 
@@ -154,6 +155,21 @@ def check_tool_template(tokenizer: Any, name_or_path: str, where: str = "tools")
             [
                 f"{where}: TRL reads the model's tool calls back only for the chat templates it knows verbatim "
                 f"({TOOL_TEMPLATES}), and {name_or_path}'s is not one of them; train a model with one"
+            ]
+        ) from None
+
+
+def check_episode_template(tokenizer: Any, name_or_path: str, where: str) -> None:
+    """The model's chat template renders calls, TRL reads them back, and TRL has the template its rollouts were
+    rendered with (chat_templates.training_template); ``where``: the spec key that plays episodes (tools or agent)."""
+    check_tool_template(tokenizer, name_or_path, where)
+    try:
+        training_template(tokenizer)
+    except ValueError:
+        raise SpecError(
+            [
+                f"{where}: {name_or_path}'s chat template renders a turn differently once later messages follow, and "
+                f"TRL has no training version of it to play episodes with; use a model with one ({TOOL_TEMPLATES})"
             ]
         ) from None
 

@@ -33,6 +33,7 @@ from posttrain.entrypoints.inputs.models import (
 from posttrain.entrypoints.inputs.rewards import RewardCheck, check_reward_columns, resolve_rewards
 from posttrain.entrypoints.inputs.tools import (
     check_environment_column,
+    check_episode_template,
     check_tool_data,
     check_tool_template,
     resolve_environment,
@@ -132,6 +133,9 @@ def check_inputs(spec: Spec, split: Parts, world_size: int, reward_check: Reward
     check_reward_templates(rewards, spec.model, datasets)
     if calls:
         check_tool_template(tokenizer, spec.model.name_or_path)
+    if agent is not None:
+        # its endpoint renders the rollouts with the training template and reads the calls back as TRL does
+        check_episode_template(tokenizer, spec.model.name_or_path, "agent")
     split_step = fast_paths.micro_batches(
         split.fast_paths,
         torch.cuda.is_available(),

@@ -114,11 +114,12 @@ def test_an_agent_program_that_blocks_its_event_loop_ends_the_process_in_one_lin
     result = run_calls(
         user_module,
         """
+        from posttrain.components.spec import sections
         from posttrain.components.spec.sections import AgentProgram
         from posttrain.entrypoints.generation import agents
         from posttrain.entrypoints.generation.endpoint import Endpoint
 
-        agents.GRACE_S = 1
+        sections.PLAY_GRACE_S = 1
         program = agents.resolve(AgentProgram(function="user_agents:solve", timeout_s=1))
         with Endpoint(lambda requests: [], None, None, "policy", 512, []).serving() as endpoint:
             agents.play(endpoint, program, "policy", [{"prompt": "hi"}] * 3, 2)

@@ -541,6 +541,8 @@ def test_an_agent_program_plays_grpo_s_rollouts_scored_by_its_reward_and_its_eva
     # its evaluate: section plays the same program, where it names none of its own
     evaluate = {"data": {"eval": {"path": "templates/data/hidden_values_heldout.jsonl"}}}
     assert validate({**raw, "evaluate": evaluate}).evaluation_section().agent == spec.agent
+    # one process waits for no other: its episodes may take as long as they take
+    validate({**raw, "agent": {"function": "rooms:solve", "timeout_s": 3600}}, world_size=1)
 
 
 @pytest.mark.parametrize(
@@ -571,13 +573,24 @@ def test_an_agent_program_plays_grpo_s_rollouts_scored_by_its_reward_and_its_eva
             "another name",
         ),
         ({"agent": {"function": "rooms:solve", "timeout_s": -1}}, "agent.timeout_s: expected seconds above 0"),
+        (
+            {"distributed": {"deepspeed": {"zero_stage": 3}}},
+            "distributed.deepspeed: an agent program's endpoint generates on each process apart, as its episodes call, "
+            "and sharded weights make every process generate together; use DDP, or DeepSpeed ZeRO stage 1 or 2",
+        ),
+        (
+            {"agent": {"function": "rooms:solve"}},
+            "agent.timeout_s: a process's 16 episodes may take 630 s (agent.timeout_s each, 64 at once, plus 30 s), "
+            "not below distributed.timeout_s (300 s), how long the other processes wait for them; give a shorter "
+            "agent.timeout_s, or a longer distributed.timeout_s",
+        ),
         ({"agent": None}, "rewards: give at least one reward (function, builtin or model)"),
     ],
 )
 def test_an_agent_program_in_grpo_is_checked_at_submit(change: Dict[str, Any], problem: str) -> None:
     raw = load_template("grpo/tiny-agent.yaml")
     raw = {**raw, **change, "training": {**raw["training"], **change.get("training", {})}}
-    assert problem in problems_of(raw)
+    assert problem in problems_of(raw, world_size=2)
 
 
 def test_a_generation_timeout_the_other_processes_would_not_wait_for_is_refused_with_several() -> None:

@@ -1,0 +1,63 @@
+"""What a training spec's agent program (``agent:``, GRPO's) must be, beside the spec's other keys: where its
+endpoint can generate, the options it would not use, and episodes the other processes can wait for."""
+
+from typing import Any, Dict, List
+
+from posttrain.components.spec.fields import config_value
+from posttrain.components.spec.sections import (
+    EPISODES_AT_ONCE,
+    PLAY_GRACE_S,
+    USER_CODE_TIMEOUT_S,
+    AgentProgram,
+    DistributedSpec,
+    play_bound,
+)
+
+
+def agent_training_problems(
+    agent: AgentProgram,
+    training: Dict[str, Any],
+    config_class: str,
+    distributed: DistributedSpec,
+    reward_names: List[str],
+    world_size: int,
+) -> List[str]:
+    """An agent program where it cannot train yet, with options it would not use, named as a reward of the spec
+    is (``reward_names``), or with episodes that may outlast what the other processes wait for."""
+    found = []
+    if distributed.fsdp is not None or getattr(distributed.sharding, "zero_stage", None) == 3:
+        found.append(
+            f"distributed.{distributed.strategy}: an agent program's endpoint generates on each process apart, as "
+            "its episodes call, and sharded weights make every process generate together; use DDP, or DeepSpeed "
+            "ZeRO stage 1 or 2"
+        )
+    per_process = config_value(config_class, training, "per_device_train_batch_size") * (
+        config_value(config_class, training, "steps_per_generation")
+        or config_value(config_class, training, "gradient_accumulation_steps")
+    )
+    bound, waited = play_bound(agent.timeout_s or USER_CODE_TIMEOUT_S, per_process), distributed.timeout_s
+    if world_size > 1 and bound >= waited:
+        found.append(
+            f"agent.timeout_s: a process's {per_process} episodes may take {bound:g} s (agent.timeout_s each, "
+            f"{EPISODES_AT_ONCE} at once, plus {PLAY_GRACE_S:g} s), not below distributed.timeout_s ({waited} s), "
+            "how long the other processes wait for them; give a shorter agent.timeout_s, or a longer "
+            "distributed.timeout_s"
+        )
+    if config_value(config_class, training, "remove_unused_columns") is True:
+        found.append(
+            "training.remove_unused_columns: true leaves each row its prompt alone, and the agent program reads the "
+            "whole row; set it false"
+        )
+    if training.get("max_tool_calling_iterations") is not None:
+        found.append("training.max_tool_calling_iterations: an agent program bounds its own rounds; drop it")
+    if training.get("use_vllm"):
+        found.append(
+            "training.use_vllm: vLLM does not serve agent programs yet (their endpoint generates in transformers); "
+            "drop it"
+        )
+    if agent.scorer_name() in reward_names:
+        found.append(
+            f"agent.function: its reward's name in the logs, {agent.scorer_name()}, is another reward's too; give "
+            "the function another name"
+        )
+    return found
