@@ -29,6 +29,7 @@ from posttrain.components.spec.messages import (
 from posttrain.components.spec.overrides import apply_overrides
 from posttrain.components.spec.registry import SPEC_CLASSES
 from posttrain.components.spec.schema import Spec
+from posttrain.components.spec.sections import AgentSection
 from posttrain.components.spec.shipped import SHIPPED_PREFIX, is_shipped, shipped_paths, spec_file, template_file
 from posttrain.components.spec.values import (
     combination_problems,
@@ -223,7 +224,14 @@ def _unknown_keys(raw: Mapping[str, Any], cls: Type[Spec]) -> Iterator[str]:
     paths = list(known_paths(cls))
     paths += [f"training.{k}" for k in training_fields if k not in owned and k not in cls.refused_keys]
     paths += [f"model.lora.{k}" for k in config_fields(LORA_CONFIG)]
-    yield from unknown_in(raw, cls, "", paths)
+    # what plays episodes, given to an algorithm that plays none: its place in evaluate: is not what was meant
+    played = [] if issubclass(cls, AgentSection) else [key for key in AgentSection.model_fields if key in raw]
+    for key in played:
+        yield (
+            f"{key}: posttrain.{cls.name()} plays no episodes; tools, environments and agent programs train with "
+            "posttrain.grpo (an evaluate: section judges with them too)"
+        )
+    yield from unknown_in({k: v for k, v in raw.items() if k not in played}, cls, "", paths)
     training = raw.get("training")
     if isinstance(training, dict):
         refused = cls.refused_keys

@@ -154,5 +154,6 @@ class AgentRollouts:
 
 
 def _nothing_trained(tokenizer: Any, row: Dict[str, Any]) -> Sample:
-    """An episode that made no call: its row's prompt, and one end token that the loss does not count."""
+    """An episode that trains on nothing (it made no call, or its calls are not one sequence): its row's prompt, and
+    one end token that the loss does not count."""
     return Sample(prompt_ids(tokenizer, row["prompt"]), [tokenizer.eos_token_id], [0.0], [0])

@@ -603,3 +603,15 @@ def test_a_generation_timeout_the_other_processes_would_not_wait_for_is_refused_
     validate(raw, world_size=1)
     raw["generation"] = {"generate_timeout_s": 0}
     assert "generation.generate_timeout_s: expected seconds above 0" in problems_of(raw, world_size=1)
+
+
+@pytest.mark.parametrize("template", ["rloo/tiny.yaml", "sft/tiny.yaml"])
+def test_what_plays_episodes_in_an_algorithm_that_plays_none_names_grpo(template: str) -> None:
+    raw = load_template(template)
+    algorithm = raw["algorithm"]
+    raw.update(agent={"function": "rooms:solve"}, tools=[{"function": "m:lookup"}])
+    assert problems_of(raw).splitlines() == [
+        f"{key}: posttrain.{algorithm} plays no episodes; tools, environments and agent programs train with "
+        "posttrain.grpo (an evaluate: section judges with them too)"
+        for key in ("tools", "agent")
+    ]
