@@ -9,6 +9,7 @@ only: the rendezvous port's check, before any launcher, uses it too.
 """
 
 import contextlib
+import hashlib
 import json
 import os
 import sys
@@ -36,9 +37,27 @@ def report_done() -> None:
 
 def say(line: str) -> None:
     """Prints the line this rank stops with, and tells posttrain's launcher it did: where no rank of a node did (rank
-    0 was stopped first), the launcher of rank 0's node says it (``launcher.unsaid_line``)."""
-    print(line, file=sys.stderr, flush=True)
+    0 was stopped first), the launcher of rank 0's node says it (``launcher.unsaid_line``). A line another rank of
+    the node said already is not printed again: a cause the ranks meet alike (a full disk they share) is one line."""
+    if _first_to_say(line):
+        print(line, file=sys.stderr, flush=True)
     _mark("said")
+
+
+def _first_to_say(line: str) -> bool:
+    """Whether no rank of this node has said ``line``: the first to make its mark in the launcher's directory."""
+    done_dir = os.environ.get(DONE_DIR_ENV)
+    if not done_dir:
+        return True
+    mark = Path(done_dir) / f"line-{hashlib.sha256(line.encode()).hexdigest()[:16]}"
+    try:
+        os.close(os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    except OSError:
+        # no mark can be made: saying it twice is better than not at all
+        return True
+    return True
 
 
 def _mark(kind: str) -> None:

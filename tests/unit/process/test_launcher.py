@@ -202,6 +202,31 @@ def test_rank_0_alone_prints_a_checks_line_and_says_so_every_rank_records_it(
         assert (tmp_path / f"said-{rank}").exists() is printed
 
 
+def test_a_line_every_rank_of_a_node_meets_alike_is_printed_once_and_recorded_by_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """A full disk the ranks share: each rank stops with the same line, said once on the node."""
+    from posttrain.components.spec.messages import SpecError
+    from posttrain.entrypoints.process.ending import ends_in_one_line
+
+    monkeypatch.setenv(error_file.DONE_DIR_ENV, str(tmp_path))
+    line = "training.output_dir: writing into /out failed: No space left on device (0.0 MiB free); make room"
+    for rank in ("1", "0", "2"):
+        monkeypatch.setenv("RANK", rank)
+        monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(tmp_path / f"error-{rank}.json"))
+        with pytest.raises(SystemExit), ends_in_one_line():
+            raise SpecError([line], this_rank_only=True)
+        assert (
+            error_file.posttrain_line(json.loads((tmp_path / f"error-{rank}.json").read_text())) == f"posttrain: {line}"
+        )
+        assert (tmp_path / f"said-{rank}").exists()
+    assert capsys.readouterr().err.count("posttrain: ") == 1
+    # another line is said, once
+    with pytest.raises(SystemExit), ends_in_one_line():
+        raise SpecError(["something else"], this_rank_only=True)
+    assert capsys.readouterr().err.count("posttrain: something else") == 1
+
+
 def test_a_sys_exit_a_rank_says_is_marked_said_and_the_launcher_does_not_say_it_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
 ) -> None:
