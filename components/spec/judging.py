@@ -13,6 +13,7 @@ from posttrain.components.spec.sections import (
     DataSpec,
     RewardSource,
     Strict,
+    callable_name,
 )
 
 
@@ -132,14 +133,8 @@ class Evaluation(AgentSection):
     def scorer_names(self) -> List[str]:
         """Each scorer's name in the summary: its built-in's or function's name, numbered where two share one;
         then each environment's, whose ``get_reward`` scores its episodes (:meth:`environment_scorers`)."""
-        # a function's own name (my_scores:Judge.correct: correct), a reward model's folder's (outputs/reward-tiny:
-        # reward_tiny), as require's conditions can write them
-        names = [
-            reward.builtin
-            or (reward.function or "").rpartition(":")[2].rpartition(".")[2]
-            or re.sub(r"\W", "_", str(reward.model).rstrip("/").rpartition("/")[2])
-            for reward in self.rewards
-        ]
+        # as require's conditions can write them
+        names = [reward.scorer_name() for reward in self.rewards]
         numbered = [f"{name}_{index}" if names.count(name) > 1 else name for index, name in enumerate(names)]
         return numbered + self.environment_scorers() + ([self.agent.scorer_name()] if self.agent else [])
 
@@ -148,7 +143,7 @@ class Evaluation(AgentSection):
         for ``my_env:Room``), or by its name among several."""
         if isinstance(self.environment, dict):
             return list(self.environment)
-        return [self.environment.factory.rpartition(":")[2].rpartition(".")[2]] if self.environment else []
+        return [callable_name(self.environment.factory)] if self.environment else []
 
     def _program_problems(self, names: List[str]) -> List[str]:
         """An agent program with rounds of calls to bound, vLLM to generate, or named as another scorer is."""

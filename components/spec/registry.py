@@ -160,7 +160,7 @@ class GRPOSpec(GroupSpec, AgentSection):
                 "the whole row (reset(**row); several environments, its environment column); set it false"
             )
         if self.agent is not None:
-            named = [r.builtin or (r.function or "").rpartition(":")[2].rpartition(".")[2] for r in self.rewards]
+            named = [reward.scorer_name() for reward in self.rewards]
             found += agent_training_problems(
                 self.agent, self.training, self.config_class, self.distributed, named, world_size or 1
             )

@@ -88,6 +88,11 @@ def timeout_problems(where: str, timeout_s: Optional[float]) -> List[str]:
     return [f"{where}.timeout_s: expected seconds above 0 (unset: {USER_CODE_TIMEOUT_S:g}); got {timeout_s:g}"]
 
 
+def callable_name(path: str) -> str:
+    """The own name of the callable at ``module:name`` (``correct`` for ``my_scores:Judge.correct``)."""
+    return path.rpartition(":")[2].rpartition(".")[2]
+
+
 class RewardSource(Strict):
     """One reward: exactly one of a user callable, a built-in, or a reward model; weighted."""
 
@@ -100,6 +105,15 @@ class RewardSource(Strict):
     weight: float = 1.0
     # how long one call of the function may take (None: USER_CODE_TIMEOUT_S)
     timeout_s: Optional[float] = None
+
+    def scorer_name(self) -> str:
+        """Its name in a summary or a log: its built-in's, its function's own (``correct`` for
+        ``my_scores:Judge.correct``), or its reward model's folder's (``reward_tiny`` for ``outputs/reward-tiny``)."""
+        if self.builtin:
+            return self.builtin
+        if self.function:
+            return callable_name(self.function)
+        return re.sub(r"\W", "_", str(self.model).rstrip("/").rpartition("/")[2])
 
     def problems(self, where: str) -> List[str]:
         given = [key for key in ("function", "builtin", "model") if getattr(self, key) is not None]
@@ -192,7 +206,7 @@ class AgentProgram(Strict):
 
     def scorer_name(self) -> str:
         """Its reward's name in a summary: the function's (``solve`` for ``my_agent:solve``)."""
-        return self.function.rpartition(":")[2].rpartition(".")[2]
+        return callable_name(self.function)
 
 
 class AgentSection(Strict):
