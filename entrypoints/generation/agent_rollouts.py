@@ -77,9 +77,15 @@ class AgentRollouts:
     def __init__(self, program: Program, scorer_name: str, model_name: str) -> None:
         self.program, self.scorer_name, self.model_name = program, scorer_name, model_name
         self._rows: List[Dict[str, Any]] = []
+        self._tokenizer: Any = None
+        self._template: Optional[str] = None
 
     def attach(self, trainer: Any) -> None:
-        """Keeps the rows of each batch the trainer generates for: TRL hands ``rollout_func`` their prompts alone."""
+        """Keeps the rows of each batch the trainer generates for (TRL hands ``rollout_func`` their prompts alone),
+        and makes the tokenizer and template the endpoint renders with, once."""
+        # the endpoint reads the model's calls back with TRL's parser; TRL's own tokenizer decodes as without tools
+        self._tokenizer = with_response_schema(copy.copy(trainer.processing_class))
+        self._template = training_template(self._tokenizer)
         score = trainer._generate_and_score_completions
 
         @functools.wraps(score)
@@ -92,15 +98,13 @@ class AgentRollouts:
     def __call__(self, prompts: List[Any], trainer: Any) -> Dict[str, List[Any]]:
         rows = self._rows
         assert len(rows) == len(prompts), "AgentRollouts.attach(trainer) gives rollouts their rows"
-        args = trainer.args
-        # the endpoint reads the model's calls back with TRL's parser; TRL's own tokenizer decodes as without tools
-        tokenizer = with_response_schema(copy.copy(trainer.processing_class))
+        args, tokenizer = trainer.args, self._tokenizer
         with unwrap_model_for_generation(
             trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=args.ds3_gather_for_generation
         ) as model:
             sampling = (args.temperature, args.top_p)
             endpoint = over_model(
-                model, tokenizer, training_template(tokenizer), self.model_name, sampling, args.max_completion_length
+                model, tokenizer, self._template, self.model_name, sampling, args.max_completion_length
             )
             with endpoint.serving():
                 outcomes = [outcome for [outcome] in agents.play(endpoint, self.program, self.model_name, rows, 1)]

@@ -6,8 +6,8 @@ A process's episodes run side by side, so their calls are generated in
 batches. An episode whose program raises, returns no reward or runs past
 ``agent.timeout_s`` scores 0, with why kept (:class:`Outcome`): one bad
 episode does not end the job. A program that blocks its event loop, which
-no episode's timeout can then stop, ends the job in one line. What each episode's calls were, exactly, the
-endpoint keeps under the episode's name.
+no episode's timeout can then stop, ends the job in one line. What each
+episode's calls were, exactly, the endpoint keeps under the episode's name.
 """
 
 import asyncio
