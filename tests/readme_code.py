@@ -39,6 +39,7 @@ LISTED: Dict[str, str] = {
         "installs GPU packages into the environment running the tests (CI has no GPU); "
         "tests/unit/speed/test_fast_paths.py reads the gpu extra"
     ),
+    "pip install 'posttrain[tasks]'": "installs reasoning-gym, which the test extra installs for this test already",
     "python3 -m venv .venv-vllm": "builds the vLLM environment: .ci/run builds it and runs the vLLM tests there",
     "torchx run -s local_cwd posttrain.grpo --spec templates/grpo/tiny-vllm.yaml": (
         "needs the vLLM environment: tests/e2e/test_vllm.py runs this template there (.ci/run)"
@@ -57,6 +58,9 @@ LISTED: Dict[str, str] = {
     ),
     "torchx run -s local_cwd posttrain.eval --spec templates/eval/benchmarks-tiny.yaml": (
         "tests/e2e/test_eval.py runs this evaluation (of the session's tiny SFT model) and reads its line"
+    ),
+    "torchx run -s local_cwd posttrain.chain --spec templates/chain/reasoning-tiny.yaml": (
+        "tests/e2e/test_reasoning.py runs this chain, checks its gate's order and every sample's score by hand"
     ),
     "torchx run -s local_cwd posttrain.chain --spec templates/chain/tools-tiny.yaml": (
         "tests/e2e/test_tools.py runs this chain (and its GRPO stage without the tool), tests/e2e/test_vllm.py "

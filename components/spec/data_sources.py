@@ -1,10 +1,11 @@
-"""What a spec's ``data`` section may say: each source named once, the way a local file or a hub data set is named,
-and a mixture of several that holds together. The sections themselves are ``sections.DataSource`` and
-``sections.DataSpec``; the job reads them in ``entrypoints/inputs/data.py``."""
+"""What a spec's ``data`` section may say: each source named once, the way a local file, a hub data set or
+reasoning-gym's generated rows are named; a mixture of several that holds together; held-out rows generated from a
+seed of their own. The sections themselves are ``sections.DataSource`` and ``sections.DataSpec``; the job reads
+them in ``entrypoints/inputs/data.py``."""
 
 import glob
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 from posttrain.components.spec.messages import cut
 
@@ -55,6 +56,7 @@ def data_problems(data: Any) -> List[str]:
                 f"data.{split}: {', '.join(weighted)} have a weight and the other sources none; give every "
                 "source a weight, or none (equal weights)"
             )
+    found += seed_overlaps(data.sources("train"), data.sources("eval"))
     if data.mix == "interleave" and all(len(data.sources(split)) < 2 for split in ("train", "eval")):
         found.append(
             "data.mix: interleave draws from several sources; data.train (and data.eval) has one: give a "
@@ -64,12 +66,19 @@ def data_problems(data: Any) -> List[str]:
 
 
 def _source_problems(where: str, source: Any) -> List[str]:
-    if (source.path is None) == (source.name is None):
+    if [source.path, source.name, source.reasoning_gym].count(None) != 2:
         return [
             f"{where}: give exactly one of path (a local JSON/JSONL/Parquet/CSV file, a glob of them or a saved "
-            "data set) or name (a hub data set)"
+            "data set), name (a hub data set) or reasoning_gym (generated tasks)"
         ]
     found = []
+    if source.reasoning_gym is not None:
+        found += _generated_problems(f"{where}.reasoning_gym", source.reasoning_gym)
+        found += [
+            f"{where}.{key}: applies to hub data sets ({where}.name); generated rows have none: remove it"
+            for key, value in (("config", source.config), ("split", source.split))
+            if value not in (None, "train")
+        ]
     # a file is one split; save_to_disk's dict has several
     if source.path is not None:
         a_file = source.path.endswith(DATA_SUFFIXES)
@@ -84,6 +93,57 @@ def _source_problems(where: str, source: Any) -> List[str]:
         found.append(f"{where}.max_rows: {source.max_rows}; expected at least 1 (the first rows kept), or drop it")
     if source.weight is not None and source.weight <= 0:
         found.append(f"{where}.weight: {source.weight}; expected a positive number (weights are normalised)")
+    return found
+
+
+def _generated_problems(where: str, generated: Any) -> List[str]:
+    """A ``reasoning_gym`` source's problems the client can see: which tasks exist and what their configs take
+    are the job's to check, where reasoning-gym is installed (``entrypoints/inputs/reasoning_tasks.py``)."""
+    found = []
+    if not generated.tasks:
+        found.append(f"{where}.tasks: an empty list; name at least one task ({{name: chain_sum}})")
+    names = [task.name for task in generated.tasks]
+    found += [
+        f"{where}.tasks: {name!r} is named twice; merge its configs"
+        for name in sorted(set(names))
+        if names.count(name) > 1
+    ]
+    found += [
+        f"{where}.tasks.{index}.weight: {task.weight}; expected a positive number (weights are normalised)"
+        for index, task in enumerate(generated.tasks)
+        if task.weight <= 0
+    ]
+    found += [
+        f"{where}.tasks.{index}.config: {key} is the source's ({where}.{key}); remove it from the config"
+        for index, task in enumerate(generated.tasks)
+        for key in ("size", "seed")
+        if key in task.config
+    ]
+    if generated.size < 1:
+        found.append(f"{where}.size: {generated.size}; expected at least 1 row")
+    if not 0 <= generated.wrong_answers < 1:
+        found.append(f"{where}.wrong_answers: {generated.wrong_answers}; expected a share in [0, 1)")
+    if "{answer}" not in generated.answer_format:
+        found.append(f"{where}.answer_format: {cut(repr(generated.answer_format))} has no {{answer}} to fill in")
+    return found
+
+
+def seed_overlaps(train: List[Tuple[str, Any]], held_out: List[Tuple[str, Any]]) -> List[str]:
+    """Generated sources of held-out data (``held_out``) that draw a task from the seed training draws it from
+    (``train``): the same rows, scored as if never seen. Each pair of ``(dotted key, DataSource)``."""
+    found = []
+    for where, source in held_out:
+        for trained_where, trained in train:
+            if source.reasoning_gym is None or trained.reasoning_gym is None:
+                continue
+            shared = {task.name for task in source.reasoning_gym.tasks} & {
+                task.name for task in trained.reasoning_gym.tasks
+            }
+            if shared and source.reasoning_gym.seed == trained.reasoning_gym.seed:
+                found.append(
+                    f"{where}.reasoning_gym.seed: {source.reasoning_gym.seed} is {trained_where}'s too, whose "
+                    f"{', '.join(sorted(shared))} rows it would repeat: held-out rows need a seed of their own"
+                )
     return found
 
 

@@ -114,13 +114,26 @@ def unknown_message(path: str, siblings: Set[str], prefix: str, paths: List[str]
     close = difflib.get_close_matches(key, sorted(siblings), n=1, cutoff=0.6)
     if close:
         return f"{path}: unknown key; did you mean {prefix}{close[0]}?"
-    elsewhere = [p for p in paths if p.rsplit(".", 1)[-1] == key]
+    # the nearest place of that name: under most of this key's own sections, then the least deep
+    named = (p for p in paths if p.rsplit(".", 1)[-1] == key)
+    elsewhere = sorted(named, key=lambda p: (-_shared_sections(p, prefix), p.count(".")))
     if elsewhere:
         return f"{path}: unknown key here; it belongs at {elsewhere[0]}"
     if len(siblings) <= 8:
         return f"{path}: unknown key; valid keys here: {', '.join(sorted(siblings))}"
     nearest = difflib.get_close_matches(key, sorted(siblings), n=5, cutoff=0)
     return f"{path}: unknown key; the nearest of the {len(siblings)} valid keys here: {', '.join(nearest)}"
+
+
+def _shared_sections(path: str, prefix: str) -> int:
+    """How many leading sections ``path`` shares with ``prefix`` (``evaluate.generation.seed`` with ``evaluate.``:
+    one)."""
+    shared = 0
+    for mine, theirs in zip(path.split("."), prefix.split(".")):
+        if mine != theirs:
+            break
+        shared += 1
+    return shared
 
 
 def translate(error: ValidationError) -> List[str]:

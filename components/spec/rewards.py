@@ -13,10 +13,11 @@ import typing
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional
 
-from posttrain.components.spec import code_runs
+from posttrain.components.spec import code_runs, reasoning_tasks
 
 # the spec's own type rules, for argument values too
 from posttrain.components.spec.fields import field_type
+from posttrain.components.spec.messages import cut
 
 RewardFunction = Callable[..., List[float]]
 
@@ -191,6 +192,43 @@ def regex_format(pattern: str, full: bool = False) -> RewardFunction:
     return score
 
 
+# how reasoning-gym's prompts ask for the answer (its SYSTEM_PROMPTS["default"])
+ANSWER_TAG = r"<answer>(.*?)</answer>"
+
+
+def reasoning_gym(column: str = reasoning_tasks.KEY_COLUMN, pattern: Optional[str] = ANSWER_TAG) -> RewardFunction:
+    """The task's own score of the answer, for rows a ``reasoning_gym`` data source generated: reasoning-gym's
+    ``score_answer`` (1 right, partial credit where the task gives it, 0 wrong or none) of the row that ``column``
+    names (``reasoning_tasks.py``).
+
+    The answer is the first group of the last match of ``pattern`` in the
+    completion's answer (its last message): ``<answer>...</answer>``, as
+    reasoning-gym's prompts ask; with ``pattern: null``, its last line that
+    is not blank. What was read goes to the samples (column
+    ``reasoning_gym/answer``; empty where nothing was).
+    """
+    reasoning_tasks.imported("rewards: builtin reasoning_gym")
+    compiled = re.compile(pattern, re.DOTALL) if pattern is not None else None
+
+    def read(completion: Any) -> Optional[str]:
+        text = answer_text(completion)
+        if compiled is None:
+            lines = [line.strip() for line in text.splitlines() if line.strip()]
+            return lines[-1] if lines else None
+        matches = list(compiled.finditer(text))
+        return matches[-1].group(1).strip() if matches else None
+
+    def score(
+        completions: List[Any], log_extra: Optional[Callable[[str, List[str]], None]] = None, **columns: Any
+    ) -> List[float]:
+        answers = [read(completion) for completion in completions]
+        if log_extra is not None:
+            log_extra("reasoning_gym/answer", [answer or "" for answer in answers])
+        return [reasoning_tasks.score(answer, key) for answer, key in zip(answers, columns[column])]
+
+    return score
+
+
 BUILTIN_REWARDS: Dict[str, Callable[..., RewardFunction]] = {
     "exact_match": exact_match,
     "contains": contains,
@@ -198,6 +236,7 @@ BUILTIN_REWARDS: Dict[str, Callable[..., RewardFunction]] = {
     "regex_format": regex_format,
     "math_verify": math_verify,
     "code_tests": code_tests,
+    "reasoning_gym": reasoning_gym,
 }
 
 
@@ -224,9 +263,12 @@ def check_builtin(name: str, args: Dict[str, Any]) -> List[str]:
     for key in ("pattern", "answer_pattern"):
         if args.get(key) is not None:
             try:
-                re.compile(args[key])
+                compiled = re.compile(args[key])
             except re.error as error:
                 return [f"{name}: {key} is not a valid regular expression: {error}"]
+            # the answer is its first group; regex_format's only matches
+            if name != "regex_format" and compiled.groups < 1:
+                return [f"{name}: {key} {cut(repr(args[key]))} has no group: the answer is its first, (...)"]
     return []
 
 

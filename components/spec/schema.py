@@ -13,6 +13,7 @@ import json
 import typing
 from typing import Any, ClassVar, Dict, List, Optional, Tuple
 
+from posttrain.components.spec.data_sources import seed_overlaps
 from posttrain.components.spec.fields import config_fields, config_value
 from posttrain.components.spec.generation import runs_vllm_server
 from posttrain.components.spec.judging import EvaluateSection
@@ -213,6 +214,9 @@ class Spec(Strict):
             )
         elif self.evaluate is not None:
             found += self.evaluation_section().problems()
+            if self.evaluate.data is not None:
+                held_out = [(f"evaluate.{where}", source) for where, source in self.evaluate.data.sources("eval")]
+                found += seed_overlaps(self.data.sources("train"), held_out)
         for key, why in self.refused_sections.items():
             section, _, name = key.partition(".")
             if getattr(getattr(self, section), name) is not None:

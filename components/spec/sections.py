@@ -33,12 +33,38 @@ class ModelSpec(Strict):
     quantization: Optional[Literal["4bit"]] = None
 
 
+class ReasoningTask(Strict):
+    """One of reasoning-gym's generators: its name, its config (the fields of the task's ``*Config``), and its weight
+    where a source draws from several."""
+
+    name: str
+    config: Dict[str, Any] = {}
+    weight: float = 1.0
+
+
+class ReasoningTasks(Strict):
+    """Rows reasoning-gym generates (``entrypoints/inputs/reasoning_tasks.py``): ``size`` of them from ``seed``, the
+    same on every rank and every rerun; each a chat prompt (``system``, then the task's question), its ``answer``,
+    and as ``completion`` that answer as ``answer_format`` writes it (another row's, in a share ``wrong_answers``
+    of the rows: what SFT warm-starts on, and RL fixes)."""
+
+    tasks: List[ReasoningTask]
+    size: int
+    seed: int
+    # None: reasoning-gym's own (SYSTEM_PROMPTS["default"]), which asks for <answer>...</answer>
+    system: Optional[str] = None
+    answer_format: str = "<answer>{answer}</answer>"
+    wrong_answers: float = 0.0
+
+
 class DataSource(Strict):
-    """One data source: a local file, a glob of files or a saved data set (``path``), or a hub data set (``name``);
-    its own column renames (beside ``data.columns``), a cap on its rows, and its weight in an interleaved mixture."""
+    """One data source: a local file, a glob of files or a saved data set (``path``), a hub data set (``name``), or
+    reasoning-gym's generators (``reasoning_gym``); its own column renames (beside ``data.columns``), a cap on its
+    rows, and its weight in an interleaved mixture."""
 
     path: Optional[str] = None
     name: Optional[str] = None
+    reasoning_gym: Optional[ReasoningTasks] = None
     config: Optional[str] = None
     split: str = "train"
     columns: Dict[str, str] = {}

@@ -22,6 +22,7 @@ from posttrain.components.spec.local_files import (
 from posttrain.components.spec.messages import SpecError, first_line
 from posttrain.components.spec.schema import Spec
 from posttrain.components.spec.sections import DataSource, DataSpec
+from posttrain.entrypoints.inputs.reasoning_tasks import generated_rows
 from posttrain.entrypoints.process.distributed import env_rank
 
 log = logging.getLogger("posttrain")
@@ -99,7 +100,10 @@ def load_data(source: DataSource, columns: Dict[str, str], where: str, formats: 
     import datasets
 
     datasets.disable_progress_bars()
-    if source.path is not None:
+    if source.reasoning_gym is not None:
+        path = None
+        dataset = generated_rows(source.reasoning_gym, f"{where}.reasoning_gym")
+    elif source.path is not None:
         path = Path(source.path)
         is_saved = path.is_dir() and not is_glob(source.path)
         dataset = (

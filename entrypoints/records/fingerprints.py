@@ -17,6 +17,7 @@ import hashlib
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from posttrain.components.spec.reasoning_tasks import generation_key
 from posttrain.components.spec.sections import DataSpec
 from posttrain.entrypoints.records.files import TORCH_SUFFIXES
 
@@ -128,6 +129,9 @@ def split_fingerprint(data: DataSpec, split: str, dataset: Any) -> Dict[str, Any
 def data_fingerprint(source: Any, dataset: Any) -> Dict[str, Any]:
     """A local file by its digest; a glob's files, or a saved data set's (a directory), by each one's; a hub data set
     by the ``datasets`` fingerprint of what loaded (None where nothing loaded here)."""
+    if source.reasoning_gym is not None:
+        # the rows are what the generation's tasks, size and seed make
+        return {"source": "reasoning_gym", "generation": generation_key(source.reasoning_gym)}
     files = local_files(source.path) if source.path is not None else []
     if not files:
         return {"source": source.path or source.name, "fingerprint": getattr(dataset, "_fingerprint", None)}

@@ -63,8 +63,9 @@ def test_text_rewards_read_what_the_model_wrote_not_what_its_tools_returned() ->
     assert band([called]) == band([""])
 
 
-# code_tests runs processes: tests/integration/test_code_tests.py
-@pytest.mark.parametrize("name", sorted(set(BUILTIN_REWARDS) - {"code_tests"}))
+# code_tests runs processes: tests/integration/test_code_tests.py; reasoning_gym scores generated rows:
+# tests/unit/inputs/test_reasoning_tasks.py
+@pytest.mark.parametrize("name", sorted(set(BUILTIN_REWARDS) - {"code_tests", "reasoning_gym"}))
 def test_every_builtin_scores_in_the_unit_interval_and_is_named(name: str) -> None:
     args = {
         "exact_match": {},
