@@ -176,7 +176,15 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # README's `pytest -n 2` runs the end-to-end modules in two lanes side by side, each lane on one worker, in order:
 # a module's tests and the session's shared runs stay on one worker. This lane's modules use no shared run, and
 # take about as long as the other lane's (2026-12-06, 2 cores).
-BESIDE_LANE = ("test_readme", "test_installed", "test_slurm", "test_tools", "test_chain", "test_benchmarks")
+BESIDE_LANE = (
+    "test_readme",
+    "test_installed",
+    "test_slurm",
+    "test_tools",
+    "test_reasoning",
+    "test_chain",
+    "test_benchmarks",
+)
 
 
 # end-to-end modules whose tests share no run, each test a unit of its own: vLLM's, which .ci/run runs apart, on both
