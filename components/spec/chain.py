@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from posttrain.components.spec import evaluation
+from posttrain.components.spec.data_sources import seed_overlaps
 from posttrain.components.spec.evaluation import EvalSpec, validate_eval
 from posttrain.components.spec.generation import runs_vllm_server
 from posttrain.components.spec.loading import as_written_by_yaml_1_1, read_yaml, validate
@@ -173,7 +174,7 @@ def validate_chain(
     if problems:
         raise SpecError(problems)
     chain = Chain(output_dir, tuple(validated))
-    problems += _handover_problems(chain)
+    problems += _handover_problems(chain) + _held_out_problems(chain)
     if problems:
         raise SpecError(problems)
     return chain
@@ -300,6 +301,23 @@ def _handover_problems(chain: Chain) -> List[str]:
                 f"stages.{stage.name}.training.vllm_mode: server needs a vllm role beside the trainers, which a "
                 "chain does not run; use vllm_mode: colocate, or a server of your own (vllm_server_base_url)"
             )
+    return problems
+
+
+def _held_out_problems(chain: Chain) -> List[str]:
+    """An evaluation stage whose generated rows are those an earlier stage trained on (the same task and seed)."""
+    problems = []
+    for index, stage in enumerate(chain.stages):
+        if not isinstance(stage.spec, EvalSpec) or stage.spec.data is None:
+            continue
+        held_out = [(f"stages.{stage.name}.{where}", source) for where, source in stage.spec.data.sources("eval")]
+        trained = [
+            (f"stages.{earlier.name}.{where}", source)
+            for earlier in chain.stages[:index]
+            if isinstance(earlier.spec, Spec)
+            for where, source in earlier.spec.data.sources("train")
+        ]
+        problems += seed_overlaps(trained, held_out)
     return problems
 
 

@@ -14,6 +14,7 @@ from reasoning_gym.composite import DatasetSpec
 
 from helpers import REPO, load_template
 from posttrain.components.spec import reasoning_tasks
+from posttrain.components.spec.chain import load_chain
 from posttrain.components.spec.loading import validate
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.registry import SPEC_CLASSES
@@ -225,3 +226,14 @@ def test_without_reasoning_gym_the_job_says_what_to_install(monkeypatch: pytest.
     with pytest.raises(SpecError) as error:
         builtin_reward("reasoning_gym", {})
     assert error.value.problems[0].endswith("lacks: pip install 'posttrain[tasks]'")
+
+
+def test_a_chain_s_gate_on_rows_an_earlier_stage_trained_on_is_refused_at_submit() -> None:
+    chain = "templates/chain/reasoning-tiny.yaml"
+    assert [stage.name for stage in load_chain(str(REPO / chain)).stages] == ["sft", "grpo", "check"]
+    with pytest.raises(SpecError) as error:
+        load_chain(str(REPO / chain), ["stages.check.data.eval.reasoning_gym.seed=2"])
+    assert error.value.problems == [
+        "stages.check.data.eval.reasoning_gym.seed: 2 is stages.grpo.data.train's too, whose gcd rows it would "
+        "repeat: held-out rows need a seed of their own"
+    ]
