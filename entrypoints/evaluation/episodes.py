@@ -132,7 +132,10 @@ def play(
 
     def write(ids: List[int], budget: int) -> List[int]:
         # the model's next turn: up to budget tokens, its end token included (as TRL keeps it)
-        return engine([Request(tuple(ids), budget, generation.temperature, generation.top_p, ends)])[0].ids
+        request = Request(
+            tuple(ids), budget, temperature=generation.temperature, top_p=generation.top_p, stop_token_ids=ends
+        )
+        return engine([request])[0].ids
 
     return [
         _played(_playing(tokenizer, template, row, agent, generation), write) for _ in range(generation.num_samples)

@@ -44,17 +44,19 @@ def continued(
     earlier: List[int],
     end_tokens: Sequence[int],
     messages: List[Dict[str, Any]],
+    options: Optional[Dict[str, Any]] = None,
 ) -> Optional[List[int]]:
     """The prompt of ``messages``, which start with ``held`` (an earlier call's conversation and reply), going on
     from ``earlier`` (that call's prompt and completion): where the model did not end its turn with one of
     ``end_tokens`` (cut at its length or a stop string), the template's own end of the turn follows it. None where
     the template does not close the reply's turn with one of them, or renders ``held`` otherwise within
-    ``messages``."""
-    before = rendered(tokenizer, template, tools, held, add_generation_prompt=False)
-    after = rendered(tokenizer, template, tools, messages, add_generation_prompt=True)
+    ``messages``. ``options``: the template's own variables (a request's ``chat_template_kwargs``)."""
+    options = options or {}
+    before = rendered(tokenizer, template, tools, held, add_generation_prompt=False, **options)
+    after = rendered(tokenizer, template, tools, messages, add_generation_prompt=True, **options)
     # the turn as the template closes it, up to its end token: what follows (a newline, the next turn) is new;
     # an end token before the reply's turn opened would take the reply in again
-    opened = len(rendered(tokenizer, template, tools, held[:-1], add_generation_prompt=True))
+    opened = len(rendered(tokenizer, template, tools, held[:-1], add_generation_prompt=True, **options))
     ends = [index for index, token in enumerate(before) if token in end_tokens and index >= opened]
     if not ends or after[: ends[-1] + 1] != before[: ends[-1] + 1]:
         return None

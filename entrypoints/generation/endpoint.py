@@ -7,9 +7,12 @@ Paths, each refused with 401 without ``Authorization: Bearer <key>``:
 - ``POST /v1/chat/completions``: ``messages``, ``tools``, ``n``, ``temperature``, ``top_p``, ``max_tokens`` /
   ``max_completion_tokens``, ``stop`` (the tokens kept end with the one that completes the stop string, the text
   before it returned), ``logprobs``, ``return_token_ids`` (``prompt_token_ids`` and each choice's ``token_ids``,
-  as vLLM returns them) and ``stream`` (the whole reply in one chunk);
+  as vLLM returns them) and ``stream`` (the whole reply in one chunk); and vLLM's extras, as a client sends them
+  in its ``extra_body``: ``top_k``, ``min_p``, ``repetition_penalty``, ``chat_template_kwargs`` (given to the chat
+  template: ``{"enable_thinking": false}``);
 - ``POST /inference/v1/generate``: vLLM's token-in/token-out API, which verifiers' train client speaks
-  (``token_ids`` and ``sampling_params`` in; each choice's ``token_ids`` and log-probs out).
+  (``token_ids`` and ``sampling_params`` in, the same sampling keys; each choice's ``token_ids`` and log-probs
+  out).
 
 The same paths under ``/episodes/<id>/`` record their calls under that episode (``calls(id)``): an agent's client
 gets the episode's base URL. A chat request is rendered with the policy's chat template (the one it trained with)
@@ -40,6 +43,8 @@ from posttrain.entrypoints.generation.vllm_token import matches
 # a request waits this long for others to join its batch (an agent's episodes call side by side)
 GATHER_S = 0.05
 EPISODE_PATH = re.compile(r"^/episodes/([A-Za-z0-9_.-]{1,128})(/.*)$")
+# what the endpoint itself gives the chat template, which a request's chat_template_kwargs may not
+RENDERING_KEYS = frozenset(("messages", "tools", "chat_template", "tokenize", "return_dict", "add_generation_prompt"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,9 +195,13 @@ class Endpoint:
         messages = template_messages(given)
         if not messages:
             raise BadRequest("messages: at least one message")
+        options = body.get("chat_template_kwargs") or {}
+        if not isinstance(options, dict) or set(options) & RENDERING_KEYS:
+            taken = ", ".join(sorted(RENDERING_KEYS))
+            raise BadRequest(f"chat_template_kwargs: an object of the template's own variables (not {taken})")
         with self._tokenizing:
-            prompt_ids = self._continued(episode, messages, tools) or rendered(
-                self.tokenizer, self.template, tools, messages, add_generation_prompt=True
+            prompt_ids = self._continued(episode, messages, tools, options) or rendered(
+                self.tokenizer, self.template, tools, messages, add_generation_prompt=True, **options
             )
         request = self._request(prompt_ids, body, body.get("max_completion_tokens") or body.get("max_tokens"))
         stops = body.get("stop") or []
@@ -218,7 +227,7 @@ class Endpoint:
         return reply
 
     def _continued(
-        self, episode: str, messages: List[Dict[str, Any]], tools: Optional[List[Any]]
+        self, episode: str, messages: List[Dict[str, Any]], tools: Optional[List[Any]], options: Dict[str, Any]
     ) -> Optional[List[int]]:
         """An episode's call that goes on with its latest earlier call whose conversation and reply its messages
         start with: that call's tokens, then the new messages' (chat_messages.continued)."""
@@ -226,7 +235,9 @@ class Endpoint:
             held = (call.messages or []) + [call.reply or {}]
             if call.messages is not None and len(messages) > len(held) and messages[: len(held)] == held:
                 earlier = call.prompt_ids + call.completion_ids
-                return continued(self.tokenizer, self.template, tools, held, earlier, self.stop_token_ids, messages)
+                return continued(
+                    self.tokenizer, self.template, tools, held, earlier, self.stop_token_ids, messages, options
+                )
         return None
 
     def generate(self, body: Dict[str, Any], episode: str) -> Dict[str, Any]:
@@ -274,6 +285,15 @@ class Endpoint:
             raise BadRequest(f"temperature: 0 (greedy) or more, not {temperature!r}")
         if not _real(top_p) or not 0 < top_p <= 1:
             raise BadRequest(f"top_p: above 0, at most 1, not {top_p!r}")
+        top_k, min_p = sampling.get("top_k"), sampling.get("min_p")
+        repetition_penalty = sampling.get("repetition_penalty")
+        # vLLM's: -1 (or 0) for no top-k cut
+        if top_k is not None and (not _whole(top_k) or top_k < -1):
+            raise BadRequest(f"top_k: a whole number, -1 or 0 for none, not {top_k!r}")
+        if min_p is not None and (not _real(min_p) or not 0 <= min_p <= 1):
+            raise BadRequest(f"min_p: from 0 to 1, not {min_p!r}")
+        if repetition_penalty is not None and (not _real(repetition_penalty) or repetition_penalty <= 0):
+            raise BadRequest(f"repetition_penalty: above 0 (1 for none), not {repetition_penalty!r}")
         stop_token_ids = sampling.get("stop_token_ids") or []
         if not isinstance(stop_token_ids, list) or not all(self._token(token) for token in stop_token_ids):
             raise BadRequest(f"stop_token_ids: a list of token ids below {len(self.tokenizer)}")
@@ -282,6 +302,9 @@ class Endpoint:
             max_tokens=min(max_tokens or room, self.max_tokens or room, room),
             temperature=float(temperature),
             top_p=float(top_p),
+            top_k=max(top_k or 0, 0),
+            min_p=float(min_p or 0.0),
+            repetition_penalty=float(1.0 if repetition_penalty is None else repetition_penalty),
             stop_token_ids=self.stop_token_ids + tuple(stop_token_ids),
         )
 

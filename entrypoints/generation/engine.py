@@ -2,8 +2,9 @@
 transformers' ``generate``: a batch of token-in requests in, each one's sampled tokens and their log-probs out.
 
 The log-probs are of softmax(logits / temperature), the distribution the
-tokens were drawn from (top-p's cut aside), computed as TRL's trainers compute
-their own, so that a trainer can weigh what was sampled against what it trains.
+tokens were drawn from (the cuts of top-p, top-k and min-p and a repetition
+penalty aside), computed as TRL's trainers compute their own, so that a trainer
+can weigh what was sampled against what it trains.
 """
 
 import dataclasses
@@ -23,7 +24,15 @@ class Request:
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
+    # 0: no cut; vLLM's extra sampling parameters, as an agent's client sends them (extra_body)
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
     stop_token_ids: Tuple[int, ...] = ()
+
+    def sampling(self) -> Tuple[float, float, int, float, float]:
+        """How it samples: requests that sample alike are generated in one batch."""
+        return (self.temperature, self.top_p, self.top_k, self.min_p, self.repetition_penalty)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,29 +72,28 @@ def transformers_engine(model: Any, tokenizer: Any) -> Engine:
 
     @torch.no_grad()
     def generate(requests: Sequence[Request]) -> List[Completion]:
-        alike: Dict[Tuple[float, float], List[int]] = {}
+        alike: Dict[Tuple[float, float, int, float, float], List[int]] = {}
         for index, request in enumerate(requests):
-            alike.setdefault((request.temperature, request.top_p), []).append(index)
+            alike.setdefault(request.sampling(), []).append(index)
         completions: Dict[int, Completion] = {}
-        for (temperature, top_p), indices in alike.items():
+        for indices in alike.values():
             batch = [requests[index] for index in indices]
-            for index, (ids, logprobs) in zip(indices, _generated(model, pad, batch, temperature, top_p)):
+            for index, (ids, logprobs) in zip(indices, _generated(model, pad, batch)):
                 completions[index] = ended(requests[index], ids, logprobs)
         return [completions[index] for index in range(len(requests))]
 
     return generate
 
 
-def _generated(
-    model: Any, pad: int, batch: List[Request], temperature: float, top_p: float
-) -> List[Tuple[List[int], List[float]]]:
+def _generated(model: Any, pad: int, batch: List[Request]) -> List[Tuple[List[int], List[float]]]:
+    """The tokens each request of ``batch`` (all sampling alike) wrote, and their log-probs."""
     longest = max(len(request.prompt_ids) for request in batch)
     input_ids = torch.tensor([[pad] * (longest - len(r.prompt_ids)) + list(r.prompt_ids) for r in batch])
     attention_mask = torch.tensor([[0] * (longest - len(r.prompt_ids)) + [1] * len(r.prompt_ids) for r in batch])
-    greedy = temperature == 0
-    settings = {"do_sample": False}
-    if not greedy:
-        settings = {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
+    temperature, top_p, top_k, min_p, repetition_penalty = batch[0].sampling()
+    settings: Dict[str, Any] = {"do_sample": False, "repetition_penalty": repetition_penalty}
+    if temperature != 0:
+        settings.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p or None)
     with sampling_from_the_logits(model):
         generated = model.generate(
             input_ids=input_ids.to(model.device),

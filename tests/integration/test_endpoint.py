@@ -271,6 +271,17 @@ def test_bad_requests_are_refused_in_one_line_each(tokenizer: Any) -> None:
             (raw(endpoint, "POST", "/v1/chat/completions", {"model": SERVED, "messages": hi, "stop": [""]}, key), 400),
             (raw(endpoint, "POST", "/v1/chat/completions", {"model": SERVED, "messages": ["hi"]}, key), 400),
         ]
+        refused += [
+            (raw(endpoint, "POST", "/v1/chat/completions", {"model": SERVED, "messages": hi, **extra}, key), 400)
+            for extra in (
+                {"top_k": -2},
+                {"top_k": 1.5},
+                {"min_p": 2},
+                {"repetition_penalty": 0},
+                {"chat_template_kwargs": {"tools": []}},
+                {"chat_template_kwargs": "shout"},
+            )
+        ]
     for (status, reply), expected in refused:
         assert status == expected and "\n" not in reply["error"]["message"], reply
     assert "does not exist: this endpoint serves `policy`" in refused[0][0][1]["error"]["message"]
@@ -355,3 +366,26 @@ def test_the_token_api_takes_ids_and_gives_ids_and_logprobs(model: Any, tokenize
         assert [entry["token_id"] for entry in choice["logprobs"]["content"]] == call.completion_ids
         assert [entry["logprob"] for entry in choice["logprobs"]["content"]] == call.logprobs
         assert choice["finish_reason"] == ("stop" if call.completion_ids[-1] == tokenizer.eos_token_id else "length")
+
+
+def test_vllm_s_extra_sampling_keys_and_the_template_s_own_variables_are_taken(model: Any, tokenizer: Any) -> None:
+    """What a client sends in its extra_body, as vLLM takes it: top_k 1 and min_p 1 sample what greedy writes;
+    chat_template_kwargs reach the template (the prompt's tokens, as return_token_ids gives them)."""
+    template = "{% if shout %}HEY {% endif %}" + tokenizer.chat_template
+    hi = {"model": SERVED, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "return_token_ids": True}
+    engine = transformers_engine(model, tokenizer)
+    replies = []
+    with Endpoint(engine, tokenizer, template, SERVED, 512, [tokenizer.eos_token_id]).serving() as endpoint:
+        for extra in (
+            {"temperature": 0},
+            {"temperature": 1.0, "top_k": 1},
+            {"temperature": 1.0, "min_p": 1.0, "repetition_penalty": 1.0},
+            {"temperature": 0, "chat_template_kwargs": {"shout": True}},
+        ):
+            status, reply = raw(endpoint, "POST", "/v1/chat/completions", {**hi, **extra}, endpoint.key)
+            assert status == 200, reply
+            replies.append(reply)
+    greedy, top_1, min_p_1, shouted = replies
+    assert top_1["choices"][0]["token_ids"] == min_p_1["choices"][0]["token_ids"] == greedy["choices"][0]["token_ids"]
+    assert greedy["prompt_token_ids"] == top_1["prompt_token_ids"]
+    assert tokenizer.decode(shouted["prompt_token_ids"]) == "HEY " + tokenizer.decode(greedy["prompt_token_ids"])
