@@ -305,12 +305,20 @@ def _handover_problems(chain: Chain) -> List[str]:
 
 
 def _held_out_problems(chain: Chain) -> List[str]:
-    """An evaluation stage whose generated rows are those an earlier stage trained on (the same task and seed)."""
+    """A stage's held-out rows (an evaluation's, a training stage's data.eval or evaluate:) generated from seeds an
+    earlier stage trained on (its own training rows are its spec's to check)."""
     problems = []
     for index, stage in enumerate(chain.stages):
-        if not isinstance(stage.spec, EvalSpec) or stage.spec.data is None:
-            continue
-        held_out = [(f"stages.{stage.name}.{where}", source) for where, source in stage.spec.data.sources("eval")]
+        spec = stage.spec
+        sections = [("", spec.data)]
+        if isinstance(spec, Spec) and spec.evaluate is not None:
+            sections.append(("evaluate.", spec.evaluate.data))
+        held_out = [
+            (f"stages.{stage.name}.{prefix}{where}", source)
+            for prefix, data in sections
+            if data is not None
+            for where, source in data.sources("eval")
+        ]
         trained = [
             (f"stages.{earlier.name}.{where}", source)
             for earlier in chain.stages[:index]

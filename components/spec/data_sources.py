@@ -128,21 +128,37 @@ def _generated_problems(where: str, generated: Any) -> List[str]:
     return found
 
 
+def seed_ranges(generated: Any) -> Dict[str, range]:
+    """The seeds each task's rows of a ``reasoning_gym`` source are drawn from: reasoning-gym draws row k of a task
+    from its seed + k, and a composite's i-th task from the composite's seed + i + 1 (then + k)."""
+    if len(generated.tasks) == 1:
+        return {generated.tasks[0].name: range(generated.seed, generated.seed + generated.size)}
+    return {
+        task.name: range(generated.seed + index + 1, generated.seed + index + 1 + generated.size)
+        for index, task in enumerate(generated.tasks)
+    }
+
+
 def seed_overlaps(train: List[Tuple[str, Any]], held_out: List[Tuple[str, Any]]) -> List[str]:
-    """Generated sources of held-out data (``held_out``) that draw a task from the seed training draws it from
-    (``train``): the same rows, scored as if never seen. Each pair of ``(dotted key, DataSource)``."""
+    """Generated sources of held-out data (``held_out``) that draw a task's rows from seeds training draws that task's
+    rows from (``train``): the same rows, scored as if never seen. Each a pair of ``(dotted key, DataSource)``."""
     found = []
     for where, source in held_out:
         for trained_where, trained in train:
             if source.reasoning_gym is None or trained.reasoning_gym is None:
                 continue
-            shared = {task.name for task in source.reasoning_gym.tasks} & {
-                task.name for task in trained.reasoning_gym.tasks
-            }
-            if shared and source.reasoning_gym.seed == trained.reasoning_gym.seed:
+            ours, theirs = seed_ranges(source.reasoning_gym), seed_ranges(trained.reasoning_gym)
+            shared = sorted(
+                name
+                for name in set(ours) & set(theirs)
+                if max(ours[name].start, theirs[name].start) < min(ours[name].stop, theirs[name].stop)
+            )
+            if shared:
+                past = max(theirs[name].stop for name in shared)
                 found.append(
-                    f"{where}.reasoning_gym.seed: {source.reasoning_gym.seed} is {trained_where}'s too, whose "
-                    f"{', '.join(sorted(shared))} rows it would repeat: held-out rows need a seed of their own"
+                    f"{where}.reasoning_gym.seed: {source.reasoning_gym.seed} draws {', '.join(shared)} rows from "
+                    f"seeds {trained_where} trains on (reasoning-gym draws a task's row k from its seed + k): "
+                    f"held-out rows need seeds of their own, e.g. {where}.reasoning_gym.seed: {past}"
                 )
     return found
 

@@ -37,6 +37,9 @@ def task_problems(tasks: Any, where: str) -> List[str]:
 
     found = []
     for index, task in enumerate(tasks.tasks):
+        if task.name == "composite":
+            found.append(f"{where}.tasks.{index}.name: composite is reasoning-gym's mix of tasks; list them instead")
+            continue
         if task.name not in DATASETS:
             close = difflib.get_close_matches(task.name, DATASETS, n=1)
             hint = (
@@ -51,8 +54,8 @@ def task_problems(tasks: Any, where: str) -> List[str]:
             config = config_class(**task.config, size=tasks.size, seed=tasks.seed)
             if hasattr(config, "validate"):
                 config.validate()
-        # a dataclass's own TypeError for an unknown field; validate()'s assertions and ValueErrors
-        except (TypeError, AssertionError, ValueError) as error:
+        # a dataclass's own TypeError for an unknown field, validate()'s assertions, or whatever a task raises
+        except Exception as error:  # noqa: BLE001 -- every refusal is the config's
             found.append(
                 f"{where}.tasks.{index}.config: {task.name} refuses it: {first_line(error) or type(error).__name__}"
             )
@@ -86,9 +89,16 @@ def generated(generation: str) -> Any:
     return reasoning_gym.create_dataset("composite", size=size, seed=seed, datasets=specs)
 
 
-def score(answer: Optional[str], key: str) -> float:
-    """The task's own ``score_answer`` of ``answer`` (None: none found) for the row a :func:`row_key` names."""
+@functools.lru_cache(maxsize=65536)
+def _entry(key: str) -> Any:
+    """The data set and the entry of the row a :func:`row_key` names: made once for a row's many completions."""
     given = json.loads(key)
     index = given.pop("index")
     dataset = generated(json.dumps(given, sort_keys=True))
-    return float(dataset.score_answer(answer, entry=dataset[index]))
+    return dataset, dataset[index]
+
+
+def score(answer: Optional[str], key: str) -> float:
+    """The task's own ``score_answer`` of ``answer`` (None: none found) for the row a :func:`row_key` names."""
+    dataset, entry = _entry(key)
+    return float(dataset.score_answer(answer, entry=entry))

@@ -196,10 +196,13 @@ def regex_format(pattern: str, full: bool = False) -> RewardFunction:
 ANSWER_TAG = r"<answer>(.*?)</answer>"
 
 
-def reasoning_gym(column: str = reasoning_tasks.KEY_COLUMN, pattern: Optional[str] = ANSWER_TAG) -> RewardFunction:
+def reasoning_gym(
+    column: str = reasoning_tasks.KEY_COLUMN, pattern: Optional[str] = ANSWER_TAG, strict: bool = False
+) -> RewardFunction:
     """The task's own score of the answer, for rows a ``reasoning_gym`` data source generated: reasoning-gym's
     ``score_answer`` (1 right, partial credit where the task gives it, 0 wrong or none) of the row that ``column``
-    names (``reasoning_tasks.py``).
+    names (``reasoning_tasks.py``); with ``strict``, 1 where it is 1, else 0 (reasoning-gym's default partial
+    credit pays an answer that holds the right one inside it: ``14`` for ``4`` earns 0.5).
 
     The answer is the first group of the last match of ``pattern`` in the
     completion's answer (its last message): ``<answer>...</answer>``, as
@@ -224,7 +227,8 @@ def reasoning_gym(column: str = reasoning_tasks.KEY_COLUMN, pattern: Optional[st
         answers = [read(completion) for completion in completions]
         if log_extra is not None:
             log_extra("reasoning_gym/answer", [answer or "" for answer in answers])
-        return [reasoning_tasks.score(answer, key) for answer, key in zip(answers, columns[column])]
+        scores = [reasoning_tasks.score(answer, key) for answer, key in zip(answers, columns[column])]
+        return [float(score == 1.0) for score in scores] if strict else scores
 
     return score
 

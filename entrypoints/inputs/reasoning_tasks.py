@@ -2,14 +2,15 @@
 data set every algorithm reads.
 
 Each row: ``prompt``, the chat the task is asked in (the source's ``system`` message, else reasoning-gym's own,
-then the question as the user's); ``answer``, the task's; ``completion``, the model's turn that answers it as
-``answer_format`` writes it (SFT's warm-start), in a share ``wrong_answers`` of the rows with another row's answer
-instead; and ``reasoning_gym``, which row of which generation it is, for the scorer. Generated from the seed alone:
+then the question as the user's); ``answer``, the task's (None for a task with no one answer, graph_color's);
+``completion``, the model's turn that answers it as ``answer_format`` writes it (SFT's warm-start; None without an
+answer), in a share ``wrong_answers`` of the rows with another answer of its task's instead; and ``reasoning_gym``,
+which row of which generation it is, for the scorer. Generated from the seed alone:
 the same rows on every rank, on every rerun, on any number of processes.
 """
 
 import random
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.reasoning_tasks import (
@@ -34,30 +35,55 @@ def generated_rows(tasks: ReasoningTasks, where: str) -> Any:
     generation = generation_key(tasks)
     entries = [generated(generation)[index] for index in range(tasks.size)]
     system = tasks.system if tasks.system is not None else imported(where).utils.SYSTEM_PROMPTS["default"]
-    answers = _given_answers([entry["answer"] for entry in entries], tasks.wrong_answers, tasks.seed)
+    # a task with no one answer (graph_color's: any valid colouring) has None: its score_answer checks the model's
+    answers = [None if entry["answer"] is None else str(entry["answer"]) for entry in entries]
+    given = _given_answers(
+        answers, [entry["metadata"].get("source_dataset", tasks.tasks[0].name) for entry in entries], tasks, where
+    )
     rows: List[Dict[str, Any]] = [
         {
             "prompt": [{"role": "system", "content": system}, {"role": "user", "content": entry["question"]}],
-            "answer": entry["answer"],
-            "completion": [{"role": "assistant", "content": tasks.answer_format.replace("{answer}", given)}],
+            "answer": answer,
+            "completion": None
+            if writes is None
+            else [{"role": "assistant", "content": tasks.answer_format.replace("{answer}", writes)}],
             KEY_COLUMN: row_key(generation, index),
         }
-        for index, (entry, given) in enumerate(zip(entries, answers))
+        for index, (entry, answer, writes) in enumerate(zip(entries, answers, given))
     ]
     return datasets.Dataset.from_list(rows)
 
 
-def _given_answers(answers: List[str], wrong_share: float, seed: int) -> List[str]:
-    """The answers the completions give: each row's own, but in a share ``wrong_share`` of them (drawn from
-    ``seed``) another answer of the data set's, one that differs."""
-    draw = random.Random(seed)
-    distinct = sorted(set(answers))
+def _given_answers(
+    answers: List[Optional[str]], tasks_of_rows: List[str], tasks: ReasoningTasks, where: str
+) -> List[Optional[str]]:
+    """The answers the completions give: each row's own, but in a share ``wrong_answers`` of them (drawn from the
+    seed) another answer its task gives another row, one that differs."""
+    if not tasks.wrong_answers:
+        return answers
+    by_task: Dict[str, List[str]] = {}
+    for answer, task in zip(answers, tasks_of_rows):
+        if answer is not None:
+            by_task.setdefault(task, [])
+            if answer not in by_task[task]:
+                by_task[task].append(answer)
+    by_task = {task: sorted(answers_of_task) for task, answers_of_task in by_task.items()}
+    problems = [
+        f"{where}.wrong_answers: {task} gives its rows "
+        + ("no answer to write (its score_answer judges the model's own)" if task not in by_task else "one answer")
+        + ", so no row can be given another; drop wrong_answers, or give the task another config"
+        for task in sorted(set(tasks_of_rows))
+        if len(by_task.get(task, [])) < 2
+    ]
+    if problems:
+        raise SpecError(problems)
+    draw = random.Random(tasks.seed)
     given = []
-    for answer in answers:
-        if len(distinct) > 1 and draw.random() < wrong_share:
+    for answer, task in zip(answers, tasks_of_rows):
+        if answer is not None and draw.random() < tasks.wrong_answers:
             other = answer
             while other == answer:
-                other = draw.choice(distinct)
+                other = draw.choice(by_task[task])
             answer = other
         given.append(answer)
     return given

@@ -14,10 +14,10 @@ not read again where its size, modification and change times and inode are those
 
 import glob
 import hashlib
+import importlib.metadata
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from posttrain.components.spec.reasoning_tasks import generation_key
 from posttrain.components.spec.sections import DataSpec
 from posttrain.entrypoints.records.files import TORCH_SUFFIXES
 
@@ -128,10 +128,15 @@ def split_fingerprint(data: DataSpec, split: str, dataset: Any) -> Dict[str, Any
 
 def data_fingerprint(source: Any, dataset: Any) -> Dict[str, Any]:
     """A local file by its digest; a glob's files, or a saved data set's (a directory), by each one's; a hub data set
-    by the ``datasets`` fingerprint of what loaded (None where nothing loaded here)."""
+    by the ``datasets`` fingerprint of what loaded (None where nothing loaded here); generated rows by their source
+    and reasoning-gym's version."""
     if source.reasoning_gym is not None:
-        # the rows are what the generation's tasks, size and seed make
-        return {"source": "reasoning_gym", "generation": generation_key(source.reasoning_gym)}
+        # the rows are what the source says and the installed generators make of it
+        try:
+            version: Optional[str] = importlib.metadata.version("reasoning-gym")
+        except importlib.metadata.PackageNotFoundError:
+            version = None
+        return {"source": "reasoning_gym", "generation": source.reasoning_gym.model_dump(), "reasoning_gym": version}
     files = local_files(source.path) if source.path is not None else []
     if not files:
         return {"source": source.path or source.name, "fingerprint": getattr(dataset, "_fingerprint", None)}

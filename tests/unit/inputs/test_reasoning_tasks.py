@@ -65,8 +65,11 @@ def _rows(algorithm: str = "grpo", **given: Any) -> Any:
         ({**_source(), "path": "rows.jsonl"}, {}, "data.train: give exactly one of path (a local"),
         (
             _source(),
+            # a composite's second task draws from seeds 3 to 10: the training rows of seeds 1 to 40's
             {"eval": _source(tasks=[CHAIN_SUM, COUNT_BITS], size=8)},
-            "data.eval.reasoning_gym.seed: 1 is data.train's too, whose count_bits rows it would repeat",
+            "data.eval.reasoning_gym.seed: 1 draws count_bits rows from seeds data.train trains on (reasoning-gym "
+            "draws a task's row k from its seed + k): held-out rows need seeds of their own, e.g. "
+            "data.eval.reasoning_gym.seed: 41",
         ),
     ],
 )
@@ -76,18 +79,24 @@ def test_a_source_that_cannot_generate_is_one_line_at_submit(source: Any, data: 
     assert len(error.value.problems) == 1 and error.value.problems[0].startswith(message), error.value.problems
 
 
-def test_a_training_run_s_evaluation_on_its_own_seed_is_refused_and_another_seed_taken() -> None:
+def test_a_training_run_s_evaluation_on_its_training_rows_seeds_is_refused_and_later_seeds_taken() -> None:
     raw = load_template("grpo/tiny.yaml")
     raw["data"] = {"train": _source()}
-    raw["evaluate"] = {"data": {"eval": _source()}, "rewards": [{"builtin": "reasoning_gym"}]}
+    raw["evaluate"] = {"rewards": [{"builtin": "reasoning_gym"}]}
+    # row k of seed 40 is row k + 39 of seed 1: one row shared is the same row
+    raw["evaluate"]["data"] = {"eval": _source(seed=40)}
     with pytest.raises(SpecError) as error:
         validate(raw)
     assert error.value.problems == [
-        "evaluate.data.eval.reasoning_gym.seed: 1 is data.train's too, whose count_bits rows it would repeat: "
-        "held-out rows need a seed of their own"
+        "evaluate.data.eval.reasoning_gym.seed: 40 draws count_bits rows from seeds data.train trains on "
+        "(reasoning-gym draws a task's row k from its seed + k): held-out rows need seeds of their own, e.g. "
+        "evaluate.data.eval.reasoning_gym.seed: 41"
     ]
-    raw["evaluate"]["data"]["eval"] = _source(seed=2)
+    raw["evaluate"]["data"]["eval"] = _source(seed=41)
     assert validate(raw).evaluate is not None
+    trained = {entry["question"] for entry in reasoning_gym.create_dataset("count_bits", size=40, seed=1, max_n=15)}
+    shifted = reasoning_gym.create_dataset("count_bits", size=40, seed=40, max_n=15)
+    assert shifted[0]["question"] in trained
 
 
 def test_unknown_tasks_and_refused_configs_are_a_line_each_in_the_job_before_anything_loads() -> None:
@@ -177,7 +186,8 @@ def test_the_scorer_is_the_task_s_own_score_answer_of_what_the_tags_hold() -> No
         "",
         rows[5]["answer"],
     ]
-    # both tasks drawn, each scoring its own; partial credit where the task gives it (chain_sum's sign)
+    # both tasks drawn, each scoring its own; partial credit where reasoning-gym gives it (a longer answer holding the
+    # right one)
     assert {entry["metadata"]["source_dataset"] for entry in composite} == {"chain_sum", "count_bits"}
     assert {1.0, 0.0} <= set(scores) and any(0 < score < 1 for score in scores)
     # the last line, where the prompt asks for no tags
@@ -232,8 +242,64 @@ def test_a_chain_s_gate_on_rows_an_earlier_stage_trained_on_is_refused_at_submit
     chain = "templates/chain/reasoning-tiny.yaml"
     assert [stage.name for stage in load_chain(str(REPO / chain)).stages] == ["sft", "grpo", "check"]
     with pytest.raises(SpecError) as error:
-        load_chain(str(REPO / chain), ["stages.check.data.eval.reasoning_gym.seed=2"])
+        load_chain(str(REPO / chain), ["stages.check.data.eval.reasoning_gym.seed=2001"])
     assert error.value.problems == [
-        "stages.check.data.eval.reasoning_gym.seed: 2 is stages.grpo.data.train's too, whose gcd rows it would "
-        "repeat: held-out rows need a seed of their own"
+        "stages.check.data.eval.reasoning_gym.seed: 2001 draws gcd rows from seeds stages.grpo.data.train trains "
+        "on (reasoning-gym draws a task's row k from its seed + k): held-out rows need seeds of their own, e.g. "
+        "stages.check.data.eval.reasoning_gym.seed: 2002"
     ]
+    # a later training stage's own held-out rows (clear of its own training's seeds), against SFT's training
+    with pytest.raises(SpecError) as error:
+        load_chain(
+            str(REPO / chain),
+            [
+                "stages.grpo.data.train.reasoning_gym.seed=5000",
+                "stages.grpo.evaluate.data.eval.reasoning_gym.tasks=[{name: gcd}]",
+                "stages.grpo.evaluate.data.eval.reasoning_gym.size=8",
+                "stages.grpo.evaluate.data.eval.reasoning_gym.seed=1",
+                "stages.grpo.evaluate.rewards=[{builtin: reasoning_gym}]",
+            ],
+        )
+    assert error.value.problems == [
+        "stages.grpo.evaluate.data.eval.reasoning_gym.seed: 1 draws gcd rows from seeds stages.sft.data.train trains "
+        "on (reasoning-gym draws a task's row k from its seed + k): held-out rows need seeds of their own, e.g. "
+        "stages.grpo.evaluate.data.eval.reasoning_gym.seed: 2001"
+    ]
+
+
+def test_tasks_without_one_answer_have_no_completion_and_wrong_answers_stay_within_their_task() -> None:
+    # graph_color's answer is None: score_answer judges the model's colouring
+    rows = _rows(tasks=[{"name": "graph_color"}], size=4)
+    assert rows["answer"] == [None] * 4 and rows["completion"] == [None] * 4
+    with pytest.raises(SpecError) as error:
+        _rows(tasks=[{"name": "graph_color"}], size=4, wrong_answers=0.3)
+    assert error.value.problems == [
+        "data.train.reasoning_gym.wrong_answers: graph_color gives its rows no answer to write (its score_answer "
+        "judges the model's own), so no row can be given another; drop wrong_answers, or give the task another config"
+    ]
+    with pytest.raises(SpecError) as error:
+        _rows(tasks=[{"name": "composite"}])
+    assert error.value.problems == [
+        "data.train.reasoning_gym.tasks.0.name: composite is reasoning-gym's mix of tasks; list them instead"
+    ]
+    # a gcd row given a wrong answer gets another gcd answer, never a word of spell_backward's
+    mixed = _rows("sft", tasks=[COUNT_BITS, {"name": "spell_backward"}], size=200, wrong_answers=0.5)
+    for row in mixed:
+        written = row["completion"][0]["content"].removeprefix("<answer>").removesuffix("</answer>")
+        assert written.isdigit() == row["answer"].isdigit(), row
+
+
+def test_strict_scores_only_the_right_answer_and_the_fingerprint_is_the_whole_source() -> None:
+    rows = _rows(tasks=[CHAIN_SUM], size=20)
+    right = next(row for row in rows if row["answer"] == "4")
+    inside = [[{"role": "assistant", "content": "<answer>14</answer>"}]]
+    loose, strict = (builtin_reward("reasoning_gym", {"strict": flag}) for flag in (False, True))
+    # reasoning-gym's default pays an answer that holds the right one
+    assert loose(inside, reasoning_gym=[right["reasoning_gym"]]) == [0.5]
+    assert strict(inside, reasoning_gym=[right["reasoning_gym"]]) == [0.0]
+    fingerprints = [
+        split_fingerprint(_spec("sft", _source(**given)).data, "train", None)
+        for given in ({}, {"wrong_answers": 0.2}, {"system": "Be brief."})
+    ]
+    assert len({json.dumps(fingerprint, sort_keys=True) for fingerprint in fingerprints}) == 3
+    assert fingerprints[0]["reasoning_gym"] == "0.1.25"
