@@ -10,7 +10,7 @@ the same rows on every rank, on every rerun, on any number of processes.
 """
 
 import random
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Set
 
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.reasoning_tasks import (
@@ -61,13 +61,11 @@ def _given_answers(
     seed) another answer its task gives another row, one that differs."""
     if not tasks.wrong_answers:
         return answers
-    by_task: Dict[str, List[str]] = {}
+    distinct: Dict[str, Set[str]] = {}
     for answer, task in zip(answers, tasks_of_rows):
         if answer is not None:
-            by_task.setdefault(task, [])
-            if answer not in by_task[task]:
-                by_task[task].append(answer)
-    by_task = {task: sorted(answers_of_task) for task, answers_of_task in by_task.items()}
+            distinct.setdefault(task, set()).add(answer)
+    by_task = {task: sorted(answers_of_task) for task, answers_of_task in distinct.items()}
     problems = [
         f"{where}.wrong_answers: {task} gives its rows "
         + ("no answer to write (its score_answer judges the model's own)" if task not in by_task else "one answer")
