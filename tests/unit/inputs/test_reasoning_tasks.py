@@ -303,3 +303,22 @@ def test_strict_scores_only_the_right_answer_and_the_fingerprint_is_the_whole_so
     ]
     assert len({json.dumps(fingerprint, sort_keys=True) for fingerprint in fingerprints}) == 3
     assert fingerprints[0]["reasoning_gym"] == "0.1.25"
+
+
+def test_generated_sources_mix_as_any_sources_do() -> None:
+    """Two generated sources interleaved by weight (data.mix): every row keeps the key its scorer reads, and
+    scores as its own task's."""
+    spec = _spec(
+        "grpo",
+        [
+            {**_source(), "weight": 3.0},
+            {"reasoning_gym": {"tasks": [CHAIN_SUM], "size": 40, "seed": 5}, "weight": 1.0},
+        ],
+        mix="interleave",
+    )
+    rows = load_split(spec.data, SPEC_CLASSES["grpo"].data_formats, "train", seed=0)
+    assert len(rows) > 80 and set(rows.column_names) == {"prompt", "answer", "completion", "reasoning_gym"}
+    right = [[{"role": "assistant", "content": f"<answer>{answer}</answer>"}] for answer in rows["answer"]]
+    assert builtin_reward("reasoning_gym", {})(right, reasoning_gym=rows["reasoning_gym"]) == [1.0] * len(rows)
+    tasks = {json.loads(key)["tasks"][0]["name"] for key in rows["reasoning_gym"]}
+    assert tasks == {"count_bits", "chain_sum"}
