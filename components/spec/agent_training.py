@@ -50,10 +50,12 @@ def agent_training_problems(
         )
     if training.get("max_tool_calling_iterations") is not None:
         found.append("training.max_tool_calling_iterations: an agent program bounds its own rounds; drop it")
-    if training.get("use_vllm"):
+    tensor_parallel = training.get("vllm_tensor_parallel_size", 1)
+    if training.get("use_vllm") and training.get("vllm_mode", "colocate") == "colocate" and tensor_parallel != 1:
         found.append(
-            "training.use_vllm: vLLM does not serve agent programs yet (their endpoint generates in transformers); "
-            "drop it"
+            f"training.vllm_tensor_parallel_size: {tensor_parallel} processes of a colocated vLLM generate together, "
+            "and an agent program's endpoint generates on each process apart, as its episodes call; use 1, or "
+            "vllm_mode: server"
         )
     if agent.scorer_name() in reward_names:
         found.append(

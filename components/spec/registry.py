@@ -145,10 +145,10 @@ class GRPOSpec(GroupSpec, AgentSection):
 
     def run_ahead_problems(self) -> List[str]:
         found = super().run_ahead_problems()
-        if self.tools or self.environment is not None:
+        if self.tools or self.environment is not None or self.agent is not None:
             found.append(
-                f"generation.max_lag: {self.generation.max_lag}: tool calls and environments run between the "
-                "role's turns, in lockstep; use max_lag: 0 with tools or an environment"
+                f"generation.max_lag: {self.generation.max_lag}: tool calls, environments and agent programs run "
+                "between the role's turns, in lockstep; use max_lag: 0 with tools, an environment or an agent"
             )
         return found
 

@@ -18,15 +18,17 @@ import copy
 import dataclasses
 import functools
 import logging
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from accelerate.utils import gather_object
 from trl.models import unwrap_model_for_generation
 
 from posttrain.entrypoints.generation import agents
 from posttrain.entrypoints.generation.agents import Outcome, Program
-from posttrain.entrypoints.generation.endpoint import Call, over_model
+from posttrain.entrypoints.generation.endpoint import Call, Endpoint, over_model
+from posttrain.entrypoints.generation.engine import Engine, end_tokens
 from posttrain.entrypoints.generation.sampling import prompt_ids
+from posttrain.entrypoints.generation.vllm_engine import vllm_engine
 from posttrain.entrypoints.inputs.chat_templates import training_template, with_response_schema
 
 log = logging.getLogger("posttrain")
@@ -79,6 +81,8 @@ class AgentRollouts:
         self._rows: List[Dict[str, Any]] = []
         self._tokenizer: Any = None
         self._template: Optional[str] = None
+        # with training.use_vllm: the engine over TRL's vLLM and its length, made at the first rollout
+        self._vllm: Optional[Tuple[Engine, int]] = None
 
     def attach(self, trainer: Any) -> None:
         """Keeps the rows of each batch the trainer generates for (TRL hands ``rollout_func`` their prompts alone),
@@ -102,10 +106,7 @@ class AgentRollouts:
         with unwrap_model_for_generation(
             trainer.model_wrapped, trainer.accelerator, gather_deepspeed3_params=args.ds3_gather_for_generation
         ) as model:
-            sampling = (args.temperature, args.top_p)
-            endpoint = over_model(
-                model, tokenizer, self._template, self.model_name, sampling, args.max_completion_length
-            )
+            endpoint = self._endpoint(trainer, model)
             with endpoint.serving():
                 outcomes = [outcome for [outcome] in agents.play(endpoint, self.program, self.model_name, rows, 1)]
         samples: List[Sample] = []
@@ -129,6 +130,21 @@ class AgentRollouts:
             "env_mask": [s.env_mask[:cut] for s in samples],
             REWARD_COLUMN: rewards,
         }
+
+    def _endpoint(self, trainer: Any, model: Any) -> Endpoint:
+        """An endpoint over the policy at this step: its vLLM engine, which TRL has given this step's weights, or
+        ``model`` in transformers."""
+        args, tokenizer = trainer.args, self._tokenizer
+        sampling = (args.temperature, args.top_p)
+        if not args.use_vllm:
+            return over_model(model, tokenizer, self._template, self.model_name, sampling, args.max_completion_length)
+        if self._vllm is None:
+            self._vllm = vllm_engine(trainer.vllm_generation)
+        engine, length = self._vllm
+        ends = end_tokens(model, tokenizer)
+        return Endpoint(
+            engine, tokenizer, self._template, self.model_name, length, ends, None, sampling, args.max_completion_length
+        )
 
     def reward(self) -> Callable[..., List[Optional[float]]]:
         """The reward function of the program's rewards, named as the program's function is (``solve``)."""

@@ -405,6 +405,16 @@ def install(trainer: Any, schedule: TrainingGeneration) -> Turns:
 
     if isinstance(turns, Lockstep):
         sync_weights = trainer.vllm_generation.sync_weights
+        # an agent program's episodes (agent_rollouts.py) call the role instead of TRL's single turn
+        rollout = getattr(trainer, "rollout_func", None)
+        if rollout is not None:
+
+            def timed_rollout(prompts: List[Any], trainer: Any) -> Dict[str, List[Any]]:
+                if not trainer.model.training:
+                    return rollout(prompts, trainer)
+                return turns.generate_single_turn(rollout, prompts, trainer)
+
+            trainer.rollout_func = timed_rollout
 
         def bounded_sync() -> None:
             with turns.deadline(trainer.state.global_step):

@@ -37,6 +37,7 @@ from helpers import (
     log_history,
     read_json,
     run_template,
+    series,
     start_training,
     torchx,
 )
@@ -207,6 +208,39 @@ def test_tools_with_vllm_colocated_and_as_the_server_role(tmp_path: Path) -> Non
     assert_calls_the_rooms_tool(server)
     generation = read_json(server / "run_summary.json")["generation"]
     assert (generation["engine"], generation["mode"]) == ("vllm", "server")
+
+
+def test_an_agent_program_learns_through_its_endpoint_over_vllm_colocated_and_as_the_server_role(
+    tmp_path: Path,
+) -> None:
+    """templates/chain/agent-tiny.yaml with its GRPO's endpoint over colocated vLLM (its gate holds), then GRPO of
+    its SFT model on two processes, the endpoint over the ``vllm`` role: the reward rises by 0.3. TRL weighs what the
+    endpoint recorded, vLLM's tokens and their log-probs, against the trainer's log-probs of the tokens it trains on:
+    they differ by float noise alone, at every step, so what was trained is what vLLM sampled, with the step's
+    weights."""
+    output_dir = tmp_path / "agent"
+    vllm = {"use_vllm": "true", "vllm_gpu_memory_utilization": "0.15", "vllm_max_model_length": "1024"}
+    args = ["run", "-s", "local_cwd", "posttrain.chain", "--spec", "templates/chain/agent-tiny.yaml", "-j", "1x1"]
+    args += ["--rdzv_port", str(free_port(CHAIN_PORTS)), f"output_dir={output_dir}"]
+    args += [f"stages.grpo.training.{key}={value}" for key, value in {**vllm, "vllm_mode": "colocate"}.items()]
+    assert_succeeded(torchx(args, tmp_path, timeout=900))
+    first, last = ends(output_dir / "grpo", "rewards/solve/mean")
+    assert last - first >= 0.1, (first, last)
+
+    server = tmp_path / "server"
+    overrides = [f"model.name_or_path={output_dir / 'sft'}", "training.vllm_mode=server"]
+    overrides += [f"training.{key}={value}" for key, value in vllm.items()]
+    assert_succeeded(run_template("grpo/tiny-agent.yaml", tmp_path, server, j="1x2", overrides=overrides, timeout=900))
+    first, last = ends(server, "rewards/solve/mean")
+    assert last - first >= 0.3, (first, last)
+    assert all(record.get("agent/errors", 0) == 0 for record in log_history(server))
+    for run, mode in ((output_dir / "grpo", "colocate"), (server, "server")):
+        generation = read_json(run / "run_summary.json")["generation"]
+        assert (generation["engine"], generation["mode"]) == ("vllm", mode) and generation["tokens_per_s"] > 0
+        differences = series(run, "sampling/sampling_logp_difference/max")
+        assert len(differences) == 40 and max(differences) < 1e-3, differences
+    # in lockstep, the trainers' wait for the role is the episodes' time
+    assert read_json(server / "run_summary.json")["generation"]["turns"]["trainer_wait_s"] > 0
 
 
 def run_eval(tmp_path: Path, name: str, j: str, *overrides: str) -> dict:

@@ -90,7 +90,9 @@ def test_rloo_tools_and_evaluation_during_training_stay_in_lockstep() -> None:
     tools = load_template("grpo/tiny-tools.yaml")
     tools["training"].update(use_vllm=True, vllm_mode="server")
     tools["generation"] = {"max_lag": 1}
-    with pytest.raises(SpecError, match=r"tool calls and environments run between the role's turns, in lockstep"):
+    with pytest.raises(
+        SpecError, match=r"tool calls, environments and agent programs run between the role's turns, in lockstep"
+    ):
         validate(tools)
     evaluated = load_template("grpo/tiny-vllm-async.yaml")
     evaluated["data"]["eval"] = evaluated["data"]["train"]

@@ -543,6 +543,9 @@ def test_an_agent_program_plays_grpo_s_rollouts_scored_by_its_reward_and_its_eva
     assert validate({**raw, "evaluate": evaluate}).evaluation_section().agent == spec.agent
     # one process waits for no other: its episodes may take as long as they take
     validate({**raw, "agent": {"function": "rooms:solve", "timeout_s": 3600}}, world_size=1)
+    # its endpoint generates in vLLM, colocated or the job's role
+    for mode in ("colocate", "server"):
+        validate({**raw, "training": {**raw["training"], "use_vllm": True, "vllm_mode": mode}}, world_size=2)
 
 
 @pytest.mark.parametrize(
@@ -558,9 +561,14 @@ def test_an_agent_program_plays_grpo_s_rollouts_scored_by_its_reward_and_its_eva
             "training.max_tool_calling_iterations: an agent program bounds its own rounds; drop it",
         ),
         (
-            {"training": {"use_vllm": True, "vllm_mode": "colocate"}},
-            "training.use_vllm: vLLM does not serve agent programs yet (their endpoint generates in transformers); "
-            "drop it",
+            {"training": {"use_vllm": True, "vllm_mode": "colocate", "vllm_tensor_parallel_size": 2}},
+            "training.vllm_tensor_parallel_size: 2 processes of a colocated vLLM generate together, and an agent "
+            "program's endpoint generates on each process apart, as its episodes call; use 1, or vllm_mode: server",
+        ),
+        (
+            {"training": {"use_vllm": True, "vllm_mode": "server"}, "generation": {"max_lag": 1}},
+            "generation.max_lag: 1: tool calls, environments and agent programs run between the role's turns, in "
+            "lockstep; use max_lag: 0 with tools, an environment or an agent",
         ),
         (
             {"training": {"remove_unused_columns": True}},
