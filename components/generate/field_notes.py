@@ -47,7 +47,8 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "evaluate": "Evaluate the trained model in the same job once it is saved, as posttrain.eval would (docs: "
         "Evaluating): into <output_dir>/eval, the results in run_summary.json and the closing line.",
         "generation": "How the trainers and the job's vllm role take turns (training.vllm_mode: server): in "
-        "lockstep, or the role generating ahead of training (docs: Generating with vLLM).",
+        "lockstep, or the role generating ahead of training (docs: Generating with vLLM); without vLLM, what "
+        "decodes the rollouts.",
     },
     "TrainingGeneration": {
         "max_lag": "How many policy versions (optimizer steps) the samples trained on may lag: the role generates "
@@ -59,6 +60,9 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "generate_timeout_s": "How long vLLM's generation of one step's samples (the vllm role's, or a colocated "
         "engine's) may take before the job ends in one line naming it, even while the role answers /health; unset: "
         "9/10 of distributed.timeout_s, how long the other processes wait for the samples.",
+        "rollout_generator": "Without vLLM: rollouts decoded by posttrain's rollout generator, where a finished "
+        "row leaves the batch (the same sampling and output as transformers' generate; docs: Speed); false: "
+        "transformers' generate.",
     },
     "EvalSpec": {
         **EVALUATION_NOTES,

@@ -70,6 +70,7 @@ _FAST_PATHS: Dict[str, str] = {
     "gpu_batch": "larger batches on GPUs where they fit",
     "no_activation_checkpointing": "no activation checkpointing where the memory allows",
     "micro_batches": "micro-batches on GPUs where a step's rows would not fit",
+    "rollout_generator": "rollouts without vLLM where finished rows leave the batch",
 }
 
 # what the job runs where the spec leaves a fast path's keys unset (entrypoints/speed/fast_paths.py decides), by fast
@@ -90,6 +91,10 @@ FAST_PATH_DEFAULTS: Dict[str, Dict[str, str]] = {
         "training.gradient_accumulation_steps": "on GPUs without FSDP or DeepSpeed, where a step's rows would not "
         "fit: per_device_train_batch_size split into the fewest equal micro-batches that do (same loss and steps; "
         "not with bnpo or an entropy bonus); else 1",
+    },
+    "rollout_generator": {
+        "generation.rollout_generator": "true: without vLLM, posttrain's rollout generator where it decodes the "
+        "generation settings (else transformers' generate, said in the first lines)",
     },
     "no_activation_checkpointing": {
         "training.activation_checkpointing": "false on CPU; on GPUs without FSDP or DeepSpeed, false where the "

@@ -63,7 +63,7 @@ class GroupSpec(OnlineSpec):
     # GRPO and RLOO count their tokens themselves
     batches_hold_input_ids: ClassVar[bool] = False
     # not Liger's layer kernels: they slowed GRPO's `generate` by a third on an H200 (BENCHMARKS.md)
-    fast_paths: ClassVar[Tuple[str, ...]] = ("padding_free", "micro_batches")
+    fast_paths: ClassVar[Tuple[str, ...]] = ("padding_free", "micro_batches", "rollout_generator")
     generates_with_sdpa: ClassVar[bool] = True
 
     generation: TrainingGeneration = TrainingGeneration()

@@ -28,7 +28,8 @@ def runs_vllm_server(training: Dict[str, Any]) -> bool:
 class TrainingGeneration(Strict):
     """How the trainers and the ``vllm`` role take turns: lockstep (``max_lag: 0``, TRL's own: the trainers push
     their weights, then wait for the samples), or the role generating the next batches while the trainers train,
-    its samples at most ``max_lag`` policy versions (optimizer steps) old (entrypoints/generation/run_ahead.py)."""
+    its samples at most ``max_lag`` policy versions (optimizer steps) old (entrypoints/generation/run_ahead.py);
+    without vLLM, what decodes the rollouts."""
 
     max_lag: int = 0
     # with max_lag above 0: optimizer steps between two pushes of the weights to the role
@@ -38,6 +39,9 @@ class TrainingGeneration(Strict):
     # how long vLLM's generation of one step's samples may take before the job ends, in one line (None: 9/10 of
     # distributed.timeout_s, which the other processes wait for the samples)
     generate_timeout_s: Optional[float] = None
+    # without vLLM: rollouts decoded by posttrain's rollout generator, where finished rows leave the batch
+    # (entrypoints/speed/rollout_generator.py); false: transformers' generate
+    rollout_generator: bool = True
 
     @property
     def runs_ahead(self) -> bool:

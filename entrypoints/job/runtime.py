@@ -179,13 +179,13 @@ def main(algorithm: str, build_trainer: Callable[[Job], Any]) -> NoReturn:
 
 def built_trainer(job: Job, build_trainer: Callable[[Job], Any]) -> Any:
     """The entrypoint's trainer, its passes over generated completions padding-free where they can be
-    (GRPO's, RLOO's: fast_paths.switch_passes_to_padding_free), its vLLM generation bounded in time and taking turns
-    with the vllm role (run_ahead)."""
+    (GRPO's, RLOO's: fast_paths.switch_passes_to_padding_free, their rollouts by the rollout generator), its vLLM
+    generation bounded in time and taking turns with the vllm role (run_ahead)."""
     trainer = build_trainer(job)
     if job.rollouts is not None:
         job.rollouts.attach(trainer)
     if job.fast_paths.rl_passes:
-        fast_paths.switch_passes_to_padding_free(trainer)
+        fast_paths.switch_passes_to_padding_free(trainer, job.generation is None or job.generation.rollout_generator)
     args = getattr(trainer, "args", None)
     if job.generation is not None and getattr(args, "use_vllm", False):
         # a generation that never ends is one line naming the engine and the step

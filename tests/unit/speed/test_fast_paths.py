@@ -455,6 +455,7 @@ OFF_SWITCHES = {
     "gpu_batch": ["per_device_train_batch_size", "gradient_accumulation_steps"],
     "no_activation_checkpointing": ["activation_checkpointing"],
     "micro_batches": ["gradient_accumulation_steps"],
+    "rollout_generator": ["generation.rollout_generator"],
 }
 
 
@@ -504,6 +505,8 @@ def chosen(raw: Dict[str, Any]) -> Dict[str, Any]:
         for key in OFF_SWITCHES[path]:
             if key == "padding_free":
                 settings[key] = training.get(key, "the job's choice")
+            elif key == "generation.rollout_generator":
+                settings[key] = spec.generation.rollout_generator
             elif key == "activation_checkpointing":
                 # unset, TRL's gradient_checkpointing default (as a sharding strategy reads it)
                 settings[key] = training.get(key, config_value(spec.config_class, training, "gradient_checkpointing"))
@@ -516,7 +519,8 @@ def without_off_switches(raw: Dict[str, Any]) -> Dict[str, Any]:
     switches = {key for keys in OFF_SWITCHES.values() for key in keys} | {"gradient_checkpointing"}
     training = {k: v for k, v in raw["training"].items() if k not in switches}
     model = {k: v for k, v in raw["model"].items() if k != "attn_implementation"}
-    return {**raw, "model": model, "training": training}
+    generation = {k: v for k, v in raw.get("generation", {}).items() if k != "rollout_generator"}
+    return {**raw, "model": model, "training": training, **({"generation": generation} if "generation" in raw else {})}
 
 
 @pytest.mark.parametrize("template", gpu_templates())
