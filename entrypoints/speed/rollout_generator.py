@@ -26,6 +26,7 @@ prompt's tokens (images) go to ``generate``, as does any run with
 
 import contextlib
 import functools
+import inspect
 from typing import Any, Dict, Iterator, Optional
 
 import torch
@@ -117,10 +118,11 @@ def generate(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     pad = config.pad_token_id if config.pad_token_id is not None else int(ends[0]) if len(ends) else 0
     pick = _sampler(config)
     cache = DynamicCache(config=model.config)
+    cached = {_cache_keyword(model): cache}
     # generate's positions: each row's from 0 where its padding ends (a pad's, never attended to, is 1)
     positions = (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 1)
     logits = model(
-        input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, cache=cache, logits_to_keep=1
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, logits_to_keep=1, **cached
     ).logits[:, -1]
     written = torch.full((rows, max(steps, 0)), pad, dtype=input_ids.dtype, device=input_ids.device)
     # the batch's rows (their places in the output) and which of them have ended
@@ -142,11 +144,17 @@ def generate(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
             cache.batch_select_indices(kept)
             batch, ended, mask, tokens, position = batch[kept], ended[kept], mask[kept], tokens[kept], position[kept]
         mask = torch.cat([mask, mask.new_ones(len(batch), 1)], dim=1)
-        logits = model(
-            input_ids=tokens[:, None], attention_mask=mask, position_ids=position[:, None], cache=cache
-        ).logits[:, -1]
+        step_inputs = {"input_ids": tokens[:, None], "attention_mask": mask, "position_ids": position[:, None]}
+        logits = model(**step_inputs, **cached).logits[:, -1]
         position = position + 1
     return torch.cat([input_ids, written[:, :longest]], dim=1)
+
+
+def _cache_keyword(model: Any) -> str:
+    """The name the model's forward takes its KV cache by: ``cache`` since transformers 5.25 (``past_key_values``
+    deprecated), ``past_key_values`` before (where ``cache`` would go unread)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def _sampler(config: GenerationConfig) -> Any:
