@@ -203,6 +203,8 @@ def test_tools_with_vllm_colocated_and_as_the_server_role(tmp_path: Path) -> Non
 
     server = tmp_path / "server"
     overrides = [f"model.name_or_path={output_dir / 'grpo'}", "training.max_steps=8", "training.vllm_mode=server"]
+    # ports of its own (the server's and its lease's, the next): another test's role may be serving beside it
+    overrides += [f"training.vllm_server_port={free_port(2)}"]
     overrides += [f"training.{key}={value}" for key, value in vllm.items()]
     assert_succeeded(run_template("grpo/tiny-tools.yaml", tmp_path, server, j="1x1", overrides=overrides, timeout=900))
     assert_calls_the_rooms_tool(server)
@@ -229,6 +231,8 @@ def test_an_agent_program_learns_through_its_endpoint_over_vllm_colocated_and_as
 
     server = tmp_path / "server"
     overrides = [f"model.name_or_path={output_dir / 'sft'}", "training.vllm_mode=server"]
+    # ports of its own (the server's and its lease's, the next): another test's role may be serving beside it
+    overrides += [f"training.vllm_server_port={free_port(2)}"]
     overrides += [f"training.{key}={value}" for key, value in vllm.items()]
     assert_succeeded(run_template("grpo/tiny-agent.yaml", tmp_path, server, j="1x2", overrides=overrides, timeout=900))
     first, last = ends(server, "rewards/solve/mean")
@@ -678,7 +682,7 @@ def test_grpo_with_vllm_on_gpus_raises_the_reward(tmp_path: Path, mode: str) -> 
     output_dir = tmp_path / "out"
     extra_args = ["--gpu", "1"] + (["--vllm_gpu", "1"] if mode == "server" else [])
     overrides = [f"training.vllm_mode={mode}", "training.vllm_gpu_memory_utilization=0.3"]
-    overrides += [f"training.vllm_server_port={free_port()}"] if mode == "server" else []
+    overrides += [f"training.vllm_server_port={free_port(2)}"] if mode == "server" else []
     result = torchx(
         [
             "run",
