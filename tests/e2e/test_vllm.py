@@ -171,15 +171,25 @@ def assert_learned_with_vllm(output_dir: Path, mode: str, weight_sync: str) -> N
     assert generation["tokens_per_s"] > 0
 
 
+# a tiny run's vLLM on CPU: a small share of the host's memory, a short model length
+VLLM_ON_CPU = {"use_vllm": "true", "vllm_gpu_memory_utilization": "0.15", "vllm_max_model_length": "1024"}
+
+
+def chain_with_colocated_grpo(spec: str, output_dir: Path) -> list:
+    """``torchx run`` arguments of the chain ``spec`` on one process, its GRPO stage generating in colocated vLLM."""
+    args = ["run", "-s", "local_cwd", "posttrain.chain", "--spec", spec, "-j", "1x1"]
+    args += ["--rdzv_port", str(free_port(CHAIN_PORTS)), f"output_dir={output_dir}"]
+    return args + [
+        f"stages.grpo.training.{key}={value}" for key, value in {**VLLM_ON_CPU, "vllm_mode": "colocate"}.items()
+    ]
+
+
 def test_tools_with_vllm_colocated_and_as_the_server_role(tmp_path: Path) -> None:
     """The tools chain with GRPO generating in colocated vLLM, its model's episodes played in vLLM as in
     transformers, then more GRPO of its model with the ``vllm`` role: TRL's tool loop generates each turn after a
     tool's result in vLLM, the result's tokens as prompt, and so does the evaluation's."""
     output_dir = tmp_path / "tools"
-    vllm = {"use_vllm": "true", "vllm_gpu_memory_utilization": "0.15", "vllm_max_model_length": "1024"}
-    args = ["run", "-s", "local_cwd", "posttrain.chain", "--spec", "templates/chain/tools-tiny.yaml", "-j", "1x1"]
-    args += ["--rdzv_port", str(free_port(CHAIN_PORTS)), f"output_dir={output_dir}"]
-    args += [f"stages.grpo.training.{key}={value}" for key, value in {**vllm, "vllm_mode": "colocate"}.items()]
+    args = chain_with_colocated_grpo("templates/chain/tools-tiny.yaml", output_dir)
     # its GRPO, sampling in vLLM, learns to peek less often in its 40 steps (0.75 calls an episode measured, 0.96
     # with transformers' generate): the gate's floor lowered to match; the gate's episodes in transformers (vLLM's
     # are compared with them below, without two more engines' starts)
@@ -205,7 +215,7 @@ def test_tools_with_vllm_colocated_and_as_the_server_role(tmp_path: Path) -> Non
     overrides = [f"model.name_or_path={output_dir / 'grpo'}", "training.max_steps=8", "training.vllm_mode=server"]
     # ports of its own (the server's and its lease's, the next): another test's role may be serving beside it
     overrides += [f"training.vllm_server_port={free_port(2)}"]
-    overrides += [f"training.{key}={value}" for key, value in vllm.items()]
+    overrides += [f"training.{key}={value}" for key, value in VLLM_ON_CPU.items()]
     assert_succeeded(run_template("grpo/tiny-tools.yaml", tmp_path, server, j="1x1", overrides=overrides, timeout=900))
     assert_calls_the_rooms_tool(server)
     generation = read_json(server / "run_summary.json")["generation"]
@@ -221,10 +231,7 @@ def test_an_agent_program_learns_through_its_endpoint_over_vllm_colocated_and_as
     they differ by float noise alone, at every step, so what was trained is what vLLM sampled, with the step's
     weights."""
     output_dir = tmp_path / "agent"
-    vllm = {"use_vllm": "true", "vllm_gpu_memory_utilization": "0.15", "vllm_max_model_length": "1024"}
-    args = ["run", "-s", "local_cwd", "posttrain.chain", "--spec", "templates/chain/agent-tiny.yaml", "-j", "1x1"]
-    args += ["--rdzv_port", str(free_port(CHAIN_PORTS)), f"output_dir={output_dir}"]
-    args += [f"stages.grpo.training.{key}={value}" for key, value in {**vllm, "vllm_mode": "colocate"}.items()]
+    args = chain_with_colocated_grpo("templates/chain/agent-tiny.yaml", output_dir)
     # on one process its gate measured +0.25 and +0.19 (the endpoint batches by arrival): the floor lowered to match
     args += ["stages.check.require=[grpo.solve - sft.solve >= 0.1]"]
     assert_succeeded(torchx(args, tmp_path, timeout=900))
@@ -235,7 +242,7 @@ def test_an_agent_program_learns_through_its_endpoint_over_vllm_colocated_and_as
     overrides = [f"model.name_or_path={output_dir / 'sft'}", "training.vllm_mode=server"]
     # ports of its own (the server's and its lease's, the next): another test's role may be serving beside it
     overrides += [f"training.vllm_server_port={free_port(2)}"]
-    overrides += [f"training.{key}={value}" for key, value in vllm.items()]
+    overrides += [f"training.{key}={value}" for key, value in VLLM_ON_CPU.items()]
     assert_succeeded(run_template("grpo/tiny-agent.yaml", tmp_path, server, j="1x2", overrides=overrides, timeout=900))
     first, last = ends(server, "rewards/solve/mean")
     assert last - first >= 0.3, (first, last)
