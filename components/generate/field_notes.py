@@ -140,6 +140,8 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "reasoning_gym": "Rows reasoning-gym generates (pip install 'posttrain[tasks]'): chat prompts, their answers, "
         "and the answers written as the prompt asks, scored by the built-in reward reasoning_gym (docs: Reasoning "
         "tasks).",
+        "verifiers": "The tasks of a verifiers taskset (pip install 'posttrain[verifiers]'), which its environment "
+        "plays (environment: {verifiers: ...}); what that environment fills in where the spec gives no data.",
         "config": "The hub data set's configuration (subset).",
         "split": "The split to read: of a hub data set, or of a saved DatasetDict.",
         "columns": "This source's own column renames, found -> expected, beside data.columns.",
@@ -195,6 +197,20 @@ FIELD_NOTES: Dict[str, Dict[str, str]] = {
         "args": "The keyword arguments the class is built with.",
         "timeout_s": f"Seconds building it, or one call of a method, may take (unset: {USER_CODE_TIMEOUT_S:g}); past "
         "it the job ends in one line naming it.",
+    },
+    "VerifiersTaskset": {
+        "id": "A verifiers taskset's id: an installed package's, or a module the job can import (a module path, "
+        "pkg.tasks.mine, is taken too).",
+        "args": "The fields of the taskset's config (e.g. num_tasks: 40).",
+    },
+    "VerifiersEnvironment": {
+        "verifiers": "A verifiers taskset's id (verifiers 0.4.0, pip install 'posttrain[verifiers]'): an installed "
+        "package's, or a module the job can import. Its tasks are the rows where the spec gives no data; verifiers' "
+        "null harness plays each in a process of its own through the job's endpoint; its rewards score the episode "
+        "(docs: Agents).",
+        "args": "The fields of the taskset's config (e.g. num_tasks: 40).",
+        "timeout_s": f"Seconds one episode may take (unset: {USER_CODE_TIMEOUT_S:g}); an episode past it scores 0 "
+        "and is counted in episodes.errors.",
     },
     "AgentProgram": {
         "function": "module:function, importable in the job: async def solve(client, model, row) -> reward, or "

@@ -32,6 +32,7 @@ from posttrain.components.spec.fields import LORA_CONFIG, TABLE_PATH, FieldType,
 from posttrain.components.spec.loading import BOOLEAN_WORDS, EXPONENT_NUMBER
 from posttrain.components.spec.registry import SPEC_CLASSES
 from posttrain.components.spec.schema import Spec
+from posttrain.components.spec.sections import AgentSection
 from posttrain.components.spec.values import Range, rows_for
 
 DRAFT = "https://json-schema.org/draft/2020-12/schema"
@@ -196,6 +197,12 @@ def spec_schema(algorithm: str) -> Dict[str, Any]:
     if "rewards" in properties:
         # the validator asks for at least one
         properties["rewards"]["minItems"] = 1
+    if issubclass(cls, AgentSection):
+        # a verifiers environment's taskset is the data where the spec gives none (sections.with_taskset_rows)
+        generated["required"].remove("data")
+        verifiers = {"type": "object", "required": ["verifiers"], "description": "A verifiers environment."}
+        generated["if"] = {"properties": {"environment": verifiers}, "required": ["environment"]}
+        generated["else"] = {"required": ["data"]}
     _describe(properties, FIELD_NOTES[""])
     for name, notes in FIELD_NOTES.items():
         if name in defs:

@@ -8,22 +8,23 @@ from posttrain.components.spec.sections import (
     EPISODES_AT_ONCE,
     PLAY_GRACE_S,
     USER_CODE_TIMEOUT_S,
-    AgentProgram,
     DistributedSpec,
+    EpisodeProgram,
     play_bound,
 )
 
 
 def agent_training_problems(
-    agent: AgentProgram,
+    program: EpisodeProgram,
     training: Dict[str, Any],
     config_class: str,
     distributed: DistributedSpec,
     reward_names: List[str],
     world_size: int,
 ) -> List[str]:
-    """An agent program where it cannot train yet, with options it would not use, named as a reward of the spec
-    is (``reward_names``), or with episodes that may outlast what the other processes wait for."""
+    """An agent program (or a verifiers environment) where it cannot train yet, with options it would not use, named
+    as a reward of the spec is (``reward_names``), or with episodes that may outlast what the other processes wait
+    for."""
     found = []
     if distributed.fsdp is not None or getattr(distributed.sharding, "zero_stage", None) == 3:
         found.append(
@@ -35,12 +36,13 @@ def agent_training_problems(
         config_value(config_class, training, "steps_per_generation")
         or config_value(config_class, training, "gradient_accumulation_steps")
     )
-    bound, waited = play_bound(agent.timeout_s or USER_CODE_TIMEOUT_S, per_process), distributed.timeout_s
+    bound, waited = play_bound(program.timeout_s or USER_CODE_TIMEOUT_S, per_process), distributed.timeout_s
     if world_size > 1 and bound >= waited:
         found.append(
-            f"agent.timeout_s: a process's {per_process} episodes may take {bound:g} s (agent.timeout_s each, "
+            f"{program.key}.timeout_s: a process's {per_process} episodes may take {bound:g} s "
+            f"({program.key}.timeout_s each, "
             f"{EPISODES_AT_ONCE} at once, plus {PLAY_GRACE_S:g} s), not below distributed.timeout_s ({waited} s), "
-            "how long the other processes wait for them; give a shorter agent.timeout_s, or a longer "
+            f"how long the other processes wait for them; give a shorter {program.key}.timeout_s, or a longer "
             "distributed.timeout_s"
         )
     if config_value(config_class, training, "remove_unused_columns") is True:
@@ -57,9 +59,9 @@ def agent_training_problems(
             "and an agent program's endpoint generates on each process apart, as its episodes call; use 1, or "
             "vllm_mode: server"
         )
-    if agent.scorer_name() in reward_names:
+    if program.scorer_name() in reward_names:
         found.append(
-            f"agent.function: its reward's name in the logs, {agent.scorer_name()}, is another reward's too; give "
-            "the function another name"
+            f"{program.named_by}: its reward's name in the logs, {program.scorer_name()}, is another reward's too; "
+            "give the function another name"
         )
     return found

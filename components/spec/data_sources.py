@@ -66,16 +66,18 @@ def data_problems(data: Any) -> List[str]:
 
 
 def _source_problems(where: str, source: Any) -> List[str]:
-    if [source.path, source.name, source.reasoning_gym].count(None) != 2:
+    if [source.path, source.name, source.reasoning_gym, source.verifiers].count(None) != 3:
         return [
             f"{where}: give exactly one of path (a local JSON/JSONL/Parquet/CSV file, a glob of them or a saved "
-            "data set), name (a hub data set) or reasoning_gym (generated tasks)"
+            "data set), name (a hub data set), reasoning_gym (generated tasks) or verifiers (a taskset's tasks)"
         ]
     found = []
     if source.reasoning_gym is not None:
         found += _generated_problems(f"{where}.reasoning_gym", source.reasoning_gym)
+    kind = "reasoning_gym" if source.reasoning_gym is not None else "verifiers" if source.verifiers else None
+    if kind is not None:
         found += [
-            f"{where}.{key}: applies to hub data sets ({where}.name); generated rows have none: remove it"
+            f"{where}.{key}: applies to hub data sets ({where}.name); {kind} rows have none: remove it"
             for key, value in (("config", source.config), ("split", source.split))
             if value not in (None, "train")
         ]

@@ -30,7 +30,7 @@ from posttrain.components.spec.loading import as_written_by_yaml_1_1, read_yaml
 from posttrain.components.spec.messages import SpecError, cut, known_paths, translate, unknown_in
 from posttrain.components.spec.overrides import apply_overrides
 from posttrain.components.spec.schema import TORCH_VARLEN, Spec
-from posttrain.components.spec.sections import ModelSpec
+from posttrain.components.spec.sections import ModelSpec, with_taskset_rows
 from posttrain.components.spec.shipped import spec_file
 
 ALGORITHM = "eval"
@@ -131,6 +131,7 @@ def validate_eval(raw: Mapping[str, Any]) -> EvalSpec:
     """Validates an evaluation's spec as plain data; raises SpecError listing every problem."""
     if raw.get("algorithm") != ALGORITHM:
         raise SpecError([f"algorithm: expected eval for posttrain.eval; got {cut(repr(raw.get('algorithm')))}"])
+    raw = with_taskset_rows(raw, "eval")
     problems = list(unknown_in(raw, EvalSpec, "", list(known_paths(EvalSpec))))
     data = raw.get("data")
     if isinstance(data, dict) and data.get("train") is not None:

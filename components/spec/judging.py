@@ -14,6 +14,7 @@ from posttrain.components.spec.sections import (
     RewardSource,
     Strict,
     callable_name,
+    taskset_problems,
 )
 
 
@@ -136,18 +137,22 @@ class Evaluation(AgentSection):
         # as require's conditions can write them
         names = [reward.scorer_name() for reward in self.rewards]
         numbered = [f"{name}_{index}" if names.count(name) > 1 else name for index, name in enumerate(names)]
-        return numbered + self.environment_scorers() + ([self.agent.scorer_name()] if self.agent else [])
+        program = self.program()
+        return numbered + self.environment_scorers() + ([program.scorer_name()] if program is not None else [])
 
     def environment_scorers(self) -> List[str]:
         """The scorer each environment's ``get_reward`` is (where its class has one): named by its class (``Room``
         for ``my_env:Room``), or by its name among several."""
-        if isinstance(self.environment, dict):
-            return list(self.environment)
-        return [callable_name(self.environment.factory)] if self.environment else []
+        classes = self.environment_classes()
+        if isinstance(classes, dict):
+            return list(classes)
+        return [callable_name(classes.factory)] if classes else []
 
     def _program_problems(self, names: List[str]) -> List[str]:
-        """An agent program with rounds of calls to bound, vLLM to generate, or named as another scorer is."""
-        assert self.agent is not None
+        """An agent program (or a verifiers environment) with rounds of calls to bound, vLLM to generate, or named
+        as another scorer is."""
+        program = self.program()
+        assert program is not None
         found = []
         if self.generation.max_tool_calling_iterations is not None:
             found.append("generation.max_tool_calling_iterations: an agent program bounds its own rounds; drop it")
@@ -156,9 +161,9 @@ class Evaluation(AgentSection):
                 "generation.engine: vllm does not serve agent programs yet (their endpoint generates in "
                 "transformers); use auto or transformers"
             )
-        if names.count(self.agent.scorer_name()) > 1:
+        if names.count(program.scorer_name()) > 1:
             found.append(
-                f"agent.function: its reward's name in the summary, {self.agent.scorer_name()}, is another scorer's "
+                f"{program.named_by}: its reward's name in the summary, {program.scorer_name()}, is another scorer's "
                 "too; give the function another name"
             )
         return found
@@ -188,8 +193,9 @@ class Evaluation(AgentSection):
                 found.append(f"rewards.{index}.weight: an evaluation reports each scorer apart, unweighted; drop it")
         found += self.generation.problems() + self.agent_problems()
         rounds = self.generation.max_tool_calling_iterations
-        if self.agent is not None:
+        if self.program() is not None:
             found += self._program_problems(names)
+        found += taskset_problems(self.environment, self.data.sources("eval") if self.data is not None else [])
         if rounds is not None and not self.is_agentic():
             found.append(
                 f"generation.max_tool_calling_iterations: {rounds} bounds the rounds of tool calls in an episode, and "

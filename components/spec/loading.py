@@ -29,7 +29,7 @@ from posttrain.components.spec.messages import (
 from posttrain.components.spec.overrides import apply_overrides
 from posttrain.components.spec.registry import SPEC_CLASSES
 from posttrain.components.spec.schema import Spec
-from posttrain.components.spec.sections import AgentSection
+from posttrain.components.spec.sections import AgentSection, with_taskset_rows
 from posttrain.components.spec.shipped import SHIPPED_PREFIX, is_shipped, shipped_paths, spec_file, template_file
 from posttrain.components.spec.values import (
     combination_problems,
@@ -138,9 +138,9 @@ def _read_model_sections(values: Any, model: Type[BaseModel]) -> None:
         return
     _as_written(values, {key: field_type(field.annotation) for key, field in model.model_fields.items()})
     for key, field in model.model_fields.items():
-        nested = model_in(field.annotation)
-        if key in values and nested is not None:
-            for item in values[key] if isinstance(values[key], list) else [values[key]]:
+        for item in values.get(key) if isinstance(values.get(key), list) else [values.get(key)]:
+            nested = model_in(field.annotation, item if isinstance(item, dict) else ())
+            if isinstance(item, dict) and nested is not None:
                 _read_model_sections(item, nested)
 
 
@@ -170,6 +170,7 @@ def spec_from_json(text: str) -> Spec:
 def validate(raw: Mapping[str, Any], *, algorithm: Optional[str] = None, world_size: Optional[int] = None) -> Spec:
     """Validates a spec as plain data; raises SpecError listing every problem."""
     cls = _spec_class(raw, algorithm)
+    raw = with_taskset_rows(raw, "train")
     problems = list(_unknown_keys(raw, cls))
     if problems:
         raise SpecError(problems)

@@ -8,7 +8,7 @@ unknown key, the nearest valid one::
 
 import difflib
 import typing
-from typing import Any, Iterator, List, Mapping, Optional, Sequence, Set, Type
+from typing import Any, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Type
 
 from pydantic import BaseModel, ValidationError
 
@@ -34,12 +34,23 @@ def first_line(error: BaseException) -> str:
     return lines[0] if lines else type(error).__name__
 
 
-def model_in(annotation: Any) -> Optional[Type[BaseModel]]:
-    """The pydantic model an annotation holds (``X``, ``Optional[X]``, ``List[X]``), if any."""
-    for arg in (annotation,) + typing.get_args(annotation):
-        if isinstance(arg, type) and issubclass(arg, BaseModel):
-            return arg
-    return None
+def models_in(annotation: Any) -> List[Type[BaseModel]]:
+    """The pydantic models an annotation holds (``X``, ``Optional[X]``, ``List[X]``, ``Union[X, Y]``)."""
+    return [
+        arg
+        for arg in (annotation,) + typing.get_args(annotation)
+        if isinstance(arg, type) and issubclass(arg, BaseModel)
+    ]
+
+
+def model_in(annotation: Any, keys: Iterable[str] = ()) -> Optional[Type[BaseModel]]:
+    """The pydantic model an annotation holds, if any; of a Union's, the one whose fields hold most of ``keys``
+    (the keys a section was written with), the first where they tie."""
+    models = models_in(annotation)
+    if not models:
+        return None
+    given = set(keys)
+    return max(models, key=lambda model: len(given & set(model.model_fields)))
 
 
 def named_model_in(annotation: Any) -> Optional[Type[BaseModel]]:
@@ -54,8 +65,7 @@ def known_paths(model: Type[BaseModel], prefix: str = "") -> Iterator[str]:
     """Every dotted key of a pydantic model, sections included."""
     for name, field in model.model_fields.items():
         yield f"{prefix}{name}"
-        inner = model_in(field.annotation)
-        if inner is not None:
+        for inner in models_in(field.annotation):
             yield from known_paths(inner, f"{prefix}{name}.")
 
 
@@ -67,13 +77,25 @@ def unknown_in(raw: Mapping[str, Any], model: Type[BaseModel], prefix: str, path
         if field is None:
             yield unknown_message(path, set(model.model_fields), prefix, paths)
             continue
-        inner, named = model_in(field.annotation), named_model_in(field.annotation)
-        # sections by name (environment: {a: {...}, b: {...}}): none of the keys is the section's own
-        if named is not None and isinstance(value, dict) and not set(value) & set(named.model_fields):
+        keys = value if isinstance(value, dict) else {}
+        inner, named = model_in(field.annotation, keys), named_model_in(field.annotation)
+        kinds = models_in(field.annotation)
+        # sections by name (environment: {a: {...}, b: {...}}): none of the keys is any kind of the section's own
+        if (
+            named is not None
+            and isinstance(value, dict)
+            and not set(value) & {k for m in kinds for k in m.model_fields}
+        ):
             for name, item in value.items():
                 if isinstance(item, dict):
                     yield from unknown_in(item, named, f"{path}.{name}.", paths)
         elif inner is not None and isinstance(value, dict):
+            # keys of two kinds of the section (environment: factory and verifiers)
+            other = [k for k in value if k not in inner.model_fields and any(k in m.model_fields for m in kinds)]
+            own = [k for k in value if k in inner.model_fields and not all(k in m.model_fields for m in kinds)]
+            if other and own:
+                yield f"{path}: {own[0]} and {other[0]} are keys of two kinds of {key}; give the keys of one"
+                continue
             yield from unknown_in(value, inner, f"{path}.", paths)
         elif inner is not None and isinstance(value, list):
             for index, item in enumerate(value):

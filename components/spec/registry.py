@@ -154,15 +154,16 @@ class GRPOSpec(GroupSpec, AgentSection):
 
     def problems(self, world_size: Optional[int]) -> List[str]:
         found = super().problems(world_size) + self.agent_problems()
-        if self.environment is not None and self.keeps_only_prompts:
+        if self.environment_classes() is not None and self.keeps_only_prompts:
             found.append(
                 "training.remove_unused_columns: true leaves each row its prompt alone, and the environment reads "
                 "the whole row (reset(**row); several environments, its environment column); set it false"
             )
-        if self.agent is not None:
+        program = self.program()
+        if program is not None:
             named = [reward.scorer_name() for reward in self.rewards]
             found += agent_training_problems(
-                self.agent, self.training, self.config_class, self.distributed, named, world_size or 1
+                program, self.training, self.config_class, self.distributed, named, world_size or 1
             )
         rounds = self.training.get("max_tool_calling_iterations")
         if rounds is not None and not self.is_agentic():

@@ -18,7 +18,14 @@ from posttrain.components.spec.fields import config_fields, config_value
 from posttrain.components.spec.generation import runs_vllm_server
 from posttrain.components.spec.judging import EvaluateSection
 from posttrain.components.spec.messages import cut
-from posttrain.components.spec.sections import AgentSection, DataSpec, DistributedSpec, ModelSpec, Strict
+from posttrain.components.spec.sections import (
+    AgentSection,
+    DataSpec,
+    DistributedSpec,
+    ModelSpec,
+    Strict,
+    taskset_problems,
+)
 from posttrain.components.spec.values import least_per_device_batch
 
 # Keys of TRL's config classes that posttrain owns (sets itself) for every algorithm: where to go instead.
@@ -198,6 +205,9 @@ class Spec(Strict):
         if dtype == "bfloat16" and training.get("fp16"):
             found.append("model.dtype: bfloat16 contradicts training.fp16: true; use model.dtype float16 or auto")
         found += self.data.problems()
+        found += taskset_problems(
+            getattr(self, "environment", None), self.data.sources("train") + self.data.sources("eval")
+        )
         if self.resume not in ("auto", "never") and not self.resume.strip():
             found.append("resume: expected auto, never or a checkpoint path; got an empty string")
         elif self.resume not in ("auto", "never") and "/" not in self.resume:

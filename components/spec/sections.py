@@ -2,7 +2,7 @@
 environments) and the distribution."""
 
 import re
-from typing import Any, Dict, List, Literal, Optional, Tuple, Union
+from typing import Any, ClassVar, Dict, List, Literal, Mapping, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict
 
@@ -57,14 +57,24 @@ class ReasoningTasks(Strict):
     wrong_answers: float = 0.0
 
 
+class VerifiersTaskset(Strict):
+    """A verifiers taskset (``verifiers.v1``, verifiers 0.4.0): its id as verifiers resolves one (an installed
+    package, or a module the job can import, e.g. from its working directory) and the fields of its config."""
+
+    id: str
+    args: Dict[str, Any] = {}
+
+
 class DataSource(Strict):
-    """One data source: a local file, a glob of files or a saved data set (``path``), a hub data set (``name``), or
-    reasoning-gym's generators (``reasoning_gym``); its own column renames (beside ``data.columns``), a cap on its
-    rows, and its weight in an interleaved mixture."""
+    """One data source: a local file, a glob of files or a saved data set (``path``), a hub data set (``name``),
+    reasoning-gym's generators (``reasoning_gym``), or the tasks of a verifiers taskset (``verifiers``, what a
+    verifiers environment plays where the spec gives no data); its own column renames (beside ``data.columns``), a
+    cap on its rows, and its weight in an interleaved mixture."""
 
     path: Optional[str] = None
     name: Optional[str] = None
     reasoning_gym: Optional[ReasoningTasks] = None
+    verifiers: Optional[VerifiersTaskset] = None
     config: Optional[str] = None
     split: str = "train"
     columns: Dict[str, str] = {}
@@ -226,6 +236,10 @@ class AgentProgram(Strict):
     # how long one episode may take (None: USER_CODE_TIMEOUT_S); an episode past it scores 0
     timeout_s: Optional[float] = None
 
+    # its section, and the key that names its reward
+    key: ClassVar[str] = "agent"
+    named_by: ClassVar[str] = "agent.function"
+
     def problems(self, where: str) -> List[str]:
         problem = import_path_problem(f"{where}.function", self.function, "module:function (e.g. my_agent:solve)")
         return ([problem] if problem is not None else []) + timeout_problems(where, self.timeout_s)
@@ -235,18 +249,90 @@ class AgentProgram(Strict):
         return callable_name(self.function)
 
 
+class VerifiersEnvironment(Strict):
+    """A verifiers environment (verifiers 0.4.0's ``verifiers.v1``): its taskset's tasks, played by verifiers' null
+    harness in a local process per episode (the tools of the taskset's toolsets served to it), the model called
+    through the job's endpoint, each episode scored by the taskset's rewards (docs: Agents). It plays like an agent
+    program: ``timeout_s`` bounds an episode."""
+
+    # the taskset's id, as verifiers resolves one
+    verifiers: str
+    # the fields of the taskset's config
+    args: Dict[str, Any] = {}
+    # how long one episode may take (None: USER_CODE_TIMEOUT_S); an episode past it scores 0
+    timeout_s: Optional[float] = None
+
+    key: ClassVar[str] = "environment"
+    named_by: ClassVar[str] = "environment.verifiers"
+
+    def taskset(self) -> VerifiersTaskset:
+        return VerifiersTaskset(id=self.verifiers, args=self.args)
+
+    def problems(self, where: str) -> List[str]:
+        found = [] if self.verifiers.strip() else [f"{where}.verifiers: expected a taskset's id; got an empty string"]
+        return found + timeout_problems(where, self.timeout_s)
+
+    def scorer_name(self) -> str:
+        """Its reward's name in a summary: its taskset's module's (``hidden_value`` for
+        ``my_tasks.hidden_value``; a hub id ``owner/name@1.0`` is ``name``)."""
+        module = self.verifiers.rpartition("/")[2].partition("@")[0].rpartition(".")[2]
+        return re.sub(r"\W", "_", module.replace("-", "_").lower())
+
+
+# what plays an episode through the job's endpoint
+EpisodeProgram = Union[AgentProgram, VerifiersEnvironment]
+
+
+def with_taskset_rows(raw: Mapping[str, Any], split: str) -> Mapping[str, Any]:
+    """A spec as written, with its verifiers environment's taskset as ``data.<split>`` where it gives no data: the
+    environment plays the taskset's own tasks."""
+    environment = raw.get("environment")
+    if "data" in raw or not isinstance(environment, dict) or not isinstance(environment.get("verifiers"), str):
+        return raw
+    taskset = {"id": environment["verifiers"], "args": environment.get("args", {})}
+    return {**raw, "data": {split: {"verifiers": taskset}}}
+
+
+def taskset_problems(environment: Any, sources: List[Tuple[str, DataSource]]) -> List[str]:
+    """Rows of a verifiers taskset where no verifiers ``environment`` plays them, and other rows where one does."""
+    found = []
+    for where, source in sources:
+        if source.verifiers is not None and not isinstance(environment, VerifiersEnvironment):
+            found.append(
+                f"{where}.verifiers: a taskset's tasks are played by its environment; give environment: "
+                f"{{verifiers: {source.verifiers.id}}} (with posttrain.grpo or posttrain.eval)"
+            )
+        elif source.verifiers is None and isinstance(environment, VerifiersEnvironment):
+            found.append(
+                f"{where}: a verifiers environment plays its taskset's tasks, not rows of a file; drop data (the "
+                f"taskset's tasks are the rows), or give {where}: {{verifiers: {{id: ..., args: {{...}}}}}}"
+            )
+    return found
+
+
 class AgentSection(Strict):
     """What plays a sample's episode, as GRPO trains it and an evaluation judges it: the model calling ``tools``,
     or acting in one ``environment`` for every row or several by name (each row's ``environment`` column names its
     own); or an ``agent`` program calling the model."""
 
     tools: List[ToolSource] = []
-    environment: Union[EnvironmentSource, Dict[str, EnvironmentSource], None] = None
+    environment: Union[EnvironmentSource, VerifiersEnvironment, Dict[str, EnvironmentSource], None] = None
     # an agent written as a program plays each episode (its own tools, if any), scored by its reward
     agent: Optional[AgentProgram] = None
 
     def is_agentic(self) -> bool:
         return bool(self.tools) or self.environment is not None or self.agent is not None
+
+    def program(self) -> Optional[EpisodeProgram]:
+        """What plays each episode through the job's endpoint: the agent program, or the verifiers environment."""
+        if isinstance(self.environment, VerifiersEnvironment):
+            return self.environment
+        return self.agent
+
+    def environment_classes(self) -> Union[EnvironmentSource, Dict[str, EnvironmentSource], None]:
+        """The environment classes the model acts in (TRL's ``environment_factory``): ``environment``, unless it
+        is a verifiers environment."""
+        return None if isinstance(self.environment, VerifiersEnvironment) else self.environment
 
     def agent_problems(self) -> List[str]:
         found = []
@@ -257,6 +343,11 @@ class AgentSection(Strict):
                     "agent: an agent program makes its own calls through the endpoint; give tools and environment, "
                     "or agent, not both"
                 )
+        if isinstance(self.environment, VerifiersEnvironment):
+            found += self.environment.problems("environment")
+            if self.tools:
+                found.append("tools: a verifiers environment serves its taskset's own tools; drop tools")
+            return found
         for index, tool in enumerate(self.tools):
             found += tool.problems(f"tools.{index}")
         environments = self.environment if isinstance(self.environment, dict) else {"": self.environment}
