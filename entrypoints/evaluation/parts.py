@@ -8,7 +8,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 
 from posttrain.components.spec.evaluation import EvalSpec
 from posttrain.components.spec.judging import BenchmarksSpec, EvalData, GenerationSpec
-from posttrain.components.spec.sections import AgentProgram, EnvironmentSource, ModelSpec, RewardSource, ToolSource
+from posttrain.components.spec.sections import EnvironmentSource, EpisodeProgram, ModelSpec, RewardSource, ToolSource
 
 # spec keys the results do not depend on
 NOT_RESULTS = ("output_dir", "overwrite_output_dir", "require", "require_min_samples")
@@ -31,8 +31,8 @@ class EvalParts:
     # what each sample may call, where it is an episode (episodes.py)
     tools: Tuple[ToolSource, ...]
     environment: Union[EnvironmentSource, Dict[str, EnvironmentSource], None]
-    # an agent program that plays each episode instead (generation/agents.py)
-    agent: Optional[AgentProgram]
+    # an agent program (or a verifiers environment) that plays each episode instead (generation/agents.py)
+    agent: Optional[EpisodeProgram]
     # whether each sample is an episode (tools, environments or an agent program)
     is_agentic: bool
     # each scorer's name in the summary, in the order of rewards
@@ -59,8 +59,8 @@ def parts(spec: EvalSpec) -> EvalParts:
         data_formats=spec.data_formats,
         rewards=tuple(spec.rewards),
         tools=tuple(spec.tools),
-        environment=spec.environment,
-        agent=spec.agent,
+        environment=spec.environment_classes(),
+        agent=spec.program(),
         is_agentic=spec.is_agentic(),
         scorer_names=tuple(spec.scorer_names()),
         benchmarks=spec.benchmarks,

@@ -30,8 +30,15 @@ from typing import Any, Dict, Mapping, Optional, Sequence, Union
 from posttrain.components.spec import code_runs
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.rewards import BUILTIN_REWARDS
-from posttrain.components.spec.sections import AgentProgram, EnvironmentSource, RewardSource, ToolSource
+from posttrain.components.spec.sections import (
+    EnvironmentSource,
+    EpisodeProgram,
+    RewardSource,
+    ToolSource,
+    VerifiersEnvironment,
+)
 from posttrain.entrypoints.evaluation.files import SAMPLES_FILE, SUMMARY_FILE
+from posttrain.entrypoints.inputs.verifiers_tasks import taskset_module
 from posttrain.entrypoints.records.fingerprints import file_digest, model_fingerprint
 
 # what a built-in scores with beside its function's module (components/spec/rewards.py): code_tests' runner and
@@ -64,10 +71,10 @@ def scorer_fingerprints(rewards: Sequence[RewardSource]) -> Dict[str, Any]:
 def agent_fingerprints(
     tools: Sequence[ToolSource],
     environment: Union[EnvironmentSource, Dict[str, EnvironmentSource], None],
-    program: Optional[AgentProgram],
+    program: Optional[EpisodeProgram],
 ) -> Dict[str, Any]:
     """What decides an episode besides the model: each tool's, environment's and agent program's module (its
-    file's bytes)."""
+    file's bytes; a verifiers environment's, its taskset's)."""
     environments = environment if isinstance(environment, dict) else {"": environment} if environment else {}
     found: Dict[str, Any] = {
         "tools": [_module_digest(tool.function.partition(":")[0]) for tool in tools],
@@ -75,7 +82,9 @@ def agent_fingerprints(
             name: _module_digest(source.factory.partition(":")[0]) for name, source in environments.items()
         },
     }
-    if program is not None:
+    if isinstance(program, VerifiersEnvironment):
+        found["program"] = _module_digest(taskset_module(program.verifiers))
+    elif program is not None:
         found["program"] = _module_digest(program.function.partition(":")[0])
     return found
 

@@ -11,17 +11,25 @@ episode's calls were, exactly, the endpoint keeps under the episode's name.
 """
 
 import asyncio
+import contextlib
 import copy
 import dataclasses
 import inspect
 import math
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, AsyncContextManager, Callable, Dict, List, Optional, Sequence
 
 import openai
 
 from posttrain.components.spec.messages import SpecError
-from posttrain.components.spec.sections import EPISODES_AT_ONCE, USER_CODE_TIMEOUT_S, AgentProgram, play_bound
+from posttrain.components.spec.sections import (
+    EPISODES_AT_ONCE,
+    USER_CODE_TIMEOUT_S,
+    EpisodeProgram,
+    VerifiersEnvironment,
+    play_bound,
+)
+from posttrain.entrypoints.generation import verifiers_episodes
 from posttrain.entrypoints.generation.endpoint import Endpoint
 from posttrain.entrypoints.inputs.models import import_user_function
 from posttrain.entrypoints.process.error_file import deadline
@@ -29,10 +37,12 @@ from posttrain.entrypoints.process.error_file import deadline
 
 @dataclasses.dataclass(frozen=True)
 class Program:
-    """An agent program as the job runs it: its function, and how long one episode may take."""
+    """An agent program as the job runs it: its function, how long one episode may take, and what its episodes
+    need held while they play (a verifiers environment's servers), entered on the event loop they play on."""
 
     solve: Callable[..., Any]
     timeout_s: float
+    serving: Callable[[], AsyncContextManager[Any]] = contextlib.nullcontext
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,8 +55,12 @@ class Outcome:
     error: Optional[str]
 
 
-def resolve(program: AgentProgram) -> Program:
-    """The spec's program: its function imported and checked to be an async function taking (client, model, row)."""
+def resolve(program: EpisodeProgram) -> Program:
+    """The spec's program: its function imported and checked to be an async function taking (client, model, row);
+    or its verifiers environment, loaded (``verifiers_episodes.py``)."""
+    if isinstance(program, VerifiersEnvironment):
+        solve, serving = verifiers_episodes.player(program)
+        return Program(solve, program.timeout_s or USER_CODE_TIMEOUT_S, serving)
     solve = import_user_function(program.function, "agent.function")
     if not inspect.iscoroutinefunction(solve):
         kind = type(solve).__name__
@@ -86,7 +100,8 @@ def play(
                     return await _outcome(name, program, client, model, rows[number])
 
         games = [(number, sample) for number in range(len(rows)) for sample in range(num_samples)]
-        return await asyncio.gather(*(episode(number, sample) for number, sample in games))
+        async with program.serving():
+            return await asyncio.gather(*(episode(number, sample) for number, sample in games))
 
     # each episode is bounded on the event loop; a program that blocks the loop (time.sleep, a blocking client)
     # stops every timer there, so the whole play is bounded apart, on a thread of its own

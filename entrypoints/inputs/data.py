@@ -23,6 +23,7 @@ from posttrain.components.spec.messages import SpecError, first_line
 from posttrain.components.spec.schema import Spec
 from posttrain.components.spec.sections import DataSource, DataSpec
 from posttrain.entrypoints.inputs.reasoning_tasks import generated_rows
+from posttrain.entrypoints.inputs.verifiers_tasks import taskset_rows
 from posttrain.entrypoints.process.distributed import env_rank
 
 log = logging.getLogger("posttrain")
@@ -103,6 +104,9 @@ def load_data(source: DataSource, columns: Dict[str, str], where: str, formats: 
     if source.reasoning_gym is not None:
         path = None
         dataset = generated_rows(source.reasoning_gym, f"{where}.reasoning_gym")
+    elif source.verifiers is not None:
+        path = None
+        dataset = taskset_rows(source.verifiers, f"{where}.verifiers")
     elif source.path is not None:
         path = Path(source.path)
         is_saved = path.is_dir() and not is_glob(source.path)
@@ -467,34 +471,4 @@ def check_loss_masks(args: Any, datasets: Sequence[Tuple[str, Any]]) -> None:
                     f"training.assistant_only_loss: true masks all but the assistant's turns of chat messages, and {where} "
                     "has plain text; drop it, or give messages (or prompt and completion as messages)"
                 ]
-            )
-
-
-def check_kept_rows(trainer: Any, train_dataset: Any, eval_dataset: Optional[Any]) -> None:
-    """What the trainer kept of each data set: TRL's preparation drops the rows that cannot fit max_length (reward:
-    a pair longer than it; DPO and KTO: a prompt that fills it) and says nothing. Rank 0 says how many it dropped;
-    none kept is an error, before the first step. (A generating trainer's prompts are not prepared: not called.)"""
-    # packing joins rows
-    if getattr(trainer.args, "packing", False):
-        return
-    loaded = (("data.train", train_dataset, trainer.train_dataset), ("data.eval", eval_dataset, trainer.eval_dataset))
-    for where, dataset, kept in loaded:
-        if dataset is None:
-            continue
-        rows, left = len(dataset), len(kept)
-        if left == 0:
-            raise SpecError(
-                [
-                    f"{where}: the trainer dropped all {rows} rows, none fitting max_length "
-                    f"({trainer.args.max_length} tokens); raise max_length"
-                ]
-            )
-        if left < rows and env_rank() == 0:
-            log.warning(
-                "%s: the trainer kept %d of %d rows, dropping those that do not fit max_length (%s tokens); "
-                "raise max_length to keep them",
-                where,
-                left,
-                rows,
-                trainer.args.max_length,
             )

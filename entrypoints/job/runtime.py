@@ -72,8 +72,8 @@ from posttrain.components.spec.schema import Spec
 from posttrain.entrypoints.evaluation.run import evaluate_run
 from posttrain.entrypoints.generation import role_lease, run_ahead, turns, vllm_generation, vllm_token
 from posttrain.entrypoints.generation.agent_rollouts import AgentRollouts
-from posttrain.entrypoints.inputs.data import check_kept_rows
 from posttrain.entrypoints.inputs.models import ModelLoading, load_extra_model, load_model, lora_config
+from posttrain.entrypoints.inputs.prepared import check_kept_rows
 from posttrain.entrypoints.inputs.rewards import RewardCheck, load_reward_models
 from posttrain.entrypoints.job.callbacks import BestMetricCheck, FaultInjection, Preemption, ProgressLog, TokenCounter
 from posttrain.entrypoints.job.checks import check_inputs

@@ -8,7 +8,7 @@ from typing import Dict, Optional, Tuple, Union
 from posttrain.components.spec.evaluation import of_training_run
 from posttrain.components.spec.generation import TrainingGeneration
 from posttrain.components.spec.schema import Spec
-from posttrain.components.spec.sections import AgentProgram, EnvironmentSource, RewardSource, ToolSource
+from posttrain.components.spec.sections import AgentSection, EnvironmentSource, EpisodeProgram, RewardSource, ToolSource
 from posttrain.entrypoints.evaluation.parts import EvalParts
 from posttrain.entrypoints.evaluation.parts import parts as evaluation_parts
 from posttrain.entrypoints.inputs.models import ModelLoading
@@ -28,10 +28,10 @@ class Parts:
     rewards: Tuple[RewardSource, ...]
     # the functions the model may call, none where the spec gives none
     tools: Tuple[ToolSource, ...]
-    # the environment the model acts in (one, or several by name), or None
+    # the environment classes the model acts in (one, or several by name), or None
     environment: Union[EnvironmentSource, Dict[str, EnvironmentSource], None]
-    # the agent program that plays each rollout, or None
-    agent: Optional[AgentProgram]
+    # the agent program (or verifiers environment) that plays each rollout, or None
+    agent: Optional[EpisodeProgram]
     # the evaluation of the saved model (evaluate:), or None
     evaluation: Optional[EvalParts]
     # how the trainers and the vllm role take turns (GRPO's and RLOO's generation:), or None
@@ -72,8 +72,8 @@ def parts(spec: Spec) -> Parts:
         resume,
         rewards=tuple(getattr(spec, "rewards", ())),
         tools=tuple(getattr(spec, "tools", ())),
-        environment=getattr(spec, "environment", None),
-        agent=getattr(spec, "agent", None),
+        environment=spec.environment_classes() if isinstance(spec, AgentSection) else None,
+        agent=spec.program() if isinstance(spec, AgentSection) else None,
         evaluation=evaluation_parts(of_training_run(spec)) if spec.evaluate is not None else None,
         generation=getattr(spec, "generation", None),
     )

@@ -15,6 +15,7 @@ not read again where its size, modification and change times and inode are those
 import glob
 import hashlib
 import importlib.metadata
+import json
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -129,7 +130,7 @@ def split_fingerprint(data: DataSpec, split: str, dataset: Any) -> Dict[str, Any
 def data_fingerprint(source: Any, dataset: Any) -> Dict[str, Any]:
     """A local file by its digest; a glob's files, or a saved data set's (a directory), by each one's; a hub data set
     by the ``datasets`` fingerprint of what loaded (None where nothing loaded here); generated rows by their source
-    and reasoning-gym's version."""
+    and reasoning-gym's version; a verifiers taskset's by its rows."""
     if source.reasoning_gym is not None:
         # the rows are what the source says and the installed generators make of it
         try:
@@ -137,6 +138,15 @@ def data_fingerprint(source: Any, dataset: Any) -> Dict[str, Any]:
         except importlib.metadata.PackageNotFoundError:
             version = None
         return {"source": "reasoning_gym", "generation": source.reasoning_gym.model_dump(), "reasoning_gym": version}
+    if source.verifiers is not None:
+        # the rows are the tasks the taskset's installed code makes of its args
+        rows = json.dumps(dataset.to_list(), sort_keys=True).encode() if dataset is not None else None
+        return {
+            "source": "verifiers",
+            "taskset": source.verifiers.model_dump(),
+            "rows_sha256": hashlib.sha256(rows).hexdigest() if rows is not None else None,
+            "verifiers": importlib.metadata.version("verifiers"),
+        }
     files = local_files(source.path) if source.path is not None else []
     if not files:
         return {"source": source.path or source.name, "fingerprint": getattr(dataset, "_fingerprint", None)}

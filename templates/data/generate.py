@@ -177,6 +177,19 @@ def tool_use_demo_rows(rng: random.Random, count: int, calls: float) -> Iterable
         yield {"prompt": [{"role": "user", "content": request}], "completion": completion, "tools": tools}
 
 
+def say_digit_demo_rows(rng: random.Random, count: int, answered: float) -> Iterable[Dict[str, object]]:
+    """"Say 7." answered with the digit in a share ``answered`` of the rows, refused ("No.") in the others. SFT
+    learns to say the asked digit, or to refuse, and GRPO in templates/tasksets/say_digit.py not to refuse: only
+    the digit scores."""
+    for _ in range(count):
+        digit = rng.randrange(10)
+        said = str(digit) if rng.random() < answered else "No."
+        yield {
+            "prompt": [{"role": "user", "content": f"Say {digit}."}],
+            "completion": [{"role": "assistant", "content": said}],
+        }
+
+
 def write_jsonl(path: Path, rows: Iterable[Dict]) -> None:
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
 
@@ -195,6 +208,7 @@ def main() -> None:
     # rooms never trained in, to evaluate a model's use of the tool (templates/eval/tools-tiny.yaml)
     write_jsonl(HERE / "hidden_values_heldout.jsonl", hidden_value_rows(random.Random(10), 32))
     write_jsonl(HERE / "tool_use_demos.jsonl", tool_use_demo_rows(random.Random(8), 800, calls=0.3))
+    write_jsonl(HERE / "say_digit_demos.jsonl", say_digit_demo_rows(random.Random(11), 400, answered=0.4))
     for task, (request, _, _) in TOOL_USE_TASKS.items():
         requests = ({"prompt": [{"role": "user", "content": request}]} for _ in range(400))
         write_jsonl(HERE / f"{task}_requests.jsonl", requests)

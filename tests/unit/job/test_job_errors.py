@@ -37,6 +37,7 @@ from posttrain.entrypoints.inputs.models import (
     load_model,
     load_tokenizer,
 )
+from posttrain.entrypoints.inputs.prepared import check_kept_rows
 from posttrain.entrypoints.job import spec_parts
 from posttrain.entrypoints.job.config import build_config, check_environment, training_arguments
 
@@ -536,7 +537,7 @@ def test_rows_the_trainer_drops_are_counted_and_none_left_stops_before_the_first
     job = tiny_job(tmp_path, "reward")
     job = dataclasses.replace(job, eval_dataset=job.train_dataset.select(range(60)))
     with caplog.at_level(logging.WARNING, logger="posttrain"):
-        data.check_kept_rows(trainer_with(job, max_length=24), job.train_dataset, job.eval_dataset)
+        check_kept_rows(trainer_with(job, max_length=24), job.train_dataset, job.eval_dataset)
     rows = len(job.train_dataset)
     for where, total in (("data.train", rows), ("data.eval", 60)):
         kept = re.search(

@@ -1,0 +1,1 @@
+"""The verifiers tasksets the templates play (``environment: {verifiers: posttrain.templates.tasksets.<module>}``)."""
