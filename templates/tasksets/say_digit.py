@@ -1,8 +1,8 @@
 """A tiny verifiers 0.4.0 taskset (``verifiers.v1``), single-turn: "Say 7." and the model's reply must hold 7.
 
 Its tasks are the digits, ``num_tasks`` of them in turn; its one reward, ``said``, is 1 where the last reply
-holds the task's digit. Small enough for the built-in tiny models to learn by GRPO on CPU
-(templates/grpo/tiny-verifiers.yaml).
+holds the task's digit. Small enough for a tiny model to learn on CPU, by GRPO after an SFT warm start
+(templates/chain/verifiers-tiny.yaml).
 """
 
 import verifiers.v1 as vf
