@@ -29,8 +29,9 @@ OFFLOAD = ["distributed.deepspeed.offload_optimizer=true", "distributed.deepspee
 
 @pytest.mark.parametrize(
     "template, stage, overrides",
-    [("sft/tiny-zero2.yaml", 2, []), ("sft/tiny-zero3.yaml", 3, []), ("sft/tiny-zero3.yaml", 3, OFFLOAD)],
-    ids=["zero2", "zero3", "zero3-offload"],
+    # ZeRO-3 without offload: the restart test below, whose first 20 steps are its first attempt's
+    [("sft/tiny-zero2.yaml", 2, []), ("sft/tiny-zero3.yaml", 3, OFFLOAD)],
+    ids=["zero2", "zero3-offload"],
 )
 def test_sft_with_zero_learns_like_ddp_and_reports_deepspeed(
     tmp_path: Path, plain_losses: list, template: str, stage: int, overrides: list
@@ -49,15 +50,26 @@ def test_sft_with_zero_learns_like_ddp_and_reports_deepspeed(
     assert json.loads((output_dir / "config.json").read_text())["num_hidden_layers"] == 2
 
 
-def test_zero3_restart_resumes_from_its_own_checkpoint(tmp_path: Path, plain_losses: list) -> None:
+def test_zero3_learns_like_ddp_and_a_restart_resumes_from_its_own_checkpoint(
+    tmp_path: Path, plain_losses: list
+) -> None:
     output_dir = tmp_path / "out"
     restart_after_crash = {"extra_args": ["--max_restarts", "1"], "POSTTRAIN_FAULT": "exit:1:25"}
     assert_succeeded(run_template("sft/tiny-zero3.yaml", tmp_path, output_dir, **restart_after_crash))
     summary = read_json(output_dir / "run_summary.json")
     assert summary["resumed_from"] == str(output_dir / "checkpoint-20") and summary["global_steps"] == 40
-    assert summary["engine"]["zero_stage"] == 3 and (output_dir / "checkpoint-20" / "global_step20").is_dir()
-    # optimizer, scheduler and data position came back: steps 21-40 are those of the uninterrupted run
-    assert series(output_dir, "loss")[20:] == pytest.approx(plain_losses[20:40], rel=1e-3)
+    assert summary["engine"] == {"backend": "gloo", "strategy": "deepspeed", "zero_stage": 3}
+    # DeepSpeed's checkpoint layout, and a model that loads
+    assert (output_dir / "checkpoint-20" / "global_step20").is_dir()
+    AutoModelForCausalLM.from_pretrained(output_dir)
+    assert json.loads((output_dir / "config.json").read_text())["num_hidden_layers"] == 2
+    losses = series(output_dir, "loss")
+    first, last = ends(output_dir, "loss")
+    assert last <= 0.7 * first
+    # the first attempt's first steps match plain DDP (same seed, data and settings); optimizer, scheduler and data
+    # position came back: steps 21-40 are those of the uninterrupted run
+    assert losses[:3] == pytest.approx(plain_losses[:3], rel=0.05)
+    assert losses[20:] == pytest.approx(plain_losses[20:40], rel=1e-3)
 
 
 ZERO3 = "distributed.deepspeed={zero_stage: 3}"

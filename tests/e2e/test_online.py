@@ -26,18 +26,23 @@ def ppo_run(session_tmp: Path) -> Path:
     return output_dir
 
 
-@pytest.mark.parametrize("template", ["grpo/tiny.yaml", "grpo/gspo-tiny.yaml", "rloo/tiny.yaml"])
-def test_group_methods_raise_the_reward(tmp_path: Path, template: str) -> None:
+# GRPO's on two nodes of one process each (a multi-node rendezvous), the others on one node of two processes
+@pytest.mark.parametrize(
+    "template, j", [("grpo/tiny.yaml", "2x1"), ("grpo/gspo-tiny.yaml", "1x2"), ("rloo/tiny.yaml", "1x2")]
+)
+def test_group_methods_raise_the_reward(tmp_path: Path, template: str, j: str) -> None:
     output_dir = tmp_path / "out"
-    result = run_template(template, tmp_path, output_dir)
+    result = run_template(template, tmp_path, output_dir, j=j)
     assert_succeeded(result)
     assert reward_rise(output_dir, "reward") >= 0.2
+    summary = read_json(output_dir / "run_summary.json")
+    assert (summary["world_size"], summary["nnodes"]) == (2, int(j[0]))
     # tiny-llama3 has attention dropout, which TRL's generation in training mode draws: generate decodes its
     # rollouts, and the job says why; tiny-llama's, the rollout generator (entrypoints/speed/rollout_generator.py)
     line = "rollouts: transformers' generate, not the rollout generator, which does not decode a model with dropout"
     dropout = load_template(template)["model"]["name_or_path"] == "builtin:tiny-llama3"
     assert (result.stdout + result.stderr).count(line) == dropout
-    assert ("rollout_generator" in read_json(output_dir / "run_summary.json")["fast_paths"]) != dropout
+    assert ("rollout_generator" in summary["fast_paths"]) != dropout
     # a few of each logged step's rollouts, whole, with their scores
     samples = [json.loads(line) for line in (output_dir / "samples.jsonl").read_text().splitlines()]
     assert {sample["step"] for sample in samples} == {
@@ -63,14 +68,6 @@ def test_online_dpo_raises_the_score_of_its_sampled_answers(tmp_path: Path) -> N
     assert reward_rise(output_dir, "objective/scores") >= 0.2
     assert read_json(output_dir / "run_summary.json")["algorithm"] == "online_dpo"
     assert AutoModelForCausalLM.from_pretrained(output_dir) is not None
-
-
-def test_grpo_2x1_multinode_rendezvous_raises_the_reward(tmp_path: Path) -> None:
-    output_dir = tmp_path / "out"
-    assert_succeeded(run_template("grpo/tiny.yaml", tmp_path, output_dir, j="2x1"))
-    assert reward_rise(output_dir, "reward") >= 0.2
-    summary = read_json(output_dir / "run_summary.json")
-    assert (summary["world_size"], summary["nnodes"]) == (2, 2)
 
 
 def test_ppo_raises_the_reward_and_saves_policy_and_value_model(ppo_run: Path) -> None:
