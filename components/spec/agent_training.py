@@ -62,6 +62,6 @@ def agent_training_problems(
     if program.scorer_name() in reward_names:
         found.append(
             f"{program.named_by}: its reward's name in the logs, {program.scorer_name()}, is another reward's too; "
-            "give the function another name"
+            f"{program.rename}"
         )
     return found

@@ -74,7 +74,9 @@ def _source_problems(where: str, source: Any) -> List[str]:
     found = []
     if source.reasoning_gym is not None:
         found += _generated_problems(f"{where}.reasoning_gym", source.reasoning_gym)
-    kind = "reasoning_gym" if source.reasoning_gym is not None else "verifiers" if source.verifiers else None
+    kind = (
+        "reasoning_gym" if source.reasoning_gym is not None else "verifiers" if source.verifiers is not None else None
+    )
     if kind is not None:
         found += [
             f"{where}.{key}: applies to hub data sets ({where}.name); {kind} rows have none: remove it"

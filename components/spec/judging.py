@@ -164,7 +164,7 @@ class Evaluation(AgentSection):
         if names.count(program.scorer_name()) > 1:
             found.append(
                 f"{program.named_by}: its reward's name in the summary, {program.scorer_name()}, is another scorer's "
-                "too; give the function another name"
+                f"too; {program.rename}"
             )
         return found
 

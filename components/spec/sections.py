@@ -236,9 +236,10 @@ class AgentProgram(Strict):
     # how long one episode may take (None: USER_CODE_TIMEOUT_S); an episode past it scores 0
     timeout_s: Optional[float] = None
 
-    # its section, and the key that names its reward
+    # its section, the key that names its reward, and how to name it otherwise
     key: ClassVar[str] = "agent"
     named_by: ClassVar[str] = "agent.function"
+    rename: ClassVar[str] = "give the function another name"
 
     def problems(self, where: str) -> List[str]:
         problem = import_path_problem(f"{where}.function", self.function, "module:function (e.g. my_agent:solve)")
@@ -264,6 +265,7 @@ class VerifiersEnvironment(Strict):
 
     key: ClassVar[str] = "environment"
     named_by: ClassVar[str] = "environment.verifiers"
+    rename: ClassVar[str] = "give the other scorer's function another name"
 
     def taskset(self) -> VerifiersTaskset:
         return VerifiersTaskset(id=self.verifiers, args=self.args)
@@ -289,7 +291,9 @@ def with_taskset_rows(raw: Mapping[str, Any], split: str) -> Mapping[str, Any]:
     environment = raw.get("environment")
     if "data" in raw or not isinstance(environment, dict) or not isinstance(environment.get("verifiers"), str):
         return raw
-    taskset = {"id": environment["verifiers"], "args": environment.get("args", {})}
+    args = environment.get("args", {})
+    # args of another kind are the environment's own problem, said once there
+    taskset = {"id": environment["verifiers"], "args": args if isinstance(args, dict) else {}}
     return {**raw, "data": {split: {"verifiers": taskset}}}
 
 
@@ -297,7 +301,13 @@ def taskset_problems(environment: Any, sources: List[Tuple[str, DataSource]]) ->
     """Rows of a verifiers taskset where no verifiers ``environment`` plays them, and other rows where one does."""
     found = []
     for where, source in sources:
-        if source.verifiers is not None and not isinstance(environment, VerifiersEnvironment):
+        if isinstance(environment, VerifiersEnvironment) and source.verifiers not in (None, environment.taskset()):
+            found.append(
+                f"{where}.verifiers: the tasks of {source.verifiers.id} with args {source.verifiers.args}, and the "
+                f"environment plays those of {environment.verifiers} with args {environment.args}; a row is played "
+                "as its environment's task of its index: give the same id and args, or drop data"
+            )
+        elif source.verifiers is not None and not isinstance(environment, VerifiersEnvironment):
             found.append(
                 f"{where}.verifiers: a taskset's tasks are played by its environment; give environment: "
                 f"{{verifiers: {source.verifiers.id}}} (with posttrain.grpo or posttrain.eval)"

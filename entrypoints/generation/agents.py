@@ -41,6 +41,8 @@ class Program:
     solve: Callable[..., Any]
     timeout_s: float
     serving: Callable[[], AsyncContextManager[Any]] = contextlib.nullcontext
+    # the spec's section that names it (its timeout_s)
+    key: str = "agent"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +60,7 @@ def resolve(program: EpisodeProgram) -> Program:
     or its verifiers environment, loaded (``verifiers_episodes.py``)."""
     if isinstance(program, VerifiersEnvironment):
         solve, serving = verifiers_episodes.player(program)
-        return Program(solve, program.timeout_s or USER_CODE_TIMEOUT_S, serving)
+        return Program(solve, program.timeout_s or USER_CODE_TIMEOUT_S, serving, program.key)
     solve = import_user_function(program.function, "agent.function")
     if not inspect.iscoroutinefunction(solve):
         kind = type(solve).__name__
@@ -108,7 +110,8 @@ def play(
     games = len(rows) * num_samples
     seconds = play_bound(program.timeout_s, games)
     line = (
-        f"posttrain: agent: {games} episode(s) did not end within {seconds:g} s, each bounded by agent.timeout_s "
+        f"posttrain: {program.key}: {games} episode(s) did not end within {seconds:g} s, each bounded by "
+        f"{program.key}.timeout_s "
         f"({program.timeout_s:g} s): the program blocks its event loop (time.sleep, a blocking client?); await "
         "the async client it is given"
     )
@@ -121,7 +124,7 @@ async def _outcome(name: str, program: Program, client: Any, model: str, row: Di
     try:
         returned = await asyncio.wait_for(program.solve(client, model, copy.deepcopy(row)), program.timeout_s)
     except asyncio.TimeoutError:
-        return Outcome(name, 0.0, {}, f"the episode ran past agent.timeout_s ({program.timeout_s:g} s)")
+        return Outcome(name, 0.0, {}, f"the episode ran past {program.key}.timeout_s ({program.timeout_s:g} s)")
     except Exception:  # noqa: BLE001 -- the program's own failure scores its episode 0; its traceback is kept
         return Outcome(name, 0.0, {}, traceback.format_exc())
     reward, metrics = returned, {}

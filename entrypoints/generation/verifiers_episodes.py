@@ -19,6 +19,8 @@ from posttrain.entrypoints.inputs.verifiers_tasks import KEY_COLUMN, imported, l
 # the variable verifiers reads the endpoint's key from: its subprocess runtime passes a harness every variable of
 # the job but those whose name holds API_KEY
 KEY_VARIABLE = "POSTTRAIN_ENDPOINT_API_KEY"
+# the endpoint's hosts (endpoint.py serves on 127.0.0.1)
+LOOPBACK = ("127.0.0.1", "localhost")
 
 
 class EpisodeFailed(RuntimeError):
@@ -31,17 +33,22 @@ def player(environment: VerifiersEnvironment) -> Tuple[Callable[..., Awaitable[D
     vf = imported("environment.verifiers")
     env = load_environment(environment.taskset(), "environment.verifiers")
     tasks = {task.data.idx: task for task in env.taskset}
+    # verifiers' client trusts the environment's proxies, which must not see the endpoint's key: loopback is direct
+    bypassed = [host for host in os.environ.get("NO_PROXY", "").split(",") if host]
+    os.environ["NO_PROXY"] = ",".join(bypassed + [host for host in LOOPBACK if host not in bypassed])
 
     async def episode(client: Any, model: str, row: Dict[str, Any]) -> Dict[str, Any]:
         os.environ[KEY_VARIABLE] = client.api_key
         endpoint = vf.EvalClientConfig(base_url=str(client.base_url), api_key_var=KEY_VARIABLE)
         played = await env.run_episode(tasks[row[KEY_COLUMN]], vf.ModelContext(model=model, client=endpoint))
         traces = played.traces
-        if not played.ok or len(traces) != 1 or traces[0].reward is None:
-            errors = [str(error) for error in played.errors] + [str(e) for trace in traces for e in trace.errors]
-            raise EpisodeFailed("; ".join(errors) or f"the episode ended with {len(traces)} traces and no reward")
+        if not played.ok or len(traces) != 1:
+            errors = [*played.errors, *(error for trace in traces for error in trace.errors)]
+            said = "; ".join(f"{error.type}: {error.message}" for error in errors)
+            raise EpisodeFailed(said or f"the episode ended with {len(traces)} traces, not one")
         [trace] = traces
-        metrics = {name: float(reward.score) for name, reward in trace.rewards.items()}
+        # a reward that did not run is None
+        metrics = {name: float(reward.score) for name, reward in trace.rewards.items() if reward is not None}
         return {"reward": float(trace.reward), "metrics": metrics}
 
     return episode, env.serving

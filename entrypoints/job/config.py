@@ -133,10 +133,8 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
     rewards = getattr(spec, "rewards", [])
     if rewards and "reward_weights" in config_fields(spec.config_class):
         # else the trainer takes them itself
-        # an agent program's reward last, as the job hands it to the trainer
-        kwargs["reward_weights"] = [reward.weight for reward in rewards] + [1.0] * (
-            getattr(spec, "agent", None) is not None
-        )
+        # an agent program's (or a verifiers environment's) reward last, as the job hands it to the trainer
+        kwargs["reward_weights"] = [reward.weight for reward in rewards] + [1.0] * (parts(spec).agent is not None)
     kwargs.update(strategy_for(spec.distributed).trainer_arguments(spec.config_class, kwargs))
     kwargs.update(fast_paths.config_defaults(parts(spec).fast_paths, on_cuda=not on_cpu, training=kwargs))
     if kwargs.get("use_vllm"):

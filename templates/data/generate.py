@@ -178,7 +178,7 @@ def tool_use_demo_rows(rng: random.Random, count: int, calls: float) -> Iterable
 
 
 def say_digit_demo_rows(rng: random.Random, count: int, answered: float) -> Iterable[Dict[str, object]]:
-    """"Say 7." answered with the digit in a share ``answered`` of the rows, refused ("No.") in the others. SFT
+    """Rows of "Say 7." answered with the digit in a share ``answered`` of them, refused ("No.") in the others. SFT
     learns to say the asked digit, or to refuse, and GRPO in templates/tasksets/say_digit.py not to refuse: only
     the digit scores."""
     for _ in range(count):

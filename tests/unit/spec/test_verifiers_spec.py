@@ -83,6 +83,12 @@ def test_an_evaluation_plays_the_taskset_s_tasks_as_its_prompts() -> None:
             "environment: factory and verifiers are keys of two kinds of environment; give the keys of one",
         ),
         ({"environment": {"verifiers": " "}}, "environment.verifiers: expected a taskset's id; got an empty string"),
+        (
+            {"data": {"train": {"verifiers": {"id": TASKSET, "args": {"num_tasks": 80}}}}},
+            f"data.train.verifiers: the tasks of {TASKSET} with args {{'num_tasks': 80}}, and the environment plays "
+            f"those of {TASKSET} with args {{'num_tasks': 8}}; a row is played as its environment's task of its "
+            "index: give the same id and args, or drop data",
+        ),
     ],
 )
 def test_what_cannot_go_with_a_verifiers_environment_is_one_line(changes: Dict[str, Any], line: str) -> None:
