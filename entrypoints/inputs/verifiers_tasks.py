@@ -12,7 +12,9 @@ in the taskset, by which its episode finds it.
 
 import importlib
 import importlib.util
+import os
 import sys
+from pathlib import Path
 from typing import Any, Dict, List
 
 from posttrain.components.spec.messages import SpecError, first_line
@@ -38,7 +40,7 @@ def load_environment(taskset: VerifiersTaskset, where: str) -> Any:
     vf = imported(where)
     try:
         config = vf.resolve_env_config({"taskset": {"id": verifiers_id(taskset.id), **taskset.args}, "agent": HARNESS})
-        return vf.load_environment(config)
+        environment = vf.load_environment(config)
     except Exception as error:  # noqa: BLE001 -- the taskset's own code: its failure is the user's to read
         raise SpecError(
             [
@@ -46,6 +48,25 @@ def load_environment(taskset: VerifiersTaskset, where: str) -> Any:
                 f"{first_line(error)} (an id is an installed package, or a module the job can import)"
             ]
         ) from None
+    _importable_by_tool_servers(type(environment.taskset).__module__)
+    return environment
+
+
+def _importable_by_tool_servers(module_name: str) -> None:
+    """The folder the taskset's module is imported from, on PYTHONPATH: verifiers serves a taskset's tools from a
+    process of its own, which imports their module by name, and the job's working directory (where a local
+    taskset is) is on the job's path, not on that process's (without it, every tool call of an episode hangs)."""
+    file = getattr(sys.modules[module_name], "__file__", None)
+    if file is None:
+        return
+    path = Path(file).resolve()
+    root = path.parents[module_name.count(".") + (path.name == "__init__.py")]
+    # a module found where its name says (not an editable install's mapping)
+    if not (root / module_name.partition(".")[0]).exists() and not (root / f"{module_name}.py").is_file():
+        return
+    paths = [entry for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    if str(root) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join(paths + [str(root)])
 
 
 def verifiers_id(taskset_id: str) -> str:

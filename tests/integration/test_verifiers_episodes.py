@@ -3,6 +3,7 @@ null harness, in a process per episode, calls the job's endpoint; the reward is 
 the tokens the endpoint recorded, a tool task's calls one sequence. The tasksets are written here as the docs say
 (docs: Agents, "verifiers environments"), in a module of the working directory."""
 
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -88,10 +89,11 @@ class Scripted:
 
 @pytest.fixture
 def sums(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """The taskset module ``sums``, in a working directory the job (and the tools' server) imports it from."""
+    """The taskset module ``sums``, in the working directory, which the job imports it from (on its path, as
+    ``python -m`` puts it there; not on PYTHONPATH, which the tools' server would read)."""
     (tmp_path / "sums.py").write_text(textwrap.dedent(TASKSETS))
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     monkeypatch.chdir(tmp_path)
     yield "sums"
     sys.modules.pop("sums", None)
