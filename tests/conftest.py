@@ -188,8 +188,9 @@ BESIDE_LANE = (
 
 
 # end-to-end modules whose tests share no run, each test a unit of its own: vLLM's, which .ci/run runs apart, on both
-# workers (8 min 12 s against 11 min 52 s on one, 2026-12-06, 2 cores)
-EACH_ITS_OWN = ("test_vllm",)
+# workers (8 min 12 s against 11 min 52 s on one, 2026-12-06, 2 cores); and verifiers' one chain (3 min 21 s), which
+# the worker whose lane ends first takes (at the end of the "e2e" lane it ran alone its last 3 minutes, 2026-12-06)
+EACH_ITS_OWN = ("test_vllm", "test_verifiers")
 
 
 class Lanes(LoadScopeScheduling):
