@@ -83,6 +83,7 @@ def verifiers_id(taskset_id: str) -> str:
 
 def taskset_module(taskset_id: str) -> str:
     """The module verifiers imports for ``taskset_id``."""
+    # verifiers is an extra: imported by a job that plays its environments only
     from verifiers.v1.utils.loaders import import_taskset
 
     return import_taskset(verifiers_id(taskset_id)).__name__
@@ -109,6 +110,9 @@ def _messages(system: Any, prompt: Any) -> List[Dict[str, str]]:
         return said + [{"role": "user", "content": prompt}]
     for message in prompt or []:
         message = message if isinstance(message, dict) else message.model_dump()
-        content = message.get("content")
-        said.append({"role": message["role"], "content": content if isinstance(content, str) else str(content or "")})
+        content = message.get("content") or ""
+        # a message of parts: its text parts, as the row's text
+        if not isinstance(content, str):
+            content = "".join(part.get("text") or "" for part in content if isinstance(part, dict))
+        said.append({"role": message["role"], "content": content})
     return said
