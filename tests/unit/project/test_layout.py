@@ -2,6 +2,7 @@
 rooms below, and imports that run one way, at module level."""
 
 import ast
+import configparser
 from pathlib import Path
 from typing import Dict, List, Optional, Set, Tuple
 
@@ -176,3 +177,19 @@ def test_the_spec_is_read_once_where_the_job_splits_it() -> None:
         "entrypoints/job/runtime.py:_train",
         "entrypoints/job/spec_parts.py:parts",
     ]
+
+
+def test_every_package_of_the_tree_installs() -> None:
+    """setup.cfg lists its packages one by one: a folder with an __init__.py missing there is missing from a wheel
+    (the templates' tasksets, agents and tools are run from one)."""
+    config = configparser.ConfigParser()
+    config.read(REPO / "setup.cfg")
+    listed = set(config["options"]["packages"].split())
+    roots = {**ROOTS, "templates": "posttrain.templates"}
+    found = {
+        ".".join([roots[top], *init.parent.relative_to(REPO / top).parts])
+        for top in roots
+        for init in (REPO / top).rglob("__init__.py")
+        if "__pycache__" not in init.parts
+    }
+    assert found - listed == set()
