@@ -130,13 +130,14 @@ def training_arguments(spec: Spec, training: Dict[str, Any]) -> Dict[str, Any]:
         config = model_config(spec.model.name_or_path, spec.model)
         # decided by the model
         kwargs["ddp_find_unused_parameters"] = may_leave_parameters_unused(config)
+    split = parts(spec)
     rewards = getattr(spec, "rewards", [])
     if rewards and "reward_weights" in config_fields(spec.config_class):
         # else the trainer takes them itself
         # an agent program's (or a verifiers environment's) reward last, as the job hands it to the trainer
-        kwargs["reward_weights"] = [reward.weight for reward in rewards] + [1.0] * (parts(spec).agent is not None)
+        kwargs["reward_weights"] = [reward.weight for reward in rewards] + [1.0] * (split.agent is not None)
     kwargs.update(strategy_for(spec.distributed).trainer_arguments(spec.config_class, kwargs))
-    kwargs.update(fast_paths.config_defaults(parts(spec).fast_paths, on_cuda=not on_cpu, training=kwargs))
+    kwargs.update(fast_paths.config_defaults(split.fast_paths, on_cuda=not on_cpu, training=kwargs))
     if kwargs.get("use_vllm"):
         if importlib.util.find_spec("vllm") is None:
             raise SpecError(["training.use_vllm: vLLM is not installed in the job's environment (pip install vllm)"])
