@@ -34,9 +34,20 @@ def imported(where: str) -> Any:
     return vf
 
 
+# each taskset loaded once per process: the rows of its data and the tasks its episodes play are one load's
+_LOADED: Dict[str, Any] = {}
+
+
 def load_environment(taskset: VerifiersTaskset, where: str) -> Any:
     """The environment of ``taskset``, played by :data:`HARNESS`; an id verifiers cannot resolve, or a config its
     taskset refuses, in one line naming ``where``."""
+    key = taskset.model_dump_json()
+    if key not in _LOADED:
+        _LOADED[key] = _loaded(taskset, where)
+    return _LOADED[key]
+
+
+def _loaded(taskset: VerifiersTaskset, where: str) -> Any:
     vf = imported(where)
     try:
         config = vf.resolve_env_config({"taskset": {"id": verifiers_id(taskset.id), **taskset.args}, "agent": HARNESS})

@@ -17,7 +17,7 @@ from posttrain.entrypoints.generation import agents
 from posttrain.entrypoints.generation.agent_rollouts import sample
 from posttrain.entrypoints.generation.endpoint import Endpoint
 from posttrain.entrypoints.generation.engine import Completion, Request
-from posttrain.entrypoints.inputs.verifiers_tasks import KEY_COLUMN, taskset_rows
+from posttrain.entrypoints.inputs.verifiers_tasks import KEY_COLUMN, load_environment, taskset_rows
 
 TASKSETS = '''
     import verifiers.v1 as vf
@@ -108,6 +108,8 @@ def test_a_tool_task_plays_through_the_endpoint_scored_by_its_taskset_and_trains
         {"prompt": [{"role": "user", "content": "What is 1 + 3? Use the tool."}], KEY_COLUMN: 0},
         {"prompt": [{"role": "user", "content": "What is 1 + 4? Use the tool."}], KEY_COLUMN: 1},
     ]
+    # the rows and the episodes are one load's tasks
+    assert load_environment(environment.taskset(), "here") is load_environment(environment.taskset(), "there")
     endpoint = Endpoint(
         Scripted(tools_tokenizer), tools_tokenizer, None, "policy", 1024, [tools_tokenizer.eos_token_id]
     )
