@@ -9,7 +9,8 @@ ends. Each prompt is sampled with its own seed, as the transformers path
 samples it, so the samples do not depend on how many processes share the
 prompts. With ``--serve`` it writes the turns of an evaluation's episodes
 instead, a round at a time, as the evaluation asks (its tools and
-environments run in the evaluation's process, between rounds).
+environments run in the evaluation's process, between rounds), or the
+requests of an agent program's endpoint, each round a batch of them.
 
     python -m posttrain.entrypoints.vllm_sampler --request request.json --out completions.json
     python -m posttrain.entrypoints.vllm_sampler --request request.json --serve ASKED ANSWERS
@@ -40,7 +41,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         nargs=2,
         metavar=("ASKED", "ANSWERS"),
         help="write rounds of turns instead: the file descriptors where each round's number is read, and said back "
-        "once its tokens are written (beside --request: round-N.json in, round-N-tokens.json out)",
+        "once its tokens are written (beside --request: engine.json out, then ready said; round-N.json in, "
+        "round-N-written.json out)",
     )
     options = parser.parse_args(argv)
     if (options.out is None) == (options.serve is None):
@@ -50,7 +52,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     generation = GenerationSpec.model_validate(request["generation"])
     try:
         if options.serve:
-            llm = engine(model, generation, request["longest"])
+            llm = engine(model, generation, request.get("longest"))
             serve(llm, generation, options.request.parent, *options.serve)
             return
         prompts = request["prompts"]
@@ -62,8 +64,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     options.out.write_text(json.dumps(completions))
 
 
-def engine(model: ModelSpec, generation: GenerationSpec, longest: int) -> Any:
-    """vLLM's engine of ``model``, for sequences of ``longest`` tokens at most."""
+def engine(model: ModelSpec, generation: GenerationSpec, longest: Optional[int]) -> Any:
+    """vLLM's engine of ``model``, for sequences of ``longest`` tokens at most (None: as long as the model takes)."""
     import torch
     from transformers import AutoConfig
     from vllm import LLM
@@ -75,6 +77,7 @@ def engine(model: ModelSpec, generation: GenerationSpec, longest: int) -> Any:
     if problem:
         raise SpecError([problem.replace("model.name_or_path", "models")])
     dtype = model.dtype if model.dtype != "auto" else str(getattr(config, "dtype", None) or "float32")
+    longest = longest or config.max_position_embeddings
     # on CPU, a seeded request whose prefill is cut in chunks kills the engine (vLLM rewinds the request's generator,
     # and a CPU generator has no offset to rewind: "CPU Generator does not use offset"): each prefill whole
     whole_prefills = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(longest, 8192)} if on_cpu else {}
@@ -109,10 +112,15 @@ def sample(llm: Any, generation: GenerationSpec, prompts: List[List[int]], seeds
 
 
 def serve(llm: Any, generation: GenerationSpec, scratch: Path, asked: int, answers: int) -> None:
-    """Each round of turns the evaluation asks for (``evaluation/episodes.py``: ``play_together``), written: its
-    tokens, up to each turn's end token, until the evaluation says ``end`` (or closes ``asked``)."""
+    """Says its engine's length (engine.json) and that it is ready, then writes each round of turns the evaluation
+    asks for (``evaluation/sampling.py``: :func:`_served`): their tokens, up to each turn's end token, and, for a
+    turn that samples as it says (an endpoint's request), their log-probs, until the evaluation says ``end`` (or
+    closes ``asked``)."""
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
+    write_json_atomic(scratch / "engine.json", {"max_model_len": llm.llm_engine.model_config.max_model_len})
+    os.write(answers, b"ready\n")
     with open(asked) as rounds:
         for line in rounds:
             if line.strip() == "end":
@@ -121,11 +129,25 @@ def serve(llm: Any, generation: GenerationSpec, scratch: Path, asked: int, answe
             turns = json.loads((scratch / f"round-{number}.json").read_text())
             outputs = llm.generate(
                 [TokensPrompt(prompt_token_ids=turn["ids"]) for turn in turns],
-                [sampling(generation, n=1, max_tokens=turn["budget"], seed=turn["seed"]) for turn in turns],
+                [
+                    SamplingParams(**turn["sampling"], seed=turn["seed"], logprobs=0)
+                    if turn.get("sampling")
+                    else sampling(generation, n=1, max_tokens=turn["budget"], seed=turn["seed"])
+                    for turn in turns
+                ],
                 use_tqdm=False,
             )
-            tokens = [list(output.outputs[0].token_ids) for output in outputs]
-            write_json_atomic(scratch / f"round-{number}-tokens.json", tokens)
+            written = [output.outputs[0] for output in outputs]
+            write_json_atomic(
+                scratch / f"round-{number}-written.json",
+                [
+                    {
+                        "ids": list(out.token_ids),
+                        "logprobs": [step[token].logprob for token, step in zip(out.token_ids, out.logprobs or [])],
+                    }
+                    for out in written
+                ],
+            )
             os.write(answers, f"{number}\n".encode())
 
 

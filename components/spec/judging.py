@@ -149,18 +149,13 @@ class Evaluation(AgentSection):
         return [callable_name(classes.factory)] if classes else []
 
     def _program_problems(self, names: List[str]) -> List[str]:
-        """An agent program (or a verifiers environment) with rounds of calls to bound, vLLM to generate, or named
-        as another scorer is."""
+        """An agent program (or a verifiers environment) with rounds of calls to bound, or named as another scorer
+        is."""
         program = self.program()
         assert program is not None
         found = []
         if self.generation.max_tool_calling_iterations is not None:
             found.append("generation.max_tool_calling_iterations: an agent program bounds its own rounds; drop it")
-        if self.generation.engine == "vllm":
-            found.append(
-                "generation.engine: vllm does not serve agent programs yet (their endpoint generates in "
-                "transformers); use auto or transformers"
-            )
         if names.count(program.scorer_name()) > 1:
             found.append(
                 f"{program.named_by}: its reward's name in the summary, {program.scorer_name()}, is another scorer's "

@@ -93,11 +93,13 @@ class Agent:
 
 @dataclasses.dataclass(frozen=True)
 class Turn:
-    """A turn asked of an engine: the episode's tokens so far, the most it may write, its seed."""
+    """A turn asked of an engine: the episode's tokens so far, the most it may write, its seed, and how it samples
+    where not as the spec says (an endpoint's request: vLLM's sampling parameters, its max_tokens among them)."""
 
     ids: List[int]
     budget: int
     seed: int
+    sampling: Optional[Dict[str, Any]] = None
 
 
 def turn_seed(seed: int, sample: int, turn: int) -> int:
@@ -128,7 +130,7 @@ def play(
     """``generation.num_samples`` episodes of ``row``'s prompt in transformers, one after the other, from ``seed``,
     rendered with ``template`` (``chat_templates.training_template``)."""
     torch.manual_seed(seed)
-    engine, ends = transformers_engine(model, tokenizer), tuple(end_tokens(model, tokenizer))
+    engine, ends = transformers_engine(model, tokenizer), tuple(end_tokens(model.generation_config, tokenizer))
 
     def write(ids: List[int], budget: int) -> List[int]:
         # the model's next turn: up to budget tokens, its end token included (as TRL keeps it)

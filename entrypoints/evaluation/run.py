@@ -17,7 +17,7 @@ import logging
 import shutil
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -27,13 +27,27 @@ from posttrain.components.spec.messages import SpecError
 from posttrain.entrypoints.evaluation import benchmarks, episodes, programs, results, sampling, scores, scoring, trust
 from posttrain.entrypoints.evaluation.files import PARTS_DIR, PLOT_FILE, SAMPLES_FILE, SUMMARY_FILE
 from posttrain.entrypoints.evaluation.parts import EvalParts
-from posttrain.entrypoints.evaluation.sampling import prompt_seed, sample, sample_with_vllm, vllm_turns
+from posttrain.entrypoints.evaluation.sampling import (
+    prompt_seed,
+    sample,
+    sample_with_vllm,
+    vllm_endpoint_engine,
+    vllm_turns,
+)
 from posttrain.entrypoints.generation import agents
-from posttrain.entrypoints.generation.endpoint import over_model
+from posttrain.entrypoints.generation.endpoint import Endpoint, over_model
+from posttrain.entrypoints.generation.engine import end_tokens
 from posttrain.entrypoints.generation.sampling import prompt_ids
 from posttrain.entrypoints.inputs.chat_templates import training_template, with_response_schema
 from posttrain.entrypoints.inputs.data import load_split
-from posttrain.entrypoints.inputs.models import CAUSAL_LM, ModelLoading, check_model_path, load_model, load_tokenizer
+from posttrain.entrypoints.inputs.models import (
+    CAUSAL_LM,
+    ModelLoading,
+    check_model_path,
+    generation_config,
+    load_model,
+    load_tokenizer,
+)
 from posttrain.entrypoints.inputs.rewards import (
     check_reward_columns,
     resolve_rewards,
@@ -101,8 +115,7 @@ def check(evaluation: EvalParts, made_later: Sequence[str] = ()) -> Inputs:
     if evaluation.agent is not None:
         program = agents.resolve(evaluation.agent)
         scorers[evaluation.agent.scorer_name()] = scoring.program_scorer()
-    # an agent program's endpoint generates in transformers (the spec refuses engine: vllm for it)
-    engine = sampling.engine(evaluation.generation) if program is None else "transformers"
+    engine = sampling.engine(evaluation.generation)
     for where, name_or_path in evaluation.named_models:
         if name_or_path not in made_later:
             check_model_path(name_or_path, where)
@@ -318,6 +331,14 @@ def _evaluate_model(
     generation, prompts, engine, agent = evaluation.generation, inputs.prompts, inputs.engine, inputs.agent
     model_spec = evaluation.models[name]
     seeds = [prompt_seed(generation, index) for index in indices]
+    if inputs.program is not None:
+        rows = [prompts[index] for index in indices]
+        with _program_endpoint(evaluation, name, engine, seeds[0]) as endpoint:
+            all_played = programs.play(endpoint, inputs.program, name, rows, generation.num_samples)
+        for index, played in zip(indices, all_played):
+            texts = [episode.answer() for episode in played]
+            results.write(part, scoring.result(name, index, prompts[index], texts, scorers, played))
+        return
     if engine == "vllm" and agent is not None:
         tokenizer = with_response_schema(load_tokenizer(model_spec.name_or_path, model_spec, "left"))
         rows = [prompts[index] for index in indices]
@@ -335,18 +356,6 @@ def _evaluate_model(
             results.write(part, scoring.result(name, index, prompts[index], texts, scorers))
         return
     model, tokenizer = _loaded(evaluation, name)
-    if inputs.program is not None:
-        tokenizer = with_response_schema(tokenizer)
-        torch.manual_seed(seeds[0])
-        template = training_template(tokenizer)
-        sampled = (generation.temperature, generation.top_p)
-        rows = [prompts[index] for index in indices]
-        with over_model(model, tokenizer, template, name, sampled, generation.max_new_tokens).serving() as endpoint:
-            all_played = programs.play(endpoint, inputs.program, name, rows, generation.num_samples)
-        for index, played in zip(indices, all_played):
-            texts = [episode.answer() for episode in played]
-            results.write(part, scoring.result(name, index, prompts[index], texts, scorers, played))
-        return
     if agent is not None:
         tokenizer = with_response_schema(tokenizer)
         template = training_template(tokenizer)
@@ -358,6 +367,31 @@ def _evaluate_model(
     for index, seed in zip(indices, seeds):
         texts = sample(model, tokenizer, prompts[index]["prompt"], generation, seed)
         results.write(part, scoring.result(name, index, prompts[index], texts, scorers))
+
+
+@contextlib.contextmanager
+def _program_endpoint(evaluation: EvalParts, name: str, engine: str, seed: int) -> Iterator[Endpoint]:
+    """The endpoint an agent program's episodes call, serving model ``name`` from vLLM (in a process of its own:
+    ``sampling.vllm_endpoint_engine``) or transformers; its draws from ``seed``."""
+    generation, model_spec = evaluation.generation, evaluation.models[name]
+    sampled = (generation.temperature, generation.top_p)
+    if engine == "vllm":
+        tokenizer = with_response_schema(load_tokenizer(model_spec.name_or_path, model_spec, "left"))
+        ends = end_tokens(generation_config(model_spec.name_or_path, model_spec), tokenizer)
+        with vllm_endpoint_engine(model_spec, generation, seed) as (generate, length):
+            template = training_template(tokenizer)
+            endpoint = Endpoint(
+                generate, tokenizer, template, name, length, ends, None, sampled, generation.max_new_tokens
+            )
+            with endpoint.serving():
+                yield endpoint
+        return
+    model, tokenizer = _loaded(evaluation, name)
+    tokenizer = with_response_schema(tokenizer)
+    torch.manual_seed(seed)
+    template = training_template(tokenizer)
+    with over_model(model, tokenizer, template, name, sampled, generation.max_new_tokens).serving() as endpoint:
+        yield endpoint
 
 
 def _summarise(

@@ -10,13 +10,14 @@ import itertools
 import json
 import logging
 import os
+import random
 import select
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, NoReturn, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple
 
 import psutil
 import torch
@@ -25,7 +26,9 @@ from posttrain.components.spec.judging import GenerationSpec
 from posttrain.components.spec.messages import SpecError
 from posttrain.components.spec.sections import ModelSpec
 from posttrain.entrypoints.evaluation import episodes
+from posttrain.entrypoints.generation.engine import Completion, Engine, Request, ended
 from posttrain.entrypoints.generation.sampling import prompt_ids, sampling_from_the_logits
+from posttrain.entrypoints.generation.vllm_engine import vllm_sampling
 from posttrain.entrypoints.records.files import write_json_atomic
 
 log = logging.getLogger("posttrain")
@@ -81,6 +84,38 @@ def vllm_turns(model: ModelSpec, generation: GenerationSpec, longest: int) -> It
     each round of turns it is given (episodes of at most ``longest`` tokens); past ``generation.vllm_timeout_s``
     from its start (its rounds and the tools' time between them) it is killed with its engine, and this rank stops
     in one line naming the model."""
+    with _served(model, generation, longest) as (written, _):
+        yield lambda round_: [ids for ids, _ in written(round_)]
+
+
+@contextlib.contextmanager
+def vllm_endpoint_engine(model: ModelSpec, generation: GenerationSpec, seed: int) -> Iterator[Tuple[Engine, int]]:
+    """An engine for an agent program's endpoint (``endpoint.Endpoint``), and the longest sequence it takes: vLLM, as
+    in :func:`vllm_turns`, each batch of requests a round, each request sampling as it asks, from a seed drawn from
+    ``seed`` (the requests of episodes played together arrive in no fixed order: a draw is repeatable only where
+    the calls are)."""
+    draws = random.Random(seed)
+    with _served(model, generation, None) as (written, longest):
+
+        def generate(requests: Sequence[Request]) -> List[Completion]:
+            round_ = [
+                episodes.Turn(
+                    list(request.prompt_ids), request.max_tokens, draws.getrandbits(63), vllm_sampling(request)
+                )
+                for request in requests
+            ]
+            return [ended(request, ids, logprobs) for request, (ids, logprobs) in zip(requests, written(round_))]
+
+        yield generate, longest
+
+
+@contextlib.contextmanager
+def _served(
+    model: ModelSpec, generation: GenerationSpec, longest: Optional[int]
+) -> Iterator[Tuple[Callable[[List[episodes.Turn]], List[Tuple[List[int], List[float]]]], int]]:
+    """vLLM's sampling process serving rounds of turns (sequences of at most ``longest`` tokens; None: the model's
+    length): what writes a round (each turn's tokens and, where it samples as it says, their log-probs), and the
+    engine's length. Bounded as :func:`vllm_turns` says."""
     asks, asked = os.pipe()
     answered, answers = os.pipe()
     held = {asks, asked, answered, answers}
@@ -95,20 +130,13 @@ def vllm_turns(model: ModelSpec, generation: GenerationSpec, longest: int) -> It
             # the sampler's ends are its own: a write to a sampler that died breaks the pipe
             close(asks)
             close(answers)
-            rounds = itertools.count()
             pending = b""
 
-            def turns(round_: List[episodes.Turn]) -> List[List[int]]:
+            def said() -> str:
+                # what the sampler says next (``ready``, then each round's number once that round's tokens are
+                # written); looked at every few seconds besides (its engine, forked, may hold the pipe open after
+                # it died)
                 nonlocal pending
-                number = next(rounds)
-                asked_path = scratch / f"round-{number}.json"
-                write_json_atomic(asked_path, [dataclasses.asdict(turn) for turn in round_])
-                try:
-                    os.write(asked, f"{number}\n".encode())
-                except BrokenPipeError:
-                    _ended(sampler, scratch)
-                # the sampler says a round's number once it wrote that round's tokens; it is looked at every few
-                # seconds besides (its engine, forked, may hold the pipe open after it died)
                 while b"\n" not in pending:
                     left = deadline - time.monotonic()
                     if left <= 0:
@@ -117,20 +145,36 @@ def vllm_turns(model: ModelSpec, generation: GenerationSpec, longest: int) -> It
                         if sampler.poll() is not None:
                             _ended(sampler, scratch)
                         continue
-                    said = os.read(answered, 4096)
-                    if not said:
+                    chunk = os.read(answered, 4096)
+                    if not chunk:
                         _ended(sampler, scratch)
-                    pending += said
+                    pending += chunk
                 line, _, pending = pending.partition(b"\n")
-                if int(line) != number:
-                    raise RuntimeError(f"vLLM's sampling process answered round {int(line)} for round {number}")
-                tokens_path = scratch / f"round-{number}-tokens.json"
-                written = json.loads(tokens_path.read_text())
-                asked_path.unlink()
-                tokens_path.unlink()
-                return written
+                return line.decode()
 
-            yield turns
+            if said() != "ready":
+                raise RuntimeError("vLLM's sampling process did not say it was ready first")
+            length = json.loads((scratch / "engine.json").read_text())["max_model_len"]
+            rounds = itertools.count()
+
+            def write(round_: List[episodes.Turn]) -> List[Tuple[List[int], List[float]]]:
+                number = next(rounds)
+                asked_path = scratch / f"round-{number}.json"
+                write_json_atomic(asked_path, [dataclasses.asdict(turn) for turn in round_])
+                try:
+                    os.write(asked, f"{number}\n".encode())
+                except BrokenPipeError:
+                    _ended(sampler, scratch)
+                answer = said()
+                if answer != str(number):
+                    raise RuntimeError(f"vLLM's sampling process answered round {answer} for round {number}")
+                written_path = scratch / f"round-{number}-written.json"
+                written = json.loads(written_path.read_text())
+                asked_path.unlink()
+                written_path.unlink()
+                return [(turn["ids"], turn["logprobs"]) for turn in written]
+
+            yield write, length
             # every round answered: the sampler is told to end (not left to see its pipe closed: a process forked
             # meanwhile, a tool's, holds a copy), and given a while to; its tokens are in hand whatever it does then
             with contextlib.suppress(BrokenPipeError):

@@ -141,7 +141,7 @@ class AgentRollouts:
         if self._vllm is None:
             self._vllm = vllm_engine(trainer.vllm_generation)
         engine, length = self._vllm
-        ends = end_tokens(model, tokenizer)
+        ends = end_tokens(model.generation_config, tokenizer)
         return Endpoint(
             engine, tokenizer, self._template, self.model_name, length, ends, None, sampling, args.max_completion_length
         )

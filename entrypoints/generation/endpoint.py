@@ -363,9 +363,9 @@ def over_model(
 ) -> Endpoint:
     """An endpoint serving ``model`` as ``name`` from transformers' ``generate``, up to its length, stopping where
     its turn ends."""
-    engine = transformers_engine(model, tokenizer)
+    engine, ends = transformers_engine(model, tokenizer), end_tokens(model.generation_config, tokenizer)
     length = model.config.max_position_embeddings
-    return Endpoint(engine, tokenizer, template, name, length, end_tokens(model, tokenizer), None, sampling, max_tokens)
+    return Endpoint(engine, tokenizer, template, name, length, ends, None, sampling, max_tokens)
 
 
 def _whole(value: Any) -> bool:

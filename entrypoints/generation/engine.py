@@ -48,9 +48,9 @@ class Completion:
 Engine = Callable[[Sequence[Request]], List[Completion]]
 
 
-def end_tokens(model: Any, tokenizer: Any) -> List[int]:
-    """Where the model's turn ends: its generation config's end tokens and its tokenizer's."""
-    ends = model.generation_config.eos_token_id
+def end_tokens(generation_config: Any, tokenizer: Any) -> List[int]:
+    """Where the model's turn ends: its generation config's end tokens (None: it has none) and its tokenizer's."""
+    ends = generation_config.eos_token_id if generation_config is not None else None
     ends = ends if isinstance(ends, list) else [] if ends is None else [ends]
     return sorted(set(ends) | {tokenizer.eos_token_id})
 

@@ -34,7 +34,7 @@ def colocated_engine(generation: Any) -> Tuple[Engine, int]:
         started = time.perf_counter()
         outputs = llm.generate(
             [{"prompt_token_ids": list(request.prompt_ids)} for request in requests],
-            [SamplingParams(**_sampling(request), logprobs=0) for request in requests],
+            [SamplingParams(**vllm_sampling(request), logprobs=0) for request in requests],
             use_tqdm=False,
         )
         written = [output.outputs[0] for output in outputs]
@@ -66,7 +66,7 @@ def server_engine(generation: Any) -> Tuple[Engine, int]:
             alike.setdefault((request.sampling(), request.max_tokens, request.stop_token_ids), []).append(index)
         completions: Dict[int, Completion] = {}
         for indices in alike.values():
-            settings = _sampling(requests[indices[0]])
+            settings = vllm_sampling(requests[indices[0]])
             stops = {"stop_token_ids": settings.pop("stop_token_ids")}
             output = client.generate(
                 [list(requests[index].prompt_ids) for index in indices], **settings, logprobs=0, generation_kwargs=stops
@@ -80,7 +80,7 @@ def server_engine(generation: Any) -> Tuple[Engine, int]:
     return generate, model["max_model_len"]
 
 
-def _sampling(request: Request) -> Dict[str, Any]:
+def vllm_sampling(request: Request) -> Dict[str, Any]:
     """vLLM's sampling parameters of ``request``."""
     return {
         "temperature": request.temperature,

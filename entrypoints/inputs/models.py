@@ -229,6 +229,21 @@ def check_same_tokenizer(name_or_path: str, model: ModelSpec, tokenizer: Any, wh
         )
 
 
+def generation_config(name_or_path: str, model: ModelSpec) -> Optional[Any]:
+    """The model's generation config as transformers gives a loaded model one (its generation_config.json, else
+    its config's), read before its weights load; None for a built-in tiny model (its tokenizer's end token is its
+    own) and where there is none to read."""
+    import transformers
+
+    if name_or_path in tiny.BUILTINS:
+        return None
+    try:
+        return transformers.GenerationConfig.from_pretrained(name_or_path, revision=model.revision)
+    except OSError:
+        config = model_config(name_or_path, model)
+        return transformers.GenerationConfig.from_model_config(config) if config is not None else None
+
+
 def _from_pretrained(auto_class: Any, name_or_path: str, **kwargs: Any) -> Any:
     """``auto_class.from_pretrained``, a missing directory or unreachable hub id named plainly."""
     check_model_path(name_or_path)

@@ -184,6 +184,23 @@ def chain_with_colocated_grpo(spec: str, output_dir: Path) -> list:
     ]
 
 
+def greedy_episodes(spec: str, model: Path, tmp_path: Path) -> list:
+    """The evaluation ``templates/<spec>``'s episodes of ``model`` on its first 8 rows, greedy, played in
+    transformers and in vLLM: the same (kept in eval_samples.jsonl), returned."""
+    played = {}
+    for engine in ("transformers", "vllm"):
+        args = ["run", "-s", "local_cwd", "posttrain.eval", "--spec", f"templates/{spec}", "-j", "1x1"]
+        args += ["--rdzv_port", str(free_port()), f"output_dir={tmp_path / engine}", "require=[]"]
+        args += [f"models={{grpo: {{name_or_path: '{model}'}}}}", "data.eval.max_rows=8"]
+        args += ["generation.num_samples=1", "generation.temperature=0", f"generation.engine={engine}"]
+        assert_succeeded(torchx([*args, "generation.vllm_gpu_memory_utilization=0.15"], tmp_path))
+        assert read_json(tmp_path / engine / "eval_summary.json")["generation"]["engine"] == engine
+        samples = (tmp_path / engine / "eval_samples.jsonl").read_text().splitlines()
+        played[engine] = [json.loads(line)["episode"] for line in samples]
+    assert len(played["vllm"]) == 8 and played["vllm"] == played["transformers"]
+    return played["vllm"]
+
+
 def test_tools_with_vllm_colocated_and_as_the_server_role(tmp_path: Path) -> None:
     """The tools chain with GRPO generating in colocated vLLM, its model's episodes played in vLLM as in
     transformers, then more GRPO of its model with the ``vllm`` role: TRL's tool loop generates each turn after a
@@ -199,17 +216,8 @@ def test_tools_with_vllm_colocated_and_as_the_server_role(tmp_path: Path) -> Non
     assert read_json(output_dir / "grpo" / "run_summary.json")["generation"]["mode"] == "colocate"
 
     # greedy, vLLM plays the episodes transformers plays, call for call
-    played = {}
-    for engine in ("transformers", "vllm"):
-        args = ["run", "-s", "local_cwd", "posttrain.eval", "--spec", "templates/eval/tools-tiny.yaml", "-j", "1x1"]
-        args += ["--rdzv_port", str(free_port()), f"output_dir={tmp_path / engine}", "require=[]"]
-        args += [f"models={{grpo: {{name_or_path: '{output_dir / 'grpo'}'}}}}", "data.eval.max_rows=8"]
-        args += ["generation.num_samples=1", "generation.temperature=0", f"generation.engine={engine}"]
-        assert_succeeded(torchx([*args, "generation.vllm_gpu_memory_utilization=0.15"], tmp_path))
-        samples = (tmp_path / engine / "eval_samples.jsonl").read_text().splitlines()
-        played[engine] = [json.loads(line)["episode"] for line in samples]
-    assert len(played["vllm"]) == 8 and played["vllm"] == played["transformers"]
-    assert sum(episode["calls"] for episode in played["vllm"]) >= 4, played["vllm"]
+    played = greedy_episodes("eval/tools-tiny.yaml", output_dir / "grpo", tmp_path)
+    assert sum(episode["calls"] for episode in played) >= 4, played
 
     server = tmp_path / "server"
     overrides = [f"model.name_or_path={output_dir / 'grpo'}", "training.max_steps=8", "training.vllm_mode=server"]
@@ -225,11 +233,12 @@ def test_tools_with_vllm_colocated_and_as_the_server_role(tmp_path: Path) -> Non
 def test_an_agent_program_learns_through_its_endpoint_over_vllm_colocated_and_as_the_server_role(
     tmp_path: Path,
 ) -> None:
-    """templates/chain/agent-tiny.yaml with its GRPO's endpoint over colocated vLLM (its gate holds), then GRPO of
-    its SFT model on two processes, the endpoint over the ``vllm`` role: the reward rises by 0.3. TRL weighs what the
-    endpoint recorded, vLLM's tokens and their log-probs, against the trainer's log-probs of the tokens it trains on:
-    they differ by float noise alone, at every step, so what was trained is what vLLM sampled, with the step's
-    weights."""
+    """templates/chain/agent-tiny.yaml with its GRPO's endpoint over colocated vLLM, its gate's too (its gate
+    holds), and greedy, the program's episodes of its model through an evaluation's endpoint are the same in vLLM
+    and in transformers; then GRPO of its SFT model on two processes, the endpoint over the ``vllm`` role: the
+    reward rises by 0.3. TRL weighs what the endpoint recorded, vLLM's tokens and their log-probs, against the
+    trainer's log-probs of the tokens it trains on: they differ by float noise alone, at every step, so what was
+    trained is what vLLM sampled, with the step's weights."""
     output_dir = tmp_path / "agent"
     args = chain_with_colocated_grpo("templates/chain/agent-tiny.yaml", output_dir)
     # on one process its gate measured +0.25 and +0.19 (the endpoint batches by arrival): the floor lowered to match
@@ -237,6 +246,10 @@ def test_an_agent_program_learns_through_its_endpoint_over_vllm_colocated_and_as
     assert_succeeded(torchx(args, tmp_path, timeout=900))
     first, last = ends(output_dir / "grpo", "rewards/solve/mean")
     assert last - first >= 0.1, (first, last)
+    # the gate's endpoint generated in vLLM: auto, where the job's environment has it
+    assert read_json(output_dir / "check" / "eval_summary.json")["generation"]["engine"] == "vllm"
+    played = greedy_episodes("eval/agent-rooms-tiny.yaml", output_dir / "grpo", tmp_path / "greedy")
+    assert sum(episode["calls"] for episode in played) >= 4, played
 
     server = tmp_path / "server"
     overrides = [f"model.name_or_path={output_dir / 'sft'}", "training.vllm_mode=server"]

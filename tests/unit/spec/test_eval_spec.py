@@ -360,11 +360,6 @@ def test_an_agent_program_scores_by_its_function_and_plays_alone() -> None:
             "generation.max_tool_calling_iterations: an agent program bounds its own rounds; drop it",
         ),
         (
-            {"generation": {"engine": "vllm"}},
-            "generation.engine: vllm does not serve agent programs yet (their endpoint generates in transformers); "
-            "use auto or transformers",
-        ),
-        (
             {"rewards": [{"function": "my_scores:solve"}]},
             "agent.function: its reward's name in the summary, solve, is another scorer's too; give the function "
             "another name",
