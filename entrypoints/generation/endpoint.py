@@ -65,7 +65,8 @@ class Endpoint:
     to render with (None: the tokenizer's own); ``stop_token_ids``: the model's end tokens, where every
     completion stops (besides a request's own); ``sampling``: the temperature and top-p of a request that gives
     none; ``max_tokens``: the most tokens a completion may have (None: what the model's length leaves);
-    ``gather_s``: how long a request waits for others to join its batch."""
+    ``gather_s``: how long a request waits for others to join its batch. An engine that fails answers each
+    request of its batch with its error (a 500), and :meth:`serving` raises its first failure as it ends."""
 
     def __init__(
         self,
@@ -92,6 +93,8 @@ class Endpoint:
         self._waiting: "queue.Queue[Optional[Tuple[Request, Future]]]" = queue.Queue()
         self._server: Optional[_Server] = None
         self._closed = threading.Event()
+        # the engine's first failure: its callers got it as the server's error, and serving() raises it once done
+        self._failure: Optional[Exception] = None
 
     @contextlib.contextmanager
     def serving(self, host: str = "127.0.0.1", port: int = 0) -> Iterator["Endpoint"]:
@@ -114,6 +117,9 @@ class Endpoint:
             self._waiting.put(None)
             for thread in threads:
                 thread.join()
+        # an episode scored 0 for its engine's failure is no verdict on the model: the engine's error ends the play
+        if self._failure is not None:
+            raise self._failure
 
     def base_url(self, episode: Optional[str] = None) -> str:
         """The OpenAI base URL (``.../v1``), under ``episode``'s path where one is given."""
@@ -174,6 +180,7 @@ class Endpoint:
             try:
                 completions = self.engine([request for request, _ in batch])
             except Exception as error:  # noqa: BLE001 -- each caller answers it as the server's error
+                self._failure = self._failure or error
                 for _, future in batch:
                     future.set_exception(error)
                 continue

@@ -244,6 +244,20 @@ def test_a_stop_string_ends_the_text_and_the_tokens_recorded_where_it_is_complet
     assert reply.choices[0].model_extra["token_ids"] == call.completion_ids and call.finish_reason == "stop"
 
 
+def test_an_engine_that_fails_answers_its_callers_500_and_ends_the_serving_with_its_error(tokenizer: Any) -> None:
+    """An episode that scored 0 because its engine failed says nothing of the model: the play ends with the
+    engine's error (vLLM's sampling process past its time, in an evaluation), not with zeros."""
+
+    def failing(requests: Sequence[Request]) -> List[Completion]:
+        raise RuntimeError("the engine is gone")
+
+    hi = {"model": SERVED, "messages": [{"role": "user", "content": "hi"}]}
+    with pytest.raises(RuntimeError, match="the engine is gone"):
+        with endpoint_of(failing, tokenizer).serving() as endpoint:
+            status, reply = raw(endpoint, "POST", "/v1/chat/completions", hi, endpoint.key)
+            assert (status, reply["error"]["message"]) == (500, "RuntimeError: the engine is gone")
+
+
 def test_bad_requests_are_refused_in_one_line_each(tokenizer: Any) -> None:
     engine = Scripted(tokenizer)
     hi = [{"role": "user", "content": "hi"}]
