@@ -3,7 +3,9 @@ null harness, in a process per episode, calls the job's endpoint; the reward is 
 the tokens the endpoint recorded, a tool task's calls one sequence. The tasksets are written here as the docs say
 (docs: Agents, "verifiers environments"), in a module of the working directory."""
 
+import json
 import os
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -141,3 +143,47 @@ def test_a_taskset_verifiers_cannot_load_is_one_line_naming_the_key(sums: str) -
         taskset_rows(VerifiersTaskset(id=sums, args={"num_taskz": 2}), "data.train.verifiers")
     [line] = raised.value.problems
     assert "num_taskz" in line
+
+
+class Solving:
+    """An engine that calls the calculator on a word problem's numbers (templates/data/word_problems.jsonl: ``a``
+    crates of ``b`` each, ``c`` sold) where no result has come back yet, else says the result, or 1 more for the
+    second problem."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def __call__(self, requests: Sequence[Request]) -> List[Completion]:
+        written = []
+        for request in requests:
+            text = self.tokenizer.decode(request.prompt_ids)
+            result = re.search(r"<tool_response>\n(\d+)\n</tool_response>", text)
+            if result:
+                wrong = "71 crates" in text
+                said = f"{int(result.group(1)) + wrong}<|im_end|>"
+            else:
+                a, b, c = re.search(r"receives (\d+) crates with (\d+) \w+ in each, and sells (\d+)", text).groups()
+                call = {"name": "calculate", "arguments": {"expression": f"{a} * {b} - {c}"}}
+                said = f"<tool_call>\n{json.dumps(call)}\n</tool_call><|im_end|>"
+            ids = self.tokenizer.encode(said, add_special_tokens=False)[: request.max_tokens]
+            written.append(Completion(ids, [-0.5] * len(ids), "stop"))
+        return written
+
+
+def test_the_word_problems_taskset_plays_its_calculator_and_scores_the_answer(tools_tokenizer: Any) -> None:
+    """templates/tasksets/word_problems.py, as its GPU template names it (a module path of the installed package):
+    the calculator's result said back scores 1 by math_verify, another number 0."""
+    environment = VerifiersEnvironment(
+        verifiers="posttrain.templates.tasksets.word_problems", args={"num_tasks": 2}, timeout_s=120
+    )
+    rows = taskset_rows(environment.taskset(), "data.train.verifiers").to_list()
+    assert [row["prompt"][0]["content"][:40] for row in rows] == [
+        "A shop receives 57 crates with 47 boxes ",
+        "A shop receives 71 crates with 21 apples",
+    ]
+    endpoint = Endpoint(Solving(tools_tokenizer), tools_tokenizer, None, "policy", 1024, [tools_tokenizer.eos_token_id])
+    with endpoint.serving():
+        [[right], [wrong]] = agents.play(endpoint, agents.resolve(environment), "policy", rows, 1)
+    assert (right.reward, right.error, right.metrics) == (1.0, None, {"correct": 1.0})
+    assert "<tool_response>\n2398\n</tool_response>" in tools_tokenizer.decode(endpoint.calls(right.name)[1].prompt_ids)
+    assert (wrong.reward, wrong.error, wrong.metrics) == (0.0, None, {"correct": 0.0})
