@@ -9,7 +9,7 @@ import re
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any, List, Sequence
+from typing import Any, Callable, List, Sequence
 
 import pytest
 
@@ -74,19 +74,23 @@ CALL = '<tool_call>\n{"name": "calc_add", "arguments": {"a": 1, "b": 3}}\n</tool
 
 
 class Scripted:
-    """An engine that calls calc_add(1, 3) where no result has come back yet, else says the result's number."""
+    """An engine whose every completion is ``say(its prompt's text)``."""
 
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer: Any, say: Callable[[str], str]) -> None:
+        self.tokenizer, self.say = tokenizer, say
 
     def __call__(self, requests: Sequence[Request]) -> List[Completion]:
         written = []
         for request in requests:
-            text = self.tokenizer.decode(request.prompt_ids)
-            said = "It is 4.<|im_end|>" if "<tool_response>" in text else CALL
+            said = self.say(self.tokenizer.decode(request.prompt_ids))
             ids = self.tokenizer.encode(said, add_special_tokens=False)[: request.max_tokens]
             written.append(Completion(ids, [-0.5] * len(ids), "stop"))
         return written
+
+
+def add_then_say(text: str) -> str:
+    """calc_add(1, 3) where no result has come back yet, else the result's number."""
+    return "It is 4.<|im_end|>" if "<tool_response>" in text else CALL
 
 
 @pytest.fixture
@@ -113,7 +117,7 @@ def test_a_tool_task_plays_through_the_endpoint_scored_by_its_taskset_and_trains
     # the rows and the episodes are one load's tasks
     assert load_environment(environment.taskset(), "here") is load_environment(environment.taskset(), "there")
     endpoint = Endpoint(
-        Scripted(tools_tokenizer), tools_tokenizer, None, "policy", 1024, [tools_tokenizer.eos_token_id]
+        Scripted(tools_tokenizer, add_then_say), tools_tokenizer, None, "policy", 1024, [tools_tokenizer.eos_token_id]
     )
     with endpoint.serving():
         [[right], [failed]] = agents.play(endpoint, agents.resolve(environment), "policy", rows, 1)
@@ -145,29 +149,15 @@ def test_a_taskset_verifiers_cannot_load_is_one_line_naming_the_key(sums: str) -
     assert "num_taskz" in line
 
 
-class Solving:
-    """An engine that calls the calculator on a word problem's numbers (templates/data/word_problems.jsonl: ``a``
-    crates of ``b`` each, ``c`` sold) where no result has come back yet, else says the result, or 1 more for the
-    second problem."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-
-    def __call__(self, requests: Sequence[Request]) -> List[Completion]:
-        written = []
-        for request in requests:
-            text = self.tokenizer.decode(request.prompt_ids)
-            result = re.search(r"<tool_response>\n(\d+)\n</tool_response>", text)
-            if result:
-                wrong = "71 crates" in text
-                said = f"{int(result.group(1)) + wrong}<|im_end|>"
-            else:
-                a, b, c = re.search(r"receives (\d+) crates with (\d+) \w+ in each, and sells (\d+)", text).groups()
-                call = {"name": "calculate", "arguments": {"expression": f"{a} * {b} - {c}"}}
-                said = f"<tool_call>\n{json.dumps(call)}\n</tool_call><|im_end|>"
-            ids = self.tokenizer.encode(said, add_special_tokens=False)[: request.max_tokens]
-            written.append(Completion(ids, [-0.5] * len(ids), "stop"))
-        return written
+def solve_word_problem(text: str) -> str:
+    """The calculator called on a word problem's numbers (templates/data/word_problems.jsonl: ``a`` crates of ``b``
+    each, ``c`` sold) where no result has come back yet, else the result, or 1 more for the second problem."""
+    result = re.search(r"<tool_response>\n(\d+)\n</tool_response>", text)
+    if result:
+        return f"{int(result.group(1)) + ('71 crates' in text)}<|im_end|>"
+    a, b, c = re.search(r"receives (\d+) crates with (\d+) \w+ in each, and sells (\d+)", text).groups()
+    call = {"name": "calculate", "arguments": {"expression": f"{a} * {b} - {c}"}}
+    return f"<tool_call>\n{json.dumps(call)}\n</tool_call><|im_end|>"
 
 
 def test_the_word_problems_taskset_plays_its_calculator_and_scores_the_answer(tools_tokenizer: Any) -> None:
@@ -181,7 +171,14 @@ def test_the_word_problems_taskset_plays_its_calculator_and_scores_the_answer(to
         "A shop receives 57 crates with 47 boxes ",
         "A shop receives 71 crates with 21 apples",
     ]
-    endpoint = Endpoint(Solving(tools_tokenizer), tools_tokenizer, None, "policy", 1024, [tools_tokenizer.eos_token_id])
+    endpoint = Endpoint(
+        Scripted(tools_tokenizer, solve_word_problem),
+        tools_tokenizer,
+        None,
+        "policy",
+        1024,
+        [tools_tokenizer.eos_token_id],
+    )
     with endpoint.serving():
         [[right], [wrong]] = agents.play(endpoint, agents.resolve(environment), "policy", rows, 1)
     assert (right.reward, right.error, right.metrics) == (1.0, None, {"correct": 1.0})
