@@ -233,21 +233,20 @@ def test_tools_with_vllm_colocated_and_as_the_server_role(tmp_path: Path) -> Non
 def test_an_agent_program_learns_through_its_endpoint_over_vllm_colocated_and_as_the_server_role(
     tmp_path: Path,
 ) -> None:
-    """templates/chain/agent-tiny.yaml with its GRPO's endpoint over colocated vLLM, its gate's too (its gate
-    holds), and greedy, the program's episodes of its model through an evaluation's endpoint are the same in vLLM
-    and in transformers; then GRPO of its SFT model on two processes, the endpoint over the ``vllm`` role: the
-    reward rises by 0.3. TRL weighs what the endpoint recorded, vLLM's tokens and their log-probs, against the
+    """templates/chain/agent-tiny.yaml with its GRPO's endpoint over colocated vLLM (its gate holds), and greedy,
+    the program's episodes of its model through an evaluation's endpoint are the same over vLLM as over
+    transformers; then GRPO of its SFT model on two processes, the endpoint over the ``vllm`` role: the reward
+    rises by 0.3. TRL weighs what the endpoint recorded, vLLM's tokens and their log-probs, against the
     trainer's log-probs of the tokens it trains on: they differ by float noise alone, at every step, so what was
     trained is what vLLM sampled, with the step's weights."""
     output_dir = tmp_path / "agent"
     args = chain_with_colocated_grpo("templates/chain/agent-tiny.yaml", output_dir)
-    # on one process its gate measured +0.25 and +0.19 (the endpoint batches by arrival): the floor lowered to match
-    args += ["stages.check.require=[grpo.solve - sft.solve >= 0.1]"]
+    # on one process its gate measured +0.25 and +0.19 (the endpoint batches by arrival): the floor lowered to match;
+    # in transformers (vLLM's start for each of its models would add a minute): vLLM's endpoint is judged below
+    args += ["stages.check.require=[grpo.solve - sft.solve >= 0.1]", "stages.check.generation.engine=transformers"]
     assert_succeeded(torchx(args, tmp_path, timeout=900))
     first, last = ends(output_dir / "grpo", "rewards/solve/mean")
     assert last - first >= 0.1, (first, last)
-    # the gate's endpoint generated in vLLM: auto, where the job's environment has it
-    assert read_json(output_dir / "check" / "eval_summary.json")["generation"]["engine"] == "vllm"
     played = greedy_episodes("eval/agent-rooms-tiny.yaml", output_dir / "grpo", tmp_path / "greedy")
     assert sum(episode["calls"] for episode in played) >= 4, played
 
