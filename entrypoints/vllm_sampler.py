@@ -65,7 +65,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
 
 
 def engine(model: ModelSpec, generation: GenerationSpec, longest: Optional[int]) -> Any:
-    """vLLM's engine of ``model``, for sequences of ``longest`` tokens at most (None: as long as the model takes)."""
+    """vLLM's engine of ``model``, for sequences of ``longest`` tokens at most (None: as long as the model takes,
+    where its memory holds them)."""
     import torch
     from transformers import AutoConfig
     from vllm import LLM
@@ -77,10 +78,10 @@ def engine(model: ModelSpec, generation: GenerationSpec, longest: Optional[int])
     if problem:
         raise SpecError([problem.replace("model.name_or_path", "models")])
     dtype = model.dtype if model.dtype != "auto" else str(getattr(config, "dtype", None) or "float32")
-    longest = longest or config.max_position_embeddings
     # on CPU, a seeded request whose prefill is cut in chunks kills the engine (vLLM rewinds the request's generator,
     # and a CPU generator has no offset to rewind: "CPU Generator does not use offset"): each prefill whole
-    whole_prefills = {"enable_chunked_prefill": False, "max_num_batched_tokens": max(longest, 8192)} if on_cpu else {}
+    prefill = max(longest or config.max_position_embeddings, 8192)
+    whole_prefills = {"enable_chunked_prefill": False, "max_num_batched_tokens": prefill} if on_cpu else {}
     return LLM(
         model=path,
         revision=model.revision,
@@ -88,7 +89,10 @@ def engine(model: ModelSpec, generation: GenerationSpec, longest: Optional[int])
         dtype=dtype.removeprefix("torch."),
         seed=0,
         gpu_memory_utilization=generation.vllm_gpu_memory_utilization,
-        max_model_len=longest,
+        # unbounded (an endpoint's): as long as the model takes and its memory holds, vLLM fitting it (-1)
+        max_model_len=longest or -1,
+        # log-probs after the temperature, as the transformers engine gives them (generation/engine.py)
+        logprobs_mode="processed_logprobs",
         # the spec's settings only, as the transformers path samples (not the model's generation_config.json)
         generation_config="vllm",
         enforce_eager=runs_eagerly(on_cpu),
@@ -130,7 +134,7 @@ def serve(llm: Any, generation: GenerationSpec, scratch: Path, asked: int, answe
             outputs = llm.generate(
                 [TokensPrompt(prompt_token_ids=turn["ids"]) for turn in turns],
                 [
-                    SamplingParams(**turn["sampling"], seed=turn["seed"], logprobs=0)
+                    SamplingParams(**turn["sampling"], max_tokens=turn["budget"], seed=turn["seed"], logprobs=0)
                     if turn.get("sampling")
                     else sampling(generation, n=1, max_tokens=turn["budget"], seed=turn["seed"])
                     for turn in turns

@@ -94,7 +94,7 @@ class Agent:
 @dataclasses.dataclass(frozen=True)
 class Turn:
     """A turn asked of an engine: the episode's tokens so far, the most it may write, its seed, and how it samples
-    where not as the spec says (an endpoint's request: vLLM's sampling parameters, its max_tokens among them)."""
+    where not as the spec says (an endpoint's request: vLLM's sampling parameters, the budget aside)."""
 
     ids: List[int]
     budget: int

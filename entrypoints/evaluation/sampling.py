@@ -95,13 +95,16 @@ def vllm_endpoint_engine(model: ModelSpec, generation: GenerationSpec, seed: int
     ``seed`` (the requests of episodes played together arrive in no fixed order: a draw is repeatable only where
     the calls are)."""
     draws = random.Random(seed)
+
+    def sampled(request: Request) -> Dict[str, Any]:
+        # how the request samples; the most it may write is the turn's budget
+        return {key: value for key, value in vllm_sampling(request).items() if key != "max_tokens"}
+
     with _served(model, generation, None) as (written, longest):
 
         def generate(requests: Sequence[Request]) -> List[Completion]:
             round_ = [
-                episodes.Turn(
-                    list(request.prompt_ids), request.max_tokens, draws.getrandbits(63), vllm_sampling(request)
-                )
+                episodes.Turn(list(request.prompt_ids), request.max_tokens, draws.getrandbits(63), sampled(request))
                 for request in requests
             ]
             return [ended(request, ids, logprobs) for request, (ids, logprobs) in zip(requests, written(round_))]
@@ -191,11 +194,12 @@ def _served(
 
 
 def _ended(sampler: subprocess.Popen, scratch: Path) -> NoReturn:
-    """The sampling process ended before it answered a round: its own line, or the end of its stderr."""
+    """The sampling process ended before it was done (before it said it was ready, or answered a round): its own
+    line, or the end of its stderr."""
     with contextlib.suppress(subprocess.TimeoutExpired):
         sampler.wait(timeout=ENDING_S)
     _check_ran(sampler, scratch)
-    raise RuntimeError("vLLM's sampling process ended before it answered a round of turns")
+    raise RuntimeError("vLLM's sampling process ended before it was done")
 
 
 @contextlib.contextmanager
